@@ -1,0 +1,14 @@
+//! The lease control plane: which subnet this host holds, and keeping it.
+//!
+//! - [`record`]: subnet keys, lease values, identity, history (pure parsing).
+//! - [`store`]: the store trait; [`etcd`] and [`memory`] implement it.
+//! - [`policy`]: which subnet to try, in which order (pure).
+//! - [`keeper`]: the lease lifecycle state machine (pure; `handle_*`/`poll_*`).
+//! - [`subnet_env`]: flannel's `subnet.env`, read and written atomically.
+//! - [`driver`]: runs the keeper against a store, a clock, hooks and health.
+
+pub mod etcd;
+pub mod memory;
+pub mod record;
+pub mod store;
+pub mod subnet_env;

@@ -1,0 +1,377 @@
+//! Lease records as they sit in the store: subnet keys, flannel's `LeaseAttrs` value, revisions,
+//! node identity and weft's allocation history.
+//!
+//! Contract: everything here is pure parsing and formatting. Parsers take bytes from the store
+//! (untrusted: another tool, an operator or an older weft may have written them) and return a
+//! typed error naming the problem; they never panic.
+
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+/// A subnet of the cluster network, always held by its network address (`10.244.3.0/24`).
+///
+/// In the store it is spelled as flannel spells it: `10.244.3.0-24`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Subnet(Ipv4Net);
+
+/// Why a subnet key or subnet text did not parse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubnetError {
+    /// Not of the form `a.b.c.d-len` (or `a.b.c.d/len`).
+    #[error("not a subnet (expected a.b.c.d-len)")]
+    Malformed,
+    /// The address has host bits set for its prefix length.
+    #[error("address is not the network address of its prefix")]
+    NotNetworkAddress,
+    /// flannel's dual-stack key form (`v4&v6`); weft leases IPv4 only.
+    #[error("dual-stack subnet keys are not supported")]
+    DualStack,
+}
+
+impl Subnet {
+    /// A subnet from a network; the address must be the network address.
+    pub fn new(net: Ipv4Net) -> Result<Self, SubnetError> {
+        if net.addr() != net.network() {
+            return Err(SubnetError::NotNetworkAddress);
+        }
+        Ok(Self(net))
+    }
+
+    /// A subnet from an address and prefix length; the address must be the network address.
+    pub fn from_parts(addr: Ipv4Addr, prefix_len: u8) -> Result<Self, SubnetError> {
+        let net = Ipv4Net::new(addr, prefix_len).map_err(|_| SubnetError::Malformed)?;
+        Self::new(net)
+    }
+
+    /// The subnet as an [`Ipv4Net`].
+    pub fn net(self) -> Ipv4Net {
+        self.0
+    }
+
+    /// The network address (`10.244.3.0`): the TUN address and the store key's address.
+    pub fn network(self) -> Ipv4Addr {
+        self.0.network()
+    }
+
+    /// The prefix length.
+    pub fn prefix_len(self) -> u8 {
+        self.0.prefix_len()
+    }
+
+    /// The first host address (`10.244.3.1`), which flannel writes to `FLANNEL_SUBNET`.
+    pub fn first_host(self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.network()).wrapping_add(1))
+    }
+
+    /// Whether `addr` lies inside this subnet.
+    pub fn contains(self, addr: Ipv4Addr) -> bool {
+        self.0.contains(&addr)
+    }
+
+    /// The store key's last path element: `10.244.3.0-24`.
+    pub fn key_name(self) -> String {
+        format!("{}-{}", self.network(), self.prefix_len())
+    }
+
+    /// Parses a store key's last path element (`10.244.3.0-24`).
+    pub fn parse_key_name(name: &str) -> Result<Self, SubnetError> {
+        if name.contains('&') {
+            return Err(SubnetError::DualStack);
+        }
+        let (addr, len) = name.rsplit_once('-').ok_or(SubnetError::Malformed)?;
+        Self::parse_parts(addr, len)
+    }
+
+    fn parse_parts(addr: &str, len: &str) -> Result<Self, SubnetError> {
+        let addr: Ipv4Addr = addr.parse().map_err(|_| SubnetError::Malformed)?;
+        if len.is_empty() || len.len() > 2 || !len.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(SubnetError::Malformed);
+        }
+        let len: u8 = len.parse().map_err(|_| SubnetError::Malformed)?;
+        Self::from_parts(addr, len)
+    }
+}
+
+impl fmt::Display for Subnet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network(), self.prefix_len())
+    }
+}
+
+impl FromStr for Subnet {
+    type Err = SubnetError;
+
+    /// Accepts `10.244.3.0/24` and the key form `10.244.3.0-24`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.rsplit_once('/') {
+            Some((addr, len)) => Self::parse_parts(addr, len),
+            None => Self::parse_key_name(s),
+        }
+    }
+}
+
+/// An etcd revision: the cluster's own logical clock. weft orders events by revisions, never by
+/// hosts' wall clocks, which skew.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Revision(pub i64);
+
+/// An etcd lease ID (the TTL handle a key is attached to). `0` means "no lease": a key that
+/// never expires, which flannel calls a reservation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StoreLeaseId(pub i64);
+
+/// A node's persistent identity, generated once and kept in `--state-dir`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NodeId(String);
+
+/// One process start of a node: random per start, written into the lease value so that a write by
+/// this node's identity but not by this process is visible (a clone, or a second daemon).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Incarnation(String);
+
+/// Why a node ID or incarnation text was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("expected 8 to 64 characters of [0-9a-z-]")]
+pub struct IdError;
+
+fn check_id(s: &str) -> Result<(), IdError> {
+    let ok = (8..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase() || b == b'-');
+    if ok { Ok(()) } else { Err(IdError) }
+}
+
+fn random_hex(bytes: usize) -> String {
+    use rand::RngCore;
+    let mut buf = vec![0u8; bytes];
+    rand::rng().fill_bytes(&mut buf);
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl NodeId {
+    /// A fresh random node ID (128 bits, hex).
+    pub fn generate() -> Self {
+        Self(random_hex(16))
+    }
+
+    /// A node ID from text (the state dir file, or a test's chosen name).
+    pub fn parse(s: &str) -> Result<Self, IdError> {
+        check_id(s)?;
+        Ok(Self(s.to_owned()))
+    }
+
+    /// The ID as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Incarnation {
+    /// A fresh random incarnation (64 bits, hex).
+    pub fn generate() -> Self {
+        Self(random_hex(8))
+    }
+
+    /// An incarnation from text.
+    pub fn parse(s: &str) -> Result<Self, IdError> {
+        check_id(s)?;
+        Ok(Self(s.to_owned()))
+    }
+
+    /// The incarnation as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Incarnation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// flannel's `LeaseAttrs`: the JSON value of a subnet key.
+///
+/// Field names and shapes are flannel's, so flannel reads weft's leases and weft reads flannel's.
+/// weft adds `WeftNodeID` and `WeftIncarnation` (flannel ignores unknown fields). A lease
+/// without them was written by flannel or by hand and belongs to no weft node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseAttrs {
+    /// The holder's underlay address; flannel always writes it.
+    #[serde(rename = "PublicIP")]
+    pub public_ip: Ipv4Addr,
+    /// flannel writes `null` on IPv4-only nodes (no omitempty), so weft does too.
+    #[serde(rename = "PublicIPv6", default)]
+    pub public_ipv6: Option<Ipv6Addr>,
+    /// `vxlan`; absent for flannel's udp backend.
+    #[serde(rename = "BackendType", default, skip_serializing_if = "Option::is_none")]
+    pub backend_type: Option<String>,
+    /// Backend data, e.g. `{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"}` for vxlan.
+    #[serde(rename = "BackendData", default, skip_serializing_if = "Option::is_none")]
+    pub backend_data: Option<serde_json::Value>,
+    /// The holder's node identity (weft only).
+    #[serde(rename = "WeftNodeID", default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<NodeId>,
+    /// The holder's process incarnation (weft only).
+    #[serde(rename = "WeftIncarnation", default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<Incarnation>,
+}
+
+/// Why a stored value did not parse.
+#[derive(Debug, thiserror::Error)]
+pub enum ValueError {
+    /// Not JSON, or JSON of the wrong shape.
+    #[error("value is not valid JSON for this key: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl LeaseAttrs {
+    /// Parses a subnet key's value.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ValueError> {
+        Ok(serde_json::from_slice(bytes)?)
+    }
+
+    /// The JSON written to the store.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing a struct of plain fields and a `Value` cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Whether this value was written by `node` (any incarnation).
+    pub fn is_node(&self, node: &NodeId) -> bool {
+        self.node_id.as_ref() == Some(node)
+    }
+
+    /// Whether this value was written by exactly this process.
+    pub fn is_incarnation(&self, node: &NodeId, incarnation: &Incarnation) -> bool {
+        self.is_node(node) && self.incarnation.as_ref() == Some(incarnation)
+    }
+}
+
+/// A subnet key as read from the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredLease {
+    /// The subnet named by the key.
+    pub subnet: Subnet,
+    /// The parsed value.
+    pub attrs: LeaseAttrs,
+    /// The key's mod revision: renew and adopt compare on it.
+    pub mod_revision: Revision,
+    /// The etcd lease the key is attached to (`0`: none, a reservation).
+    pub lease_id: StoreLeaseId,
+}
+
+/// What weft's allocation history says about one subnet (`<prefix>/weft/history/<key>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HistoryState {
+    /// Last written by a holder's create or renew; if the subnet key is gone now, the lease
+    /// expired (or was revoked) after `HistoryEntry::mod_revision`.
+    Held,
+    /// Released by a clean shutdown with `--relinquish-on-exit`.
+    Relinquished,
+}
+
+/// The JSON value of a history key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryRecord {
+    /// Held or relinquished.
+    pub state: HistoryState,
+    /// The node that last held the subnet.
+    pub node: NodeId,
+    /// That node's public IP at the time.
+    pub public_ip: Ipv4Addr,
+}
+
+impl HistoryRecord {
+    /// Parses a history key's value.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ValueError> {
+        Ok(serde_json::from_slice(bytes)?)
+    }
+
+    /// The JSON written to the store.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Plain fields only: cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// A history key as read from the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistoryEntry {
+    /// The subnet the history is about.
+    pub subnet: Subnet,
+    /// The parsed record.
+    pub record: HistoryRecord,
+    /// When it was last written, in the cluster's logical time: the lower the older.
+    pub mod_revision: Revision,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subnet_key_round_trips() {
+        let s: Subnet = "10.244.3.0/24".parse().unwrap();
+        assert_eq!(s.key_name(), "10.244.3.0-24");
+        assert_eq!(Subnet::parse_key_name("10.244.3.0-24").unwrap(), s);
+        assert_eq!(s.first_host(), Ipv4Addr::new(10, 244, 3, 1));
+        assert_eq!(s.to_string(), "10.244.3.0/24");
+    }
+
+    #[test]
+    fn subnet_key_rejects_garbage() {
+        assert_eq!(Subnet::parse_key_name("10.244.3.1-24"), Err(SubnetError::NotNetworkAddress));
+        assert_eq!(Subnet::parse_key_name("10.244.3.0"), Err(SubnetError::Malformed));
+        assert_eq!(Subnet::parse_key_name("10.244.3.0-"), Err(SubnetError::Malformed));
+        assert_eq!(Subnet::parse_key_name("10.244.3.0-33"), Err(SubnetError::Malformed));
+        assert_eq!(Subnet::parse_key_name("10.244.3.0-+4"), Err(SubnetError::Malformed));
+        assert_eq!(Subnet::parse_key_name("x-24"), Err(SubnetError::Malformed));
+        assert_eq!(
+            Subnet::parse_key_name("10.244.1.0-24&fc00:0:0:1::-64"),
+            Err(SubnetError::DualStack)
+        );
+    }
+
+    #[test]
+    fn lease_attrs_read_flannel_values() {
+        let v = br#"{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}"#;
+        let a = LeaseAttrs::from_json(v).unwrap();
+        assert_eq!(a.public_ip, Ipv4Addr::new(192, 168, 64, 3));
+        assert_eq!(a.backend_type.as_deref(), Some("vxlan"));
+        assert!(a.node_id.is_none());
+        // flannel's udp backend writes no BackendType.
+        let u = LeaseAttrs::from_json(br#"{"PublicIP":"192.0.2.1","PublicIPv6":null}"#).unwrap();
+        assert!(u.backend_type.is_none());
+        assert!(LeaseAttrs::from_json(b"not json").is_err());
+        assert!(LeaseAttrs::from_json(br#"{"PublicIP":"nope"}"#).is_err());
+    }
+
+    #[test]
+    fn lease_attrs_write_flannel_shape() {
+        let a = LeaseAttrs {
+            public_ip: Ipv4Addr::new(192, 0, 2, 1),
+            public_ipv6: None,
+            backend_type: Some("vxlan".into()),
+            backend_data: Some(serde_json::json!({"VNI":1,"VtepMAC":"02:00:00:00:00:01"})),
+            node_id: Some(NodeId::parse("node-aaaa").unwrap()),
+            incarnation: Some(Incarnation::parse("inc-0001").unwrap()),
+        };
+        let text = String::from_utf8(a.to_json()).unwrap();
+        assert!(text.starts_with(r#"{"PublicIP":"192.0.2.1","PublicIPv6":null,"BackendType":"vxlan""#));
+        assert_eq!(LeaseAttrs::from_json(text.as_bytes()).unwrap(), a);
+    }
+}

@@ -1,0 +1,243 @@
+//! The store: what the control plane needs from etcd, as a trait with two implementations —
+//! [`crate::lease::etcd::EtcdStore`] (etcd v3) and [`crate::lease::memory::MemoryStore`]
+//! (simulation and unit tests).
+//!
+//! # Layout (flannel-compatible)
+//! - `<prefix>/config`: the network config JSON.
+//! - `<prefix>/subnets/<a.b.c.d>-<len>`: one lease per subnet, a `LeaseAttrs` JSON value,
+//!   attached to a store lease whose TTL is the subnet lease TTL.
+//! - `<prefix>/weft/history/<a.b.c.d>-<len>`: weft's allocation history ([`HistoryRecord`]),
+//!   written in the same transaction as every create, renew and release, so its mod revision
+//!   is the cluster-time of the subnet's last write by its holder.
+//! - `<prefix>/weft/nodes/<node-id>`: presence of a running process of that node
+//!   ([`PresenceRecord`]), attached to a short store lease the process keeps alive. It tells a
+//!   restart (the previous process is gone) from a clone (it is alive).
+//!
+//! Nothing of weft's lives under a name that starts with `<prefix>/subnets`: flannel lists that
+//! prefix without a trailing slash.
+//!
+//! # Contract
+//! Every write is a transaction with a compare: there is no blind put of a subnet key anywhere.
+//! - [`Store::create`] succeeds only if the key is absent (`Version == 0`).
+//! - [`Store::renew`] and [`Store::release`] succeed only while the key's mod revision is the
+//!   one the caller holds, so a node can never write to a key another node wrote since.
+//! - Values that do not parse are never an error of the whole call: listings skip them and
+//!   report them in [`Listing::skipped`]; watches deliver [`WatchEvent::Bad`].
+
+use std::net::Ipv4Addr;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+
+use super::record::{
+    HistoryEntry, Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
+};
+
+/// A boxed error from a client library, kept as the source of a [`StoreError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a store call failed. Every variant is about reaching or talking to the store; a compare
+/// that fails is not an error but an outcome ([`CreateOutcome`], [`RenewOutcome`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or did not answer in time. Transient: retry.
+    #[error("store unavailable: {0}")]
+    Unavailable(#[source] BoxError),
+    /// The call took longer than its deadline. Transient: retry. The outcome is unknown.
+    #[error("store call timed out after {0:?}")]
+    Timeout(Duration),
+    /// A watch asked for history the store has compacted away: re-list, then watch again.
+    #[error("revision {requested:?} is compacted (oldest kept {compact_revision:?})")]
+    Compacted {
+        /// The revision the watch asked for.
+        requested: Revision,
+        /// The store's compaction horizon.
+        compact_revision: Revision,
+    },
+    /// The store refused the credentials. Not transient.
+    #[error("store refused the credentials: {0}")]
+    Auth(#[source] BoxError),
+    /// The client could not be set up (bad endpoint, unreadable TLS file). Not transient.
+    #[error("store client set-up failed: {0}")]
+    Setup(#[source] BoxError),
+    /// The store answered with something the protocol does not allow. Not transient.
+    #[error("store protocol error: {0}")]
+    Protocol(#[source] BoxError),
+}
+
+impl StoreError {
+    /// Whether retrying the same call later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Timeout(_) | Self::Compacted { .. })
+    }
+}
+
+/// A key under `<prefix>/subnets` (or its history) that did not parse.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadEntry {
+    /// The full key.
+    pub key: String,
+    /// What was wrong, for logs and `weft lease list`.
+    pub problem: String,
+}
+
+/// Every subnet lease and history record, read at one revision.
+#[derive(Clone, Debug, Default)]
+pub struct Listing {
+    /// The revision the listing was read at; watch from `revision + 1`.
+    pub revision: Revision,
+    /// Live subnet keys, in key order.
+    pub leases: Vec<StoredLease>,
+    /// History records, in key order.
+    pub history: Vec<HistoryEntry>,
+    /// Keys that did not parse (skipped; the caller counts them).
+    pub skipped: Vec<BadEntry>,
+}
+
+/// The lease a process holds: what renew and release compare on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldLease {
+    /// The subnet.
+    pub subnet: Subnet,
+    /// The key's mod revision after our last write.
+    pub mod_revision: Revision,
+    /// The store lease our last write attached the key to.
+    pub lease_id: StoreLeaseId,
+}
+
+/// The outcome of a create-if-absent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CreateOutcome {
+    /// The key was absent and is now ours.
+    Created(HeldLease),
+    /// The key exists; here is what it holds now (`None` if its value does not parse).
+    Exists(Option<StoredLease>),
+}
+
+/// The outcome of a renew (or an adopt, which is a renew of a key found by listing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// The key still carried the expected mod revision and is now rewritten.
+    Renewed(HeldLease),
+    /// The key changed since: here is what it holds now (`None` = absent; a key whose value
+    /// does not parse is reported as [`RenewOutcome::Unreadable`]).
+    Changed(Option<StoredLease>),
+    /// The key changed and its value does not parse: it is not ours.
+    Unreadable,
+}
+
+/// The outcome of a release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The key was ours and is deleted; history says relinquished.
+    Released,
+    /// The key was no longer ours (or gone); nothing was written.
+    NotOurs,
+}
+
+/// The value of a presence key (`<prefix>/weft/nodes/<node-id>`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PresenceRecord {
+    /// The running process.
+    pub incarnation: Incarnation,
+    /// Its public IP.
+    pub public_ip: Ipv4Addr,
+}
+
+/// The outcome of claiming presence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PresenceOutcome {
+    /// The presence key was absent (or ours) and now carries our record on this store lease.
+    Claimed(StoreLeaseId),
+    /// Another live process of the same node holds it.
+    HeldBy(PresenceRecord),
+}
+
+/// One change seen by a watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// A subnet key was created or rewritten.
+    Put(StoredLease),
+    /// A subnet key was deleted (expiry, release or revoke).
+    Delete {
+        /// The subnet.
+        subnet: Subnet,
+        /// The revision of the delete.
+        revision: Revision,
+    },
+    /// A subnet key was written with something that does not parse. Skip and count it.
+    Bad(BadEntry),
+}
+
+/// A batch of watch events, all at or below `revision`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchBatch {
+    /// The store revision the batch brings the watcher up to; resume from `revision + 1`.
+    pub revision: Revision,
+    /// The events, in revision order.
+    pub events: Vec<WatchEvent>,
+}
+
+/// A watch: batches until the store fails. [`StoreError::Compacted`] means "re-list".
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchBatch, StoreError>> + Send>>;
+
+/// What the control plane needs from the store. See the module docs for the contract.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync {
+    /// The raw network config (`<prefix>/config`), if set.
+    async fn config(&self) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Writes the network config. The caller validates it first.
+    async fn set_config(&self, value: &[u8]) -> Result<(), StoreError>;
+
+    /// All subnet leases and history at one revision.
+    async fn list(&self) -> Result<Listing, StoreError>;
+
+    /// One subnet key. `Ok(None)` if absent; `Ok(Some(Err(..)))` if its value does not parse.
+    async fn get(&self, subnet: Subnet) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError>;
+
+    /// Creates the subnet key if absent, attached to a new store lease of `ttl`, and records
+    /// `Held` in history, in one transaction.
+    async fn create(
+        &self,
+        subnet: Subnet,
+        attrs: &LeaseAttrs,
+        ttl: Duration,
+    ) -> Result<CreateOutcome, StoreError>;
+
+    /// Rewrites the key with `attrs` on a new store lease of `ttl` only if its mod revision is
+    /// still `held.mod_revision`; records `Held` in history; revokes `held.lease_id` after.
+    async fn renew(
+        &self,
+        held: &HeldLease,
+        attrs: &LeaseAttrs,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError>;
+
+    /// Deletes the key only if its mod revision is still `held.mod_revision`, and records
+    /// `Relinquished` in history, in one transaction.
+    async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError>;
+
+    /// Operator action: deletes a subnet key whoever holds it. `Ok(false)` if it was absent.
+    async fn revoke(&self, subnet: Subnet) -> Result<bool, StoreError>;
+
+    /// Claims `<prefix>/weft/nodes/<node>` on a new store lease of `ttl`: succeeds if the key is
+    /// absent or already carries `record.incarnation`.
+    async fn claim_presence(
+        &self,
+        node: &NodeId,
+        record: &PresenceRecord,
+        ttl: Duration,
+    ) -> Result<PresenceOutcome, StoreError>;
+
+    /// Keeps a presence lease alive. `Ok(false)` if it has expired (claim again).
+    async fn keep_presence(&self, lease: StoreLeaseId) -> Result<bool, StoreError>;
+
+    /// Deletes our presence (clean shutdown), so a restart need not wait for it to expire.
+    async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError>;
+
+    /// Watches subnet keys from `from` (inclusive). `only` narrows it to one subnet's key.
+    async fn watch(&self, from: Revision, only: Option<Subnet>) -> Result<WatchStream, StoreError>;
+}

@@ -1,0 +1,18 @@
+//! weft: a flannel-compatible overlay network daemon whose data plane runs in user space.
+//!
+//! Three planes, and one rule: **only driver modules do I/O**.
+//! - Control plane ([`lease`]): each host leases one subnet of the cluster network from etcd.
+//!   The allocation policy ([`lease::policy`]) and the lease lifecycle ([`lease::keeper`]) are
+//!   pure code that takes `now` and store results as arguments; [`lease::driver`] runs them
+//!   against a [`lease::store::Store`] (etcd, or in memory for the simulation), a clock, hooks
+//!   and the health server.
+//! - Config ([`config`]): flannel's network config schema.
+//! - Data plane: TUN <-> route lookup <-> VXLAN/UDP (later issues).
+//!
+//! Time comes from [`time`]: a boot-time clock for drivers, a manual clock for tests.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod lease;
+pub mod time;
