@@ -8,7 +8,9 @@
 //! - [`driver`]: runs the keeper against a store, a clock, hooks and health.
 
 pub mod etcd;
+pub mod keeper;
 pub mod memory;
+pub mod policy;
 pub mod record;
 pub mod store;
 pub mod subnet_env;

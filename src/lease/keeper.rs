@@ -1,0 +1,896 @@
+//! The lease lifecycle as a pure state machine: it decides, a driver does the I/O.
+//!
+//! # Call protocol
+//! The keeper holds no store client, no clock and no task. A driver loops:
+//! 1. drain [`Keeper::poll_event`] and act on each event (logs, `subnet.env`, hooks, metrics);
+//! 2. take [`Keeper::poll_action`]; if there is one, run it against the store and feed the
+//!    result back with [`Keeper::handle_result`], stamped with the `now` at which the action was
+//!    *issued* (the lease's local expiry counts from the request, never from the reply);
+//! 3. otherwise wait until [`Keeper::poll_timeout`] or until the own-key watch delivers a change
+//!    ([`Keeper::handle_own_key`]), then go to 1.
+//!
+//! At most one action is in flight: `poll_action` returns `None` until its result is handled.
+//! `now` must never go backwards; drivers pass a boot-time clock so that suspend counts.
+//!
+//! # What it guarantees
+//! - Every write it asks for is compare-guarded (see [`super::store`]): it never asks to write a
+//!   key it does not hold by mod revision, so it never writes to another node's key.
+//! - A key that vanished (expiry during suspend or partition, an operator's revoke) is reclaimed
+//!   with create-if-absent: [`KeeperEvent::Recovered`], same subnet.
+//! - A key another node now holds is never fought over: [`KeeperEvent::Lost`], then a new
+//!   subnet by [`super::policy`], then [`KeeperEvent::SubnetChanged`].
+//! - A key rewritten by this node's identity but another incarnation, or a presence key kept
+//!   alive by one, is a clone or a second daemon: [`KeeperEvent::IdentityClash`]; the keeper
+//!   stops writing and stays not ready.
+//! - The lease is renewed at half the TTL and never later than `expiry − margin`; a failed
+//!   renewal is retried with backoff until the local expiry, and after it (then reclaimed).
+
+use std::collections::VecDeque;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::policy::{self, Choice, CreateReason};
+use super::record::{Incarnation, LeaseAttrs, NodeId, StoreLeaseId, StoredLease, Subnet};
+use super::store::{
+    CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
+    RenewOutcome, StoreError,
+};
+use crate::config::NetworkConfig;
+use crate::time::Instant;
+
+/// What the keeper needs to know, fixed for its lifetime.
+#[derive(Clone, Debug)]
+pub struct KeeperConfig {
+    /// The validated network config.
+    pub network: NetworkConfig,
+    /// The value to publish (node ID and incarnation are filled in by the keeper).
+    pub attrs: LeaseAttrs,
+    /// This node's identity.
+    pub node: NodeId,
+    /// This process.
+    pub incarnation: Incarnation,
+    /// The subnet lease TTL.
+    pub ttl: Duration,
+    /// Renew no later than `expiry − renew_margin` (and at half the TTL by default).
+    pub renew_margin: Duration,
+    /// The TTL of the presence key.
+    pub presence_ttl: Duration,
+    /// The subnet this node held before, from `subnet.env` (a hint, never trusted over etcd).
+    pub previous: Option<Subnet>,
+    /// First retry delay after a failed store call.
+    pub retry_min: Duration,
+    /// Longest retry delay.
+    pub retry_max: Duration,
+    /// Seeds the random spread of fresh picks and retry jitter (deterministic in tests).
+    pub seed: u64,
+}
+
+impl KeeperConfig {
+    /// Sensible retry and presence timings for a TTL: presence lives `min(ttl/2, 10 s)`,
+    /// retries start at `min(ttl/20, 1 s)` and back off to `min(ttl/8, 30 s)`.
+    pub fn timings_for(ttl: Duration) -> (Duration, Duration, Duration) {
+        let presence = (ttl / 2).min(Duration::from_secs(10)).max(Duration::from_millis(500));
+        let retry_min = (ttl / 20).min(Duration::from_secs(1)).max(Duration::from_millis(50));
+        let retry_max = (ttl / 8).min(Duration::from_secs(30)).max(retry_min);
+        (presence, retry_min, retry_max)
+    }
+}
+
+/// A store call the keeper wants made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// [`super::store::Store::claim_presence`].
+    ClaimPresence {
+        /// Our presence record.
+        record: PresenceRecord,
+        /// Its TTL.
+        ttl: Duration,
+    },
+    /// [`super::store::Store::keep_presence`].
+    KeepPresence {
+        /// The presence lease.
+        lease: StoreLeaseId,
+    },
+    /// [`super::store::Store::list`].
+    List,
+    /// [`super::store::Store::create`].
+    Create {
+        /// The subnet.
+        subnet: Subnet,
+        /// Our value.
+        attrs: LeaseAttrs,
+        /// The lease TTL.
+        ttl: Duration,
+    },
+    /// [`super::store::Store::renew`]: renewal, adoption after a restart, or a probe after an
+    /// own-key change.
+    Renew {
+        /// What we hold (or found and adopt).
+        held: HeldLease,
+        /// Our value.
+        attrs: LeaseAttrs,
+        /// The lease TTL.
+        ttl: Duration,
+    },
+    /// [`super::store::Store::release`].
+    Release {
+        /// What we hold.
+        held: HeldLease,
+    },
+    /// [`super::store::Store::drop_presence`].
+    DropPresence {
+        /// The presence lease.
+        lease: StoreLeaseId,
+    },
+}
+
+/// The result of an [`Action`], fed back with [`Keeper::handle_result`].
+#[derive(Debug)]
+pub enum ActionResult {
+    /// Of [`Action::ClaimPresence`].
+    ClaimPresence(Result<PresenceOutcome, StoreError>),
+    /// Of [`Action::KeepPresence`].
+    KeepPresence(Result<bool, StoreError>),
+    /// Of [`Action::List`].
+    List(Result<Listing, StoreError>),
+    /// Of [`Action::Create`].
+    Create(Result<CreateOutcome, StoreError>),
+    /// Of [`Action::Renew`].
+    Renew(Result<RenewOutcome, StoreError>),
+    /// Of [`Action::Release`].
+    Release(Result<ReleaseOutcome, StoreError>),
+    /// Of [`Action::DropPresence`].
+    DropPresence(Result<(), StoreError>),
+}
+
+/// How a subnet was acquired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcquireKind {
+    /// A live lease of this node's, adopted after a restart.
+    Adopted,
+    /// Created by a policy rule.
+    Created(CreateReason),
+}
+
+/// Why a lease was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossReason {
+    /// Another node holds the subnet now.
+    TakenByAnotherNode,
+    /// The key holds a value that does not parse: not ours, and not safe to touch.
+    UnreadableValue,
+}
+
+/// What happened, for the driver to act on (log, `subnet.env`, hooks, metrics).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeeperEvent {
+    /// A subnet is held: write `subnet.env`, configure the data plane.
+    Acquired {
+        /// The subnet.
+        subnet: Subnet,
+        /// How.
+        kind: AcquireKind,
+    },
+    /// The subnet changed from `old` (held before in this run, or named by `subnet.env`).
+    /// Run `--on-subnet-change OLD NEW`.
+    SubnetChanged {
+        /// The subnet before.
+        old: Subnet,
+        /// The subnet now.
+        new: Subnet,
+    },
+    /// The lease was renewed.
+    Renewed {
+        /// The subnet.
+        subnet: Subnet,
+    },
+    /// The key had vanished (expiry, revoke) and was reclaimed: same subnet, no disruption.
+    Recovered {
+        /// The subnet.
+        subnet: Subnet,
+    },
+    /// The subnet is held by someone else now. Be loud; run `--on-lease-lost`.
+    Lost {
+        /// The lost subnet.
+        subnet: Subnet,
+        /// Why.
+        reason: LossReason,
+        /// The new holder's public IP, when known.
+        holder: Option<Ipv4Addr>,
+        /// The new holder's node ID, when it is a weft node.
+        holder_node: Option<NodeId>,
+    },
+    /// The previous subnet (from `subnet.env` or history) is held by another node; not taken.
+    PreviousTaken {
+        /// The subnet.
+        subnet: Subnet,
+        /// Its holder's public IP.
+        holder: Ipv4Addr,
+    },
+    /// No subnet is free. Not ready; retrying.
+    Exhausted,
+    /// Another live process carries this node's identity: a cloned machine or a second daemon.
+    IdentityClash {
+        /// The other process's incarnation.
+        other: Option<Incarnation>,
+        /// Its public IP.
+        other_ip: Option<Ipv4Addr>,
+    },
+    /// A previous process of this node still has its presence key; waiting for it to expire.
+    WaitingForPreviousProcess {
+        /// Its incarnation.
+        other: Incarnation,
+        /// How long at most.
+        wait: Duration,
+    },
+    /// A store call failed; the keeper retries.
+    StoreTrouble {
+        /// Which call.
+        action: &'static str,
+        /// The error, for the log.
+        error: String,
+        /// Whether the lease is still within its local TTL.
+        lease_valid: bool,
+    },
+    /// The local expiry passed without a renewal (etcd unreachable): the lease may be gone.
+    ExpiredLocally {
+        /// The subnet.
+        subnet: Subnet,
+    },
+    /// The lease was released on shutdown (`--relinquish-on-exit`).
+    Released {
+        /// The subnet.
+        subnet: Subnet,
+    },
+}
+
+/// Readiness, for `/readyz`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// A fresh lease is held.
+    Ready,
+    /// Not ready, with the reason.
+    NotReady(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Presence {
+    Unclaimed,
+    Claimed { lease: StoreLeaseId, keep_at: Instant },
+    WaitingFor { other: Incarnation, since: Instant },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Need a listing to choose a subnet.
+    Acquire,
+    /// Policy chose to create this subnet.
+    Creating { subnet: Subnet, reason: CreateReason },
+    /// Policy found our live lease; rewrite it on our own revision.
+    Adopting { lease: StoredLease },
+    /// A lease is held.
+    Held,
+    /// Our key vanished; create it again.
+    Reclaim { subnet: Subnet },
+    /// Another process carries our identity. We write nothing more.
+    Clash { reason: String },
+    /// No free subnet.
+    Exhausted,
+    /// Shutting down or done.
+    Stopping,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InFlight {
+    ClaimPresence,
+    KeepPresence,
+    List,
+    Create,
+    Renew,
+    Release,
+    DropPresence,
+}
+
+/// The lease lifecycle of one node. See the module docs for the call protocol.
+#[derive(Debug)]
+pub struct Keeper {
+    cfg: KeeperConfig,
+    attrs: LeaseAttrs,
+    phase: Phase,
+    presence: Presence,
+    held: Option<HeldLease>,
+    /// The subnet held last (or named by `subnet.env` at start): the "old" of a subnet change.
+    last_subnet: Option<Subnet>,
+    renew_at: Instant,
+    expires_at: Instant,
+    expiry_reported: bool,
+    /// An own-key change that may not be ours: probe with a renew as soon as possible.
+    probe: bool,
+    retry_at: Instant,
+    retry_delay: Duration,
+    in_flight: Option<(InFlight, Instant)>,
+    shutdown: Option<bool>,
+    reported_previous_taken: bool,
+    events: VecDeque<KeeperEvent>,
+    rng: StdRng,
+}
+
+impl Keeper {
+    /// A keeper for a process starting at `now`.
+    pub fn new(cfg: KeeperConfig, now: Instant) -> Self {
+        let mut attrs = cfg.attrs.clone();
+        attrs.node_id = Some(cfg.node.clone());
+        attrs.incarnation = Some(cfg.incarnation.clone());
+        Self {
+            rng: StdRng::seed_from_u64(cfg.seed),
+            attrs,
+            phase: Phase::Acquire,
+            presence: Presence::Unclaimed,
+            held: None,
+            last_subnet: cfg.previous,
+            renew_at: now,
+            expires_at: now,
+            expiry_reported: false,
+            probe: false,
+            retry_at: now,
+            retry_delay: cfg.retry_min,
+            in_flight: None,
+            shutdown: None,
+            reported_previous_taken: false,
+            events: VecDeque::new(),
+            cfg,
+        }
+    }
+
+    // ---- getters -------------------------------------------------------------------------
+
+    /// The lease held now, if any.
+    pub fn held(&self) -> Option<HeldLease> {
+        self.held
+    }
+
+    /// The subnet this node uses now: the held one, or the last held while it is being
+    /// reclaimed (the data plane keeps using it meanwhile).
+    pub fn subnet(&self) -> Option<Subnet> {
+        self.held.map(|h| h.subnet).or(match self.phase {
+            Phase::Reclaim { subnet } => Some(subnet),
+            _ => None,
+        })
+    }
+
+    /// The local expiry of the held lease (counted from the request that wrote it).
+    pub fn expires_at(&self) -> Option<Instant> {
+        self.held.map(|_| self.expires_at)
+    }
+
+    /// The value this keeper publishes.
+    pub fn attrs(&self) -> &LeaseAttrs {
+        &self.attrs
+    }
+
+    /// Whether shutdown has finished: nothing more to do.
+    pub fn is_stopped(&self) -> bool {
+        self.phase == Phase::Stopping && self.in_flight.is_none() && self.next_stop_action().is_none()
+    }
+
+    /// Readiness at `now`.
+    pub fn readiness(&self, now: Instant) -> Readiness {
+        let not = |s: String| Readiness::NotReady(s);
+        match &self.phase {
+            Phase::Held if now < self.expires_at => Readiness::Ready,
+            Phase::Held => not(format!(
+                "lease on {} expired locally without a renewal (store unreachable?)",
+                self.held.map(|h| h.subnet.to_string()).unwrap_or_default()
+            )),
+            Phase::Clash { reason } => not(reason.clone()),
+            Phase::Exhausted => not("network exhausted: no free subnet".into()),
+            Phase::Reclaim { subnet } => not(format!("reclaiming {subnet}")),
+            Phase::Stopping => not("shutting down".into()),
+            Phase::Acquire | Phase::Creating { .. } | Phase::Adopting { .. } => {
+                match &self.presence {
+                    Presence::WaitingFor { other, .. } => {
+                        not(format!("waiting for previous process {other} of this node to go"))
+                    }
+                    _ => not("acquiring a subnet lease".into()),
+                }
+            }
+        }
+    }
+
+    /// A short name of the current state, for metrics and logs.
+    pub fn state_name(&self) -> &'static str {
+        match self.phase {
+            Phase::Acquire | Phase::Creating { .. } | Phase::Adopting { .. } => "acquiring",
+            Phase::Held if self.expiry_reported => "expired",
+            Phase::Held => "held",
+            Phase::Reclaim { .. } => "reclaiming",
+            Phase::Clash { .. } => "clash",
+            Phase::Exhausted => "exhausted",
+            Phase::Stopping => "stopping",
+        }
+    }
+
+    // ---- inputs --------------------------------------------------------------------------
+
+    /// Begins shutdown: release the lease if `relinquish`, then drop presence.
+    pub fn handle_shutdown(&mut self, relinquish: bool) {
+        self.shutdown = Some(relinquish);
+        self.phase = Phase::Stopping;
+    }
+
+    /// The own-key watch saw the key written (`Some`) or deleted (`None`).
+    pub fn handle_own_key(&mut self, now: Instant, change: Option<&StoredLease>) {
+        let _ = now;
+        let Some(held) = self.held else { return };
+        let ours = change.is_some_and(|l| {
+            l.mod_revision <= held.mod_revision
+                || l.attrs.is_incarnation(&self.cfg.node, &self.cfg.incarnation)
+        });
+        if !ours && self.phase == Phase::Held {
+            // Not our write: renew now, whose compare tells absent from taken from clone.
+            self.probe = true;
+        }
+    }
+
+    /// Feeds back the result of the action issued at `issued` (see the module docs).
+    pub fn handle_result(&mut self, issued: Instant, now: Instant, result: ActionResult) {
+        let kind = self.in_flight.take().map(|(k, _)| k);
+        match result {
+            ActionResult::ClaimPresence(r) => self.on_claim_presence(now, r),
+            ActionResult::KeepPresence(r) => self.on_keep_presence(now, r),
+            ActionResult::List(r) => self.on_list(now, r),
+            ActionResult::Create(r) => self.on_create(issued, now, r),
+            ActionResult::Renew(r) => self.on_renew(issued, now, r),
+            ActionResult::Release(r) => {
+                if let (Ok(ReleaseOutcome::Released), Some(h)) = (&r, self.held) {
+                    self.events.push_back(KeeperEvent::Released { subnet: h.subnet });
+                }
+                if let Err(e) = &r {
+                    self.trouble("release", e, now);
+                }
+                // One attempt only: a shutdown does not wait on a blind store.
+                self.held = None;
+            }
+            ActionResult::DropPresence(r) => {
+                if let Err(e) = &r {
+                    self.trouble("drop presence", e, now);
+                }
+                self.presence = Presence::Unclaimed;
+                self.shutdown = self.shutdown.map(|_| false);
+            }
+        }
+        debug_assert!(kind.is_some(), "a result arrived with no action in flight");
+    }
+
+    // ---- outputs -------------------------------------------------------------------------
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<KeeperEvent> {
+        self.events.pop_front()
+    }
+
+    /// The next store call to make at `now`, if any. Marks it in flight.
+    pub fn poll_action(&mut self, now: Instant) -> Option<Action> {
+        if self.in_flight.is_some() {
+            return None;
+        }
+        self.check_expiry(now);
+        let (kind, action) = self.next_action(now)?;
+        self.in_flight = Some((kind, now));
+        Some(action)
+    }
+
+    /// When the keeper next wants to run (`None`: only on an input).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.in_flight.is_some() || self.phase == Phase::Stopping {
+            return None;
+        }
+        let mut t: Option<Instant> = None;
+        let mut at = |x: Instant| t = Some(t.map_or(x, |t| t.min(x)));
+        match (&self.phase, &self.presence) {
+            (Phase::Clash { .. }, _) => {}
+            (_, Presence::Unclaimed | Presence::WaitingFor { .. }) => at(self.retry_at),
+            (_, Presence::Claimed { keep_at, .. }) => at(*keep_at),
+        }
+        match self.phase {
+            Phase::Held => {
+                at(self.renew_at.max(self.retry_at));
+                if !self.expiry_reported {
+                    at(self.expires_at);
+                }
+            }
+            Phase::Acquire | Phase::Exhausted | Phase::Creating { .. } | Phase::Adopting { .. } | Phase::Reclaim { .. } => {
+                at(self.retry_at)
+            }
+            Phase::Clash { .. } | Phase::Stopping => {}
+        }
+        t
+    }
+
+    // ---- internals -----------------------------------------------------------------------
+
+    fn next_stop_action(&self) -> Option<(InFlight, Action)> {
+        let relinquish = self.shutdown?;
+        if relinquish && let Some(held) = self.held {
+            return Some((InFlight::Release, Action::Release { held }));
+        }
+        if let Presence::Claimed { lease, .. } = self.presence {
+            return Some((InFlight::DropPresence, Action::DropPresence { lease }));
+        }
+        None
+    }
+
+    fn next_action(&mut self, now: Instant) -> Option<(InFlight, Action)> {
+        if self.phase == Phase::Stopping {
+            return self.next_stop_action();
+        }
+        if matches!(self.phase, Phase::Clash { .. }) {
+            return None;
+        }
+        match self.presence {
+            Presence::Unclaimed | Presence::WaitingFor { .. } => {
+                if now < self.retry_at {
+                    return None;
+                }
+                let record = PresenceRecord {
+                    incarnation: self.cfg.incarnation.clone(),
+                    public_ip: self.attrs.public_ip,
+                };
+                return Some((
+                    InFlight::ClaimPresence,
+                    Action::ClaimPresence { record, ttl: self.cfg.presence_ttl },
+                ));
+            }
+            Presence::Claimed { lease, keep_at } if now >= keep_at => {
+                return Some((InFlight::KeepPresence, Action::KeepPresence { lease }));
+            }
+            Presence::Claimed { .. } => {}
+        }
+        if now < self.retry_at {
+            return None;
+        }
+        let attrs = self.attrs.clone();
+        let ttl = self.cfg.ttl;
+        match &self.phase {
+            Phase::Acquire | Phase::Exhausted => Some((InFlight::List, Action::List)),
+            Phase::Creating { subnet, .. } | Phase::Reclaim { subnet } => {
+                Some((InFlight::Create, Action::Create { subnet: *subnet, attrs, ttl }))
+            }
+            Phase::Adopting { lease } => {
+                let held = HeldLease {
+                    subnet: lease.subnet,
+                    mod_revision: lease.mod_revision,
+                    lease_id: lease.lease_id,
+                };
+                Some((InFlight::Renew, Action::Renew { held, attrs, ttl }))
+            }
+            Phase::Held if self.probe || now >= self.renew_at => {
+                let held = self.held?;
+                self.probe = false;
+                Some((InFlight::Renew, Action::Renew { held, attrs, ttl }))
+            }
+            Phase::Held | Phase::Clash { .. } | Phase::Stopping => None,
+        }
+    }
+
+    fn check_expiry(&mut self, now: Instant) {
+        if self.phase == Phase::Held && !self.expiry_reported && now >= self.expires_at {
+            self.expiry_reported = true;
+            if let Some(h) = self.held {
+                self.events.push_back(KeeperEvent::ExpiredLocally { subnet: h.subnet });
+            }
+        }
+    }
+
+    fn backoff(&mut self, now: Instant) {
+        let jitter = self.rng.random_range(0.8..1.2);
+        self.retry_at = now + self.retry_delay.mul_f64(jitter);
+        self.retry_delay = (self.retry_delay * 2).min(self.cfg.retry_max);
+    }
+
+    fn clear_backoff(&mut self, now: Instant) {
+        self.retry_at = now;
+        self.retry_delay = self.cfg.retry_min;
+    }
+
+    fn trouble(&mut self, action: &'static str, e: &StoreError, now: Instant) {
+        let lease_valid = self.held.is_some() && now < self.expires_at;
+        self.events.push_back(KeeperEvent::StoreTrouble { action, error: e.to_string(), lease_valid });
+    }
+
+    fn hold(&mut self, issued: Instant, now: Instant, held: HeldLease) {
+        self.held = Some(held);
+        self.phase = Phase::Held;
+        self.expires_at = issued + self.cfg.ttl;
+        let margin = self.cfg.renew_margin.min(self.cfg.ttl / 2);
+        let renew_after = (self.cfg.ttl / 2).min(self.cfg.ttl - margin);
+        self.renew_at = issued + renew_after;
+        self.expiry_reported = false;
+        self.probe = false;
+        self.clear_backoff(now);
+    }
+
+    fn acquired(&mut self, issued: Instant, now: Instant, held: HeldLease, kind: AcquireKind) {
+        self.hold(issued, now, held);
+        self.events.push_back(KeeperEvent::Acquired { subnet: held.subnet, kind });
+        if let Some(old) = self.last_subnet
+            && old != held.subnet
+        {
+            self.events.push_back(KeeperEvent::SubnetChanged { old, new: held.subnet });
+        }
+        self.last_subnet = Some(held.subnet);
+    }
+
+    fn clash(&mut self, other: Option<Incarnation>, other_ip: Option<Ipv4Addr>) {
+        let reason = format!(
+            "identity clash: another live process ({}, {}) carries node ID {}; this host looks \
+             like a clone of it or runs a second weft with the same --state-dir. This process \
+             writes nothing more. Give one of them a fresh identity: stop it, delete \
+             <state-dir>/node-id, start it again",
+            other.as_ref().map_or("unknown incarnation".to_string(), |i| format!("incarnation {i}")),
+            other_ip.map_or("unknown address".to_string(), |ip| ip.to_string()),
+            self.cfg.node
+        );
+        self.events.push_back(KeeperEvent::IdentityClash { other, other_ip });
+        self.held = None;
+        self.phase = Phase::Clash { reason };
+    }
+
+    fn lost(&mut self, subnet: Subnet, current: Option<&StoredLease>, reason: LossReason) {
+        self.events.push_back(KeeperEvent::Lost {
+            subnet,
+            reason,
+            holder: current.map(|l| l.attrs.public_ip),
+            holder_node: current.and_then(|l| l.attrs.node_id.clone()),
+        });
+        self.held = None;
+        self.phase = Phase::Acquire;
+    }
+
+    fn on_claim_presence(&mut self, now: Instant, r: Result<PresenceOutcome, StoreError>) {
+        match r {
+            Ok(PresenceOutcome::Claimed(lease)) => {
+                self.presence = Presence::Claimed { lease, keep_at: now + self.cfg.presence_ttl / 3 };
+                self.clear_backoff(now);
+            }
+            Ok(PresenceOutcome::HeldBy(other)) => match &self.presence {
+                // Seen before and still there a full presence TTL later: someone keeps it alive.
+                Presence::WaitingFor { other: o, since }
+                    if *o == other.incarnation
+                        && now.saturating_since(*since) >= self.cfg.presence_ttl =>
+                {
+                    self.clash(Some(other.incarnation), Some(other.public_ip));
+                }
+                Presence::WaitingFor { other: o, .. } if *o == other.incarnation => {
+                    self.retry_at = now + self.cfg.presence_ttl / 4;
+                }
+                _ => {
+                    let wait = self.cfg.presence_ttl + self.cfg.presence_ttl / 4;
+                    self.events.push_back(KeeperEvent::WaitingForPreviousProcess {
+                        other: other.incarnation.clone(),
+                        wait,
+                    });
+                    if self.phase == Phase::Held {
+                        // We hold a lease and lost presence to another live process: a clone
+                        // started while we were away. Do not fight.
+                        self.clash(Some(other.incarnation), Some(other.public_ip));
+                        return;
+                    }
+                    self.presence = Presence::WaitingFor { other: other.incarnation, since: now };
+                    self.retry_at = now + self.cfg.presence_ttl / 4;
+                }
+            },
+            Err(e) => {
+                self.trouble("claim presence", &e, now);
+                self.backoff(now);
+            }
+        }
+    }
+
+    fn on_keep_presence(&mut self, now: Instant, r: Result<bool, StoreError>) {
+        match r {
+            Ok(true) => {
+                if let Presence::Claimed { lease, .. } = self.presence {
+                    self.presence = Presence::Claimed { lease, keep_at: now + self.cfg.presence_ttl / 3 };
+                }
+            }
+            // Expired (suspend, partition): claim it again; a clone may have it by now.
+            Ok(false) => {
+                self.presence = Presence::Unclaimed;
+                self.retry_at = now;
+            }
+            Err(e) => {
+                self.trouble("keep presence", &e, now);
+                if let Presence::Claimed { lease, .. } = self.presence {
+                    let delay = self.cfg.retry_min.max(self.cfg.presence_ttl / 6);
+                    self.presence = Presence::Claimed { lease, keep_at: now + delay };
+                }
+            }
+        }
+    }
+
+    fn on_list(&mut self, now: Instant, r: Result<Listing, StoreError>) {
+        let listing = match r {
+            Ok(l) => l,
+            Err(e) => {
+                self.trouble("list", &e, now);
+                self.backoff(now);
+                return;
+            }
+        };
+        if !matches!(self.phase, Phase::Acquire | Phase::Exhausted) {
+            return;
+        }
+        let d = policy::choose(&self.cfg.network, &listing, &self.cfg.node, self.last_subnet, &mut self.rng);
+        if let Some((subnet, holder)) = d.previous_taken_by
+            && !self.reported_previous_taken
+        {
+            self.reported_previous_taken = true;
+            self.events.push_back(KeeperEvent::PreviousTaken { subnet, holder });
+        }
+        match d.choice {
+            // Presence is ours (listing waits for it), so the process that wrote this lease is
+            // gone: this is a restart, not a clone.
+            Choice::Adopt(lease) => {
+                self.phase = Phase::Adopting { lease };
+                self.clear_backoff(now);
+            }
+            Choice::Create { subnet, reason } => {
+                self.phase = Phase::Creating { subnet, reason };
+                self.clear_backoff(now);
+            }
+            Choice::Exhausted => {
+                if self.phase != Phase::Exhausted {
+                    self.events.push_back(KeeperEvent::Exhausted);
+                }
+                self.phase = Phase::Exhausted;
+                self.backoff(now);
+            }
+        }
+    }
+
+    fn on_create(&mut self, issued: Instant, now: Instant, r: Result<CreateOutcome, StoreError>) {
+        let (subnet, reclaim, reason) = match &self.phase {
+            Phase::Creating { subnet, reason } => (*subnet, false, Some(*reason)),
+            Phase::Reclaim { subnet } => (*subnet, true, None),
+            _ => return,
+        };
+        match r {
+            Ok(CreateOutcome::Created(held)) if reclaim => {
+                self.hold(issued, now, held);
+                self.last_subnet = Some(subnet);
+                self.events.push_back(KeeperEvent::Recovered { subnet });
+            }
+            Ok(CreateOutcome::Created(held)) => {
+                let kind = AcquireKind::Created(reason.unwrap_or(CreateReason::Fresh));
+                self.acquired(issued, now, held, kind);
+            }
+            Ok(CreateOutcome::Exists(Some(current)))
+                if current.attrs.is_incarnation(&self.cfg.node, &self.cfg.incarnation) =>
+            {
+                // Our own earlier create went through but its reply was lost.
+                let held = HeldLease {
+                    subnet,
+                    mod_revision: current.mod_revision,
+                    lease_id: current.lease_id,
+                };
+                if reclaim {
+                    self.hold(issued, now, held);
+                    self.events.push_back(KeeperEvent::Recovered { subnet });
+                } else {
+                    let kind = AcquireKind::Created(reason.unwrap_or(CreateReason::Fresh));
+                    self.acquired(issued, now, held, kind);
+                }
+            }
+            Ok(CreateOutcome::Exists(Some(current))) if current.attrs.is_node(&self.cfg.node) => {
+                self.clash(current.attrs.incarnation.clone(), Some(current.attrs.public_ip));
+            }
+            Ok(CreateOutcome::Exists(current)) => {
+                if reclaim {
+                    let reason = if current.is_some() {
+                        LossReason::TakenByAnotherNode
+                    } else {
+                        LossReason::UnreadableValue
+                    };
+                    self.lost(subnet, current.as_ref(), reason);
+                } else {
+                    // Lost a race for a fresh subnet: list again at once (flannel exits here).
+                    self.phase = Phase::Acquire;
+                }
+                self.clear_backoff(now);
+            }
+            Err(e) => {
+                self.trouble("create", &e, now);
+                // The outcome is unknown. A reclaim retries the same create (which tells its
+                // own lost write by the incarnation); a fresh pick lists again.
+                if !reclaim {
+                    self.phase = Phase::Acquire;
+                }
+                self.backoff(now);
+            }
+        }
+    }
+
+    fn on_renew(&mut self, issued: Instant, now: Instant, r: Result<RenewOutcome, StoreError>) {
+        let adopting = match &self.phase {
+            Phase::Adopting { .. } => true,
+            Phase::Held => false,
+            _ => return,
+        };
+        let subnet = match (&self.phase, self.held) {
+            (Phase::Adopting { lease }, _) => lease.subnet,
+            (_, Some(h)) => h.subnet,
+            _ => return,
+        };
+        match r {
+            Ok(RenewOutcome::Renewed(held)) if adopting => {
+                self.acquired(issued, now, held, AcquireKind::Adopted);
+            }
+            Ok(RenewOutcome::Renewed(held)) => {
+                let was_expired = self.expiry_reported;
+                self.hold(issued, now, held);
+                if was_expired {
+                    self.events.push_back(KeeperEvent::Recovered { subnet });
+                } else {
+                    self.events.push_back(KeeperEvent::Renewed { subnet });
+                }
+            }
+            Ok(RenewOutcome::Changed(Some(current)))
+                if current.attrs.is_incarnation(&self.cfg.node, &self.cfg.incarnation) =>
+            {
+                // Our own earlier write (a lost reply): continue from its revision.
+                let held = HeldLease {
+                    subnet,
+                    mod_revision: current.mod_revision,
+                    lease_id: current.lease_id,
+                };
+                if adopting {
+                    self.acquired(issued, now, held, AcquireKind::Adopted);
+                } else {
+                    self.held = Some(held);
+                    self.probe = true;
+                }
+            }
+            Ok(RenewOutcome::Changed(Some(current))) if current.attrs.is_node(&self.cfg.node) => {
+                self.clash(current.attrs.incarnation.clone(), Some(current.attrs.public_ip));
+            }
+            Ok(RenewOutcome::Changed(_)) if adopting => {
+                // It changed between our listing and our adopt; look again.
+                self.phase = Phase::Acquire;
+            }
+            Ok(RenewOutcome::Changed(None)) => {
+                // Expired or revoked: reclaim with create-if-absent. Keep `held` cleared so no
+                // renew runs; the data plane keeps the subnet meanwhile.
+                self.held = None;
+                self.phase = Phase::Reclaim { subnet };
+                self.clear_backoff(now);
+            }
+            Ok(RenewOutcome::Changed(Some(current))) => {
+                self.lost(subnet, Some(&current), LossReason::TakenByAnotherNode);
+                self.clear_backoff(now);
+            }
+            Ok(RenewOutcome::Unreadable) => {
+                if adopting {
+                    self.phase = Phase::Acquire;
+                } else {
+                    self.lost(subnet, None, LossReason::UnreadableValue);
+                }
+                self.clear_backoff(now);
+            }
+            Err(e) => {
+                self.trouble(if adopting { "adopt" } else { "renew" }, &e, now);
+                if adopting {
+                    self.phase = Phase::Acquire;
+                }
+                // Retry soon, but never let the backoff run past the expiry by much.
+                self.backoff(now);
+                if !adopting && self.retry_at > self.expires_at && now < self.expires_at {
+                    self.retry_at = self.expires_at;
+                }
+            }
+        }
+    }
+}

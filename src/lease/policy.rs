@@ -1,0 +1,327 @@
+//! Which subnet to try, in which order. Pure: a listing and a config in, a choice out.
+//!
+//! The rules, in order (DESIGN.md, "Lease rules"; seed 000's Cloud Foundry plan):
+//! 1. A live lease that carries this node's identity is ours: adopt it (a restart).
+//! 2. Else the previous subnet (from `subnet.env`, or history naming this node) — but only if
+//!    no one holds it now. A subnet leased by anyone else is never taken, whatever `subnet.env`
+//!    says (seeds 001 and 003).
+//! 3. Else a subnet that was never leased, or was relinquished by a clean shutdown: a random one
+//!    among the lowest [`SPREAD`] such, so nodes joining together rarely race for one subnet.
+//! 4. Else the subnet whose lease expired longest ago, by the history key's mod revision — the
+//!    cluster's logical clock, not any host's wall clock. An expired subnet most likely belongs
+//!    to a suspended or partitioned host, so it is taken last, and the oldest first.
+//! 5. Else the network is exhausted.
+//!
+//! "Live" means the key exists, whatever its TTL (a key with no store lease is a reservation,
+//! and reservations are never taken either).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use rand::Rng;
+
+use super::record::{HistoryEntry, HistoryState, NodeId, Revision, StoredLease, Subnet};
+use super::store::Listing;
+use crate::config::NetworkConfig;
+
+/// How many of the lowest free subnets a fresh pick chooses among (flannel uses 100 too).
+pub const SPREAD: usize = 100;
+
+/// Why a subnet is being created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateReason {
+    /// The subnet this node held before (rule 2).
+    Previous,
+    /// Never leased (rule 3).
+    Fresh,
+    /// Relinquished by a clean shutdown (rule 3).
+    Relinquished,
+    /// Expired; the oldest expired subnet (rule 4). `last_written` is when its holder last
+    /// wrote it, in store revisions.
+    Expired {
+        /// The history key's mod revision.
+        last_written: Revision,
+    },
+}
+
+/// What the policy chose.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// Rule 1: a live lease carrying this node's identity.
+    Adopt(StoredLease),
+    /// Rules 2–4: create this subnet's key if absent.
+    Create {
+        /// The subnet to create.
+        subnet: Subnet,
+        /// Which rule chose it.
+        reason: CreateReason,
+    },
+    /// Rule 5: nothing is free.
+    Exhausted,
+}
+
+/// The policy's answer, with what it noticed on the way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// What to do.
+    pub choice: Choice,
+    /// The previous subnet was live under another holder (whose public IP is given): it was
+    /// not taken. Worth a warning: someone else has this host's old subnet.
+    pub previous_taken_by: Option<(Subnet, Ipv4Addr)>,
+}
+
+/// Chooses a subnet for `node` from a listing. `previous` is the subnet this node last held, if
+/// known (the caller's `subnet.env`, or the subnet it just lost). `rng` spreads fresh picks.
+pub fn choose(
+    config: &NetworkConfig,
+    listing: &Listing,
+    node: &NodeId,
+    previous: Option<Subnet>,
+    rng: &mut impl Rng,
+) -> Decision {
+    let mut previous_taken_by = None;
+
+    // Rule 1. Several live keys of ours cannot come from one weft, but a copied disk or an
+    // operator can make them; prefer the previous subnet, then the lowest.
+    let mut ours: Vec<&StoredLease> = listing
+        .leases
+        .iter()
+        .filter(|l| l.attrs.is_node(node) && config.fits(l.subnet))
+        .collect();
+    ours.sort_by_key(|l| (Some(l.subnet) != previous, l.subnet));
+    if let Some(lease) = ours.first() {
+        return Decision { choice: Choice::Adopt((*lease).clone()), previous_taken_by };
+    }
+
+    let live: BTreeMap<Subnet, &StoredLease> =
+        listing.leases.iter().map(|l| (l.subnet, l)).collect();
+    let overlaps_live = |s: Subnet| {
+        live.keys().any(|l| l.net().contains(&s.network()) || s.net().contains(&l.network()))
+    };
+    let history: BTreeMap<Subnet, &HistoryEntry> =
+        listing.history.iter().map(|h| (h.subnet, h)).collect();
+
+    // Rule 2: the previous subnet, else the subnet history last saw this node hold.
+    let from_history = || {
+        listing
+            .history
+            .iter()
+            .filter(|h| h.record.node == *node && h.record.state == HistoryState::Held)
+            .max_by_key(|h| h.mod_revision)
+            .map(|h| h.subnet)
+    };
+    if let Some(prev) = previous.or_else(from_history).filter(|s| config.fits(*s)) {
+        if let Some(holder) = live.get(&prev) {
+            previous_taken_by = Some((prev, holder.attrs.public_ip));
+        } else if !overlaps_live(prev) {
+            return Decision {
+                choice: Choice::Create { subnet: prev, reason: CreateReason::Previous },
+                previous_taken_by,
+            };
+        }
+    }
+
+    // Rules 3 and 4 in one pass over the range, which is ascending.
+    let mut fresh: Vec<(Subnet, CreateReason)> = Vec::new();
+    let mut oldest_expired: Option<(Revision, Subnet)> = None;
+    let taken: BTreeSet<Subnet> = live.keys().copied().collect();
+    for subnet in config.subnets() {
+        if taken.contains(&subnet) || overlaps_live(subnet) {
+            continue;
+        }
+        match history.get(&subnet) {
+            None => fresh.push((subnet, CreateReason::Fresh)),
+            Some(h) if h.record.state == HistoryState::Relinquished => {
+                fresh.push((subnet, CreateReason::Relinquished))
+            }
+            Some(h) => {
+                if oldest_expired.is_none_or(|(rev, _)| h.mod_revision < rev) {
+                    oldest_expired = Some((h.mod_revision, subnet));
+                }
+            }
+        }
+        if fresh.len() >= SPREAD {
+            break;
+        }
+    }
+    let choice = if !fresh.is_empty() {
+        let (subnet, reason) = fresh[rng.random_range(0..fresh.len())];
+        Choice::Create { subnet, reason }
+    } else if let Some((last_written, subnet)) = oldest_expired {
+        Choice::Create { subnet, reason: CreateReason::Expired { last_written } }
+    } else {
+        Choice::Exhausted
+    };
+    Decision { choice, previous_taken_by }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+    use crate::config::{Backend, BackendKind};
+    use crate::lease::record::{HistoryRecord, LeaseAttrs, StoreLeaseId};
+
+    fn config(len: u8) -> NetworkConfig {
+        // 10.244.0.0/16 split into /len, first subnet skipped, as flannel's defaults do.
+        let step = 1u32 << (32 - u32::from(len));
+        let base = u32::from(Ipv4Addr::new(10, 244, 0, 0));
+        NetworkConfig {
+            network: "10.244.0.0/16".parse().unwrap(),
+            subnet_len: len,
+            subnet_min: Ipv4Addr::from(base + step),
+            subnet_max: Ipv4Addr::from(base + (1 << 16) - step),
+            backend: Backend { kind: BackendKind::Vxlan, port: 8472, vni: 1 },
+        }
+    }
+
+    fn node(n: &str) -> NodeId {
+        NodeId::parse(&format!("node-{n:0>4}")).unwrap()
+    }
+
+    fn sn(s: &str) -> Subnet {
+        s.parse().unwrap()
+    }
+
+    fn lease(subnet: &str, holder: &str, rev: i64) -> StoredLease {
+        StoredLease {
+            subnet: sn(subnet),
+            attrs: LeaseAttrs {
+                public_ip: Ipv4Addr::new(192, 0, 2, 9),
+                public_ipv6: None,
+                backend_type: None,
+                backend_data: None,
+                node_id: Some(node(holder)),
+                incarnation: None,
+            },
+            mod_revision: Revision(rev),
+            lease_id: StoreLeaseId(rev),
+        }
+    }
+
+    fn hist(subnet: &str, holder: &str, state: HistoryState, rev: i64) -> HistoryEntry {
+        HistoryEntry {
+            subnet: sn(subnet),
+            record: HistoryRecord { state, node: node(holder), public_ip: Ipv4Addr::new(192, 0, 2, 9) },
+            mod_revision: Revision(rev),
+        }
+    }
+
+    fn rng() -> StdRng {
+        StdRng::seed_from_u64(7)
+    }
+
+    #[test]
+    fn own_live_lease_is_adopted() {
+        let l = Listing { leases: vec![lease("10.244.1.0/24", "b", 3), lease("10.244.2.0/24", "a", 4)], ..Default::default() };
+        let d = choose(&config(24), &l, &node("a"), None, &mut rng());
+        assert_eq!(d.choice, Choice::Adopt(lease("10.244.2.0/24", "a", 4)));
+    }
+
+    #[test]
+    fn previous_subnet_taken_by_another_is_never_chosen() {
+        let l = Listing { leases: vec![lease("10.244.1.0/24", "b", 3)], ..Default::default() };
+        let d = choose(&config(24), &l, &node("a"), Some(sn("10.244.1.0/24")), &mut rng());
+        assert_eq!(d.previous_taken_by, Some((sn("10.244.1.0/24"), Ipv4Addr::new(192, 0, 2, 9))));
+        match d.choice {
+            Choice::Create { subnet, reason: CreateReason::Fresh } => assert_ne!(subnet, sn("10.244.1.0/24")),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn free_previous_subnet_is_reclaimed() {
+        let l = Listing { history: vec![hist("10.244.7.0/24", "a", HistoryState::Held, 2)], ..Default::default() };
+        let d = choose(&config(24), &l, &node("a"), Some(sn("10.244.7.0/24")), &mut rng());
+        assert_eq!(d.choice, Choice::Create { subnet: sn("10.244.7.0/24"), reason: CreateReason::Previous });
+        // Without subnet.env, history names it too.
+        let d = choose(&config(24), &l, &node("a"), None, &mut rng());
+        assert_eq!(d.choice, Choice::Create { subnet: sn("10.244.7.0/24"), reason: CreateReason::Previous });
+    }
+
+    #[test]
+    fn expired_subnets_come_after_fresh_ones_and_oldest_first() {
+        // /18 in a /16: subnets .64, .128, .192 (the first, .0, is skipped).
+        let c = config(18);
+        let l = Listing {
+            history: vec![
+                hist("10.244.64.0/18", "x", HistoryState::Held, 9),
+                hist("10.244.128.0/18", "y", HistoryState::Held, 5),
+            ],
+            ..Default::default()
+        };
+        let d = choose(&c, &l, &node("a"), None, &mut rng());
+        assert_eq!(d.choice, Choice::Create { subnet: sn("10.244.192.0/18"), reason: CreateReason::Fresh });
+        let l2 = Listing { leases: vec![lease("10.244.192.0/18", "z", 11)], ..l };
+        let d = choose(&c, &l2, &node("a"), None, &mut rng());
+        assert_eq!(
+            d.choice,
+            Choice::Create { subnet: sn("10.244.128.0/18"), reason: CreateReason::Expired { last_written: Revision(5) } }
+        );
+    }
+
+    #[test]
+    fn relinquished_beats_expired() {
+        let c = config(18);
+        let l = Listing {
+            leases: vec![lease("10.244.192.0/18", "z", 11)],
+            history: vec![
+                hist("10.244.64.0/18", "x", HistoryState::Held, 1),
+                hist("10.244.128.0/18", "y", HistoryState::Relinquished, 8),
+            ],
+            ..Default::default()
+        };
+        let d = choose(&c, &l, &node("a"), None, &mut rng());
+        assert_eq!(d.choice, Choice::Create { subnet: sn("10.244.128.0/18"), reason: CreateReason::Relinquished });
+    }
+
+    #[test]
+    fn exhausted_when_everything_is_live() {
+        let c = config(18);
+        let l = Listing {
+            leases: vec![lease("10.244.64.0/18", "x", 1), lease("10.244.128.0/18", "y", 2), lease("10.244.192.0/18", "z", 3)],
+            ..Default::default()
+        };
+        assert_eq!(choose(&c, &l, &node("a"), Some(sn("10.244.64.0/18")), &mut rng()).choice, Choice::Exhausted);
+    }
+
+    proptest! {
+        /// Whatever the listing, the choice is never a live subnet, never overlaps one, always
+        /// fits the config, and a fresh or expired pick is only made when no own lease exists.
+        #[test]
+        fn never_chooses_a_live_subnet(
+            live in proptest::collection::btree_map(1u32..64, 0usize..4, 0..40),
+            hist_map in proptest::collection::btree_map(1u32..64, (0usize..4, any::<bool>(), 1i64..100), 0..40),
+            me in 0usize..4,
+            prev in proptest::option::of(1u32..64),
+            seed in any::<u64>(),
+        ) {
+            let c = config(22); // 63 usable subnets: .4.0 .. .252.0
+            let names = ["a", "b", "c", "d"];
+            let at = |i: u32| Subnet::from_parts(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 244, 0, 0)) + (i << 10)), 22).unwrap();
+            let listing = Listing {
+                leases: live.iter().map(|(i, h)| { let mut l = lease("10.244.4.0/22", names[*h], 1); l.subnet = at(*i); l }).collect(),
+                history: hist_map.iter().map(|(i, (h, rel, rev))| {
+                    let mut e = hist("10.244.4.0/22", names[*h], if *rel { HistoryState::Relinquished } else { HistoryState::Held }, *rev);
+                    e.subnet = at(*i); e
+                }).collect(),
+                ..Default::default()
+            };
+            let d = choose(&c, &listing, &node(names[me]), prev.map(at), &mut StdRng::seed_from_u64(seed));
+            match d.choice {
+                Choice::Adopt(l) => prop_assert!(l.attrs.is_node(&node(names[me]))),
+                Choice::Create { subnet, .. } => {
+                    prop_assert!(c.fits(subnet));
+                    prop_assert!(!live.keys().any(|i| at(*i) == subnet));
+                    prop_assert!(!live.values().any(|h| *h == me));
+                }
+                Choice::Exhausted => prop_assert_eq!(live.len(), 63),
+            }
+        }
+    }
+}
