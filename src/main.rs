@@ -1,1 +1,362 @@
-fn main(){}
+//! The `weft` command: `run` (the daemon), `network get|set`, `lease list|revoke`.
+//!
+//! Flags take flanneld's names where flanneld has them; every flag also reads a `WEFT_*`
+//! environment variable (`--etcd-endpoints` ⇔ `WEFT_ETCD_ENDPOINTS`).
+
+use std::io::Read as _;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+
+use weft::config::NetworkConfig;
+use weft::daemon::{self, RunOptions};
+use weft::lease::etcd::{EtcdOptions, EtcdStore};
+use weft::lease::record::{HistoryState, Subnet};
+use weft::lease::store::Store;
+
+#[derive(Parser, Debug)]
+#[command(name = "weft", version, about = "A flannel-compatible overlay network daemon with a user-space data plane")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the daemon: lease a subnet, keep it, forward traffic.
+    Run(Box<RunArgs>),
+    /// Read or write the network config (`<prefix>/config`).
+    Network {
+        #[command(subcommand)]
+        command: NetworkCommand,
+    },
+    /// Inspect or revoke subnet leases.
+    Lease {
+        #[command(subcommand)]
+        command: LeaseCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum NetworkCommand {
+    /// Print the network config.
+    Get(EtcdArgs),
+    /// Validate and write the network config from FILE, or from stdin with `-`.
+    Set {
+        /// A JSON file in flannel's schema, or `-` for stdin.
+        file: String,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum LeaseCommand {
+    /// List subnet leases: subnet, public IP, holder, TTL left, history.
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+    /// Delete a subnet's lease, whoever holds it (the holder reclaims it if it still runs).
+    Revoke {
+        /// The subnet, as `10.244.3.0/24` or `10.244.3.0-24`.
+        subnet: Subnet,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+struct EtcdArgs {
+    /// Comma-separated etcd endpoints.
+    #[arg(long, env = "WEFT_ETCD_ENDPOINTS", default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
+    etcd_endpoints: Vec<String>,
+    /// Key prefix (flannel's default).
+    #[arg(long, env = "WEFT_ETCD_PREFIX", default_value = "/coreos.com/network")]
+    etcd_prefix: String,
+    /// CA certificate for etcd TLS.
+    #[arg(long, env = "WEFT_ETCD_CAFILE")]
+    etcd_cafile: Option<PathBuf>,
+    /// Client certificate for etcd TLS.
+    #[arg(long, env = "WEFT_ETCD_CERTFILE")]
+    etcd_certfile: Option<PathBuf>,
+    /// Client key for etcd TLS.
+    #[arg(long, env = "WEFT_ETCD_KEYFILE")]
+    etcd_keyfile: Option<PathBuf>,
+    /// etcd user name.
+    #[arg(long, env = "WEFT_ETCD_USERNAME")]
+    etcd_username: Option<String>,
+    /// etcd password.
+    #[arg(long, env = "WEFT_ETCD_PASSWORD", hide_env_values = true)]
+    etcd_password: Option<String>,
+    /// Deadline for each etcd call.
+    #[arg(long, env = "WEFT_ETCD_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    etcd_timeout: Duration,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    /// Underlay interface (name or IPv4 address); default: the default route's interface.
+    #[arg(long, env = "WEFT_IFACE")]
+    iface: Option<String>,
+    /// Address to publish as PublicIP; default: the underlay interface's address.
+    #[arg(long, env = "WEFT_PUBLIC_IP")]
+    public_ip: Option<Ipv4Addr>,
+    /// Where to write flannel's subnet.env.
+    #[arg(long, env = "WEFT_SUBNET_FILE", default_value = "/run/flannel/subnet.env")]
+    subnet_file: PathBuf,
+    /// Directory for this node's identity and VTEP MAC.
+    #[arg(long, env = "WEFT_STATE_DIR", default_value = "/var/lib/weft")]
+    state_dir: PathBuf,
+    /// TUN device name.
+    #[arg(long, env = "WEFT_TUN_NAME", default_value = "weft0")]
+    tun_name: String,
+    /// Subnet lease TTL (`24h`, `10s`, ...).
+    #[arg(long, env = "WEFT_SUBNET_LEASE_TTL", default_value = "24h", value_parser = parse_duration)]
+    subnet_lease_ttl: Duration,
+    /// Renew no later than this before expiry: minutes as a bare number (flanneld), or a
+    /// duration (`30s`). Default: min(60 min, TTL / 4). Renewal also happens at half the TTL.
+    #[arg(long, env = "WEFT_SUBNET_LEASE_RENEW_MARGIN", value_parser = parse_margin)]
+    subnet_lease_renew_margin: Option<Duration>,
+    /// Health server address.
+    #[arg(long, env = "WEFT_HEALTHZ_IP", default_value = "0.0.0.0")]
+    healthz_ip: IpAddr,
+    /// Health server port (0: off).
+    #[arg(long, env = "WEFT_HEALTHZ_PORT", default_value_t = 0)]
+    healthz_port: u16,
+    /// Command run (by /bin/sh -c) when this node's subnet changes; $1 = old, $2 = new.
+    #[arg(long, env = "WEFT_ON_SUBNET_CHANGE")]
+    on_subnet_change: Option<String>,
+    /// Command run (by /bin/sh -c) when this node's lease is lost to another holder.
+    #[arg(long, env = "WEFT_ON_LEASE_LOST")]
+    on_lease_lost: Option<String>,
+    /// Delete the lease on a clean shutdown so a new node can use the subnet at once.
+    #[arg(long, env = "WEFT_RELINQUISH_ON_EXIT")]
+    relinquish_on_exit: bool,
+    /// Written to subnet.env as FLANNEL_IPMASQ; weft itself installs no iptables rules.
+    #[arg(long, env = "WEFT_IP_MASQ")]
+    ip_masq: bool,
+    /// Log format.
+    #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 10s, 5m, 24h)"))?;
+    if d.is_zero() {
+        return Err("must be more than zero".into());
+    }
+    Ok(d)
+}
+
+fn parse_margin(s: &str) -> Result<Duration, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be more than zero".into()),
+        Ok(minutes) => Ok(Duration::from_secs(minutes * 60)),
+        Err(_) => parse_duration(s),
+    }
+}
+
+impl EtcdArgs {
+    fn options(&self) -> EtcdOptions {
+        EtcdOptions {
+            endpoints: self.etcd_endpoints.clone(),
+            prefix: self.etcd_prefix.trim_end_matches('/').to_string(),
+            ca_file: self.etcd_cafile.clone(),
+            cert_file: self.etcd_certfile.clone(),
+            key_file: self.etcd_keyfile.clone(),
+            username: self.etcd_username.clone(),
+            password: self.etcd_password.clone(),
+            call_timeout: self.etcd_timeout,
+        }
+    }
+
+    async fn connect(&self) -> anyhow::Result<EtcdStore> {
+        EtcdStore::connect(self.options())
+            .await
+            .with_context(|| format!("connecting to etcd at {}", self.etcd_endpoints.join(",")))
+    }
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match real_main(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weft: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn real_main(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run(args) => {
+            init_logging(args.log_format == "json");
+            if let Some(m) = args.subnet_lease_renew_margin
+                && m >= args.subnet_lease_ttl
+            {
+                bail!(
+                    "--subnet-lease-renew-margin ({}) must be shorter than --subnet-lease-ttl ({})",
+                    humantime::format_duration(m),
+                    humantime::format_duration(args.subnet_lease_ttl)
+                );
+            }
+            let store = args.etcd.connect().await?;
+            let _ = &args.tun_name;
+            let opts = RunOptions {
+                iface: args.iface.clone(),
+                public_ip: args.public_ip,
+                subnet_file: args.subnet_file.clone(),
+                state_dir: args.state_dir.clone(),
+                lease_ttl: args.subnet_lease_ttl,
+                renew_margin: args.subnet_lease_renew_margin,
+                healthz_ip: args.healthz_ip,
+                healthz_port: args.healthz_port,
+                on_subnet_change: args.on_subnet_change.clone(),
+                on_lease_lost: args.on_lease_lost.clone(),
+                relinquish_on_exit: args.relinquish_on_exit,
+                ip_masq: args.ip_masq,
+            };
+            daemon::run(opts, Arc::new(store)).await
+        }
+        Command::Network { command: NetworkCommand::Get(etcd) } => {
+            let store = etcd.connect().await?;
+            let Some(raw) = store.config().await? else {
+                bail!("no network config at {}/config", etcd.etcd_prefix);
+            };
+            println!("{}", String::from_utf8_lossy(&raw).trim_end());
+            if let Err(e) = NetworkConfig::parse(&raw) {
+                eprintln!("weft: warning: the stored config is invalid: {e}");
+            }
+            Ok(())
+        }
+        Command::Network { command: NetworkCommand::Set { file, etcd } } => {
+            let mut raw = Vec::new();
+            if file == "-" {
+                std::io::stdin().read_to_end(&mut raw).context("reading the config from stdin")?;
+            } else {
+                raw = std::fs::read(&file).with_context(|| format!("reading {file}"))?;
+            }
+            let cfg = NetworkConfig::parse(&raw).context("invalid network config; nothing written")?;
+            let store = etcd.connect().await?;
+            store.set_config(&raw).await?;
+            eprintln!(
+                "network config written: {} split into /{} subnets ({} leasable), backend {}",
+                cfg.network,
+                cfg.subnet_len,
+                cfg.subnet_count(),
+                cfg.backend.kind.as_str()
+            );
+            Ok(())
+        }
+        Command::Lease { command: LeaseCommand::List { json, etcd } } => {
+            let store = etcd.connect().await?;
+            lease_list(&store, json).await
+        }
+        Command::Lease { command: LeaseCommand::Revoke { subnet, etcd } } => {
+            let store = etcd.connect().await?;
+            if store.revoke(subnet).await? {
+                eprintln!("revoked the lease on {subnet}");
+                Ok(())
+            } else {
+                bail!("no lease on {subnet}")
+            }
+        }
+    }
+}
+
+async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
+    let listing = store.list().await?;
+    let mut rows = Vec::new();
+    for l in &listing.leases {
+        let ttl = store.lease_ttl(l.lease_id).await.ok().flatten();
+        let history = listing
+            .history
+            .iter()
+            .find(|h| h.subnet == l.subnet)
+            .map(|h| history_text(h.record.state));
+        rows.push(serde_json::json!({
+            "subnet": l.subnet.to_string(),
+            "public_ip": l.attrs.public_ip.to_string(),
+            "holder": l.attrs.node_id.as_ref().map(|n| n.to_string()),
+            "backend": l.attrs.backend_type.clone().unwrap_or_else(|| "udp".into()),
+            "ttl_seconds": ttl.map(|d| d.as_secs()),
+            "history": history.unwrap_or("none"),
+            "live": true,
+        }));
+    }
+    for h in &listing.history {
+        if listing.leases.iter().any(|l| l.subnet == h.subnet) {
+            continue;
+        }
+        rows.push(serde_json::json!({
+            "subnet": h.subnet.to_string(),
+            "public_ip": h.record.public_ip.to_string(),
+            "holder": h.record.node.to_string(),
+            "backend": serde_json::Value::Null,
+            "ttl_seconds": serde_json::Value::Null,
+            "history": match h.record.state { HistoryState::Held => "expired", HistoryState::Relinquished => "relinquished" },
+            "live": false,
+        }));
+    }
+    if json {
+        let out = serde_json::json!({
+            "revision": listing.revision.0,
+            "leases": rows,
+            "skipped": listing.skipped.iter().map(|b| serde_json::json!({"key": b.key, "problem": b.problem})).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("{:<18} {:<16} {:<34} {:>9}  {:<13} HISTORY", "SUBNET", "PUBLIC-IP", "HOLDER", "TTL-LEFT", "STATE");
+    for r in &rows {
+        let ttl = match (r["live"].as_bool(), r["ttl_seconds"].as_u64()) {
+            (Some(true), Some(s)) => format!("{s}s"),
+            (Some(true), None) => "no-ttl".into(),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<18} {:<16} {:<34} {:>9}  {:<13} {}",
+            r["subnet"].as_str().unwrap_or(""),
+            r["public_ip"].as_str().unwrap_or(""),
+            r["holder"].as_str().unwrap_or("(flannel)"),
+            ttl,
+            if r["live"].as_bool() == Some(true) { "live" } else { "free" },
+            r["history"].as_str().unwrap_or(""),
+        );
+    }
+    for b in &listing.skipped {
+        eprintln!("weft: warning: skipped {}: {}", b.key, b.problem);
+    }
+    Ok(())
+}
+
+fn history_text(s: HistoryState) -> &'static str {
+    match s {
+        HistoryState::Held => "held",
+        HistoryState::Relinquished => "relinquished",
+    }
+}

@@ -1,0 +1,370 @@
+//! `weft run`: wires the lease keeper, the health server and (later) the data plane together.
+//!
+//! Start-up order follows flanneld's: flags, identity, store client, health server, network
+//! config (retried every second until it is present and valid), public IP, lease, then the lease
+//! driver runs until SIGTERM or SIGINT. On shutdown the lease is kept for a restart unless
+//! `--relinquish-on-exit` is given.
+
+use std::fs;
+use std::io::Write as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::config::{BackendKind, NetworkConfig};
+use crate::health::{self, Health};
+use crate::lease::driver::{DriverConfig, LeaseDriver};
+use crate::lease::keeper::{Keeper, KeeperConfig};
+use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Subnet};
+use crate::lease::store::Store;
+use crate::lease::subnet_env::{self, ReadOutcome};
+use crate::time::{BootClock, Clock};
+
+/// Everything `weft run` needs, after flag parsing.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// `--iface`: interface name or address for the underlay.
+    pub iface: Option<String>,
+    /// `--public-ip`.
+    pub public_ip: Option<Ipv4Addr>,
+    /// `--subnet-file`.
+    pub subnet_file: PathBuf,
+    /// `--state-dir`.
+    pub state_dir: PathBuf,
+    /// `--subnet-lease-ttl`.
+    pub lease_ttl: Duration,
+    /// `--subnet-lease-renew-margin` (`None`: `min(60 min, ttl / 4)`).
+    pub renew_margin: Option<Duration>,
+    /// `--healthz-ip`.
+    pub healthz_ip: IpAddr,
+    /// `--healthz-port` (0: no health server).
+    pub healthz_port: u16,
+    /// `--on-subnet-change`.
+    pub on_subnet_change: Option<String>,
+    /// `--on-lease-lost`.
+    pub on_lease_lost: Option<String>,
+    /// `--relinquish-on-exit`.
+    pub relinquish_on_exit: bool,
+    /// `--ip-masq` (only written to subnet.env; weft installs no iptables rules).
+    pub ip_masq: bool,
+}
+
+/// The node's persistent identity, from `<state-dir>/node-id` (created on first start).
+pub fn load_node_id(state_dir: &Path) -> anyhow::Result<NodeId> {
+    let path = state_dir.join("node-id");
+    match fs::read_to_string(&path) {
+        Ok(text) => NodeId::parse(text.trim()).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: not a valid node ID ({e}). It is this node's identity, so weft will not \
+                 guess: delete the file to give this node a new identity",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = NodeId::generate();
+            write_state_file(state_dir, "node-id", id.as_str())?;
+            info!(node_id = %id, path = %path.display(), "generated a new node identity");
+            Ok(id)
+        }
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// A stable, locally administered unicast MAC for the VTEP, kept in `<state-dir>/vtep-mac`.
+pub fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<[u8; 6]> {
+    let path = state_dir.join("vtep-mac");
+    if let Ok(text) = fs::read_to_string(&path) {
+        if let Some(mac) = parse_mac(text.trim()) {
+            return Ok(mac);
+        }
+        warn!(path = %path.display(), "ignoring an unreadable VTEP MAC file; generating a new MAC");
+    }
+    let mut mac: [u8; 6] = rand::random();
+    mac[0] = (mac[0] & 0xfe) | 0x02;
+    write_state_file(state_dir, "vtep-mac", &format_mac(mac))?;
+    Ok(mac)
+}
+
+/// `aa:bb:cc:dd:ee:ff`, as Go's `net.HardwareAddr` prints it (flannel's VtepMAC form).
+pub fn format_mac(mac: [u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff` (or with `-`).
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut out = [0u8; 6];
+    let mut parts = s.split([':', '-']);
+    for b in &mut out {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
+fn write_state_file(dir: &Path, name: &str, contents: &str) -> anyhow::Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating state dir {}", dir.display()))?;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(contents.as_bytes())?;
+    f.write_all(b"\n")?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join(name)).with_context(|| format!("renaming into {}", dir.display()))?;
+    Ok(())
+}
+
+/// The underlay: which address to publish and the interface's MTU.
+#[derive(Clone, Debug)]
+pub struct Underlay {
+    /// The interface name, when known.
+    pub iface: Option<String>,
+    /// The address published as `PublicIP`.
+    pub public_ip: Ipv4Addr,
+    /// The interface MTU (1500 when unknown).
+    pub mtu: u32,
+}
+
+/// Finds the underlay as flanneld does: `--iface` (name or address), else the interface of the
+/// default route; `--public-ip` overrides the published address.
+pub fn find_underlay(iface: Option<&str>, public_ip: Option<Ipv4Addr>) -> anyhow::Result<Underlay> {
+    let addrs = v4_addresses()?;
+    let by_name = |name: &str| addrs.iter().find(|(n, _)| n == name).map(|(n, a)| (n.clone(), *a));
+    let chosen = match iface {
+        Some(spec) => match spec.parse::<Ipv4Addr>() {
+            Ok(ip) => addrs.iter().find(|(_, a)| *a == ip).map(|(n, a)| (n.clone(), *a)),
+            Err(_) => by_name(spec),
+        }
+        .with_context(|| format!("--iface {spec}: no such interface with an IPv4 address"))
+        .map(Some)?,
+        None => match public_ip {
+            Some(ip) => addrs.iter().find(|(_, a)| *a == ip).map(|(n, a)| (n.clone(), *a)),
+            None => default_route_iface().and_then(|n| by_name(&n)),
+        },
+    };
+    let (name, addr) = match (chosen, public_ip) {
+        (Some((n, a)), _) => (Some(n), a),
+        (None, Some(ip)) => (None, ip),
+        (None, None) => bail!(
+            "no default route to pick the underlay interface from: give --iface or --public-ip"
+        ),
+    };
+    let mtu = name
+        .as_deref()
+        .and_then(|n| fs::read_to_string(format!("/sys/class/net/{n}/mtu")).ok())
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(1500);
+    Ok(Underlay { iface: name, public_ip: public_ip.unwrap_or(addr), mtu })
+}
+
+fn v4_addresses() -> anyhow::Result<Vec<(String, Ipv4Addr)>> {
+    let mut out = Vec::new();
+    for ifa in nix::ifaddrs::getifaddrs().context("listing interfaces")? {
+        if let Some(sin) = ifa.address.as_ref().and_then(|a| a.as_sockaddr_in()) {
+            out.push((ifa.interface_name.clone(), sin.ip()));
+        }
+    }
+    Ok(out)
+}
+
+fn default_route_iface() -> Option<String> {
+    let table = fs::read_to_string("/proc/net/route").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        (cols.len() > 2 && cols[1] == "00000000").then(|| cols[0].to_string())
+    })
+}
+
+/// The lease value this node publishes.
+pub fn lease_attrs(network: &NetworkConfig, public_ip: Ipv4Addr, vtep_mac: [u8; 6]) -> LeaseAttrs {
+    let (backend_type, backend_data) = match network.backend.kind {
+        BackendKind::Vxlan => (
+            Some("vxlan".to_string()),
+            Some(serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": format_mac(vtep_mac) })),
+        ),
+        // flannel's udp backend writes no BackendType; weft does the same so flannel peers
+        // treat weft's udp leases as their own.
+        BackendKind::Udp => (None, None),
+    };
+    LeaseAttrs {
+        public_ip,
+        public_ipv6: None,
+        backend_type,
+        backend_data,
+        node_id: None,
+        incarnation: None,
+    }
+}
+
+/// Reads the network config, retrying every second until it is present and valid (flanneld
+/// does the same), or until `shutdown`.
+pub async fn wait_for_config(
+    store: &dyn Store,
+    shutdown: &mut watch::Receiver<bool>,
+) -> anyhow::Result<Option<NetworkConfig>> {
+    let mut last_problem = String::new();
+    loop {
+        let problem = match store.config().await {
+            Ok(Some(raw)) => match NetworkConfig::parse(&raw) {
+                Ok(cfg) => return Ok(Some(cfg)),
+                Err(e) => format!("the network config in the store is invalid: {e}"),
+            },
+            Ok(None) => "no network config in the store yet (set it with `weft network set`)".to_string(),
+            Err(e) if e.is_transient() => format!("store unavailable while reading the config: {e}"),
+            Err(e) => return Err(e).context("reading the network config"),
+        };
+        if problem != last_problem {
+            error!("{problem}; retrying every second");
+            last_problem = problem;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.changed() => return Ok(None),
+        }
+    }
+}
+
+/// The previous subnet from `subnet.env`, if the file is valid and names a subnet of this
+/// network. A corrupt file is ignored with a warning, never trusted.
+pub fn previous_subnet(path: &Path, network: &NetworkConfig) -> Option<Subnet> {
+    match subnet_env::read(path) {
+        ReadOutcome::Missing => None,
+        ReadOutcome::Corrupt(e) => {
+            warn!(path = %path.display(), error = %e, "ignoring a corrupt subnet.env");
+            None
+        }
+        ReadOutcome::Valid(env) if network.fits(env.subnet) => Some(env.subnet),
+        ReadOutcome::Valid(env) => {
+            warn!(path = %path.display(), subnet = %env.subnet, "subnet.env names a subnet outside the configured range; ignoring it");
+            None
+        }
+    }
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> {
+    let clock: Arc<dyn Clock> = Arc::new(BootClock);
+    let node = load_node_id(&opts.state_dir)?;
+    let incarnation = Incarnation::generate();
+    info!(node_id = %node, %incarnation, "weft starting");
+
+    let (shutdown_tx, mut shutdown_rx) = watch::channel(false);
+    tokio::spawn(signal_shutdown(shutdown_tx));
+
+    let health = Arc::new(Health::new(clock.clone()));
+    let health_task = if opts.healthz_port > 0 {
+        let addr = SocketAddr::new(opts.healthz_ip, opts.healthz_port);
+        let listener = health::bind(addr).await.with_context(|| format!("binding the health server on {addr}"))?;
+        info!(%addr, "health server listening");
+        let mut rx = shutdown_rx.clone();
+        let stop = async move {
+            let _ = rx.wait_for(|v| *v).await;
+        };
+        Some(tokio::spawn(health::serve(listener, health.clone(), stop)))
+    } else {
+        None
+    };
+
+    let Some(network) = wait_for_config(&*store, &mut shutdown_rx).await? else {
+        return Ok(());
+    };
+    info!(network = %network.network, subnet_len = network.subnet_len, backend = ?network.backend.kind, "network config");
+    let underlay = find_underlay(opts.iface.as_deref(), opts.public_ip)?;
+    info!(iface = underlay.iface.as_deref().unwrap_or("?"), public_ip = %underlay.public_ip, mtu = underlay.mtu, "underlay");
+    if opts.ip_masq {
+        warn!("--ip-masq is written to subnet.env only: weft installs no iptables rules");
+    }
+    let vtep_mac = load_vtep_mac(&opts.state_dir)?;
+    let attrs = lease_attrs(&network, underlay.public_ip, vtep_mac);
+    let previous = previous_subnet(&opts.subnet_file, &network);
+
+    let ttl = opts.lease_ttl;
+    let renew_margin = opts.renew_margin.unwrap_or((ttl / 4).min(Duration::from_secs(3600)));
+    let (presence_ttl, retry_min, retry_max) = KeeperConfig::timings_for(ttl);
+    let keeper = Keeper::new(
+        KeeperConfig {
+            network: network.clone(),
+            attrs,
+            node: node.clone(),
+            incarnation,
+            ttl,
+            renew_margin,
+            presence_ttl,
+            previous,
+            retry_min,
+            retry_max,
+            seed: rand::random(),
+        },
+        clock.now(),
+    );
+    let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
+    let (subnet_tx, _subnet_rx) = watch::channel(None);
+    let driver = LeaseDriver::new(
+        store,
+        keeper,
+        node,
+        clock,
+        health,
+        DriverConfig {
+            network,
+            subnet_file: opts.subnet_file.clone(),
+            mtu,
+            ip_masq: opts.ip_masq,
+            on_subnet_change: opts.on_subnet_change.clone(),
+            on_lease_lost: opts.on_lease_lost.clone(),
+            relinquish_on_exit: opts.relinquish_on_exit,
+        },
+        subnet_tx,
+    );
+    driver.run(shutdown_rx).await;
+    if let Some(t) = health_task {
+        let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
+    }
+    info!("weft stopped");
+    Ok(())
+}
+
+async fn signal_shutdown(tx: watch::Sender<bool>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        error!("could not install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM"),
+        _ = int.recv() => info!("SIGINT"),
+    }
+    let _ = tx.send(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_round_trips() {
+        let m = [0x02, 0xab, 0, 1, 0xfe, 0x10];
+        assert_eq!(format_mac(m), "02:ab:00:01:fe:10");
+        assert_eq!(parse_mac("02:ab:00:01:fe:10"), Some(m));
+        assert_eq!(parse_mac("02:ab:00:01:fe"), None);
+        assert_eq!(parse_mac("02:ab:00:01:fe:10:11"), None);
+        assert_eq!(parse_mac("zz:ab:00:01:fe:10"), None);
+    }
+
+    #[test]
+    fn node_id_is_generated_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = load_node_id(dir.path()).unwrap();
+        let b = load_node_id(dir.path()).unwrap();
+        assert_eq!(a, b);
+        fs::write(dir.path().join("node-id"), "NOT AN ID!").unwrap();
+        let e = load_node_id(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("node-id") && e.contains("delete the file"), "{e}");
+    }
+}
