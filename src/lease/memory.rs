@@ -46,6 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::channel::mpsc;
+use futures::{FutureExt, StreamExt};
 
 use super::record::{
     HistoryEntry, HistoryRecord, HistoryState, LeaseAttrs, NodeId, Revision, StoreLeaseId,
@@ -732,6 +733,30 @@ impl MemoryStore {
     pub fn write_log(&self) -> Vec<WriteRecord> {
         self.world().writes.clone()
     }
+
+    /// The write log from entry `from` on (empty if `from` is past its end), for checking
+    /// invariants incrementally without copying the whole log each step.
+    pub fn write_log_since(&self, from: usize) -> Vec<WriteRecord> {
+        self.world()
+            .writes
+            .get(from..)
+            .map(<[WriteRecord]>::to_vec)
+            .unwrap_or_default()
+    }
+}
+
+/// Everything `stream` has ready now, without waiting: the items in order, and whether the
+/// stream has ended. For a simulation that steps synchronously instead of awaiting: every write
+/// delivers its events before the call that made it returns, so after a step this sees them all.
+pub fn drain_ready(stream: &mut WatchStream) -> (Vec<Result<WatchBatch, StoreError>>, bool) {
+    let mut items = Vec::new();
+    loop {
+        match stream.next().now_or_never() {
+            None => return (items, false),
+            Some(None) => return (items, true),
+            Some(Some(item)) => items.push(item),
+        }
+    }
 }
 
 /// One simulated process's handle on a [`MemoryStore`]: implements [`Store`].
@@ -1044,9 +1069,7 @@ impl Store for MemoryClient {
 mod tests {
     use std::net::Ipv4Addr;
 
-    use futures::StreamExt;
     use futures::executor::block_on;
-    use futures::future::FutureExt;
 
     use super::*;
     use crate::lease::record::Incarnation;
@@ -1095,20 +1118,8 @@ mod tests {
         }
     }
 
-    /// Everything the stream has ready now: `(items, ended)`.
-    fn drain(stream: &mut WatchStream) -> (Vec<Result<WatchBatch, StoreError>>, bool) {
-        let mut items = Vec::new();
-        loop {
-            match stream.next().now_or_never() {
-                None => return (items, false),
-                Some(None) => return (items, true),
-                Some(Some(item)) => items.push(item),
-            }
-        }
-    }
-
     fn batches(stream: &mut WatchStream) -> Vec<WatchBatch> {
-        let (items, ended) = drain(stream);
+        let (items, ended) = drain_ready(stream);
         assert!(!ended, "watch ended");
         items.into_iter().map(|item| item.unwrap()).collect()
     }
@@ -1144,6 +1155,9 @@ mod tests {
         assert_eq!(log[0].kind, WriteKind::Create);
         assert_eq!(log[0].previous_node, None);
         assert_eq!(log[0].new_node, Some(node("node-aaaa")));
+        assert_eq!(store.write_log_since(0), log);
+        assert!(store.write_log_since(1).is_empty());
+        assert!(store.write_log_since(7).is_empty());
         let listing = block_on(a.list()).unwrap();
         assert_eq!(listing.history.len(), 1);
         assert_eq!(listing.history[0].record.state, HistoryState::Held);
@@ -1414,7 +1428,7 @@ mod tests {
         let s = subnet("10.244.3.0/24");
         let mut watch = block_on(a.watch(Revision(0), None)).unwrap();
         store.partition("a", true);
-        let (items, ended) = drain(&mut watch);
+        let (items, ended) = drain_ready(&mut watch);
         assert!(ended);
         assert!(matches!(
             items.as_slice(),
@@ -1434,7 +1448,7 @@ mod tests {
         store.set_down(true);
         assert!(block_on(b.list()).is_err());
         assert!(block_on(a.config()).is_err());
-        assert!(drain(&mut watch).1);
+        assert!(drain_ready(&mut watch).1);
         store.set_down(false);
         assert!(block_on(b.list()).is_ok());
     }
@@ -1468,7 +1482,7 @@ mod tests {
         assert_eq!(batches(&mut old).len(), 2);
         store.compact(store.revision());
         let mut stale = block_on(b.watch(first.mod_revision, None)).unwrap();
-        let (items, ended) = drain(&mut stale);
+        let (items, ended) = drain_ready(&mut stale);
         assert!(ended);
         match items.as_slice() {
             [
@@ -1509,7 +1523,7 @@ mod tests {
             );
         }
         assert_eq!(store.compact_revision(), revs[2]);
-        let (items, _) = drain(&mut block_on(a.watch(revs[1], None)).unwrap());
+        let (items, _) = drain_ready(&mut block_on(a.watch(revs[1], None)).unwrap());
         assert!(matches!(
             items.as_slice(),
             [Err(StoreError::Compacted { .. })]
