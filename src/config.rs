@@ -2,16 +2,58 @@
 //! Go's encoding/json does, with flannel's defaults, and validated with errors that name the
 //! field and the problem.
 //!
-//! STUB: the API below is fixed; the bodies are being written.
+//! Contract:
+//! - [`NetworkConfig::parse`] accepts every IPv4 config flannel's `CheckNetworkConfig` accepts,
+//!   with the same defaults, except for options weft does not implement. Those are refused with
+//!   an error naming the option rather than silently ignored: a config that asks for IPv6, host-gw
+//!   or VXLAN direct routing must not come up as something else.
+//! - Field names match ASCII-case-insensitively (`"network"`, `"NETWORK"`), like Go's
+//!   encoding/json. Unknown fields are ignored, as flannel ignores them. JSON `null` means "not
+//!   given", and so do the zero values flannel treats as unset (`"SubnetLen": 0`,
+//!   `"SubnetMin": "0.0.0.0"`).
+//! - The input is untrusted (anyone with etcd access writes it): parsing never panics, and every
+//!   error names the field and the problem.
+//! - A parsed config is valid: `network` has no host bits, `subnet_len` is in
+//!   `network.prefix_len() + 2 ..= 30`, and `subnet_min <= subnet_max` are aligned subnet
+//!   addresses inside `network`. [`NetworkConfig::to_json`] writes it back in flannel's spelling,
+//!   and that text parses to an equal config.
+//!
+//! Deliberate differences from flannel, all on inputs flannel handles oddly:
+//! - `SubnetMin > SubnetMax` is refused (flannel accepts it and then can lease nothing).
+//! - Two keys that differ only in case (`"Network"` and `"network"`) are refused. Go keeps the
+//!   one that comes last in the text, which serde_json's map does not remember.
+//! - A `Backend` object with fields but no `Type` is refused (flannel fails later, asking for
+//!   backend type `""`); only a missing, `null` or empty `Backend` means udp.
+//! - `Backend.Port` and `Backend.VNI` of 0 are refused rather than meaning "kernel default".
+//! - Matching is ASCII-only: Go also folds a few non-ASCII letters (`ſ`, the Kelvin sign).
 
+use std::fmt;
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
+use serde_json::{Map, Value};
 
 use crate::lease::record::Subnet;
 
+/// flannel's vxlan port: the Linux kernel's legacy VXLAN port, from before IANA assigned 4789.
+/// A peer on 4789 does not interoperate with a default flannel.
+pub const DEFAULT_VXLAN_PORT: u16 = 8472;
+
+/// flannel's udp backend port.
+pub const DEFAULT_UDP_PORT: u16 = 8285;
+
+/// flannel's `defaultVNI`.
+pub const DEFAULT_VNI: u32 = 1;
+
+/// The largest VXLAN network identifier: the field is 24 bits (RFC 7348 §5).
+pub const MAX_VNI: u32 = (1 << 24) - 1;
+
+/// The longest `SubnetLen` flannel allows: a host needs room for its gateway and at least one
+/// more address.
+pub const MAX_SUBNET_LEN: u8 = 30;
+
 /// The data-plane backend named by `Backend.Type`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BackendKind {
     /// VXLAN (RFC 7348), flannel's `vxlan`: default port 8472, VNI 1.
     Vxlan,
@@ -19,15 +61,79 @@ pub enum BackendKind {
     Udp,
 }
 
+impl BackendKind {
+    /// The name as flannel spells it in `Backend.Type`: `"vxlan"` or `"udp"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Vxlan => "vxlan",
+            Self::Udp => "udp",
+        }
+    }
+
+    /// The port peers send to when the config does not name one.
+    pub fn default_port(self) -> u16 {
+        match self {
+            Self::Vxlan => DEFAULT_VXLAN_PORT,
+            Self::Udp => DEFAULT_UDP_PORT,
+        }
+    }
+
+    /// Parses `Backend.Type`. flannel's backend manager lowercases the type, so any case works.
+    fn from_type(name: &str) -> Option<Self> {
+        if name.eq_ignore_ascii_case("vxlan") {
+            Some(Self::Vxlan)
+        } else if name.eq_ignore_ascii_case("udp") {
+            Some(Self::Udp)
+        } else {
+            None
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The backend section of the config.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Backend {
     /// The backend type.
     pub kind: BackendKind,
     /// The UDP port peers send to.
     pub port: u16,
-    /// The VXLAN network identifier (vxlan only; 1 by default).
+    /// The VXLAN network identifier (vxlan only; 1 by default). A parsed udp backend always
+    /// carries [`DEFAULT_VNI`] here: flannel's udp backend has no VNI and ignores the field.
     pub vni: u32,
+}
+
+impl Backend {
+    /// A backend of `kind` with flannel's defaults (port 8472 and VNI 1 for vxlan, port 8285 for
+    /// udp).
+    pub fn new(kind: BackendKind) -> Self {
+        Self {
+            kind,
+            port: kind.default_port(),
+            vni: DEFAULT_VNI,
+        }
+    }
+
+    /// Bytes each packet grows by on the underlay, which the overlay MTU must leave room for:
+    /// vxlan 50 (outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14), udp 28 (IPv4 20 + UDP 8).
+    pub fn encap_overhead(&self) -> u16 {
+        match self.kind {
+            BackendKind::Vxlan => 50,
+            BackendKind::Udp => 28,
+        }
+    }
+}
+
+impl Default for Backend {
+    /// flannel's code default, udp (its documentation says vxlan; the code wins).
+    fn default() -> Self {
+        Self::new(BackendKind::Udp)
+    }
 }
 
 /// A validated network config.
@@ -45,37 +151,1066 @@ pub struct NetworkConfig {
     pub backend: Backend,
 }
 
-/// Why a config was refused.
+/// Why a config was refused. Every message starts with the field it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// Placeholder while the stub stands.
-    #[error("not implemented")]
-    Unimplemented,
+    /// The bytes are not JSON.
+    #[error("not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// The JSON is not an object.
+    #[error("config must be a JSON object")]
+    NotObject,
+    /// A field holds the wrong kind of JSON value.
+    #[error("{field}: expected {expected}, found {found}")]
+    WrongType {
+        /// The field, e.g. `SubnetLen` or `Backend.Port`.
+        field: &'static str,
+        /// What the field takes, e.g. "a non-negative integer".
+        expected: &'static str,
+        /// The value found, as (shortened) JSON text.
+        found: String,
+    },
+    /// Two keys name the same field, differing only in case.
+    #[error("{field}: given twice, as {first:?} and {second:?}")]
+    DuplicateField {
+        /// The field.
+        field: &'static str,
+        /// One spelling.
+        first: String,
+        /// The other spelling.
+        second: String,
+    },
+    /// A required field is absent.
+    #[error("{field}: missing (weft needs an IPv4 cluster network, e.g. \"10.244.0.0/16\")")]
+    Missing {
+        /// The field.
+        field: &'static str,
+    },
+    /// A CIDR field does not parse.
+    #[error("{field}: {value:?} is not an IPv4 CIDR (expected a.b.c.d/len)")]
+    BadCidr {
+        /// The field.
+        field: &'static str,
+        /// The text given.
+        value: String,
+    },
+    /// The network has bits set below its prefix.
+    #[error("{field}: {value:?} has host bits set (did you mean {suggestion}?)")]
+    HostBits {
+        /// The field.
+        field: &'static str,
+        /// The text given.
+        value: String,
+        /// The same prefix with the host bits cleared.
+        suggestion: Ipv4Net,
+    },
+    /// `0.0.0.0/0`, which flannel treats as "no network given".
+    #[error("Network: 0.0.0.0/0 is not a usable cluster network")]
+    NetworkEmpty,
+    /// The network is too small to hold four subnets of at least four addresses.
+    #[error("Network: {network} is too small (the smallest useful network is a /28)")]
+    NetworkTooSmall {
+        /// The network given.
+        network: Ipv4Net,
+    },
+    /// `SubnetLen` is longer than [`MAX_SUBNET_LEN`].
+    #[error("SubnetLen: {len} is longer than {MAX_SUBNET_LEN}")]
+    SubnetLenTooLong {
+        /// The length given.
+        len: u64,
+    },
+    /// `SubnetLen` leaves room for fewer than four subnets in the network.
+    #[error(
+        "SubnetLen: {len} is too short for Network {network} (at least /{min}, so that the \
+         network holds four subnets)"
+    )]
+    SubnetLenTooShort {
+        /// The length given.
+        len: u8,
+        /// The network.
+        network: Ipv4Net,
+        /// The shortest length allowed.
+        min: u8,
+    },
+    /// An address field does not parse.
+    #[error("{field}: {value:?} is not an IPv4 address")]
+    BadAddress {
+        /// The field.
+        field: &'static str,
+        /// The text given.
+        value: String,
+    },
+    /// `SubnetMin` or `SubnetMax` lies outside `Network`.
+    #[error("{field}: {addr} is outside Network {network}")]
+    OutsideNetwork {
+        /// The field.
+        field: &'static str,
+        /// The address given.
+        addr: Ipv4Addr,
+        /// The network.
+        network: Ipv4Net,
+    },
+    /// `SubnetMin` or `SubnetMax` is not the network address of a subnet.
+    #[error("{field}: {addr} is not aligned to /{len}")]
+    Unaligned {
+        /// The field.
+        field: &'static str,
+        /// The address given.
+        addr: Ipv4Addr,
+        /// The subnet length it must be aligned to.
+        len: u8,
+    },
+    /// `SubnetMin` is above `SubnetMax`: no subnet could be leased.
+    #[error("SubnetMin: {min} is above SubnetMax {max}")]
+    MinAboveMax {
+        /// `SubnetMin`.
+        min: Ipv4Addr,
+        /// `SubnetMax`.
+        max: Ipv4Addr,
+    },
+    /// An integer field is out of its range.
+    #[error("{field}: {value} is out of range {min}..={max}")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The smallest value allowed.
+        min: u64,
+        /// The largest value allowed.
+        max: u64,
+    },
+    /// An IPv6 field is set (`EnableIPv6: true`, `IPv6Network`, ...).
+    #[error("{field}: IPv6 is not supported yet")]
+    Ipv6Unsupported {
+        /// The field.
+        field: &'static str,
+    },
+    /// `EnableIPv4: false`.
+    #[error("EnableIPv4: false is not supported (weft needs an IPv4 Network)")]
+    Ipv4Disabled,
+    /// `Backend` has fields but no `Type`.
+    #[error("Backend.Type: missing (Backend has other fields, so name the backend: vxlan or udp)")]
+    MissingBackendType,
+    /// `Backend.Type` names a backend weft does not implement.
+    #[error("Backend.Type: {value:?} is not supported (weft supports vxlan and udp)")]
+    UnsupportedBackend {
+        /// The type given.
+        value: String,
+    },
+    /// A backend option weft does not implement is set to a non-default value.
+    #[error("{field}: {value} is not supported yet")]
+    UnsupportedOption {
+        /// The field, e.g. `Backend.DirectRouting`.
+        field: &'static str,
+        /// The value given, as JSON text.
+        value: String,
+    },
 }
 
 impl NetworkConfig {
     /// Parses and validates config JSON.
-    pub fn parse(_json: &[u8]) -> Result<Self, ConfigError> {
-        Err(ConfigError::Unimplemented)
+    ///
+    /// A missing, `null` or empty `Backend` means udp, which is what flannel's code does
+    /// (`parseBackendType`); flannel's documentation says vxlan, but weft follows the code so
+    /// that one config means the same thing to both. See the module docs for the rules.
+    ///
+    /// # Errors
+    /// [`ConfigError`], naming the field and the problem.
+    pub fn parse(json: &[u8]) -> Result<Self, ConfigError> {
+        let value: Value = serde_json::from_slice(json).map_err(ConfigError::NotJson)?;
+        let Value::Object(obj) = &value else {
+            return Err(ConfigError::NotObject);
+        };
+
+        if bool_field(obj, "EnableIPv4", "EnableIPv4")? == Some(false) {
+            return Err(ConfigError::Ipv4Disabled);
+        }
+        if bool_field(obj, "EnableIPv6", "EnableIPv6")? == Some(true) {
+            return Err(ConfigError::Ipv6Unsupported {
+                field: "EnableIPv6",
+            });
+        }
+        // flannel reads these only with EnableIPv6, but whoever wrote them meant IPv6: refusing
+        // is louder than a cluster that silently comes up IPv4-only.
+        for name in [
+            "IPv6Network",
+            "IPv6SubnetLen",
+            "IPv6SubnetMin",
+            "IPv6SubnetMax",
+        ] {
+            if field(obj, name, name)?.is_some_and(is_set) {
+                return Err(ConfigError::Ipv6Unsupported { field: name });
+            }
+        }
+
+        let network = match str_field(obj, "Network", "Network")? {
+            Some(text) => parse_network(text)?,
+            None => return Err(ConfigError::Missing { field: "Network" }),
+        };
+        let subnet_len = match uint_field(obj, "SubnetLen", "SubnetLen")? {
+            // flannel's SubnetLen is a uint whose zero value means "unset".
+            None | Some(0) => None,
+            Some(len) if len > u64::from(MAX_SUBNET_LEN) => {
+                return Err(ConfigError::SubnetLenTooLong { len });
+            }
+            // Fits: at most 30.
+            Some(len) => Some(len as u8),
+        };
+        let subnet_min = addr_field(obj, "SubnetMin")?;
+        let subnet_max = addr_field(obj, "SubnetMax")?;
+        let backend = parse_backend(field(obj, "Backend", "Backend")?)?;
+        Self::new(network, subnet_len, subnet_min, subnet_max, backend)
+    }
+
+    /// A config from its parts, with flannel's defaults for the parts not given, validated as
+    /// [`NetworkConfig::parse`] validates.
+    ///
+    /// - `subnet_len`: default 24 if the network is a /22 or larger, else the network's prefix
+    ///   length + 2.
+    /// - `subnet_min`: default the second subnet (flannel skips the first, which holds the
+    ///   network address).
+    /// - `subnet_max`: default the last subnet.
+    ///
+    /// # Errors
+    /// [`ConfigError`], naming the field and the problem.
+    pub fn new(
+        network: Ipv4Net,
+        subnet_len: Option<u8>,
+        subnet_min: Option<Ipv4Addr>,
+        subnet_max: Option<Ipv4Addr>,
+        backend: Backend,
+    ) -> Result<Self, ConfigError> {
+        if network.addr() != network.network() {
+            return Err(ConfigError::HostBits {
+                field: "Network",
+                value: network.to_string(),
+                suggestion: network.trunc(),
+            });
+        }
+        let prefix = network.prefix_len();
+        if prefix == 0 {
+            return Err(ConfigError::NetworkEmpty);
+        }
+        if prefix > MAX_SUBNET_LEN - 2 {
+            return Err(ConfigError::NetworkTooSmall { network });
+        }
+        let subnet_len = match subnet_len {
+            Some(len) if len > MAX_SUBNET_LEN => {
+                return Err(ConfigError::SubnetLenTooLong {
+                    len: u64::from(len),
+                });
+            }
+            Some(len) if len < prefix + 2 => {
+                return Err(ConfigError::SubnetLenTooShort {
+                    len,
+                    network,
+                    min: prefix + 2,
+                });
+            }
+            Some(len) => len,
+            None if prefix <= 22 => 24,
+            None => prefix + 2,
+        };
+        check_backend(&backend)?;
+
+        // u64 so that the end of 255.0.0.0/8 (2^32) needs no special case.
+        let size = 1u64 << (32 - u32::from(subnet_len));
+        let start = u64::from(u32::from(network.network()));
+        let end = start + (1u64 << (32 - u32::from(prefix)));
+        let check = |name: &'static str, addr: Ipv4Addr| {
+            if !network.contains(&addr) {
+                return Err(ConfigError::OutsideNetwork {
+                    field: name,
+                    addr,
+                    network,
+                });
+            }
+            if u64::from(u32::from(addr)) % size != 0 {
+                return Err(ConfigError::Unaligned {
+                    field: name,
+                    addr,
+                    len: subnet_len,
+                });
+            }
+            Ok(addr)
+        };
+        // Both defaults lie inside the network: it holds at least four subnets.
+        let subnet_min = match subnet_min {
+            Some(addr) => check("SubnetMin", addr)?,
+            None => Ipv4Addr::from((start + size) as u32),
+        };
+        let subnet_max = match subnet_max {
+            Some(addr) => check("SubnetMax", addr)?,
+            None => Ipv4Addr::from((end - size) as u32),
+        };
+        if subnet_min > subnet_max {
+            return Err(ConfigError::MinAboveMax {
+                min: subnet_min,
+                max: subnet_max,
+            });
+        }
+        Ok(Self {
+            network,
+            subnet_len,
+            subnet_min,
+            subnet_max,
+            backend,
+        })
+    }
+
+    /// The config as flannel-style JSON, every field explicit, e.g.
+    /// `{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0",
+    /// "SubnetMax":"10.244.255.0","Backend":{"Type":"vxlan","VNI":1,"Port":8472}}`.
+    /// A udp backend is written without `VNI`. It parses back to an equal config.
+    pub fn to_json(&self) -> String {
+        // Every value is a number, an address or a fixed name: nothing needs escaping.
+        let backend = match self.backend.kind {
+            BackendKind::Vxlan => format!(
+                r#"{{"Type":"vxlan","VNI":{},"Port":{}}}"#,
+                self.backend.vni, self.backend.port
+            ),
+            BackendKind::Udp => format!(r#"{{"Type":"udp","Port":{}}}"#, self.backend.port),
+        };
+        format!(
+            r#"{{"Network":"{}","SubnetLen":{},"SubnetMin":"{}","SubnetMax":"{}","Backend":{}}}"#,
+            self.network, self.subnet_len, self.subnet_min, self.subnet_max, backend
+        )
+    }
+
+    /// The number of leasable subnets, `subnet_min` to `subnet_max` inclusive (0 if the fields
+    /// were set by hand to something invalid).
+    pub fn subnet_count(&self) -> u64 {
+        let Some(shift) = 32u32.checked_sub(u32::from(self.subnet_len)) else {
+            return 0;
+        };
+        let lo = u32::from(self.subnet_min);
+        let hi = u32::from(self.subnet_max);
+        if lo > hi {
+            return 0;
+        }
+        (u64::from(hi - lo) >> shift) + 1
     }
 
     /// Every leasable subnet, from `subnet_min` to `subnet_max` inclusive, ascending.
     pub fn subnets(&self) -> impl Iterator<Item = Subnet> + '_ {
-        let step = 1u64 << (32 - u32::from(self.subnet_len));
+        // shl of a u64 by at most 32 cannot overflow; subnet_count is 0 if the length is over 32.
+        let step = 1u64 << 32u32.saturating_sub(u32::from(self.subnet_len));
         let lo = u64::from(u32::from(self.subnet_min));
-        let hi = u64::from(u32::from(self.subnet_max));
-        (0..)
-            .map(move |i| lo + i * step)
-            .take_while(move |a| *a <= hi)
-            .filter_map(move |a| {
-                Subnet::from_parts(Ipv4Addr::from(a as u32), self.subnet_len).ok()
-            })
+        (0..self.subnet_count()).filter_map(move |i| {
+            // At most subnet_max, so it fits in a u32.
+            let addr = Ipv4Addr::from((lo + i * step) as u32);
+            Subnet::from_parts(addr, self.subnet_len).ok()
+        })
     }
 
-    /// Whether `subnet` may be leased under this config (inside the range, right length).
+    /// Whether `subnet` may be leased under this config (inside the network and the range, right
+    /// length).
     pub fn fits(&self, subnet: Subnet) -> bool {
         subnet.prefix_len() == self.subnet_len
+            && self.network.contains(&subnet.network())
             && subnet.network() >= self.subnet_min
             && subnet.network() <= self.subnet_max
+    }
+}
+
+/// Checks the backend values [`NetworkConfig::new`] may be handed directly.
+fn check_backend(backend: &Backend) -> Result<(), ConfigError> {
+    if backend.port == 0 {
+        return Err(ConfigError::OutOfRange {
+            field: "Backend.Port",
+            value: 0,
+            min: 1,
+            max: u64::from(u16::MAX),
+        });
+    }
+    if backend.kind == BackendKind::Vxlan && !(1..=MAX_VNI).contains(&backend.vni) {
+        return Err(ConfigError::OutOfRange {
+            field: "Backend.VNI",
+            value: u64::from(backend.vni),
+            min: 1,
+            max: u64::from(MAX_VNI),
+        });
+    }
+    Ok(())
+}
+
+fn parse_backend(value: Option<&Value>) -> Result<Backend, ConfigError> {
+    let obj = match value {
+        None => return Ok(Backend::default()),
+        Some(Value::Object(obj)) if obj.is_empty() => return Ok(Backend::default()),
+        Some(Value::Object(obj)) => obj,
+        Some(other) => return Err(wrong_type("Backend", "an object", other)),
+    };
+    let kind = match str_field(obj, "Type", "Backend.Type")? {
+        None | Some("") => return Err(ConfigError::MissingBackendType),
+        Some(name) => {
+            BackendKind::from_type(name).ok_or_else(|| ConfigError::UnsupportedBackend {
+                value: name.to_owned(),
+            })?
+        }
+    };
+    let mut backend = Backend::new(kind);
+    if let Some(port) = uint_field(obj, "Port", "Backend.Port")? {
+        backend.port = in_range("Backend.Port", port, 1, u64::from(u16::MAX))? as u16;
+    }
+    // flannel's udp backend reads only Port; like flannel, weft ignores the rest for udp.
+    if kind == BackendKind::Vxlan {
+        if let Some(vni) = uint_field(obj, "VNI", "Backend.VNI")? {
+            backend.vni = in_range("Backend.VNI", vni, 1, u64::from(MAX_VNI))? as u32;
+        }
+        // weft sizes its MTU from the underlay itself and has no kernel VXLAN device to tune.
+        if let Some(mtu) = uint_field(obj, "MTU", "Backend.MTU")?
+            && mtu != 0
+        {
+            return Err(ConfigError::UnsupportedOption {
+                field: "Backend.MTU",
+                value: mtu.to_string(),
+            });
+        }
+        for (name, path) in [
+            ("GBP", "Backend.GBP"),
+            ("Learning", "Backend.Learning"),
+            ("DirectRouting", "Backend.DirectRouting"),
+        ] {
+            if bool_field(obj, name, path)? == Some(true) {
+                return Err(ConfigError::UnsupportedOption {
+                    field: path,
+                    value: "true".to_owned(),
+                });
+            }
+        }
+    }
+    Ok(backend)
+}
+
+fn in_range(field: &'static str, value: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ConfigError::OutOfRange {
+            field,
+            value,
+            min,
+            max,
+        })
+    }
+}
+
+/// Parses `Network`: `a.b.c.d/len`, no host bits. Written by hand rather than with ipnet's
+/// `FromStr` so that only plain decimal lengths pass.
+fn parse_network(text: &str) -> Result<Ipv4Net, ConfigError> {
+    let bad = || ConfigError::BadCidr {
+        field: "Network",
+        value: text.to_owned(),
+    };
+    let (addr, len) = text.split_once('/').ok_or_else(bad)?;
+    let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
+    if len.is_empty() || len.len() > 2 || !len.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let len: u8 = len.parse().map_err(|_| bad())?;
+    let net = Ipv4Net::new(addr, len).map_err(|_| bad())?;
+    if net.addr() != net.network() {
+        return Err(ConfigError::HostBits {
+            field: "Network",
+            value: text.to_owned(),
+            suggestion: net.trunc(),
+        });
+    }
+    Ok(net)
+}
+
+/// The value of field `name` in `obj`, matched ASCII-case-insensitively; `null` counts as absent,
+/// as it leaves a Go struct field untouched. `path` names the field in errors.
+fn field<'a>(
+    obj: &'a Map<String, Value>,
+    name: &str,
+    path: &'static str,
+) -> Result<Option<&'a Value>, ConfigError> {
+    let mut found: Option<(&String, &Value)> = None;
+    for (key, value) in obj {
+        if !key.eq_ignore_ascii_case(name) {
+            continue;
+        }
+        if let Some((first, _)) = found {
+            return Err(ConfigError::DuplicateField {
+                field: path,
+                first: first.clone(),
+                second: key.clone(),
+            });
+        }
+        found = Some((key, value));
+    }
+    Ok(found.map(|(_, v)| v).filter(|v| !v.is_null()))
+}
+
+fn str_field<'a>(
+    obj: &'a Map<String, Value>,
+    name: &str,
+    path: &'static str,
+) -> Result<Option<&'a str>, ConfigError> {
+    match field(obj, name, path)? {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(wrong_type(path, "a string", other)),
+    }
+}
+
+/// A non-negative integer field. Floats (even `24.0`) and negatives are refused, as Go refuses
+/// them for a `uint`.
+fn uint_field(
+    obj: &Map<String, Value>,
+    name: &str,
+    path: &'static str,
+) -> Result<Option<u64>, ConfigError> {
+    match field(obj, name, path)? {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| wrong_type(path, "a non-negative integer", v)),
+    }
+}
+
+fn bool_field(
+    obj: &Map<String, Value>,
+    name: &str,
+    path: &'static str,
+) -> Result<Option<bool>, ConfigError> {
+    match field(obj, name, path)? {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(wrong_type(path, "true or false", other)),
+    }
+}
+
+/// `SubnetMin` or `SubnetMax`; `"0.0.0.0"` means unset, as flannel compares with `ip.IP4(0)`.
+fn addr_field(
+    obj: &Map<String, Value>,
+    name: &'static str,
+) -> Result<Option<Ipv4Addr>, ConfigError> {
+    let Some(text) = str_field(obj, name, name)? else {
+        return Ok(None);
+    };
+    let addr: Ipv4Addr = text.parse().map_err(|_| ConfigError::BadAddress {
+        field: name,
+        value: text.to_owned(),
+    })?;
+    Ok(Some(addr).filter(|a| !a.is_unspecified()))
+}
+
+/// Whether a value differs from Go's zero value (`null` is filtered out before this).
+fn is_set(value: &Value) -> bool {
+    match value {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(_) => true,
+    }
+}
+
+fn wrong_type(field: &'static str, expected: &'static str, found: &Value) -> ConfigError {
+    // Bounded: the value came from an untrusted, possibly huge, document.
+    const LIMIT: usize = 40;
+    let mut text = found.to_string();
+    if text.len() > LIMIT {
+        let mut cut = LIMIT;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    ConfigError::WrongType {
+        field,
+        expected,
+        found: text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn parse(json: &str) -> Result<NetworkConfig, ConfigError> {
+        NetworkConfig::parse(json.as_bytes())
+    }
+
+    fn ok(json: &str) -> NetworkConfig {
+        match parse(json) {
+            Ok(c) => c,
+            Err(e) => panic!("{json}: {e}"),
+        }
+    }
+
+    fn err(json: &str) -> String {
+        match parse(json) {
+            Ok(c) => panic!("{json}: accepted as {c:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    fn net(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn defaults_follow_flannel() {
+        // (config, SubnetLen, SubnetMin, SubnetMax)
+        let cases = [
+            (r#"{"Network":"10.244.0.0/16"}"#, 24, "10.244.1.0", "10.244.255.0"),
+            (r#"{"Network":"10.0.0.0/8"}"#, 24, "10.0.1.0", "10.255.255.0"),
+            (r#"{"Network":"10.5.0.0/22"}"#, 24, "10.5.1.0", "10.5.3.0"),
+            (r#"{"Network":"10.5.0.0/23"}"#, 25, "10.5.0.128", "10.5.1.128"),
+            (r#"{"Network":"10.5.0.0/26"}"#, 28, "10.5.0.16", "10.5.0.48"),
+            (r#"{"Network":"10.5.0.0/28"}"#, 30, "10.5.0.4", "10.5.0.12"),
+            (r#"{"Network":"255.0.0.0/8"}"#, 24, "255.0.1.0", "255.255.255.0"),
+            (r#"{"Network":"10.0.0.0/8","SubnetLen":0}"#, 24, "10.0.1.0", "10.255.255.0"),
+            (r#"{"Network":"10.0.0.0/8","SubnetLen":16}"#, 16, "10.1.0.0", "10.255.0.0"),
+            (r#"{"Network":"10.0.0.0/8","SubnetLen":10}"#, 10, "10.64.0.0", "10.192.0.0"),
+            (r#"{"Network":"10.0.0.0/8","SubnetLen":30}"#, 30, "10.0.0.4", "10.255.255.252"),
+            (r#"{"Network":"10.0.0.0/8","SubnetMin":"0.0.0.0"}"#, 24, "10.0.1.0", "10.255.255.0"),
+            (r#"{"Network":"10.0.0.0/8","SubnetMax":null}"#, 24, "10.0.1.0", "10.255.255.0"),
+            (r#"{"Network":"10.0.0.0/8","SubnetMin":"10.0.0.0"}"#, 24, "10.0.0.0", "10.255.255.0"),
+            (r#"{"Network":"10.0.0.0/8","SubnetMax":"10.0.1.0"}"#, 24, "10.0.1.0", "10.0.1.0"),
+        ];
+        for (json, len, min, max) in cases {
+            let c = ok(json);
+            assert_eq!((c.subnet_len, c.subnet_min, c.subnet_max), (len, ip(min), ip(max)), "{json}");
+        }
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn backend_defaults_follow_flannel_code() {
+        use BackendKind::{Udp, Vxlan};
+        const NET: &str = r#""Network":"10.0.0.0/8""#;
+        let cases = [
+            (format!("{{{NET}}}"), Udp, 8285, 1),
+            (format!(r#"{{{NET},"Backend":null}}"#), Udp, 8285, 1),
+            (format!(r#"{{{NET},"Backend":{{}}}}"#), Udp, 8285, 1),
+            (format!(r#"{{{NET},"Backend":{{"Type":"udp"}}}}"#), Udp, 8285, 1),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan"}}}}"#), Vxlan, 8472, 1),
+            (format!(r#"{{{NET},"Backend":{{"Type":"VXLAN","VNI":42}}}}"#), Vxlan, 8472, 42),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","Port":4789}}}}"#), Vxlan, 4789, 1),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","VNI":16777215,"Port":65535}}}}"#),
+                Vxlan, 65535, 16_777_215),
+            // Options at their defaults are fine.
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","MTU":0,"GBP":false,"Learning":false,"DirectRouting":false}}}}"#),
+                Vxlan, 8472, 1),
+            // udp ignores vxlan's fields, as flannel's udp backend does.
+            (format!(r#"{{{NET},"Backend":{{"Type":"udp","VNI":9,"DirectRouting":true}}}}"#), Udp, 8285, 1),
+        ];
+        for (json, kind, port, vni) in cases {
+            let b = ok(&json).backend;
+            assert_eq!(b, Backend { kind, port, vni }, "{json}");
+        }
+        assert_eq!(Backend::default().kind, Udp);
+    }
+
+    #[test]
+    fn flannel_doc_example() {
+        let c = ok(
+            r#"{"Network":"10.0.0.0/8","SubnetLen":20,"SubnetMin":"10.10.0.0","SubnetMax":"10.99.0.0","Backend":{"Type":"udp","Port":7890}}"#,
+        );
+        assert_eq!(
+            c,
+            NetworkConfig {
+                network: net("10.0.0.0/8"),
+                subnet_len: 20,
+                subnet_min: ip("10.10.0.0"),
+                subnet_max: ip("10.99.0.0"),
+                backend: Backend {
+                    kind: BackendKind::Udp,
+                    port: 7890,
+                    vni: 1
+                },
+            }
+        );
+        // 10.10.0.0 ..= 10.99.0.0 in steps of 16 addresses * 256.
+        assert_eq!(c.subnet_count(), (99 - 10) * 16 + 1);
+        assert_eq!(NetworkConfig::parse(c.to_json().as_bytes()).unwrap(), c);
+    }
+
+    #[test]
+    fn field_names_are_case_insensitive() {
+        let canonical = ok(
+            r#"{"Network":"10.5.0.0/16","SubnetLen":26,"SubnetMin":"10.5.1.0","SubnetMax":"10.5.2.0","Backend":{"Type":"vxlan","VNI":7,"Port":4789}}"#,
+        );
+        for json in [
+            r#"{"network":"10.5.0.0/16","subnetlen":26,"subnetmin":"10.5.1.0","subnetmax":"10.5.2.0","backend":{"type":"vxlan","vni":7,"port":4789}}"#,
+            r#"{"NETWORK":"10.5.0.0/16","SUBNETLEN":26,"SUBNETMIN":"10.5.1.0","SUBNETMAX":"10.5.2.0","BACKEND":{"TYPE":"Vxlan","VNI":7,"PORT":4789}}"#,
+            r#"{"nEtWoRk":"10.5.0.0/16","subnetLen":26,"subnetMin":"10.5.1.0","SubnetMAX":"10.5.2.0","Backend":{"Type":"vXlAn","Vni":7,"pOrt":4789}}"#,
+        ] {
+            assert_eq!(ok(json), canonical, "{json}");
+        }
+        let e = err(r#"{"ENABLEIPV6":true,"Network":"10.5.0.0/16"}"#);
+        assert!(e.starts_with("EnableIPv6:"), "{e}");
+    }
+
+    #[test]
+    fn unknown_and_ignored_fields_pass() {
+        let c = ok(
+            r#"{"Network":"10.5.0.0/16","EnableIPv4":true,"EnableIPv6":false,"EnableNFTables":true,"IPv6Network":"","IPv6SubnetLen":0,"Whatever":[1,2,{"x":null}],"Backend":{"Type":"vxlan","Extra":"x"}}"#,
+        );
+        assert_eq!(c.network, net("10.5.0.0/16"));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn every_error_names_the_field() {
+        const NET: &str = r#""Network":"10.5.0.0/16""#;
+        let cases: &[(String, &str)] = &[
+            ("".into(), "not JSON: "),
+            ("{".into(), "not JSON: "),
+            ("[1]".into(), "config must be a JSON object"),
+            ("\"x\"".into(), "config must be a JSON object"),
+            ("{}".into(), "Network: missing"),
+            (r#"{"Network":null}"#.into(), "Network: missing"),
+            (r#"{"Network":16}"#.into(), "Network: expected a string, found 16"),
+            (r#"{"Network":"10.5.0.0"}"#.into(), r#"Network: "10.5.0.0" is not an IPv4 CIDR"#),
+            (r#"{"Network":"10.5.0.0/33"}"#.into(), r#"Network: "10.5.0.0/33" is not an IPv4 CIDR"#),
+            (r#"{"Network":"10.5.0.0/+8"}"#.into(), r#"Network: "10.5.0.0/+8" is not an IPv4 CIDR"#),
+            (r#"{"Network":"fc00::/64"}"#.into(), r#"Network: "fc00::/64" is not an IPv4 CIDR"#),
+            (r#"{"Network":"10.244.0.1/16"}"#.into(),
+                r#"Network: "10.244.0.1/16" has host bits set (did you mean 10.244.0.0/16?)"#),
+            (r#"{"Network":"0.0.0.0/0"}"#.into(), "Network: 0.0.0.0/0 is not a usable"),
+            (r#"{"Network":"10.5.0.0/29"}"#.into(), "Network: 10.5.0.0/29 is too small"),
+            (r#"{"Network":"10.5.0.0/29","SubnetLen":30}"#.into(), "Network: 10.5.0.0/29 is too small"),
+            (format!(r#"{{{NET},"SubnetLen":31}}"#), "SubnetLen: 31 is longer than 30"),
+            (format!(r#"{{{NET},"SubnetLen":4096}}"#), "SubnetLen: 4096 is longer than 30"),
+            (format!(r#"{{{NET},"SubnetLen":17}}"#),
+                "SubnetLen: 17 is too short for Network 10.5.0.0/16 (at least /18"),
+            (format!(r#"{{{NET},"SubnetLen":"24"}}"#),
+                r#"SubnetLen: expected a non-negative integer, found "24""#),
+            (format!(r#"{{{NET},"SubnetLen":24.0}}"#),
+                "SubnetLen: expected a non-negative integer, found 24.0"),
+            (format!(r#"{{{NET},"SubnetLen":-1}}"#),
+                "SubnetLen: expected a non-negative integer, found -1"),
+            (format!(r#"{{{NET},"SubnetMin":"10.5.0.7"}}"#), "SubnetMin: 10.5.0.7 is not aligned to /24"),
+            (format!(r#"{{{NET},"SubnetMax":"10.5.3.1"}}"#), "SubnetMax: 10.5.3.1 is not aligned to /24"),
+            (format!(r#"{{{NET},"SubnetMin":"10.6.0.0"}}"#),
+                "SubnetMin: 10.6.0.0 is outside Network 10.5.0.0/16"),
+            (format!(r#"{{{NET},"SubnetMax":"10.4.255.0"}}"#),
+                "SubnetMax: 10.4.255.0 is outside Network 10.5.0.0/16"),
+            (format!(r#"{{{NET},"SubnetMin":"10.5.9"}}"#), r#"SubnetMin: "10.5.9" is not an IPv4 address"#),
+            (format!(r#"{{{NET},"SubnetMin":""}}"#), r#"SubnetMin: "" is not an IPv4 address"#),
+            (format!(r#"{{{NET},"SubnetMax":167772160}}"#), "SubnetMax: expected a string"),
+            (format!(r#"{{{NET},"SubnetMin":"10.5.9.0","SubnetMax":"10.5.3.0"}}"#),
+                "SubnetMin: 10.5.9.0 is above SubnetMax 10.5.3.0"),
+            (format!(r#"{{{NET},"EnableIPv6":true}}"#), "EnableIPv6: IPv6 is not supported yet"),
+            (format!(r#"{{{NET},"IPv6Network":"fc00::/48"}}"#), "IPv6Network: IPv6 is not supported yet"),
+            (format!(r#"{{{NET},"IPv6SubnetLen":64}}"#), "IPv6SubnetLen: IPv6 is not supported yet"),
+            (format!(r#"{{{NET},"EnableIPv6":"yes"}}"#), "EnableIPv6: expected true or false"),
+            (format!(r#"{{{NET},"EnableIPv4":false}}"#), "EnableIPv4: false is not supported"),
+            (format!(r#"{{{NET},"EnableIPv4":1}}"#), "EnableIPv4: expected true or false"),
+            (format!(r#"{{{NET},"network":"10.6.0.0/16"}}"#), "Network: given twice"),
+            (format!(r#"{{{NET},"Backend":"vxlan"}}"#), r#"Backend: expected an object, found "vxlan""#),
+            (format!(r#"{{{NET},"Backend":{{"Port":8472}}}}"#), "Backend.Type: missing"),
+            (format!(r#"{{{NET},"Backend":{{"Type":""}}}}"#), "Backend.Type: missing"),
+            (format!(r#"{{{NET},"Backend":{{"Type":7}}}}"#), "Backend.Type: expected a string, found 7"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"host-gw"}}}}"#),
+                r#"Backend.Type: "host-gw" is not supported (weft supports vxlan and udp)"#),
+            (format!(r#"{{{NET},"Backend":{{"Type":"wireguard"}}}}"#),
+                r#"Backend.Type: "wireguard" is not supported"#),
+            (format!(r#"{{{NET},"Backend":{{"Type":"ipip"}}}}"#), r#"Backend.Type: "ipip" is not supported"#),
+            (format!(r#"{{{NET},"Backend":{{"type":"vxlan","TYPE":"udp"}}}}"#), "Backend.Type: given twice"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","VNI":0}}}}"#),
+                "Backend.VNI: 0 is out of range 1..=16777215"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","VNI":16777216}}}}"#),
+                "Backend.VNI: 16777216 is out of range 1..=16777215"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","VNI":"1"}}}}"#),
+                "Backend.VNI: expected a non-negative integer"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","VNI":1.5}}}}"#),
+                "Backend.VNI: expected a non-negative integer"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","VNI":-1}}}}"#),
+                "Backend.VNI: expected a non-negative integer"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"udp","Port":0}}}}"#),
+                "Backend.Port: 0 is out of range 1..=65535"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"udp","Port":65536}}}}"#),
+                "Backend.Port: 65536 is out of range 1..=65535"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","Port":"8472"}}}}"#),
+                "Backend.Port: expected a non-negative integer"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","Port":-8472}}}}"#),
+                "Backend.Port: expected a non-negative integer"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","MTU":1400}}}}"#),
+                "Backend.MTU: 1400 is not supported yet"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","DirectRouting":true}}}}"#),
+                "Backend.DirectRouting: true is not supported yet"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","GBP":true}}}}"#),
+                "Backend.GBP: true is not supported yet"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","Learning":true}}}}"#),
+                "Backend.Learning: true is not supported yet"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","Learning":"no"}}}}"#),
+                "Backend.Learning: expected true or false"),
+        ];
+        for (json, want) in cases {
+            let got = err(json);
+            assert!(got.starts_with(want), "{json}\n  got:  {got}\n  want: {want}...");
+        }
+    }
+
+    #[test]
+    fn wrong_type_message_is_bounded() {
+        let long = "x".repeat(10_000);
+        let e = err(&format!(
+            r#"{{"Network":"10.5.0.0/16","SubnetLen":"{long}"}}"#
+        ));
+        assert!(e.len() < 120, "{e}");
+    }
+
+    #[test]
+    fn new_validates_like_parse() {
+        let vx = Backend::new(BackendKind::Vxlan);
+        assert!(NetworkConfig::new(net("10.5.0.1/16"), None, None, None, vx).is_err());
+        assert!(NetworkConfig::new(net("10.5.0.0/16"), Some(31), None, None, vx).is_err());
+        let bad_vni = Backend { vni: 0, ..vx };
+        assert!(NetworkConfig::new(net("10.5.0.0/16"), None, None, None, bad_vni).is_err());
+        let bad_port = Backend { port: 0, ..vx };
+        assert!(NetworkConfig::new(net("10.5.0.0/16"), None, None, None, bad_port).is_err());
+        let c = NetworkConfig::new(net("10.5.0.0/16"), None, None, None, vx).unwrap();
+        assert_eq!(
+            c,
+            ok(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#)
+        );
+    }
+
+    #[test]
+    fn to_json_is_canonical() {
+        let c = ok(r#"{"network":"10.244.0.0/16","backend":{"type":"VXLAN"}}"#);
+        assert_eq!(
+            c.to_json(),
+            r#"{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0","SubnetMax":"10.244.255.0","Backend":{"Type":"vxlan","VNI":1,"Port":8472}}"#
+        );
+        let u = ok(r#"{"Network":"10.244.0.0/16"}"#);
+        assert_eq!(
+            u.to_json(),
+            r#"{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0","SubnetMax":"10.244.255.0","Backend":{"Type":"udp","Port":8285}}"#
+        );
+    }
+
+    #[test]
+    fn backend_names_and_overheads() {
+        assert_eq!(BackendKind::Vxlan.as_str(), "vxlan");
+        assert_eq!(BackendKind::Udp.as_str(), "udp");
+        assert_eq!(BackendKind::Vxlan.to_string(), "vxlan");
+        assert_eq!(Backend::new(BackendKind::Vxlan).encap_overhead(), 50);
+        assert_eq!(Backend::new(BackendKind::Udp).encap_overhead(), 28);
+    }
+
+    #[test]
+    fn subnets_and_fits() {
+        let c = ok(r#"{"Network":"10.5.0.0/22"}"#);
+        let all: Vec<String> = c.subnets().map(|s| s.to_string()).collect();
+        assert_eq!(all, ["10.5.1.0/24", "10.5.2.0/24", "10.5.3.0/24"]);
+        assert_eq!(c.subnet_count(), 3);
+        let s = |t: &str| t.parse::<Subnet>().unwrap();
+        assert!(!c.fits(s("10.5.0.0/24")), "the first subnet is skipped");
+        assert!(c.fits(s("10.5.3.0/24")), "the last subnet is usable");
+        assert!(!c.fits(s("10.5.2.0/25")));
+        assert!(!c.fits(s("10.5.4.0/24")));
+        // The top of the address space: no overflow past 255.255.255.255.
+        let top = ok(r#"{"Network":"255.255.255.0/24","SubnetLen":26}"#);
+        assert_eq!(top.subnet_max, ip("255.255.255.192"));
+        assert_eq!(top.subnets().count(), 3);
+    }
+
+    #[test]
+    fn hand_built_invalid_configs_do_not_panic() {
+        let mut c = ok(r#"{"Network":"10.5.0.0/16"}"#);
+        c.subnet_len = 40;
+        assert_eq!(c.subnet_count(), 0);
+        assert_eq!(c.subnets().count(), 0);
+        c.subnet_len = 24;
+        c.subnet_min = ip("10.5.9.0");
+        c.subnet_max = ip("10.5.1.0");
+        assert_eq!(c.subnet_count(), 0);
+        c.subnet_len = 0;
+        c.subnet_min = ip("0.0.0.0");
+        c.subnet_max = ip("0.0.0.0");
+        assert_eq!(c.subnet_count(), 1);
+    }
+
+    /// A valid config as JSON with randomly cased keys, and what it must parse to. Sizes are
+    /// kept to at most 256 subnets so that properties can walk them all.
+    fn valid_config() -> impl Strategy<Value = (String, NetworkConfig)> {
+        (8u8..=28, any::<u32>())
+            .prop_flat_map(|(prefix, addr)| {
+                let net = Ipv4Net::new(Ipv4Addr::from(addr), prefix).unwrap().trunc();
+                let max_len = (prefix + 8).min(MAX_SUBNET_LEN);
+                (
+                    Just(net),
+                    prop::option::of(prefix + 2..=max_len),
+                    any::<u64>(),
+                    any::<u64>(),
+                    any::<bool>(),
+                    any::<bool>(),
+                    any::<bool>(),
+                    prop::option::of(1u16..),
+                    prop::option::of(1..=MAX_VNI),
+                    any::<u64>(),
+                )
+            })
+            .prop_map(
+                |(net, len, a, b, give_min, give_max, vxlan, port, vni, case)| {
+                    let prefix = net.prefix_len();
+                    let eff_len = len.unwrap_or(if prefix <= 22 { 24 } else { prefix + 2 });
+                    let count = 1u64 << (eff_len - prefix);
+                    let size = 1u64 << (32 - eff_len);
+                    let start = u64::from(u32::from(net.network()));
+                    let (i, j) = (a % count, b % count);
+                    let (lo, hi) = (i.min(j), i.max(j));
+                    let min = give_min.then(|| Ipv4Addr::from((start + lo * size) as u32));
+                    let max = give_max.then(|| Ipv4Addr::from((start + hi * size) as u32));
+                    let kind = if vxlan {
+                        BackendKind::Vxlan
+                    } else {
+                        BackendKind::Udp
+                    };
+                    let mut backend = Backend::new(kind);
+                    let mut be = serde_json::Map::new();
+                    be.insert(flip("Type", case), Value::from(kind.as_str()));
+                    if let Some(p) = port {
+                        backend.port = p;
+                        be.insert(flip("Port", case >> 4), Value::from(p));
+                    }
+                    if let (Some(v), true) = (vni, vxlan) {
+                        backend.vni = v;
+                        be.insert(flip("VNI", case >> 8), Value::from(v));
+                    }
+                    let mut obj = serde_json::Map::new();
+                    obj.insert(flip("Network", case >> 12), Value::from(net.to_string()));
+                    if let Some(l) = len {
+                        obj.insert(flip("SubnetLen", case >> 20), Value::from(l));
+                    }
+                    if let Some(m) = min {
+                        obj.insert(flip("SubnetMin", case >> 30), Value::from(m.to_string()));
+                    }
+                    if let Some(m) = max {
+                        obj.insert(flip("SubnetMax", case >> 40), Value::from(m.to_string()));
+                    }
+                    obj.insert(flip("Backend", case >> 50), Value::Object(be));
+                    // The default Min is the second subnet; an explicit Max may sit below it, so
+                    // mirror NetworkConfig::new's behaviour instead of assuming success.
+                    let want = NetworkConfig::new(net, len, min, max, backend);
+                    (Value::Object(obj).to_string(), want)
+                },
+            )
+            .prop_filter_map("min above max", |(json, want)| want.ok().map(|w| (json, w)))
+    }
+
+    /// `name` with the case of each letter flipped where `bits` says so.
+    fn flip(name: &str, bits: u64) -> String {
+        name.chars()
+            .enumerate()
+            .map(|(i, c)| {
+                if bits >> (i % 64) & 1 == 1 {
+                    c.to_ascii_uppercase()
+                } else {
+                    c.to_ascii_lowercase()
+                }
+            })
+            .collect()
+    }
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let keys = prop_oneof![
+            Just("Network".to_owned()),
+            Just("subnetlen".to_owned()),
+            Just("SubnetMin".to_owned()),
+            Just("SUBNETMAX".to_owned()),
+            Just("Backend".to_owned()),
+            Just("Type".to_owned()),
+            Just("VNI".to_owned()),
+            Just("port".to_owned()),
+            Just("EnableIPv4".to_owned()),
+            Just("IPv6Network".to_owned()),
+            "[a-zA-Z]{0,8}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            "[0-9./:a-z-]{0,20}".prop_map(Value::from),
+            Just(Value::from("10.5.0.0/16")),
+            Just(Value::from("10.5.3.0")),
+            Just(Value::from("vxlan")),
+            Just(Value::from("udp")),
+        ];
+        leaf.prop_recursive(4, 64, 8, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map(keys.clone(), inner, 0..8)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn valid_configs_round_trip((json, want) in valid_config()) {
+            let got = NetworkConfig::parse(json.as_bytes());
+            prop_assert!(got.is_ok(), "{}: {:?}", json, got);
+            let got = got.unwrap();
+            prop_assert_eq!(&got, &want);
+            let again = NetworkConfig::parse(got.to_json().as_bytes());
+            prop_assert!(again.is_ok(), "{}: {:?}", got.to_json(), again);
+            prop_assert_eq!(again.unwrap(), got);
+        }
+
+        #[test]
+        fn subnets_fit_and_are_counted((_json, c) in valid_config()) {
+            let all: Vec<Subnet> = c.subnets().collect();
+            prop_assert_eq!(all.len() as u64, c.subnet_count());
+            prop_assert!(c.subnet_count() >= 1);
+            prop_assert_eq!(all.first().map(|s| s.network()), Some(c.subnet_min));
+            prop_assert_eq!(all.last().map(|s| s.network()), Some(c.subnet_max));
+            for pair in all.windows(2) {
+                prop_assert!(pair[0] < pair[1]);
+            }
+            for s in all {
+                prop_assert!(c.fits(s), "{} does not fit", s);
+                prop_assert!(c.network.contains(&s.net()), "{} is outside {}", s, c.network);
+            }
+        }
+
+        #[test]
+        fn parse_never_panics_on_bytes(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = NetworkConfig::parse(&bytes);
+        }
+
+        #[test]
+        fn parse_never_panics_on_json(v in any_json()) {
+            if let Ok(c) = NetworkConfig::parse(v.to_string().as_bytes()) {
+                // Whatever it accepts is valid and round-trips.
+                prop_assert_eq!(NetworkConfig::parse(c.to_json().as_bytes()).ok(), Some(c));
+            }
+        }
+
+        #[test]
+        fn parse_never_panics_on_mangled_configs(
+            (json, _) in valid_config(),
+            key in "[A-Za-z]{1,12}",
+            v in any_json(),
+        ) {
+            let mut obj: Value = serde_json::from_str(&json).unwrap();
+            if let Some(o) = obj.as_object_mut() {
+                o.insert(key, v);
+            }
+            let _ = NetworkConfig::parse(obj.to_string().as_bytes());
+        }
     }
 }
