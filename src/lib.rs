@@ -14,5 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod daemon;
+pub mod health;
 pub mod lease;
 pub mod time;

@@ -7,6 +7,7 @@
 //! - [`subnet_env`]: flannel's `subnet.env`, read and written atomically.
 //! - [`driver`]: runs the keeper against a store, a clock, hooks and health.
 
+pub mod driver;
 pub mod etcd;
 pub mod keeper;
 pub mod memory;

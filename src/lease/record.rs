@@ -88,7 +88,12 @@ impl Subnet {
 
     fn parse_parts(addr: &str, len: &str) -> Result<Self, SubnetError> {
         let addr: Ipv4Addr = addr.parse().map_err(|_| SubnetError::Malformed)?;
-        if len.is_empty() || len.len() > 2 || !len.bytes().all(|b| b.is_ascii_digit()) {
+        // Canonical digits only ("24", not "024" or "+24"): a key must name exactly one key.
+        if len.is_empty()
+            || len.len() > 2
+            || (len.len() == 2 && len.starts_with('0'))
+            || !len.bytes().all(|b| b.is_ascii_digit())
+        {
             return Err(SubnetError::Malformed);
         }
         let len: u8 = len.parse().map_err(|_| SubnetError::Malformed)?;
@@ -126,13 +131,13 @@ pub struct StoreLeaseId(pub i64);
 
 /// A node's persistent identity, generated once and kept in `--state-dir`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
+#[serde(into = "String", try_from = "String")]
 pub struct NodeId(String);
 
 /// One process start of a node: random per start, written into the lease value so that a write by
 /// this node's identity but not by this process is visible (a clone, or a second daemon).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
+#[serde(into = "String", try_from = "String")]
 pub struct Incarnation(String);
 
 /// Why a node ID or incarnation text was refused.
@@ -193,6 +198,34 @@ impl Incarnation {
     /// The incarnation as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl TryFrom<String> for NodeId {
+    type Error = IdError;
+    fn try_from(s: String) -> Result<Self, IdError> {
+        check_id(&s)?;
+        Ok(Self(s))
+    }
+}
+
+impl From<NodeId> for String {
+    fn from(id: NodeId) -> Self {
+        id.0
+    }
+}
+
+impl TryFrom<String> for Incarnation {
+    type Error = IdError;
+    fn try_from(s: String) -> Result<Self, IdError> {
+        check_id(&s)?;
+        Ok(Self(s))
+    }
+}
+
+impl From<Incarnation> for String {
+    fn from(id: Incarnation) -> Self {
+        id.0
     }
 }
 
@@ -339,6 +372,7 @@ mod tests {
         assert_eq!(Subnet::parse_key_name("10.244.3.0-"), Err(SubnetError::Malformed));
         assert_eq!(Subnet::parse_key_name("10.244.3.0-33"), Err(SubnetError::Malformed));
         assert_eq!(Subnet::parse_key_name("10.244.3.0-+4"), Err(SubnetError::Malformed));
+        assert_eq!(Subnet::parse_key_name("10.0.0.0-08"), Err(SubnetError::Malformed));
         assert_eq!(Subnet::parse_key_name("x-24"), Err(SubnetError::Malformed));
         assert_eq!(
             Subnet::parse_key_name("10.244.1.0-24&fc00:0:0:1::-64"),
@@ -358,6 +392,8 @@ mod tests {
         assert!(u.backend_type.is_none());
         assert!(LeaseAttrs::from_json(b"not json").is_err());
         assert!(LeaseAttrs::from_json(br#"{"PublicIP":"nope"}"#).is_err());
+        // A weft field that is not a valid ID makes the value unreadable, never trusted.
+        assert!(LeaseAttrs::from_json(br#"{"PublicIP":"192.0.2.1","WeftNodeID":"BAD ID"}"#).is_err());
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! - `<prefix>/config`: the network config JSON.
 //! - `<prefix>/subnets/<a.b.c.d>-<len>`: one lease per subnet, a `LeaseAttrs` JSON value,
 //!   attached to a store lease whose TTL is the subnet lease TTL.
-//! - `<prefix>/weft/history/<a.b.c.d>-<len>`: weft's allocation history ([`HistoryRecord`]),
+//! - `<prefix>/weft/history/<a.b.c.d>-<len>`: weft's allocation history
+//!   ([`HistoryRecord`](super::record::HistoryRecord)),
 //!   written in the same transaction as every create, renew and release, so its mod revision
 //!   is the cluster-time of the subnet's last write by its holder.
 //! - `<prefix>/weft/nodes/<node-id>`: presence of a running process of that node
@@ -207,8 +208,8 @@ pub trait Store: Send + Sync {
         ttl: Duration,
     ) -> Result<CreateOutcome, StoreError>;
 
-    /// Rewrites the key with `attrs` on a new store lease of `ttl` only if its mod revision is
-    /// still `held.mod_revision`; records `Held` in history; revokes `held.lease_id` after.
+    /// Rewrites the key with `attrs` on a new store lease of `ttl` only if it exists and its mod
+    /// revision is still `held.mod_revision` (never 0: that would match an absent key); records `Held` in history; revokes `held.lease_id` after.
     async fn renew(
         &self,
         held: &HeldLease,
@@ -238,6 +239,7 @@ pub trait Store: Send + Sync {
     /// Deletes our presence (clean shutdown), so a restart need not wait for it to expire.
     async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError>;
 
-    /// Watches subnet keys from `from` (inclusive). `only` narrows it to one subnet's key.
+    /// Watches subnet keys from `from` (inclusive; `0` or less means "from the next
+    /// revision", as in etcd). `only` narrows it to one subnet's key.
     async fn watch(&self, from: Revision, only: Option<Subnet>) -> Result<WatchStream, StoreError>;
 }
