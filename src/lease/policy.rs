@@ -95,8 +95,16 @@ pub fn choose(
 
     let live: BTreeMap<Subnet, &StoredLease> =
         listing.leases.iter().map(|l| (l.subnet, l)).collect();
+    // A subnet key whose value does not parse is still a live key: occupied, never taken.
+    let unreadable: BTreeSet<Subnet> = listing
+        .skipped
+        .iter()
+        .filter(|b| b.key.contains("/subnets/"))
+        .filter_map(|b| b.key.rsplit('/').next().and_then(|n| Subnet::parse_key_name(n).ok()))
+        .collect();
+    let occupied: BTreeSet<Subnet> = live.keys().chain(unreadable.iter()).copied().collect();
     let overlaps_live = |s: Subnet| {
-        live.keys().any(|l| l.net().contains(&s.network()) || s.net().contains(&l.network()))
+        occupied.iter().any(|l| l.net().contains(&s.network()) || s.net().contains(&l.network()))
     };
     let history: BTreeMap<Subnet, &HistoryEntry> =
         listing.history.iter().map(|h| (h.subnet, h)).collect();
@@ -124,9 +132,8 @@ pub fn choose(
     // Rules 3 and 4 in one pass over the range, which is ascending.
     let mut fresh: Vec<(Subnet, CreateReason)> = Vec::new();
     let mut oldest_expired: Option<(Revision, Subnet)> = None;
-    let taken: BTreeSet<Subnet> = live.keys().copied().collect();
     for subnet in config.subnets() {
-        if taken.contains(&subnet) || overlaps_live(subnet) {
+        if overlaps_live(subnet) {
             continue;
         }
         match history.get(&subnet) {
@@ -288,6 +295,20 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(choose(&c, &l, &node("a"), Some(sn("10.244.64.0/18")), &mut rng()).choice, Choice::Exhausted);
+    }
+
+    #[test]
+    fn a_subnet_key_with_an_unreadable_value_is_occupied() {
+        let c = config(18);
+        let l = Listing {
+            leases: vec![lease("10.244.64.0/18", "x", 1), lease("10.244.128.0/18", "y", 2)],
+            skipped: vec![crate::lease::store::BadEntry {
+                key: "/coreos.com/network/subnets/10.244.192.0-18".into(),
+                problem: "not JSON".into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(choose(&c, &l, &node("a"), None, &mut rng()).choice, Choice::Exhausted);
     }
 
     proptest! {
