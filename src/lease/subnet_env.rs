@@ -1,9 +1,765 @@
-//! shim
-#![allow(missing_docs)]
-use std::path::Path;
+//! flannel's `subnet.env`: the file that tells the CNI `flannel` plugin (and anything else that
+//! reads flannel's output) which subnet this host holds.
+//!
+//! Contract:
+//! - [`SubnetEnv::render`] writes flannel's exact bytes: four `KEY=value` lines in flannel's
+//!   order, no quotes, no `export`, each ending in `\n`. `FLANNEL_SUBNET` is the lease's first
+//!   host address (network address plus one) with the lease's prefix length, as flannel writes it:
+//!   ```text
+//!   FLANNEL_NETWORK=10.5.0.0/16
+//!   FLANNEL_SUBNET=10.5.52.1/24
+//!   FLANNEL_MTU=1450
+//!   FLANNEL_IPMASQ=false
+//!   ```
+//! - [`SubnetEnv::parse`] reads what flannel's godotenv reader reads: blank lines and `#` comments
+//!   are skipped, `export ` prefixes and quotes are tolerated, unknown keys (flannel's IPv6 pair,
+//!   an operator's additions) are ignored, and for repeated keys the last one wins.
+//!   `FLANNEL_SUBNET=10.5.52.1/24` means the subnet `10.5.52.0/24`.
+//! - The file is a hint from the past, never an authority: whoever wrote it (an older weft,
+//!   flannel, an operator, a crash halfway through a non-atomic copy) may have been wrong. So
+//!   [`read`] never fails hard; it says the file is [`ReadOutcome::Missing`], or
+//!   [`ReadOutcome::Valid`], or [`ReadOutcome::Corrupt`] with the reason, and a corrupt file is
+//!   warned about and ignored, not half-trusted. Parsing never panics.
+//! - A truncated file reads as corrupt, not as a different valid file: every key is required and
+//!   `FLANNEL_IPMASQ`, the last line, takes only `true` or `false`, so cutting the file anywhere
+//!   before its final newline loses a key or leaves an invalid value.
+//! - [`write_atomic`] replaces the file by renaming a complete, fsynced temp file over it (like
+//!   flannel's `renameio.WriteFile`), so a reader sees the old file or the new one, never a mix.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::net::Ipv4Addr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use ipnet::Ipv4Net;
+
+use crate::config::MAX_SUBNET_LEN;
 use crate::lease::record::Subnet;
-pub struct SubnetEnv { pub network: ipnet::Ipv4Net, pub subnet: Subnet, pub mtu: u32, pub ipmasq: bool }
-#[derive(Debug, thiserror::Error)] #[error("x")] pub struct SubnetEnvError;
-pub fn write_atomic(_path: &Path, _env: &SubnetEnv) -> Result<(), SubnetEnvError> { Ok(()) }
-pub fn read(_path: &Path) -> ReadOutcome { ReadOutcome::Missing }
-pub enum ReadOutcome { Missing, Valid(SubnetEnv), Corrupt(SubnetEnvError) }
+
+/// Files larger than this are refused unread: a real `subnet.env` is about 100 bytes.
+pub const MAX_FILE_LEN: u64 = 64 * 1024;
+
+/// The contents of `subnet.env`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubnetEnv {
+    /// The cluster network (`FLANNEL_NETWORK`).
+    pub network: Ipv4Net,
+    /// This host's leased subnet (`FLANNEL_SUBNET`, written as its first host address).
+    pub subnet: Subnet,
+    /// The MTU of the overlay interface (`FLANNEL_MTU`).
+    pub mtu: u32,
+    /// Whether the daemon masquerades traffic leaving the overlay (`FLANNEL_IPMASQ`).
+    pub ipmasq: bool,
+}
+
+/// What a line of the file got wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LineProblem {
+    /// No `=` in the line.
+    #[error("not KEY=value")]
+    NoEquals,
+    /// The key is empty or has characters a variable name can't.
+    #[error("not a variable name before '='")]
+    BadKey,
+    /// A quoted value has no closing quote.
+    #[error("unclosed quote")]
+    UnclosedQuote,
+    /// Something other than a comment follows a quoted value.
+    #[error("text after the closing quote")]
+    TextAfterQuote,
+}
+
+/// Why `subnet.env` could not be read, written or trusted. Messages name the path or the key.
+#[derive(Debug, thiserror::Error)]
+pub enum SubnetEnvError {
+    /// Reading or writing the file (or its directory) failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory the operation was on.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// The file is larger than [`MAX_FILE_LEN`].
+    #[error("{}: larger than {MAX_FILE_LEN} bytes", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is not UTF-8 text.
+    #[error("not UTF-8 text")]
+    NotUtf8,
+    /// A line is not `KEY=value`.
+    #[error("line {line}: {problem}")]
+    MalformedLine {
+        /// The line number, from 1.
+        line: usize,
+        /// What is wrong with it.
+        problem: LineProblem,
+    },
+    /// A required key is absent.
+    #[error("{key}: missing")]
+    Missing {
+        /// The key.
+        key: &'static str,
+    },
+    /// A key's value does not parse.
+    #[error("{key}: {value:?} is not {expected}")]
+    BadValue {
+        /// The key.
+        key: &'static str,
+        /// The value (shortened if long).
+        value: String,
+        /// What the key takes, e.g. "an IPv4 CIDR".
+        expected: &'static str,
+    },
+    /// `FLANNEL_SUBNET` is a comma list of more than one entry, which flannel ignores too.
+    #[error("FLANNEL_SUBNET: holds {count} entries; exactly one is expected")]
+    MultipleSubnets {
+        /// The number of entries.
+        count: usize,
+    },
+    /// `FLANNEL_SUBNET` is longer than any config allows, so flannel's `+1` spelling of it does
+    /// not read back as the same subnet.
+    #[error("FLANNEL_SUBNET: {subnet} is longer than /{MAX_SUBNET_LEN}")]
+    SubnetTooLong {
+        /// The subnet.
+        subnet: Ipv4Net,
+    },
+    /// `FLANNEL_SUBNET` is not inside `FLANNEL_NETWORK`.
+    #[error("FLANNEL_SUBNET: {subnet} is outside FLANNEL_NETWORK {network}")]
+    SubnetOutsideNetwork {
+        /// The subnet.
+        subnet: Subnet,
+        /// The network.
+        network: Ipv4Net,
+    },
+    /// `FLANNEL_NETWORK` has host bits set (refused on write; on read they are masked off).
+    #[error("FLANNEL_NETWORK: {network} has host bits set")]
+    NetworkHostBits {
+        /// The network.
+        network: Ipv4Net,
+    },
+}
+
+/// What [`read`] found.
+#[derive(Debug)]
+pub enum ReadOutcome {
+    /// There is no file (or no directory holding it).
+    Missing,
+    /// The file parsed and is consistent.
+    Valid(SubnetEnv),
+    /// The file exists but can't be read or trusted; the caller warns and ignores it.
+    Corrupt(SubnetEnvError),
+}
+
+impl ReadOutcome {
+    /// The contents, if valid.
+    pub fn into_valid(self) -> Option<SubnetEnv> {
+        match self {
+            Self::Valid(env) => Some(env),
+            Self::Missing | Self::Corrupt(_) => None,
+        }
+    }
+}
+
+const NETWORK: &str = "FLANNEL_NETWORK";
+const SUBNET: &str = "FLANNEL_SUBNET";
+const MTU: &str = "FLANNEL_MTU";
+const IPMASQ: &str = "FLANNEL_IPMASQ";
+
+impl SubnetEnv {
+    /// The file's bytes, exactly as flannel writes them. Only a [`SubnetEnv::validate`]d value
+    /// reads back as itself.
+    pub fn render(&self) -> String {
+        format!(
+            "{NETWORK}={}\n{SUBNET}={}/{}\n{MTU}={}\n{IPMASQ}={}\n",
+            self.network,
+            self.subnet.first_host(),
+            self.subnet.prefix_len(),
+            self.mtu,
+            self.ipmasq,
+        )
+    }
+
+    /// Checks that [`SubnetEnv::render`] of this value reads back as it: the network has no host
+    /// bits, and the subnet is at most a /30 inside the network.
+    ///
+    /// # Errors
+    /// [`SubnetEnvError::NetworkHostBits`], [`SubnetEnvError::SubnetTooLong`] or
+    /// [`SubnetEnvError::SubnetOutsideNetwork`].
+    pub fn validate(&self) -> Result<(), SubnetEnvError> {
+        if self.network.addr() != self.network.network() {
+            return Err(SubnetEnvError::NetworkHostBits {
+                network: self.network,
+            });
+        }
+        check_subnet(self.network, self.subnet)
+    }
+
+    /// Parses the file's text the way flannel's godotenv reader does (see the module docs).
+    ///
+    /// # Errors
+    /// [`SubnetEnvError`] naming the line or the key and the problem.
+    pub fn parse(text: &str) -> Result<Self, SubnetEnvError> {
+        let (mut network, mut subnet, mut mtu, mut ipmasq) = (None, None, None, None);
+        for (i, line) in text.lines().enumerate() {
+            let Some((key, value)) =
+                parse_line(line).map_err(|problem| SubnetEnvError::MalformedLine {
+                    line: i + 1,
+                    problem,
+                })?
+            else {
+                continue;
+            };
+            match key {
+                NETWORK => network = Some(value),
+                SUBNET => subnet = Some(value),
+                MTU => mtu = Some(value),
+                IPMASQ => ipmasq = Some(value),
+                _ => {}
+            }
+        }
+        let missing = |key| SubnetEnvError::Missing { key };
+
+        let text = network.ok_or_else(|| missing(NETWORK))?;
+        // Masked, as Go's net.ParseCIDR masks it for flannel's reader.
+        let network = parse_cidr(text)
+            .ok_or_else(|| bad_value(NETWORK, text, "an IPv4 CIDR (a.b.c.d/len)"))?
+            .trunc();
+
+        let text = subnet.ok_or_else(|| missing(SUBNET))?;
+        let count = text.split(',').count();
+        if count > 1 {
+            return Err(SubnetEnvError::MultipleSubnets { count });
+        }
+        let net = parse_cidr(text)
+            .ok_or_else(|| bad_value(SUBNET, text, "an IPv4 CIDR (a.b.c.d/len)"))?;
+        if net.prefix_len() > MAX_SUBNET_LEN {
+            return Err(SubnetEnvError::SubnetTooLong { subnet: net });
+        }
+        // The file holds the first host address; the subnet is its network.
+        let subnet = Subnet::new(net.trunc())
+            .map_err(|_| bad_value(SUBNET, text, "an IPv4 CIDR (a.b.c.d/len)"))?;
+        check_subnet(network, subnet)?;
+
+        let text = mtu.ok_or_else(|| missing(MTU))?;
+        let mtu = parse_decimal(text).ok_or_else(|| bad_value(MTU, text, "a number"))?;
+
+        let text = ipmasq.ok_or_else(|| missing(IPMASQ))?;
+        // Only flannel's two spellings (any case), not Go's ParseBool's `t`/`f`/`1`/`0`: those
+        // would let a file cut inside `true` or `false` read as valid.
+        let ipmasq = if text.eq_ignore_ascii_case("true") {
+            true
+        } else if text.eq_ignore_ascii_case("false") {
+            false
+        } else {
+            return Err(bad_value(IPMASQ, text, "true or false"));
+        };
+
+        Ok(Self {
+            network,
+            subnet,
+            mtu,
+            ipmasq,
+        })
+    }
+}
+
+fn check_subnet(network: Ipv4Net, subnet: Subnet) -> Result<(), SubnetEnvError> {
+    if subnet.prefix_len() > MAX_SUBNET_LEN {
+        return Err(SubnetEnvError::SubnetTooLong {
+            subnet: subnet.net(),
+        });
+    }
+    if !network.contains(&subnet.net()) {
+        return Err(SubnetEnvError::SubnetOutsideNetwork { subnet, network });
+    }
+    Ok(())
+}
+
+/// One line: `Ok(None)` for a blank or comment line, else the key and the unquoted value.
+fn parse_line(line: &str) -> Result<Option<(&str, &str)>, LineProblem> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return Ok(None);
+    }
+    let line = match line.strip_prefix("export") {
+        Some(rest) if rest.starts_with([' ', '\t']) => rest.trim_start(),
+        _ => line,
+    };
+    let (key, value) = line.split_once('=').ok_or(LineProblem::NoEquals)?;
+    let key = key.trim_end();
+    let key_ok = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if !key_ok {
+        return Err(LineProblem::BadKey);
+    }
+    Ok(Some((key, unquote(value.trim_start())?)))
+}
+
+/// A value without its quotes, or without a trailing ` # comment` if unquoted (godotenv's rules,
+/// minus escapes and `${VAR}` expansion, which no value of this file needs).
+fn unquote(value: &str) -> Result<&str, LineProblem> {
+    let Some(quote) = value.chars().next().filter(|c| matches!(c, '"' | '\'')) else {
+        let end = value
+            .char_indices()
+            .find(|&(i, c)| c == '#' && value[..i].ends_with([' ', '\t']))
+            .map_or(value.len(), |(i, _)| i);
+        return Ok(value[..end].trim_end());
+    };
+    // Quotes are ASCII, so these byte offsets are char boundaries.
+    let inner = &value[1..];
+    let close = inner.find(quote).ok_or(LineProblem::UnclosedQuote)?;
+    let rest = inner[close + 1..].trim_start();
+    if !rest.is_empty() && !rest.starts_with('#') {
+        return Err(LineProblem::TextAfterQuote);
+    }
+    Ok(&inner[..close])
+}
+
+/// `a.b.c.d/len` with a plain decimal length.
+fn parse_cidr(text: &str) -> Option<Ipv4Net> {
+    let (addr, len) = text.split_once('/')?;
+    let addr: Ipv4Addr = addr.parse().ok()?;
+    if len.is_empty() || len.len() > 2 {
+        return None;
+    }
+    Ipv4Net::new(addr, parse_decimal(len)?.try_into().ok()?).ok()
+}
+
+/// Plain decimal digits only: `u32::from_str` would also take `+1450`.
+fn parse_decimal(text: &str) -> Option<u32> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+fn bad_value(key: &'static str, value: &str, expected: &'static str) -> SubnetEnvError {
+    // Bounded: the file may be garbage of any length.
+    const LIMIT: usize = 40;
+    let mut value = value.to_owned();
+    if value.len() > LIMIT {
+        let mut cut = LIMIT;
+        while !value.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        value.truncate(cut);
+        value.push('…');
+    }
+    SubnetEnvError::BadValue {
+        key,
+        value,
+        expected,
+    }
+}
+
+fn io_error(path: &Path) -> impl FnOnce(io::Error) -> SubnetEnvError + '_ {
+    move |source| SubnetEnvError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Reads `subnet.env`. Never fails hard: see [`ReadOutcome`].
+pub fn read(path: &Path) -> ReadOutcome {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return ReadOutcome::Missing,
+        Err(e) => return ReadOutcome::Corrupt(io_error(path)(e)),
+    };
+    let mut bytes = Vec::new();
+    if let Err(e) = file.take(MAX_FILE_LEN + 1).read_to_end(&mut bytes) {
+        return ReadOutcome::Corrupt(io_error(path)(e));
+    }
+    if bytes.len() as u64 > MAX_FILE_LEN {
+        return ReadOutcome::Corrupt(SubnetEnvError::TooLarge {
+            path: path.to_owned(),
+        });
+    }
+    let Ok(text) = String::from_utf8(bytes) else {
+        return ReadOutcome::Corrupt(SubnetEnvError::NotUtf8);
+    };
+    match SubnetEnv::parse(&text) {
+        Ok(env) => ReadOutcome::Valid(env),
+        Err(e) => ReadOutcome::Corrupt(e),
+    }
+}
+
+/// Writes `subnet.env` atomically: creates missing parent directories (mode 0755, as flannel),
+/// writes a temp file in the same directory, fsyncs it, sets mode 0644 whatever the umask,
+/// renames it over `path`, and fsyncs the directory so that the rename survives a crash.
+///
+/// On failure the old file, if any, is untouched and the temp file is removed.
+///
+/// # Errors
+/// [`SubnetEnvError::Io`] naming the path that failed, or a [`SubnetEnv::validate`] error: a
+/// value that would not read back is never written.
+pub fn write_atomic(path: &Path, env: &SubnetEnv) -> Result<(), SubnetEnvError> {
+    env.validate()?;
+    let name = path.file_name().ok_or_else(|| SubnetEnvError::Io {
+        path: path.to_owned(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "not a file path"),
+    })?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(io_error(dir))?;
+
+    let (tmp, mut file) = create_temp(dir, name)?;
+    let written = file
+        .write_all(env.render().as_bytes())
+        .and_then(|()| file.set_permissions(fs::Permissions::from_mode(0o644)))
+        .and_then(|()| file.sync_all())
+        .map_err(io_error(&tmp))
+        .and_then(|()| fs::rename(&tmp, path).map_err(io_error(path)));
+    drop(file);
+    if let Err(e) = written {
+        // Best effort: the error that matters is the one being returned.
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error(dir))
+}
+
+/// Creates a new temp file next to the target. The name starts with `.` so that tools globbing
+/// the directory skip it, and is random so that two writers never share one.
+fn create_temp(dir: &Path, name: &std::ffi::OsStr) -> Result<(PathBuf, File), SubnetEnvError> {
+    let mut attempts = 0;
+    loop {
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".{:016x}.tmp", rand::random::<u64>()));
+        let tmp = dir.join(tmp_name);
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)
+        {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempts < 8 => attempts += 1,
+            Err(e) => return Err(io_error(&tmp)(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const FLANNEL_EXAMPLE: &str = "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.52.1/24\n\
+                                   FLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n";
+
+    fn example() -> SubnetEnv {
+        SubnetEnv {
+            network: "10.5.0.0/16".parse().unwrap(),
+            subnet: "10.5.52.0/24".parse().unwrap(),
+            mtu: 1450,
+            ipmasq: false,
+        }
+    }
+
+    #[test]
+    fn renders_flannel_example_byte_for_byte() {
+        assert_eq!(example().render(), FLANNEL_EXAMPLE);
+        assert_eq!(SubnetEnv::parse(FLANNEL_EXAMPLE).unwrap(), example());
+    }
+
+    #[test]
+    fn reads_like_godotenv() {
+        let texts = [
+            // Comments, blank lines, export, quotes, CRLF, unknown keys, other order.
+            "# written by flannel\n\nexport FLANNEL_NETWORK=10.5.0.0/16\n\
+             FLANNEL_SUBNET=\"10.5.52.1/24\"\r\n  FLANNEL_MTU = '1450'  \n\
+             FLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_IPMASQ=false # no masquerade\n",
+            "FLANNEL_IPMASQ=FALSE\nFLANNEL_MTU=1450\nFLANNEL_SUBNET=10.5.52.0/24\n\
+             FLANNEL_NETWORK=10.5.0.0/16",
+            // The last of a repeated key wins; the network is masked, as net.ParseCIDR does.
+            "FLANNEL_NETWORK=10.9.0.0/16\nFLANNEL_NETWORK=10.5.0.1/16\n\
+             FLANNEL_SUBNET=10.5.52.200/24\nFLANNEL_MTU=1450\nexport\tFLANNEL_IPMASQ=\"false\" # x\n",
+        ];
+        for text in texts {
+            assert_eq!(SubnetEnv::parse(text).unwrap(), example(), "{text}");
+        }
+        let masq = FLANNEL_EXAMPLE.replace("IPMASQ=false", "IPMASQ=true");
+        assert!(SubnetEnv::parse(&masq).unwrap().ipmasq);
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn errors_name_the_key_or_line() {
+        let replace = |from: &str, to: &str| FLANNEL_EXAMPLE.replace(from, to);
+        let without = |key: &str| {
+            FLANNEL_EXAMPLE
+                .lines()
+                .filter(|l| !l.starts_with(&format!("{key}=")))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let cases = [
+            (without(NETWORK), "FLANNEL_NETWORK: missing"),
+            (without(SUBNET), "FLANNEL_SUBNET: missing"),
+            (without(MTU), "FLANNEL_MTU: missing"),
+            (without(IPMASQ), "FLANNEL_IPMASQ: missing"),
+            (String::new(), "FLANNEL_NETWORK: missing"),
+            (replace("10.5.0.0/16", "10.5.0.0"), "FLANNEL_NETWORK: \"10.5.0.0\" is not an IPv4 CIDR"),
+            (replace("10.5.0.0/16", "10.5.0.0/+6"), "FLANNEL_NETWORK: \"10.5.0.0/+6\" is not"),
+            (replace("10.5.52.1/24", "10.5.52.1/33"), "FLANNEL_SUBNET: \"10.5.52.1/33\" is not"),
+            (replace("10.5.52.1/24", ""), "FLANNEL_SUBNET: \"\" is not an IPv4 CIDR"),
+            (replace("10.5.52.1/24", "10.5.52.1/24,fc00::1/64"), "FLANNEL_SUBNET: holds 2 entries"),
+            (replace("10.5.52.1/24", "10.5.52.1/24,"), "FLANNEL_SUBNET: holds 2 entries"),
+            (replace("10.5.52.1/24", "10.5.52.1/31"), "FLANNEL_SUBNET: 10.5.52.1/31 is longer than /30"),
+            (replace("10.5.52.1/24", "10.6.52.1/24"),
+                "FLANNEL_SUBNET: 10.6.52.0/24 is outside FLANNEL_NETWORK 10.5.0.0/16"),
+            (replace("10.5.52.1/24", "10.5.52.1/8"), "FLANNEL_SUBNET: 10.0.0.0/8 is outside"),
+            (replace("1450", "abc"), "FLANNEL_MTU: \"abc\" is not a number"),
+            (replace("1450", "-1"), "FLANNEL_MTU: \"-1\" is not a number"),
+            (replace("1450", "+1450"), "FLANNEL_MTU: \"+1450\" is not a number"),
+            (replace("1450", "99999999999"), "FLANNEL_MTU: \"99999999999\" is not a number"),
+            (replace("=false", "=no"), "FLANNEL_IPMASQ: \"no\" is not true or false"),
+            (replace("=false", "=f"), "FLANNEL_IPMASQ: \"f\" is not true or false"),
+            (replace("FLANNEL_MTU=", "FLANNEL_MTU "), "line 3: not KEY=value"),
+            (replace("FLANNEL_MTU=", "FLANNEL MTU="), "line 3: not a variable name"),
+            (replace("FLANNEL_MTU=", "="), "line 3: not a variable name"),
+            (replace("=1450", "=\"1450"), "line 3: unclosed quote"),
+            (replace("=1450", "='1450'x"), "line 3: text after the closing quote"),
+        ];
+        for (text, want) in cases {
+            let got = match SubnetEnv::parse(&text) {
+                Ok(env) => panic!("{text:?}: accepted as {env:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                got.starts_with(want),
+                "{text:?}\n  got:  {got}\n  want: {want}..."
+            );
+        }
+    }
+
+    #[test]
+    fn long_bad_values_are_shortened() {
+        let text = FLANNEL_EXAMPLE.replace("1450", &"9x".repeat(5000));
+        let e = SubnetEnv::parse(&text).unwrap_err().to_string();
+        assert!(e.len() < 100, "{e}");
+    }
+
+    #[test]
+    fn validate_refuses_what_would_not_read_back() {
+        let mut env = example();
+        env.network = "10.5.0.1/16".parse().unwrap();
+        assert!(matches!(
+            env.validate(),
+            Err(SubnetEnvError::NetworkHostBits { .. })
+        ));
+        let mut env = example();
+        env.subnet = "10.6.0.0/24".parse().unwrap();
+        assert!(matches!(
+            env.validate(),
+            Err(SubnetEnvError::SubnetOutsideNetwork { .. })
+        ));
+        let mut env = example();
+        env.subnet = "10.5.0.0/31".parse().unwrap();
+        assert!(matches!(
+            env.validate(),
+            Err(SubnetEnvError::SubnetTooLong { .. })
+        ));
+        assert!(example().validate().is_ok());
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn write_atomic_creates_parents_and_replaces_cleanly() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run/flannel");
+        let path = dir.join("subnet.env");
+        assert!(matches!(read(&path), ReadOutcome::Missing));
+
+        write_atomic(&path, &example()).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), FLANNEL_EXAMPLE);
+        assert_eq!(mode(&path), 0o644);
+        // At most 0755: the umask may take bits away, never add group or other write.
+        assert_eq!(mode(&dir) & !0o755, 0);
+        assert_eq!(read(&path).into_valid(), Some(example()));
+
+        // Overwrite a file that was left with other permissions.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        let mut next = example();
+        next.subnet = "10.5.9.0/24".parse().unwrap();
+        next.ipmasq = true;
+        write_atomic(&path, &next).unwrap();
+        assert_eq!(mode(&path), 0o644);
+        assert_eq!(read(&path).into_valid(), Some(next));
+        assert_eq!(names(&dir), ["subnet.env"], "no temp files left behind");
+    }
+
+    #[test]
+    fn write_atomic_refuses_invalid_and_unwritable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("subnet.env");
+        let mut bad = example();
+        bad.subnet = "10.6.0.0/24".parse().unwrap();
+        assert!(matches!(
+            write_atomic(&path, &bad),
+            Err(SubnetEnvError::SubnetOutsideNetwork { .. })
+        ));
+        assert!(names(tmp.path()).is_empty());
+
+        // The target is a directory: the rename fails, and the temp file is cleaned up.
+        fs::create_dir(&path).unwrap();
+        let e = write_atomic(&path, &example()).unwrap_err();
+        assert!(e.to_string().contains("subnet.env"), "{e}");
+        assert_eq!(names(tmp.path()), ["subnet.env"]);
+        assert!(matches!(
+            read(&path),
+            ReadOutcome::Corrupt(SubnetEnvError::Io { .. })
+        ));
+
+        // A parent that is a file.
+        let plain = tmp.path().join("plain");
+        fs::write(&plain, b"").unwrap();
+        let e = write_atomic(&plain.join("x/subnet.env"), &example()).unwrap_err();
+        assert!(
+            matches!(&e, SubnetEnvError::Io { path, .. } if path.ends_with("plain/x")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn read_reports_corrupt_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("subnet.env");
+        let cases: [&[u8]; 5] = [
+            b"",
+            b"\xff\xfe\x00garbage",
+            b"FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.5",
+            &FLANNEL_EXAMPLE.as_bytes()[..FLANNEL_EXAMPLE.len() - 3],
+            b"\0\0\0\0\0\0\0\0",
+        ];
+        for bytes in cases {
+            fs::write(&path, bytes).unwrap();
+            assert!(matches!(read(&path), ReadOutcome::Corrupt(_)), "{bytes:?}");
+        }
+        fs::write(&path, vec![b'#'; MAX_FILE_LEN as usize + 1]).unwrap();
+        assert!(matches!(
+            read(&path),
+            ReadOutcome::Corrupt(SubnetEnvError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            read(&tmp.path().join("nope/subnet.env")),
+            ReadOutcome::Missing
+        ));
+    }
+
+    fn any_env() -> impl Strategy<Value = SubnetEnv> {
+        (
+            0u8..=MAX_SUBNET_LEN,
+            any::<u32>(),
+            any::<u32>(),
+            any::<u8>(),
+            any::<u32>(),
+            any::<bool>(),
+        )
+            .prop_map(|(net_len, net_addr, pick, extra, mtu, ipmasq)| {
+                let network = Ipv4Net::new(Ipv4Addr::from(net_addr), net_len)
+                    .unwrap()
+                    .trunc();
+                let sub_len = net_len + extra % (MAX_SUBNET_LEN - net_len + 1);
+                let host_bits = !u32::from(network.netmask());
+                let addr = u32::from(network.network()) | (pick & host_bits);
+                let subnet = Ipv4Net::new(Ipv4Addr::from(addr), sub_len).unwrap().trunc();
+                SubnetEnv {
+                    network,
+                    subnet: Subnet::new(subnet).unwrap(),
+                    mtu,
+                    ipmasq,
+                }
+            })
+    }
+
+    /// Text made of pieces of real files, so that the fuzzing reaches past the first line.
+    fn env_like_text() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("FLANNEL_NETWORK=".to_owned()),
+            Just("FLANNEL_SUBNET=".to_owned()),
+            Just("FLANNEL_MTU=".to_owned()),
+            Just("FLANNEL_IPMASQ=".to_owned()),
+            Just("export ".to_owned()),
+            Just("\n".to_owned()),
+            Just("\"".to_owned()),
+            Just("'".to_owned()),
+            Just(" #".to_owned()),
+            Just("10.5.0.0/16".to_owned()),
+            Just("10.5.52.1/24".to_owned()),
+            Just(",".to_owned()),
+            Just("true".to_owned()),
+            "[0-9./]{0,12}",
+            any::<String>(),
+        ];
+        prop::collection::vec(piece, 0..24).prop_map(|v| v.concat())
+    }
+
+    proptest! {
+        #[test]
+        fn render_parse_round_trips(env in any_env()) {
+            prop_assert!(env.validate().is_ok());
+            prop_assert_eq!(SubnetEnv::parse(&env.render()).unwrap(), env);
+        }
+
+        #[test]
+        fn truncated_files_are_corrupt(env in any_env()) {
+            let text = env.render();
+            // Cutting only the final newline loses nothing; any other cut must be refused.
+            for cut in 0..text.len() - 1 {
+                let got = SubnetEnv::parse(&text[..cut]);
+                prop_assert!(got.is_err(), "{:?} accepted as {:?}", &text[..cut], got);
+            }
+        }
+
+        #[test]
+        fn parse_never_panics(text in any::<String>()) {
+            let _ = SubnetEnv::parse(&text);
+        }
+
+        #[test]
+        fn parse_never_panics_on_env_like_text(text in env_like_text()) {
+            if let Ok(env) = SubnetEnv::parse(&text) {
+                // Whatever it accepts is consistent.
+                prop_assert!(env.validate().is_ok());
+            }
+        }
+
+        #[test]
+        fn read_never_panics_on_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let tmp = tempfile::tempdir().unwrap();
+            let path = tmp.path().join("subnet.env");
+            fs::write(&path, &bytes).unwrap();
+            prop_assert!(!matches!(read(&path), ReadOutcome::Missing));
+        }
+    }
+}
