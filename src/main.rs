@@ -146,6 +146,9 @@ struct RunArgs {
     /// Written to subnet.env as FLANNEL_IPMASQ; weft itself installs no iptables rules.
     #[arg(long, env = "WEFT_IP_MASQ")]
     ip_masq: bool,
+    /// Data plane: `none` runs the control plane only (leases, subnet.env, hooks, health).
+    #[arg(long, env = "WEFT_DATAPLANE", default_value = "none", value_parser = ["none"])]
+    dataplane: String,
     /// Log format.
     #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,

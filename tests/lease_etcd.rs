@@ -1,0 +1,426 @@
+//! The lease scenarios of SCENARIOS.md against a real etcd, with real `weft run` processes:
+//! SIGSTOP for a suspended host, SIGKILL for a crash, a cut TCP proxy for a partition, short
+//! TTLs (4 s). S11 runs on a three-member etcd cluster.
+//!
+//! Each test starts its own etcd (loopback, random ports, temp dir) and uses a fresh prefix.
+//! Hosts publish addresses from 192.0.2.0/24; nothing here touches a network interface.
+
+mod support;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions};
+use support::etcd::{EtcdCluster, EtcdServer, unique_prefix};
+use support::weft::{NodeOptions, Proxy, WeftNode, weft_cli};
+
+const READY: Duration = Duration::from_secs(20);
+
+fn ip(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(192, 0, 2, n)
+}
+
+fn sleep(secs: f64) {
+    std::thread::sleep(Duration::from_secs_f64(secs));
+}
+
+/// Writes the network config with `weft network set` (so the CLI is exercised too).
+fn set_network(endpoints: &str, prefix: &str, json: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("net.json");
+    std::fs::write(&f, json).unwrap();
+    let (code, out, err) = weft_cli(&[
+        "network",
+        "set",
+        f.to_str().unwrap(),
+        "--etcd-endpoints",
+        endpoints,
+        "--etcd-prefix",
+        prefix,
+    ]);
+    assert_eq!(code, 0, "weft network set failed: {out} {err}");
+}
+
+/// A network of exactly the subnets 10.244.1.0/24 ..= 10.244.<n>.0/24.
+fn network_of(n: u8) -> String {
+    format!(
+        r#"{{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0","SubnetMax":"10.244.{n}.0","Backend":{{"Type":"vxlan"}}}}"#
+    )
+}
+
+fn key_of(prefix: &str, subnet: &str) -> String {
+    format!("{prefix}/subnets/{}", subnet.replace('/', "-"))
+}
+
+/// A subnet key's value (as JSON) and mod revision.
+async fn read_key(c: &mut Client, key: &str) -> Option<(serde_json::Value, i64)> {
+    let r = c.get(key, None).await.unwrap();
+    let kv = r.kvs().first()?;
+    Some((serde_json::from_slice(kv.value()).unwrap(), kv.mod_revision()))
+}
+
+async fn subnet_keys(c: &mut Client, prefix: &str) -> Vec<(String, serde_json::Value)> {
+    let r = c.get(format!("{prefix}/subnets/"), Some(GetOptions::new().with_prefix())).await.unwrap();
+    r.kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key_str().unwrap().to_owned(),
+                serde_json::from_slice(kv.value()).unwrap_or(serde_json::Value::Null),
+            )
+        })
+        .collect()
+}
+
+fn node_id(v: &serde_json::Value) -> String {
+    v["WeftNodeID"].as_str().unwrap_or_default().to_owned()
+}
+
+fn state_node_id(n: &WeftNode) -> String {
+    std::fs::read_to_string(n.dir().join("state/node-id")).unwrap().trim().to_owned()
+}
+
+#[tokio::test]
+async fn s1_suspended_host_comes_back_and_reclaims_its_subnet() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(20));
+    let a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
+    let s = a.wait_ready(READY);
+    let mut c = etcd.client().await;
+    a.suspend();
+    sleep(6.0); // past the 4 s TTL
+    assert!(read_key(&mut c, &key_of(&prefix, &s)).await.is_none(), "A's key should have expired");
+    let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
+    let sb = b.wait_ready(READY);
+    assert_ne!(sb, s, "B must prefer never-used subnets over A's expired one");
+    a.resume();
+    a.wait_log("recovered", Duration::from_secs(10));
+    a.wait_ready(READY);
+    assert_eq!(a.subnet_env_subnet().as_deref(), Some(s.as_str()), "same subnet, subnet.env unchanged");
+    let (v, _) = read_key(&mut c, &key_of(&prefix, &s)).await.expect("A's key is back");
+    assert_eq!(node_id(&v), state_node_id(&a));
+    let log = a.log();
+    assert!(!log.contains("subnet changed") && !log.contains("LEASE LOST"), "{log}");
+    assert_eq!(a.metric("weft_lease_recoveries_total"), Some(1.0));
+}
+
+#[tokio::test]
+async fn s2_suspended_host_finds_its_subnet_taken_reports_loudly_and_moves() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(2));
+    let hooks = tempfile::tempdir().unwrap();
+    let lost = hooks.path().join("lost");
+    let changed = hooks.path().join("changed");
+    let mut opts = NodeOptions::new(etcd.endpoint(), &prefix, ip(1));
+    opts.extra = vec![
+        "--on-lease-lost".into(),
+        format!("echo \"$1 $WEFT_REASON $WEFT_HOLDER\" > {}", lost.display()),
+        "--on-subnet-change".into(),
+        format!("echo \"$1 $2\" > {}", changed.display()),
+    ];
+    let a = WeftNode::spawn(opts);
+    let s = a.wait_ready(READY);
+    let mut cnode = WeftNode::spawn({
+        let mut o = NodeOptions::new(etcd.endpoint(), &prefix, ip(3));
+        o.extra = vec!["--relinquish-on-exit".into()];
+        o
+    });
+    let other = cnode.wait_ready(READY);
+    let mut c = etcd.client().await;
+    a.suspend();
+    sleep(6.0);
+    let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
+    assert_eq!(b.wait_ready(READY), s, "B takes the only free subnet: A's expired one");
+    let (_, b_rev) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+    a.resume();
+    a.wait_log("LEASE LOST", Duration::from_secs(10));
+    assert!(a.log().contains("192.0.2.2"), "the loss names B's address:\n{}", a.log());
+    a.wait_log("network exhausted", Duration::from_secs(10));
+    let (code, body) = a.get("/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("exhausted"), "{body}");
+    assert_eq!(a.metric("weft_lease_losses_total"), Some(1.0));
+    // The hook ran with the old subnet, the reason and the new holder.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !lost.exists() && Instant::now() < deadline {
+        sleep(0.1);
+    }
+    let hook = std::fs::read_to_string(&lost).expect("on-lease-lost ran");
+    assert_eq!(hook.trim(), format!("{s} taken-by-another-node 192.0.2.2"));
+    // B keeps S untouched.
+    let (v, rev) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+    assert_eq!(node_id(&v), state_node_id(&b));
+    assert_eq!(rev >= b_rev, true);
+    assert_eq!(v["PublicIP"], "192.0.2.2");
+    // A subnet frees up: A takes it, rewrites subnet.env, runs the subnet-change hook.
+    assert_eq!(cnode.stop(), Some(0));
+    let news = a.wait_ready(READY);
+    assert_eq!(news, other);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !changed.exists() && Instant::now() < deadline {
+        sleep(0.1);
+    }
+    assert_eq!(std::fs::read_to_string(&changed).expect("on-subnet-change ran").trim(), format!("{s} {other}"));
+    // B never saw a write from A.
+    let (v2, _) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+    assert_eq!(node_id(&v2), state_node_id(&b));
+}
+
+#[tokio::test]
+async fn s3_restart_with_stale_subnet_env_never_takes_the_new_holders_subnet() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(1));
+    let mut a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
+    let s = a.wait_ready(READY);
+    a.kill();
+    sleep(5.0);
+    let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
+    assert_eq!(b.wait_ready(READY), s);
+    let mut c = etcd.client().await;
+    let before = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+    a.start(); // subnet.env still names S
+    a.wait_log("network exhausted", Duration::from_secs(15));
+    a.wait_log("previous subnet", Duration::from_secs(1));
+    // Across A's whole run the key stays B's: same value, and only B's renewals move it.
+    for _ in 0..6 {
+        let (v, _) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+        assert_eq!(node_id(&v), node_id(&before.0));
+        assert_eq!(v["PublicIP"], "192.0.2.2");
+        sleep(0.5);
+    }
+    assert_eq!(a.get("/readyz").0, 503);
+    assert!(a.running());
+}
+
+#[tokio::test]
+async fn s4_cloned_host_does_not_hijack_and_the_clash_is_loud() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(20));
+    let a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
+    let s = a.wait_ready(READY);
+    let mut c = etcd.client().await;
+    let (before, _) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+    // B is a copy of A's disk: same state dir (node ID, VTEP MAC) and subnet.env.
+    let clone_dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(clone_dir.path().join("state")).unwrap();
+    for f in ["state/node-id", "state/vtep-mac", "subnet.env"] {
+        std::fs::copy(a.dir().join(f), clone_dir.path().join(f)).unwrap();
+    }
+    let mut opts = NodeOptions::new(etcd.endpoint(), &prefix, ip(2));
+    opts.dir = Some(clone_dir.path().to_path_buf());
+    let b = WeftNode::spawn(opts);
+    b.wait_log("IDENTITY CLASH", Duration::from_secs(15));
+    assert_eq!(b.get("/readyz").0, 503);
+    assert!(b.get("/readyz").1.contains("clone"));
+    assert_eq!(b.metric("weft_identity_clashes_total"), Some(1.0));
+    // A keeps S: the key still carries A's incarnation, across several renewals.
+    for _ in 0..6 {
+        let (v, _) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+        assert_eq!(v["WeftIncarnation"], before["WeftIncarnation"]);
+        assert_eq!(v["PublicIP"], "192.0.2.1");
+        sleep(1.0);
+    }
+    assert_eq!(a.get("/readyz").0, 200);
+    assert_eq!(subnet_keys(&mut c, &prefix).await.len(), 1, "never a second key for the clone");
+}
+
+#[tokio::test]
+async fn s5_partition_longer_than_the_ttl_keeps_the_subnet_and_recovers() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(20));
+    let proxy = Proxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, etcd.client_port())));
+    let a = WeftNode::spawn(NodeOptions::new(proxy.endpoint(), &prefix, ip(1)));
+    let s = a.wait_ready(READY);
+    let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
+    b.wait_ready(READY);
+    proxy.cut(true);
+    sleep(12.0); // three TTLs
+    let mut c = etcd.client().await;
+    assert!(read_key(&mut c, &key_of(&prefix, &s)).await.is_none(), "A's key expired in etcd");
+    let (code, body) = a.get("/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(a.get("/healthz").0 == 200, "A still runs");
+    proxy.cut(false);
+    a.wait_log("recovered", Duration::from_secs(15));
+    assert_eq!(a.wait_ready(READY), s);
+    assert_eq!(b.get("/readyz").0, 200);
+    assert!(!a.log().contains("LEASE LOST"));
+}
+
+#[tokio::test]
+async fn s6_short_outage_around_renewal_renews_and_logs_nothing_above_warning() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(20));
+    let proxy = Proxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, etcd.client_port())));
+    let a = WeftNode::spawn(NodeOptions::new(proxy.endpoint(), &prefix, ip(1)));
+    let s = a.wait_ready(READY);
+    let renewals = a.metric("weft_lease_renewals_total").unwrap_or(0.0);
+    // Renewal is due 2 s after acquiring: cut from ~1.3 s to ~3 s after, less than TTL/2.
+    sleep(1.3);
+    proxy.cut(true);
+    sleep(1.7);
+    proxy.cut(false);
+    sleep(3.0);
+    assert!(a.metric("weft_lease_renewals_total").unwrap_or(0.0) > renewals, "renewed after the outage");
+    assert_eq!(a.subnet_env_subnet().as_deref(), Some(s.as_str()));
+    assert_eq!(a.get("/readyz").0, 200);
+    let log = a.log();
+    assert!(!log.contains("ERROR"), "nothing above warning:\n{log}");
+}
+
+#[tokio::test]
+async fn s7_fifty_hosts_join_at_once_and_all_get_distinct_subnets() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    // 60 subnets for 50 hosts: crowded, so races happen.
+    set_network(&etcd.endpoint(), &prefix, &network_of(60));
+    let nodes: Vec<WeftNode> = (1..=50)
+        .map(|i| {
+            let mut o = NodeOptions::new(etcd.endpoint(), &prefix, ip(i));
+            o.ttl = "30s".into();
+            WeftNode::spawn(o)
+        })
+        .collect();
+    let start = Instant::now();
+    let mut subnets: Vec<String> = nodes.iter().map(|n| n.wait_ready(Duration::from_secs(60))).collect();
+    eprintln!("50 hosts ready in {:?}", start.elapsed());
+    subnets.sort();
+    subnets.dedup();
+    assert_eq!(subnets.len(), 50, "every host a distinct subnet");
+    let mut c = etcd.client().await;
+    assert_eq!(subnet_keys(&mut c, &prefix).await.len(), 50);
+    for mut n in nodes {
+        assert!(n.running(), "no host exits on a lost race");
+    }
+}
+
+#[tokio::test]
+async fn s8_clean_shutdown_relinquishes_and_a_new_host_prefers_it() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(2));
+    // X takes one subnet and crashes: its subnet expires (older history).
+    let mut x = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(9)));
+    let sx = x.wait_ready(READY);
+    let mut o = NodeOptions::new(etcd.endpoint(), &prefix, ip(1));
+    o.extra = vec!["--relinquish-on-exit".into()];
+    let mut a = WeftNode::spawn(o);
+    let s = a.wait_ready(READY);
+    assert_ne!(s, sx);
+    x.kill();
+    sleep(5.0);
+    let mut c = etcd.client().await;
+    assert!(read_key(&mut c, &key_of(&prefix, &sx)).await.is_none());
+    assert_eq!(a.stop(), Some(0));
+    assert!(read_key(&mut c, &key_of(&prefix, &s)).await.is_none(), "key gone at once, not after the TTL");
+    let (code, out, err) = weft_cli(&["lease", "list", "--json", "--etcd-endpoints", &etcd.endpoint(), "--etcd-prefix", &prefix]);
+    assert_eq!(code, 0, "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let entry = list["leases"].as_array().unwrap().iter().find(|l| l["subnet"] == s.as_str()).unwrap().clone();
+    assert_eq!(entry["history"], "relinquished");
+    let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
+    assert_eq!(b.wait_ready(READY), s, "relinquished beats expired");
+}
+
+#[tokio::test]
+async fn s9_operator_revoke_is_noticed_within_a_second_and_reclaimed() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(20));
+    let a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
+    let s = a.wait_ready(READY);
+    let (code, _, err) = weft_cli(&["lease", "revoke", &s, "--etcd-endpoints", &etcd.endpoint(), "--etcd-prefix", &prefix]);
+    assert_eq!(code, 0, "{err}");
+    let t = Instant::now();
+    a.wait_log("recovered", Duration::from_secs(5));
+    assert!(t.elapsed() < Duration::from_millis(1500), "noticed in {:?}", t.elapsed());
+    let mut c = etcd.client().await;
+    let (v, _) = read_key(&mut c, &key_of(&prefix, &s)).await.expect("reclaimed");
+    assert_eq!(node_id(&v), state_node_id(&a));
+}
+
+#[tokio::test]
+async fn s10_public_ip_change_across_restart_keeps_the_subnet() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(20));
+    let mut a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
+    let s = a.wait_ready(READY);
+    let mut c = etcd.client().await;
+    let (_, rev) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+    assert_eq!(a.stop(), Some(0));
+    a.opts.public_ip = ip(77);
+    a.start();
+    assert_eq!(a.wait_ready(READY), s);
+    let (v, rev2) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+    assert_eq!(v["PublicIP"], "192.0.2.77");
+    assert!(rev2 > rev);
+    assert!(a.log().contains("adopted"), "{}", a.log());
+}
+
+#[tokio::test]
+async fn s11_leader_loss_in_a_three_member_cluster_loses_nothing() {
+    let mut cluster = EtcdCluster::start();
+    let endpoints = cluster.endpoints().join(",");
+    let prefix = unique_prefix();
+    set_network(&endpoints, &prefix, &network_of(20));
+    let mut nodes: Vec<WeftNode> = (1..=3).map(|i| WeftNode::spawn(NodeOptions::new(endpoints.clone(), &prefix, ip(i)))).collect();
+    for n in &nodes {
+        n.wait_ready(READY);
+    }
+    let leader = cluster.leader_index().await.expect("a leader");
+    cluster.kill_member(leader);
+    // Joins and renewals while a new leader is elected.
+    nodes.extend((4..=6).map(|i| WeftNode::spawn(NodeOptions::new(endpoints.clone(), &prefix, ip(i)))));
+    sleep(8.0);
+    let mut subnets: Vec<String> = nodes.iter().map(|n| n.wait_ready(Duration::from_secs(30))).collect();
+    subnets.sort();
+    subnets.dedup();
+    assert_eq!(subnets.len(), 6);
+    for n in &nodes {
+        assert!(!n.log().contains("LEASE LOST"), "{}", n.log());
+    }
+    cluster.restart_member(leader);
+}
+
+#[tokio::test]
+async fn s12_bad_store_input_is_named_skipped_and_never_crashes() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let mut c = etcd.client().await;
+    // A malformed config: the daemon names the problem and waits; the CLI refuses to write one.
+    c.put(format!("{prefix}/config"), r#"{"Network":"10.244.0.1/16"}"#, None).await.unwrap();
+    let a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
+    a.wait_log("host bits", Duration::from_secs(10));
+    assert_eq!(a.get("/readyz").0, 503);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"Network":"10.244.0.0/16","SubnetMin":"10.244.1.7"}"#).unwrap();
+    let (code, _, err) = weft_cli(&["network", "set", bad.to_str().unwrap(), "--etcd-endpoints", &etcd.endpoint(), "--etcd-prefix", &prefix]);
+    assert_ne!(code, 0);
+    assert!(err.contains("SubnetMin"), "{err}");
+    // Garbage leases: a non-JSON value on a valid key, an unparsable key, a misaligned key.
+    c.put(format!("{prefix}/subnets/10.244.1.0-24"), "not json", None).await.unwrap();
+    c.put(format!("{prefix}/subnets/bogus"), "{}", None).await.unwrap();
+    c.put(format!("{prefix}/subnets/10.244.2.7-24"), r#"{"PublicIP":"192.0.2.50"}"#, None).await.unwrap();
+    set_network(&etcd.endpoint(), &prefix, &network_of(2));
+    let s = a.wait_ready(READY);
+    assert_eq!(s, "10.244.2.0/24", "never the subnet whose key holds garbage");
+    // A value turned to garbage under a running node's watch does not crash it either.
+    let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
+    b.wait_log("network exhausted", Duration::from_secs(10));
+    c.put(format!("{prefix}/subnets/{}", s.replace('/', "-")), "\u{0}\u{1}garbage", None).await.unwrap();
+    a.wait_log("LEASE LOST", Duration::from_secs(5));
+    let (code, _, err) = weft_cli(&["lease", "list", "--etcd-endpoints", &etcd.endpoint(), "--etcd-prefix", &prefix]);
+    assert_eq!(code, 0);
+    assert!(err.contains("bogus") && err.contains("10.244.1.0-24"), "{err}");
+    let mut a = a;
+    let mut b = b;
+    assert!(a.running() && b.running());
+}

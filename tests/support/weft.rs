@@ -1,0 +1,354 @@
+//! Real `weft run` processes for tests, and a cuttable TCP proxy in front of etcd.
+//!
+//! Contract:
+//! - [`WeftNode::spawn`] starts the binary cargo built for this test (`CARGO_BIN_EXE_weft`)
+//!   with its own temp state dir and subnet file (or a given one, to model a cloned disk), a
+//!   loopback health port and short TTLs. The process gets `PR_SET_PDEATHSIG`, and `Drop`
+//!   SIGKILLs and reaps it, so no daemon outlives its test.
+//! - [`Proxy`] forwards loopback TCP to etcd; [`Proxy::cut`] closes every connection through it
+//!   and refuses new ones until healed — one node partitioned from a live etcd (S5, S6).
+//! - Everything here runs in the root namespace on loopback and changes no links or routes:
+//!   with `--dataplane none`, weft opens no TUN and needs no privilege.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A TCP proxy on a loopback port that can be cut and healed.
+pub struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    /// Starts forwarding a fresh loopback port to `target`.
+    pub fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind proxy port");
+        let port = listener.local_addr().expect("proxy address").port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (cut2, conns2) = (cut.clone(), conns.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if cut2.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let Ok(upstream) = TcpStream::connect(target) else {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = upstream.set_nodelay(true);
+                if let (Ok(c2), Ok(u2)) = (client.try_clone(), upstream.try_clone()) {
+                    let mut list = conns2.lock().expect("proxy list");
+                    list.push(c2);
+                    list.push(u2);
+                }
+                pipe(&client, &upstream);
+                pipe(&upstream, &client);
+            }
+        });
+        Self { port, cut, conns }
+    }
+
+    /// The endpoint to give weft (`http://127.0.0.1:<port>`).
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Cuts (`true`) or heals (`false`) the path.
+    pub fn cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::SeqCst);
+        if cut {
+            for s in self.conns.lock().expect("proxy list").drain(..) {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+fn pipe(from: &TcpStream, to: &TcpStream) {
+    let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else { return };
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16384];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
+}
+
+/// How to start a node.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// etcd endpoints (comma-separated).
+    pub endpoints: String,
+    /// Key prefix.
+    pub prefix: String,
+    /// Published address (192.0.2.0/24).
+    pub public_ip: Ipv4Addr,
+    /// Lease TTL (`4s`).
+    pub ttl: String,
+    /// State dir and subnet file; `None`: a fresh temp dir.
+    pub dir: Option<PathBuf>,
+    /// More flags.
+    pub extra: Vec<String>,
+}
+
+impl NodeOptions {
+    /// Defaults for a test: TTL 4 s, a fresh dir.
+    pub fn new(endpoints: impl Into<String>, prefix: &str, public_ip: Ipv4Addr) -> Self {
+        Self {
+            endpoints: endpoints.into(),
+            prefix: prefix.to_owned(),
+            public_ip,
+            ttl: "4s".into(),
+            dir: None,
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// One `weft run` process.
+pub struct WeftNode {
+    /// The options it was started with.
+    pub opts: NodeOptions,
+    dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    child: Option<Child>,
+    health_port: u16,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl WeftNode {
+    /// Starts `weft run --dataplane none` with `opts`.
+    pub fn spawn(opts: NodeOptions) -> Self {
+        let (dir, tmp) = match &opts.dir {
+            Some(d) => (d.clone(), None),
+            None => {
+                let t = tempfile::Builder::new().prefix("weft-node-").tempdir().expect("tempdir");
+                (t.path().to_path_buf(), Some(t))
+            }
+        };
+        let mut node = Self { opts, dir, _tmp: tmp, child: None, health_port: 0 };
+        node.start();
+        node
+    }
+
+    /// Starts the process again (after [`WeftNode::kill`] or [`WeftNode::stop`]), with the same
+    /// state dir and subnet file.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "node already running");
+        self.health_port = free_port();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("open node log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_weft"));
+        cmd.arg("run")
+            .args(["--etcd-endpoints", &self.opts.endpoints])
+            .args(["--etcd-prefix", &self.opts.prefix])
+            .args(["--etcd-timeout", "1s"])
+            .args(["--public-ip", &self.opts.public_ip.to_string()])
+            .args(["--state-dir", &self.dir.join("state").to_string_lossy()])
+            .args(["--subnet-file", &self.subnet_file().to_string_lossy()])
+            .args(["--subnet-lease-ttl", &self.opts.ttl])
+            .args(["--healthz-ip", "127.0.0.1", "--healthz-port", &self.health_port.to_string()])
+            .args(["--dataplane", "none"])
+            .args(&self.opts.extra)
+            .env("WEFT_LOG", "weft=debug,info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log);
+        // SAFETY: prctl is async-signal-safe; the closure only makes that one call.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        self.child = Some(cmd.spawn().expect("spawn weft"));
+    }
+
+    /// The directory holding `state/`, `subnet.env` and `weft.log`.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The subnet file.
+    pub fn subnet_file(&self) -> PathBuf {
+        self.dir.join("subnet.env")
+    }
+
+    /// The log file (appended across restarts).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("weft-{}.log", self.opts.public_ip))
+    }
+
+    /// The whole log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The process ID.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).expect("node running")
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// SIGSTOP: the host is suspended.
+    pub fn suspend(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT: the host resumes.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// SIGKILL: a crash; nothing is released.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait (up to 10 s) for a clean exit; returns the exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = c.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("weft did not exit within 10 s of SIGTERM:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// GET a health path: (status, body). Status 0 when nothing answers.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.health_port, path)
+    }
+
+    /// The subnet in subnet.env (the `FLANNEL_SUBNET` line), if any.
+    pub fn subnet_env_subnet(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.subnet_file()).ok()?;
+        let line = text.lines().find(|l| l.starts_with("FLANNEL_SUBNET="))?;
+        let (ip, len) = line.trim_start_matches("FLANNEL_SUBNET=").split_once('/')?;
+        let ip: Ipv4Addr = ip.parse().ok()?;
+        Some(format!("{}/{len}", Ipv4Addr::from(u32::from(ip) - 1)))
+    }
+
+    /// Waits until `/readyz` says ready; returns the subnet from subnet.env.
+    pub fn wait_ready(&self, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let (status, body) = self.get("/readyz");
+            if status == 200 {
+                if let Some(s) = self.subnet_env_subnet() {
+                    return s;
+                }
+            }
+            if Instant::now() > deadline {
+                panic!("node {} not ready in {within:?}: {status} {body}\n--- log ---\n{}", self.opts.public_ip, self.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until the log contains `needle`.
+    pub fn wait_log(&self, needle: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.log().contains(needle) {
+            if Instant::now() > deadline {
+                panic!("node {}: {needle:?} not logged in {within:?}\n--- log ---\n{}", self.opts.public_ip, self.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A metric's value from `/metrics` (first sample whose line starts with `name`).
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics");
+        body.lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+}
+
+impl Drop for WeftNode {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            // A suspended child must be continued to die promptly and be reaped.
+            // SAFETY: kill(2) on our own child's PID.
+            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+        }
+        self.kill();
+    }
+}
+
+/// A minimal HTTP/1.0 GET against the loopback health server: (status, body).
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect_timeout(&SocketAddr::from((Ipv4Addr::LOCALHOST, port)), Duration::from_secs(1)) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    let status = resp.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// Runs `weft` (a CLI subcommand) to completion: (exit code, stdout, stderr).
+pub fn weft_cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weft")).args(args).output().expect("run weft");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
