@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::GetOptions;
 use futures::StreamExt;
-use support::etcd::{EtcdCluster, EtcdServer, closed_port, unique_prefix};
+use support::etcd::{EtcdCluster, EtcdServer, TlsFiles, closed_port, unique_prefix};
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::record::{
     HistoryState, Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, Subnet,
@@ -727,6 +727,50 @@ async fn unreadable_tls_files_are_setup_errors_naming_the_path() {
     })
     .await;
     assert!(matches!(result, Err(StoreError::Setup(_))));
+}
+
+#[tokio::test]
+async fn tls_with_a_client_certificate_works_and_a_wrong_ca_or_no_cert_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let files = TlsFiles::generate(dir.path());
+    let etcd = EtcdServer::start_tls(&files);
+    assert!(etcd.endpoint().starts_with("https://"));
+    let prefix = unique_prefix();
+    let tls = |ca: &std::path::Path, client_cert: bool| EtcdOptions {
+        ca_file: Some(ca.to_owned()),
+        cert_file: client_cert.then(|| files.client_cert.clone()),
+        key_file: client_cert.then(|| files.client_key.clone()),
+        ..options(vec![etcd.endpoint()], &prefix)
+    };
+
+    let store = EtcdStore::connect(tls(&files.ca, true))
+        .await
+        .expect("connect");
+    let a = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]);
+    created(
+        store
+            .create(subnet("10.244.1.0/24"), &a, LONG_TTL)
+            .await
+            .expect("create"),
+    );
+    assert_eq!(store.list().await.expect("list").leases.len(), 1);
+
+    // The server demands a client certificate; a server signed by another CA is not trusted.
+    // Both fail the handshake, which the client sees as an unreachable store.
+    for (what, opts) in [
+        ("no client cert", tls(&files.ca, false)),
+        ("wrong CA", tls(&files.other_ca, true)),
+    ] {
+        let store = EtcdStore::connect(opts).await.expect("connect is lazy");
+        let result = store.list().await;
+        assert!(
+            matches!(
+                result,
+                Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
+            ),
+            "{what}: got {result:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

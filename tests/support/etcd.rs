@@ -62,10 +62,132 @@ fn url(port: u16) -> String {
     format!("http://127.0.0.1:{port}")
 }
 
+fn tls_url(port: u16) -> String {
+    format!("https://127.0.0.1:{port}")
+}
+
+/// Certificates for a TLS test: one CA signing a server certificate (for `127.0.0.1`) and a
+/// client certificate (CN `root`), all PEM files in one directory.
+pub struct TlsFiles {
+    /// The CA certificate.
+    pub ca: PathBuf,
+    /// The server certificate (SAN `IP:127.0.0.1`).
+    pub server_cert: PathBuf,
+    /// The server key.
+    pub server_key: PathBuf,
+    /// The client certificate.
+    pub client_cert: PathBuf,
+    /// The client key.
+    pub client_key: PathBuf,
+    /// A second CA that signed nothing here, for "wrong CA" tests.
+    pub other_ca: PathBuf,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("openssl not runnable: {e}"));
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TlsFiles {
+    /// Makes a fresh CA and certificates in `dir` with the `openssl` command (P-256 keys, one
+    /// day of validity).
+    ///
+    /// # Panics
+    /// If `openssl` is missing or fails.
+    pub fn generate(dir: &Path) -> Self {
+        let key = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        for ca in ["ca", "other-ca"] {
+            let (keyout, out, subj) = (
+                format!("{ca}.key"),
+                format!("{ca}.pem"),
+                format!("/CN=weft-test-{ca}"),
+            );
+            let mut args = vec!["req", "-x509", "-days", "1", "-subj", subj.as_str()];
+            args.extend(key);
+            args.extend(["-keyout", keyout.as_str(), "-out", out.as_str()]);
+            openssl(dir, &args);
+        }
+        for (name, cn, ext) in [
+            (
+                "server",
+                "127.0.0.1",
+                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+            ),
+            ("client", "root", "extendedKeyUsage=clientAuth\n"),
+        ] {
+            let (keyout, csr, out, extfile, subj) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.pem"),
+                format!("{name}.ext"),
+                format!("/CN={cn}"),
+            );
+            std::fs::write(dir.join(&extfile), ext).expect("write ext file");
+            let mut args = vec!["req", "-new", "-subj", subj.as_str()];
+            args.extend(key);
+            args.extend(["-keyout", keyout.as_str(), "-out", csr.as_str()]);
+            openssl(dir, &args);
+            openssl(
+                dir,
+                &[
+                    "x509",
+                    "-req",
+                    "-days",
+                    "1",
+                    "-in",
+                    &csr,
+                    "-CA",
+                    "ca.pem",
+                    "-CAkey",
+                    "ca.key",
+                    "-CAcreateserial",
+                    "-extfile",
+                    &extfile,
+                    "-out",
+                    &out,
+                ],
+            );
+        }
+        Self {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server.key"),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client.key"),
+            other_ca: dir.join("other-ca.pem"),
+        }
+    }
+}
+
+/// Server-side TLS for the client port (peers stay plain: tests run on loopback).
+#[derive(Clone)]
+struct ServerTls {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+}
+
 /// One etcd process and everything needed to start it again the same way.
 struct Member {
     name: String,
     client_port: u16,
+    /// Plain-http `/health` for a TLS member (`--listen-metrics-urls`); else the client port.
+    health_port: u16,
+    tls: Option<ServerTls>,
     peer_port: u16,
     data_dir: PathBuf,
     log: PathBuf,
@@ -88,9 +210,9 @@ impl Member {
             .arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--listen-client-urls")
-            .arg(url(self.client_port))
+            .arg(self.client_url())
             .arg("--advertise-client-urls")
-            .arg(url(self.client_port))
+            .arg(self.client_url())
             .arg("--listen-peer-urls")
             .arg(url(self.peer_port))
             .arg("--initial-advertise-peer-urls")
@@ -112,6 +234,17 @@ impl Member {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth")
+                .arg("--listen-metrics-urls")
+                .arg(url(self.health_port));
+        }
         if let Some((heartbeat, election)) = self.timing {
             cmd.arg("--heartbeat-interval")
                 .arg(heartbeat.to_string())
@@ -129,6 +262,14 @@ impl Member {
             cmd.spawn()
                 .unwrap_or_else(|e| panic!("cannot start etcd: {e}")),
         );
+    }
+
+    fn client_url(&self) -> String {
+        if self.tls.is_some() {
+            tls_url(self.client_port)
+        } else {
+            url(self.client_port)
+        }
     }
 
     /// Whether the process has exited (reaping it if so).
@@ -197,7 +338,7 @@ fn wait_healthy(members: &mut [Member]) -> Result<(), String> {
                 ));
             }
         }
-        if members.iter().all(|m| healthy(m.client_port)) {
+        if members.iter().all(|m| healthy(m.health_port)) {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -214,7 +355,7 @@ fn wait_healthy(members: &mut [Member]) -> Result<(), String> {
 /// Polls `healthy` on one member until the deadline; panics with its log if it never is.
 fn wait_member_healthy(m: &mut Member) {
     let deadline = Instant::now() + START_DEADLINE;
-    while !healthy(m.client_port) {
+    while !healthy(m.health_port) {
         assert!(
             !m.exited(),
             "etcd {} exited on restart:\n{}",
@@ -244,6 +385,23 @@ impl EtcdServer {
     /// # Panics
     /// If etcd is not installed, or does not become healthy in time.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Starts a single-member etcd whose client port speaks TLS only and requires a client
+    /// certificate signed by `files.ca` (`--client-cert-auth`).
+    ///
+    /// # Panics
+    /// As [`EtcdServer::start`].
+    pub fn start_tls(files: &TlsFiles) -> Self {
+        Self::start_with(Some(ServerTls {
+            cert: files.server_cert.clone(),
+            key: files.server_key.clone(),
+            ca: files.ca.clone(),
+        }))
+    }
+
+    fn start_with(tls: Option<ServerTls>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("weft-etcd-")
             .tempdir()
@@ -251,11 +409,18 @@ impl EtcdServer {
         let mut last_error = String::new();
         for _attempt in 0..3 {
             let (client_port, peer_port) = (free_port(), free_port());
+            let health_port = if tls.is_some() {
+                free_port()
+            } else {
+                client_port
+            };
             // A fresh data dir per attempt: a half-started member leaves one behind.
             let data_dir = dir.path().join(format!("n0-{client_port}"));
             let mut member = Member {
                 name: "n0".to_owned(),
                 client_port,
+                health_port,
+                tls: tls.clone(),
                 peer_port,
                 data_dir,
                 log: dir.path().join("etcd.log"),
@@ -275,9 +440,9 @@ impl EtcdServer {
         panic!("etcd did not start in 3 attempts: {last_error}");
     }
 
-    /// The client URL (`http://127.0.0.1:<port>`).
+    /// The client URL (`http://127.0.0.1:<port>`, or `https://` for a TLS server).
     pub fn endpoint(&self) -> String {
-        url(self.member.client_port)
+        self.member.client_url()
     }
 
     /// The client port.
@@ -313,7 +478,8 @@ impl EtcdServer {
         wait_member_healthy(&mut self.member);
     }
 
-    /// A raw etcd-client connection, for a test to write what weft never would.
+    /// A raw etcd-client connection (plain servers only), for a test to write what weft never
+    /// would.
     pub async fn client(&self) -> etcd_client::Client {
         etcd_client::Client::connect([self.endpoint()], None)
             .await
@@ -363,6 +529,8 @@ impl EtcdCluster {
                 .map(|(i, &(client_port, peer_port))| Member {
                     name: format!("n{i}"),
                     client_port,
+                    health_port: client_port,
+                    tls: None,
                     peer_port,
                     data_dir: dir.path().join(format!("a{attempt}-n{i}")),
                     log: dir.path().join(format!("n{i}.log")),
