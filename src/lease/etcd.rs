@@ -1,1 +1,920 @@
-//! STUB: being written.
+//! [`EtcdStore`]: the [`Store`] on etcd v3, in flannel's key layout.
+//!
+//! # Contract
+//! The contract is the one in [`crate::lease::store`]; this module only says how each operation
+//! maps to etcd calls. Every write of a subnet key is one etcd transaction whose compare is the
+//! whole safety argument: create compares `version == 0`, renew and release compare the key's
+//! mod revision with the one the caller holds. There is no blind put of a subnet key, so a node
+//! can never overwrite a key another node wrote since it last looked, whatever its local state
+//! (`subnet.env`, a stale listing, a clock that jumped) says. The history record rides in the
+//! same transaction, so its mod revision is exactly the revision of the holder's last write.
+//!
+//! | operation | etcd calls |
+//! |---|---|
+//! | [`Store::config`] / [`Store::set_config`] | `Range` / `Put` of `<prefix>/config` |
+//! | [`Store::list`] | one read-only `Txn` of two prefix ranges (subnets, history): one revision |
+//! | [`Store::get`] | `Range` of one key |
+//! | [`Store::create`] | `LeaseGrant`; `Txn(version == 0 ? put key + history : get key)`; on a failed compare `LeaseRevoke` of the new lease |
+//! | [`Store::renew`] | `LeaseGrant`; `Txn(mod_revision == held ? put key + history : get key)`; then `LeaseRevoke` of the old lease (success) or of the new one (failed compare) |
+//! | [`Store::release`] | `Range` (for the holder's public IP); `Txn(mod_revision == held ? delete key + put history : -)`; `LeaseRevoke` of the old lease |
+//! | [`Store::revoke`] | `DeleteRange` of one key (operator action) |
+//! | [`Store::claim_presence`] | `LeaseGrant`; `Txn(version == 0 ? put : get)`; if the record is ours (or unreadable), `Txn(mod_revision == seen ? put : get)`; `LeaseRevoke` of whichever lease ends up unused |
+//! | [`Store::keep_presence`] | one `LeaseKeepAlive` round trip |
+//! | [`Store::drop_presence`] | `Txn(lease == ours ? delete : -)`; `LeaseRevoke` |
+//! | [`Store::watch`] | `Watch` from a start revision (prefix, or one key) |
+//!
+//! # Failures
+//! Every call carries its own deadline ([`EtcdOptions::call_timeout`]) on top of gRPC's: a
+//! stopped or partitioned etcd makes calls return [`StoreError::Timeout`] or
+//! [`StoreError::Unavailable`], never hang. The client connects lazily: an etcd that is down
+//! when the daemon starts is an `Unavailable` from the first calls, not a failed start.
+//!
+//! When a transaction's answer is lost (timeout, broken connection) its outcome is unknown, and
+//! the freshly granted lease is deliberately *not* revoked: if the write did land, revoking would
+//! delete the key we just wrote. An unused lease expires by itself after its TTL.
+
+use std::fmt;
+use std::future::Future;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, GetResponse,
+    Identity, KeyValue, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    WatchOptions,
+};
+
+use super::record::{
+    HistoryEntry, HistoryRecord, HistoryState, LeaseAttrs, NodeId, Revision, StoreLeaseId,
+    StoredLease, Subnet,
+};
+use super::store::{
+    BadEntry, BoxError, CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, WatchBatch, WatchEvent, WatchStream,
+};
+
+/// How to reach etcd and where weft's keys live.
+#[derive(Clone)]
+pub struct EtcdOptions {
+    /// Client URLs: `http://127.0.0.1:2379`, `https://etcd-0:2379` (a bare `host:port` is
+    /// taken as `http`, or `https` when TLS files are given).
+    pub endpoints: Vec<String>,
+    /// The key prefix (flannel's `--etcd-prefix`); a trailing `/` is ignored.
+    pub prefix: String,
+    /// CA bundle (PEM) that signs the server certificates. With `https` endpoints and no CA,
+    /// no server is trusted: this build carries no system roots.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM); needs `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// Client private key (PEM); needs `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// etcd v3 user name; needs `password`.
+    pub username: Option<String>,
+    /// etcd v3 password.
+    pub password: Option<String>,
+    /// The deadline of every single etcd call (one grant, one transaction, ...).
+    pub call_timeout: Duration,
+}
+
+impl Default for EtcdOptions {
+    /// flannel's defaults: local etcd over http, prefix `/coreos.com/network`; 5 s per call.
+    fn default() -> Self {
+        Self {
+            endpoints: vec!["http://127.0.0.1:2379".to_owned()],
+            prefix: "/coreos.com/network".to_owned(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            username: None,
+            password: None,
+            call_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl fmt::Debug for EtcdOptions {
+    // By hand so that the password never reaches a log line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("call_timeout", &self.call_timeout)
+            .finish()
+    }
+}
+
+/// The [`Store`] on etcd v3. Cheap to clone: clones share one connection.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Vec<String>,
+    connect: ConnectOptions,
+    /// The same options without credentials, for an etcd that has auth disabled (the Go
+    /// client, and so flannel, accepts credentials there; etcd-client refuses to connect).
+    connect_anonymous: ConnectOptions,
+    has_user: bool,
+    client: tokio::sync::OnceCell<Client>,
+    prefix: String,
+    call_timeout: Duration,
+}
+
+/// A plain-text error, boxed as the source of a [`StoreError`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Message(String);
+
+fn boxed(text: impl Into<String>) -> BoxError {
+    Box::new(Message(text.into()))
+}
+
+/// A file that could not be read, naming the path.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read {path}: {source}")]
+struct FileError {
+    path: PathBuf,
+    source: std::io::Error,
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, StoreError> {
+    std::fs::read(path).map_err(|source| {
+        StoreError::Setup(Box::new(FileError {
+            path: path.to_owned(),
+            source,
+        }))
+    })
+}
+
+/// etcd lease TTLs are whole seconds: round up, so a lease never lives shorter than asked.
+fn ttl_secs(ttl: Duration) -> i64 {
+    let secs = ttl
+        .as_secs()
+        .saturating_add(u64::from(ttl.subsec_nanos() > 0));
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// Whether an etcd error text is about credentials. etcd 3.4 reports a bad password and a
+/// missing user as `InvalidArgument`, so the code alone does not tell.
+fn is_auth_text(text: &str) -> bool {
+    const AUTH_TEXTS: [&str; 5] = [
+        "authentication failed",
+        "user name is empty",
+        "invalid auth token",
+        "permission denied",
+        "user name not found",
+    ];
+    AUTH_TEXTS.iter().any(|t| text.contains(t))
+}
+
+/// gRPC status codes (tonic's `Code`, which etcd-client does not re-export), by number.
+mod code {
+    pub(super) const CANCELLED: i32 = 1;
+    pub(super) const UNKNOWN: i32 = 2;
+    pub(super) const DEADLINE_EXCEEDED: i32 = 4;
+    pub(super) const PERMISSION_DENIED: i32 = 7;
+    pub(super) const RESOURCE_EXHAUSTED: i32 = 8;
+    pub(super) const ABORTED: i32 = 10;
+    pub(super) const OUT_OF_RANGE: i32 = 11;
+    pub(super) const UNAVAILABLE: i32 = 14;
+    pub(super) const UNAUTHENTICATED: i32 = 16;
+}
+
+/// Maps a client error onto the store's error kinds.
+fn map_err(e: etcd_client::Error, timeout: Duration) -> StoreError {
+    use etcd_client::Error as E;
+    match &e {
+        E::GRpcStatus(status) => match status.code() as i32 {
+            code::DEADLINE_EXCEEDED => StoreError::Timeout(timeout),
+            code::UNAUTHENTICATED | code::PERMISSION_DENIED => StoreError::Auth(Box::new(e)),
+            _ if is_auth_text(status.message()) => StoreError::Auth(Box::new(e)),
+            code::OUT_OF_RANGE if status.message().contains("compacted") => StoreError::Compacted {
+                requested: Revision(0),
+                compact_revision: Revision(0),
+            },
+            // Unavailable covers "no leader", "request timed out" and refused connections;
+            // the others are what a connection dying mid-call looks like.
+            code::UNAVAILABLE
+            | code::UNKNOWN
+            | code::CANCELLED
+            | code::ABORTED
+            | code::RESOURCE_EXHAUSTED => StoreError::Unavailable(Box::new(e)),
+            _ => StoreError::Protocol(Box::new(e)),
+        },
+        E::TransportError(_)
+        | E::IoError(_)
+        | E::WatchError(_)
+        | E::LeaseKeepAliveError(_)
+        | E::Internal(_) => StoreError::Unavailable(Box::new(e)),
+        E::InvalidArgs(_)
+        | E::InvalidUri(_)
+        | E::EndpointError(_)
+        | E::InvalidMetadataValue(_)
+        | E::EndpointsNotManaged => StoreError::Setup(Box::new(e)),
+        _ => StoreError::Protocol(Box::new(e)),
+    }
+}
+
+fn header_revision(resp: &TxnResponse) -> Result<Revision, StoreError> {
+    resp.header()
+        .map(|h| Revision(h.revision()))
+        .ok_or_else(|| StoreError::Protocol(boxed("transaction response without a header")))
+}
+
+/// The `n`th response of a transaction branch, which must be a range.
+fn nth_get(resp: &TxnResponse, n: usize) -> Result<GetResponse, StoreError> {
+    match resp.op_responses().into_iter().nth(n) {
+        Some(TxnOpResponse::Get(get)) => Ok(get),
+        _ => Err(StoreError::Protocol(boxed(
+            "transaction response lacks the expected range result",
+        ))),
+    }
+}
+
+fn key_text(kv: &KeyValue) -> String {
+    String::from_utf8_lossy(kv.key()).into_owned()
+}
+
+impl EtcdStore {
+    /// Builds the client. Fails only on set-up problems ([`StoreError::Setup`]: bad endpoint,
+    /// unreadable or incomplete TLS files) and refused credentials ([`StoreError::Auth`]); an
+    /// etcd that cannot be reached yet is connected to lazily by the first calls.
+    pub async fn connect(opts: EtcdOptions) -> Result<Self, StoreError> {
+        if opts.endpoints.is_empty() {
+            return Err(StoreError::Setup(boxed("no etcd endpoints given")));
+        }
+        if opts.call_timeout.is_zero() {
+            return Err(StoreError::Setup(boxed(
+                "the etcd call timeout must be positive",
+            )));
+        }
+        let mut connect = ConnectOptions::new()
+            // Bounded dials, so the balancer marks a dead member down quickly.
+            .with_connect_timeout(opts.call_timeout.min(Duration::from_secs(5)))
+            // HTTP/2 pings find a dead connection under a long-lived watch. 10 s stays above
+            // etcd's keepalive enforcement minimum (5 s), which would answer GOAWAY.
+            .with_keep_alive(Duration::from_secs(10), opts.call_timeout)
+            .with_keep_alive_while_idle(true)
+            .with_tcp_keepalive(Duration::from_secs(30))
+            // As flannel's watches: a member cut off from the leader fails calls instead of
+            // serving stale reads or a watch that never fires.
+            .with_require_leader(true)
+            .with_auto_token_refresh(true);
+        // No `with_timeout`: gRPC's per-request timeout would also cut long-lived watches.
+
+        match (&opts.cert_file, &opts.key_file) {
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(StoreError::Setup(boxed(
+                    "a client certificate and its key must be given together",
+                )));
+            }
+            _ => {}
+        }
+        if opts.ca_file.is_some() || opts.cert_file.is_some() {
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &opts.ca_file {
+                tls = tls.ca_certificate(Certificate::from_pem(read_file(ca)?));
+            }
+            if let (Some(cert), Some(key)) = (&opts.cert_file, &opts.key_file) {
+                tls = tls.identity(Identity::from_pem(read_file(cert)?, read_file(key)?));
+            }
+            connect = connect.with_tls(tls);
+        }
+        let connect_anonymous = connect.clone();
+        let has_user = match (&opts.username, &opts.password) {
+            (Some(user), Some(password)) => {
+                connect = connect.with_user(user.clone(), password.clone());
+                true
+            }
+            (None, None) => false,
+            _ => {
+                return Err(StoreError::Setup(boxed(
+                    "an etcd user name and password must be given together",
+                )));
+            }
+        };
+
+        let store = Self {
+            inner: Arc::new(Inner {
+                endpoints: opts.endpoints,
+                connect,
+                connect_anonymous,
+                has_user,
+                client: tokio::sync::OnceCell::new(),
+                prefix: opts.prefix.trim_end_matches('/').to_owned(),
+                call_timeout: opts.call_timeout,
+            }),
+        };
+        // Try once now so that set-up mistakes and bad credentials fail the start; an
+        // unreachable etcd does not (the daemon retries, and keeps forwarding meanwhile).
+        match store.client().await {
+            Ok(_) | Err(StoreError::Unavailable(_) | StoreError::Timeout(_)) => Ok(store),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The key prefix, without a trailing `/`.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    async fn client(&self) -> Result<Client, StoreError> {
+        let inner = &self.inner;
+        let client = inner
+            .client
+            .get_or_try_init(|| async {
+                let first = self
+                    .call(Client::connect(
+                        &inner.endpoints,
+                        Some(inner.connect.clone()),
+                    ))
+                    .await;
+                match first {
+                    Err(StoreError::Protocol(e))
+                        if inner.has_user
+                            && e.to_string().contains("authentication is not enabled") =>
+                    {
+                        tracing::warn!(
+                            "etcd has authentication disabled; connecting without credentials"
+                        );
+                        self.call(Client::connect(
+                            &inner.endpoints,
+                            Some(inner.connect_anonymous.clone()),
+                        ))
+                        .await
+                    }
+                    other => other,
+                }
+            })
+            .await?;
+        Ok(client.clone())
+    }
+
+    /// Runs one etcd call under the call deadline.
+    async fn call<T>(
+        &self,
+        fut: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, StoreError> {
+        let timeout = self.inner.call_timeout;
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(result) => result.map_err(|e| map_err(e, timeout)),
+            Err(_) => Err(StoreError::Timeout(timeout)),
+        }
+    }
+
+    fn config_key(&self) -> String {
+        format!("{}/config", self.inner.prefix)
+    }
+
+    fn subnets_dir(&self) -> String {
+        // The trailing slash keeps `<prefix>/subnetsX` out (flannel's listing lacks it).
+        format!("{}/subnets/", self.inner.prefix)
+    }
+
+    fn subnet_key(&self, subnet: Subnet) -> String {
+        format!("{}{}", self.subnets_dir(), subnet.key_name())
+    }
+
+    fn history_dir(&self) -> String {
+        format!("{}/weft/history/", self.inner.prefix)
+    }
+
+    fn history_key(&self, subnet: Subnet) -> String {
+        format!("{}{}", self.history_dir(), subnet.key_name())
+    }
+
+    fn node_key(&self, node: &NodeId) -> String {
+        format!("{}/weft/nodes/{}", self.inner.prefix, node)
+    }
+
+    async fn grant(&self, client: &mut Client, ttl: Duration) -> Result<StoreLeaseId, StoreError> {
+        let resp = self.call(client.lease_grant(ttl_secs(ttl), None)).await?;
+        if !resp.error().is_empty() {
+            return Err(StoreError::Protocol(boxed(format!(
+                "lease grant refused: {}",
+                resp.error()
+            ))));
+        }
+        Ok(StoreLeaseId(resp.id()))
+    }
+
+    /// Revokes a lease whose keys we no longer want, best effort: a lease that is not revoked
+    /// expires by itself after its TTL, so a failure here costs nothing but that wait.
+    async fn revoke_lease(&self, client: &mut Client, lease: StoreLeaseId) {
+        if lease.0 == 0 {
+            return;
+        }
+        if let Err(e) = self.call(client.lease_revoke(lease.0)).await {
+            tracing::debug!(lease = lease.0, error = %e, "lease revoke failed; it will expire");
+        }
+    }
+
+    /// Parses a key under `<prefix>/subnets/`.
+    fn parse_subnet_kv(&self, kv: &KeyValue) -> Result<StoredLease, BadEntry> {
+        let key = key_text(kv);
+        let bad = |problem: String| BadEntry {
+            key: key.clone(),
+            problem,
+        };
+        let name = key
+            .strip_prefix(&self.subnets_dir())
+            .ok_or_else(|| bad("not under the subnets prefix".to_owned()))?;
+        let subnet = Subnet::parse_key_name(name).map_err(|e| bad(format!("bad key: {e}")))?;
+        let attrs =
+            LeaseAttrs::from_json(kv.value()).map_err(|e| bad(format!("bad value: {e}")))?;
+        Ok(StoredLease {
+            subnet,
+            attrs,
+            mod_revision: Revision(kv.mod_revision()),
+            lease_id: StoreLeaseId(kv.lease()),
+        })
+    }
+
+    /// Parses a key under `<prefix>/weft/history/`.
+    fn parse_history_kv(&self, kv: &KeyValue) -> Result<HistoryEntry, BadEntry> {
+        let key = key_text(kv);
+        let bad = |problem: String| BadEntry {
+            key: key.clone(),
+            problem,
+        };
+        let name = key
+            .strip_prefix(&self.history_dir())
+            .ok_or_else(|| bad("not under the history prefix".to_owned()))?;
+        let subnet = Subnet::parse_key_name(name).map_err(|e| bad(format!("bad key: {e}")))?;
+        let record =
+            HistoryRecord::from_json(kv.value()).map_err(|e| bad(format!("bad value: {e}")))?;
+        Ok(HistoryEntry {
+            subnet,
+            record,
+            mod_revision: Revision(kv.mod_revision()),
+        })
+    }
+
+    /// The `put key + put history` operations of a create or renew.
+    fn write_ops(&self, subnet: Subnet, attrs: &LeaseAttrs, lease: StoreLeaseId) -> Vec<TxnOp> {
+        let mut ops = vec![TxnOp::put(
+            self.subnet_key(subnet),
+            attrs.to_json(),
+            Some(PutOptions::new().with_lease(lease.0)),
+        )];
+        // A lease without a node identity (a test's or a tool's) has no history to record.
+        if let Some(node) = &attrs.node_id {
+            let record = HistoryRecord {
+                state: HistoryState::Held,
+                node: node.clone(),
+                public_ip: attrs.public_ip,
+            };
+            ops.push(TxnOp::put(self.history_key(subnet), record.to_json(), None));
+        }
+        ops
+    }
+
+    /// The value of the key read in a failed transaction's `else` branch.
+    fn current_of(
+        &self,
+        resp: &TxnResponse,
+    ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError> {
+        let get = nth_get(resp, 0)?;
+        Ok(get.kvs().first().map(|kv| self.parse_subnet_kv(kv)))
+    }
+}
+
+fn parse_presence(kv: &KeyValue) -> Option<PresenceRecord> {
+    serde_json::from_slice(kv.value()).ok()
+}
+
+fn presence_json(record: &PresenceRecord) -> Vec<u8> {
+    // Two plain fields: serializing cannot fail.
+    serde_json::to_vec(record).unwrap_or_default()
+}
+
+#[async_trait::async_trait]
+impl Store for EtcdStore {
+    async fn config(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut c = self.client().await?;
+        let resp = self.call(c.get(self.config_key(), None)).await?;
+        Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    async fn set_config(&self, value: &[u8]) -> Result<(), StoreError> {
+        let mut c = self.client().await?;
+        // The config is the operator's to overwrite; only subnet keys need a compare.
+        self.call(c.put(self.config_key(), value.to_vec(), None))
+            .await?;
+        Ok(())
+    }
+
+    async fn list(&self) -> Result<Listing, StoreError> {
+        let mut c = self.client().await?;
+        // Both ranges in one read-only transaction: one revision, no torn view between a
+        // subnet key and its history.
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.subnets_dir(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(self.history_dir(), Some(GetOptions::new().with_prefix())),
+        ]);
+        let resp = self.call(c.txn(txn)).await?;
+        let revision = header_revision(&resp)?;
+        let (subnets, history) = (nth_get(&resp, 0)?, nth_get(&resp, 1)?);
+        let mut listing = Listing {
+            revision,
+            ..Listing::default()
+        };
+        for kv in subnets.kvs() {
+            match self.parse_subnet_kv(kv) {
+                Ok(lease) => listing.leases.push(lease),
+                Err(bad) => listing.skipped.push(bad),
+            }
+        }
+        for kv in history.kvs() {
+            match self.parse_history_kv(kv) {
+                Ok(entry) => listing.history.push(entry),
+                Err(bad) => listing.skipped.push(bad),
+            }
+        }
+        Ok(listing)
+    }
+
+    async fn get(
+        &self,
+        subnet: Subnet,
+    ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError> {
+        let mut c = self.client().await?;
+        let resp = self.call(c.get(self.subnet_key(subnet), None)).await?;
+        Ok(resp.kvs().first().map(|kv| self.parse_subnet_kv(kv)))
+    }
+
+    async fn create(
+        &self,
+        subnet: Subnet,
+        attrs: &LeaseAttrs,
+        ttl: Duration,
+    ) -> Result<CreateOutcome, StoreError> {
+        let mut c = self.client().await?;
+        let lease = self.grant(&mut c, ttl).await?;
+        let key = self.subnet_key(subnet);
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then(self.write_ops(subnet, attrs, lease))
+            .or_else([TxnOp::get(key, None)]);
+        // On an error the outcome is unknown: keep the lease (see the module docs).
+        let resp = self.call(c.txn(txn)).await?;
+        if resp.succeeded() {
+            return Ok(CreateOutcome::Created(HeldLease {
+                subnet,
+                mod_revision: header_revision(&resp)?,
+                lease_id: lease,
+            }));
+        }
+        self.revoke_lease(&mut c, lease).await;
+        let current = self.current_of(&resp)?;
+        Ok(CreateOutcome::Exists(current.and_then(Result::ok)))
+    }
+
+    async fn renew(
+        &self,
+        held: &HeldLease,
+        attrs: &LeaseAttrs,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        let mut c = self.client().await?;
+        let lease = self.grant(&mut c, ttl).await?;
+        let key = self.subnet_key(held.subnet);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                held.mod_revision.0,
+            )])
+            .and_then(self.write_ops(held.subnet, attrs, lease))
+            .or_else([TxnOp::get(key, None)]);
+        let resp = self.call(c.txn(txn)).await?;
+        if resp.succeeded() {
+            let renewed = HeldLease {
+                subnet: held.subnet,
+                mod_revision: header_revision(&resp)?,
+                lease_id: lease,
+            };
+            // The key has moved to the new lease; the old one holds nothing of ours now.
+            if held.lease_id != lease {
+                self.revoke_lease(&mut c, held.lease_id).await;
+            }
+            return Ok(RenewOutcome::Renewed(renewed));
+        }
+        self.revoke_lease(&mut c, lease).await;
+        Ok(match self.current_of(&resp)? {
+            None => RenewOutcome::Changed(None),
+            Some(Ok(current)) => RenewOutcome::Changed(Some(current)),
+            Some(Err(_)) => RenewOutcome::Unreadable,
+        })
+    }
+
+    async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError> {
+        let mut c = self.client().await?;
+        let key = self.subnet_key(held.subnet);
+        // The history wants the holder's public IP, which only the key's value has. Reading it
+        // first is safe: the transaction below compares the same mod revision, so the value
+        // it deletes is the value read here.
+        let resp = self.call(c.get(key.clone(), None)).await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(ReleaseOutcome::NotOurs);
+        };
+        if kv.mod_revision() != held.mod_revision.0 {
+            return Ok(ReleaseOutcome::NotOurs);
+        }
+        let public_ip: Ipv4Addr = match LeaseAttrs::from_json(kv.value()) {
+            Ok(attrs) => attrs.public_ip,
+            Err(e) => {
+                // We wrote this very revision, so it parsed when we wrote it.
+                return Err(StoreError::Protocol(boxed(format!(
+                    "our own lease {key} does not parse: {e}"
+                ))));
+            }
+        };
+        let record = HistoryRecord {
+            state: HistoryState::Relinquished,
+            node: node.clone(),
+            public_ip,
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                held.mod_revision.0,
+            )])
+            .and_then([
+                TxnOp::delete(key, None),
+                TxnOp::put(self.history_key(held.subnet), record.to_json(), None),
+            ]);
+        let resp = self.call(c.txn(txn)).await?;
+        if !resp.succeeded() {
+            return Ok(ReleaseOutcome::NotOurs);
+        }
+        self.revoke_lease(&mut c, held.lease_id).await;
+        Ok(ReleaseOutcome::Released)
+    }
+
+    async fn revoke(&self, subnet: Subnet) -> Result<bool, StoreError> {
+        let mut c = self.client().await?;
+        let resp = self.call(c.delete(self.subnet_key(subnet), None)).await?;
+        Ok(resp.deleted() > 0)
+    }
+
+    async fn claim_presence(
+        &self,
+        node: &NodeId,
+        record: &PresenceRecord,
+        ttl: Duration,
+    ) -> Result<PresenceOutcome, StoreError> {
+        // Only this node's processes write this key, so contention is between a restart and
+        // its predecessor at most; a few rounds settle it.
+        const ROUNDS: usize = 4;
+        let mut c = self.client().await?;
+        let lease = self.grant(&mut c, ttl).await?;
+        let key = self.node_key(node);
+        let value = presence_json(record);
+        // `None`: expect the key absent; `Some(rev)`: expect it at that mod revision.
+        let mut expect: Option<i64> = None;
+        for _ in 0..ROUNDS {
+            let compare = match expect {
+                None => Compare::version(key.clone(), CompareOp::Equal, 0),
+                Some(rev) => Compare::mod_revision(key.clone(), CompareOp::Equal, rev),
+            };
+            let txn = Txn::new()
+                .when([compare])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(lease.0)),
+                )])
+                .or_else([TxnOp::get(key.clone(), None)]);
+            let resp = self.call(c.txn(txn)).await?;
+            if resp.succeeded() {
+                return Ok(PresenceOutcome::Claimed(lease));
+            }
+            let get = nth_get(&resp, 0)?;
+            let Some(kv) = get.kvs().first() else {
+                expect = None;
+                continue;
+            };
+            match parse_presence(kv) {
+                Some(seen) if seen.incarnation != record.incarnation => {
+                    self.revoke_lease(&mut c, lease).await;
+                    return Ok(PresenceOutcome::HeldBy(seen));
+                }
+                Some(_) => {
+                    // Our own earlier claim (a retry after a lost answer): move it to the new
+                    // lease; the old one is revoked once the key has left it.
+                    expect = Some(kv.mod_revision());
+                    let old = StoreLeaseId(kv.lease());
+                    let txn = Txn::new()
+                        .when([Compare::mod_revision(
+                            key.clone(),
+                            CompareOp::Equal,
+                            kv.mod_revision(),
+                        )])
+                        .and_then([TxnOp::put(
+                            key.clone(),
+                            value.clone(),
+                            Some(PutOptions::new().with_lease(lease.0)),
+                        )]);
+                    let resp = self.call(c.txn(txn)).await?;
+                    if resp.succeeded() {
+                        if old != lease {
+                            self.revoke_lease(&mut c, old).await;
+                        }
+                        return Ok(PresenceOutcome::Claimed(lease));
+                    }
+                }
+                None => {
+                    // Not a presence record: it names no live process, so it cannot stand in
+                    // the way. Overwrite it (on the next round, compared on its revision).
+                    tracing::warn!(key = %key, "presence key holds an unreadable value; replacing it");
+                    expect = Some(kv.mod_revision());
+                }
+            }
+        }
+        self.revoke_lease(&mut c, lease).await;
+        Err(StoreError::Unavailable(boxed(format!(
+            "presence key {key} kept changing while being claimed"
+        ))))
+    }
+
+    async fn keep_presence(&self, lease: StoreLeaseId) -> Result<bool, StoreError> {
+        let mut c = self.client().await?;
+        // etcd-client sends one keep-alive and reads the first answer; a TTL <= 0 in it (the
+        // lease is gone) comes back as `LeaseKeepAliveError`. Dropping the keeper ends the
+        // stream: the caller paces keep-alives itself.
+        match tokio::time::timeout(self.inner.call_timeout, c.lease_keep_alive(lease.0)).await {
+            Err(_) => Err(StoreError::Timeout(self.inner.call_timeout)),
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => Ok(false),
+            Ok(Err(e)) => Err(map_err(e, self.inner.call_timeout)),
+        }
+    }
+
+    async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError> {
+        let mut c = self.client().await?;
+        let key = self.node_key(node);
+        // Only if the key is still on our lease: a successor's claim is not ours to delete.
+        let txn = Txn::new()
+            .when([Compare::lease(key.clone(), CompareOp::Equal, lease.0)])
+            .and_then([TxnOp::delete(key, None)]);
+        self.call(c.txn(txn)).await?;
+        self.revoke_lease(&mut c, lease).await;
+        Ok(())
+    }
+
+    async fn watch(&self, from: Revision, only: Option<Subnet>) -> Result<WatchStream, StoreError> {
+        let mut c = self.client().await?;
+        let mut options = WatchOptions::new().with_start_revision(from.0);
+        let key = match only {
+            Some(subnet) => self.subnet_key(subnet),
+            None => {
+                options = options.with_prefix();
+                self.subnets_dir()
+            }
+        };
+        let stream = self.call(c.watch(key, Some(options))).await?;
+        let state = WatchState {
+            stream: Some(stream),
+            store: self.clone(),
+            requested: from,
+        };
+        Ok(Box::pin(futures::stream::unfold(state, WatchState::next)))
+    }
+}
+
+/// A running watch. It owns the etcd-client stream (both halves: dropping the request half
+/// would end the watch), and `None` once the watch has failed.
+struct WatchState {
+    stream: Option<etcd_client::WatchStream>,
+    store: EtcdStore,
+    requested: Revision,
+}
+
+impl WatchState {
+    async fn next(mut self) -> Option<(Result<WatchBatch, StoreError>, Self)> {
+        let stream = self.stream.as_mut()?;
+        loop {
+            let item = match stream.message().await {
+                Ok(Some(resp)) => {
+                    if resp.compact_revision() > 0 {
+                        Err(StoreError::Compacted {
+                            requested: self.requested,
+                            compact_revision: Revision(resp.compact_revision()),
+                        })
+                    } else if resp.canceled() {
+                        let reason = resp.cancel_reason().to_owned();
+                        if is_auth_text(&reason) {
+                            Err(StoreError::Auth(boxed(format!("watch canceled: {reason}"))))
+                        } else {
+                            Err(StoreError::Unavailable(boxed(format!(
+                                "watch canceled: {reason}"
+                            ))))
+                        }
+                    } else if resp.created() && resp.events().is_empty() {
+                        // The creation answer's header is the store's current revision, not how
+                        // far this watch has caught up: it carries no progress.
+                        continue;
+                    } else {
+                        Ok(self.store.batch_of(&resp))
+                    }
+                }
+                Ok(None) => Err(StoreError::Unavailable(boxed(
+                    "watch stream closed by etcd",
+                ))),
+                Err(e) => Err(map_err(e, self.store.inner.call_timeout)),
+            };
+            if let Ok(batch) = &item {
+                self.requested = Revision(batch.revision.0.saturating_add(1));
+            } else {
+                // One error, then the end: the caller re-lists or re-watches.
+                self.stream = None;
+            }
+            return Some((item, self));
+        }
+    }
+}
+
+impl EtcdStore {
+    fn batch_of(&self, resp: &etcd_client::WatchResponse) -> WatchBatch {
+        let mut events = Vec::with_capacity(resp.events().len());
+        let mut last = 0;
+        for event in resp.events() {
+            let Some(kv) = event.kv() else { continue };
+            last = last.max(kv.mod_revision());
+            match event.event_type() {
+                EventType::Put => events.push(match self.parse_subnet_kv(kv) {
+                    Ok(lease) => WatchEvent::Put(lease),
+                    Err(bad) => WatchEvent::Bad(bad),
+                }),
+                EventType::Delete => {
+                    let key = key_text(kv);
+                    let name = key.strip_prefix(&self.subnets_dir()).unwrap_or(&key);
+                    match Subnet::parse_key_name(name) {
+                        Ok(subnet) => events.push(WatchEvent::Delete {
+                            subnet,
+                            // A delete event's kv carries the revision of the delete.
+                            revision: Revision(kv.mod_revision()),
+                        }),
+                        Err(e) => events.push(WatchEvent::Bad(BadEntry {
+                            key,
+                            problem: format!("bad key: {e}"),
+                        })),
+                    }
+                }
+            }
+        }
+        // With events, the batch is complete up to its last event's revision. The header may
+        // be further on: when etcd replays a long backlog it stamps every chunk with the
+        // current revision, and resuming from there would skip the rest of the backlog.
+        let revision = if events.is_empty() {
+            resp.header().map_or(0, |h| h.revision())
+        } else {
+            last
+        };
+        WatchBatch {
+            revision: Revision(revision),
+            events,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds() {
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_secs(Duration::ZERO), 1);
+        assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
+    }
+
+    #[test]
+    fn auth_texts_of_etcd_are_recognised() {
+        assert!(is_auth_text(
+            "etcdserver: authentication failed, invalid user ID or password"
+        ));
+        assert!(is_auth_text("etcdserver: user name is empty"));
+        assert!(!is_auth_text("etcdserver: no leader"));
+    }
+
+    #[test]
+    fn debug_redacts_the_password() {
+        let opts = EtcdOptions {
+            password: Some("hunter2".into()),
+            ..EtcdOptions::default()
+        };
+        assert!(!format!("{opts:?}").contains("hunter2"));
+    }
+}
