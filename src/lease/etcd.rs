@@ -326,6 +326,17 @@ impl EtcdStore {
         &self.inner.prefix
     }
 
+    /// Time left on a store lease (for `weft lease list`): `None` for no lease (a reservation)
+    /// or one that has expired.
+    pub async fn lease_ttl(&self, lease: StoreLeaseId) -> Result<Option<Duration>, StoreError> {
+        if lease.0 == 0 {
+            return Ok(None);
+        }
+        let mut client = self.client().await?;
+        let resp = self.call(client.lease_time_to_live(lease.0, None)).await?;
+        Ok(u64::try_from(resp.ttl()).ok().map(Duration::from_secs))
+    }
+
     async fn client(&self) -> Result<Client, StoreError> {
         let inner = &self.inner;
         let client = inner
