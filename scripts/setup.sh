@@ -37,6 +37,7 @@ tools=(
     "iperf3 iperf3"
     "protoc protobuf-compiler"
     "ip iproute2"
+    "openssl openssl"
 )
 
 for entry in "${tools[@]}"; do

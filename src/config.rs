@@ -112,11 +112,7 @@ impl Backend {
     /// A backend of `kind` with flannel's defaults (port 8472 and VNI 1 for vxlan, port 8285 for
     /// udp).
     pub fn new(kind: BackendKind) -> Self {
-        Self {
-            kind,
-            port: kind.default_port(),
-            vni: DEFAULT_VNI,
-        }
+        Self { kind, port: kind.default_port(), vni: DEFAULT_VNI }
     }
 
     /// Bytes each packet grows by on the underlay, which the overlay MTU must leave room for:
@@ -327,18 +323,11 @@ impl NetworkConfig {
             return Err(ConfigError::Ipv4Disabled);
         }
         if bool_field(obj, "EnableIPv6", "EnableIPv6")? == Some(true) {
-            return Err(ConfigError::Ipv6Unsupported {
-                field: "EnableIPv6",
-            });
+            return Err(ConfigError::Ipv6Unsupported { field: "EnableIPv6" });
         }
         // flannel reads these only with EnableIPv6, but whoever wrote them meant IPv6: refusing
         // is louder than a cluster that silently comes up IPv4-only.
-        for name in [
-            "IPv6Network",
-            "IPv6SubnetLen",
-            "IPv6SubnetMin",
-            "IPv6SubnetMax",
-        ] {
+        for name in ["IPv6Network", "IPv6SubnetLen", "IPv6SubnetMin", "IPv6SubnetMax"] {
             if field(obj, name, name)?.is_some_and(is_set) {
                 return Err(ConfigError::Ipv6Unsupported { field: name });
             }
@@ -397,16 +386,10 @@ impl NetworkConfig {
         }
         let subnet_len = match subnet_len {
             Some(len) if len > MAX_SUBNET_LEN => {
-                return Err(ConfigError::SubnetLenTooLong {
-                    len: u64::from(len),
-                });
+                return Err(ConfigError::SubnetLenTooLong { len: u64::from(len) });
             }
             Some(len) if len < prefix + 2 => {
-                return Err(ConfigError::SubnetLenTooShort {
-                    len,
-                    network,
-                    min: prefix + 2,
-                });
+                return Err(ConfigError::SubnetLenTooShort { len, network, min: prefix + 2 });
             }
             Some(len) => len,
             None if prefix <= 22 => 24,
@@ -420,18 +403,10 @@ impl NetworkConfig {
         let end = start + (1u64 << (32 - u32::from(prefix)));
         let check = |name: &'static str, addr: Ipv4Addr| {
             if !network.contains(&addr) {
-                return Err(ConfigError::OutsideNetwork {
-                    field: name,
-                    addr,
-                    network,
-                });
+                return Err(ConfigError::OutsideNetwork { field: name, addr, network });
             }
             if u64::from(u32::from(addr)) % size != 0 {
-                return Err(ConfigError::Unaligned {
-                    field: name,
-                    addr,
-                    len: subnet_len,
-                });
+                return Err(ConfigError::Unaligned { field: name, addr, len: subnet_len });
             }
             Ok(addr)
         };
@@ -445,18 +420,9 @@ impl NetworkConfig {
             None => Ipv4Addr::from((end - size) as u32),
         };
         if subnet_min > subnet_max {
-            return Err(ConfigError::MinAboveMax {
-                min: subnet_min,
-                max: subnet_max,
-            });
+            return Err(ConfigError::MinAboveMax { min: subnet_min, max: subnet_max });
         }
-        Ok(Self {
-            network,
-            subnet_len,
-            subnet_min,
-            subnet_max,
-            backend,
-        })
+        Ok(Self { network, subnet_len, subnet_min, subnet_max, backend })
     }
 
     /// The config as flannel-style JSON, every field explicit, e.g.
@@ -544,11 +510,8 @@ fn parse_backend(value: Option<&Value>) -> Result<Backend, ConfigError> {
     };
     let kind = match str_field(obj, "Type", "Backend.Type")? {
         None | Some("") => return Err(ConfigError::MissingBackendType),
-        Some(name) => {
-            BackendKind::from_type(name).ok_or_else(|| ConfigError::UnsupportedBackend {
-                value: name.to_owned(),
-            })?
-        }
+        Some(name) => BackendKind::from_type(name)
+            .ok_or_else(|| ConfigError::UnsupportedBackend { value: name.to_owned() })?,
     };
     let mut backend = Backend::new(kind);
     if let Some(port) = uint_field(obj, "Port", "Backend.Port")? {
@@ -588,22 +551,14 @@ fn in_range(field: &'static str, value: u64, min: u64, max: u64) -> Result<u64, 
     if (min..=max).contains(&value) {
         Ok(value)
     } else {
-        Err(ConfigError::OutOfRange {
-            field,
-            value,
-            min,
-            max,
-        })
+        Err(ConfigError::OutOfRange { field, value, min, max })
     }
 }
 
 /// Parses `Network`: `a.b.c.d/len`, no host bits. Written by hand rather than with ipnet's
 /// `FromStr` so that only plain decimal lengths pass.
 fn parse_network(text: &str) -> Result<Ipv4Net, ConfigError> {
-    let bad = || ConfigError::BadCidr {
-        field: "Network",
-        value: text.to_owned(),
-    };
+    let bad = || ConfigError::BadCidr { field: "Network", value: text.to_owned() };
     let (addr, len) = text.split_once('/').ok_or_else(bad)?;
     let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
     if len.is_empty() || len.len() > 2 || !len.bytes().all(|b| b.is_ascii_digit()) {
@@ -666,10 +621,9 @@ fn uint_field(
 ) -> Result<Option<u64>, ConfigError> {
     match field(obj, name, path)? {
         None => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| wrong_type(path, "a non-negative integer", v)),
+        Some(v) => {
+            v.as_u64().map(Some).ok_or_else(|| wrong_type(path, "a non-negative integer", v))
+        }
     }
 }
 
@@ -693,10 +647,9 @@ fn addr_field(
     let Some(text) = str_field(obj, name, name)? else {
         return Ok(None);
     };
-    let addr: Ipv4Addr = text.parse().map_err(|_| ConfigError::BadAddress {
-        field: name,
-        value: text.to_owned(),
-    })?;
+    let addr: Ipv4Addr = text
+        .parse()
+        .map_err(|_| ConfigError::BadAddress { field: name, value: text.to_owned() })?;
     Ok(Some(addr).filter(|a| !a.is_unspecified()))
 }
 
@@ -724,11 +677,7 @@ fn wrong_type(field: &'static str, expected: &'static str, found: &Value) -> Con
         text.truncate(cut);
         text.push('…');
     }
-    ConfigError::WrongType {
-        field,
-        expected,
-        found: text,
-    }
+    ConfigError::WrongType { field, expected, found: text }
 }
 
 #[cfg(test)]
@@ -830,11 +779,7 @@ mod tests {
                 subnet_len: 20,
                 subnet_min: ip("10.10.0.0"),
                 subnet_max: ip("10.99.0.0"),
-                backend: Backend {
-                    kind: BackendKind::Udp,
-                    port: 7890,
-                    vni: 1
-                },
+                backend: Backend { kind: BackendKind::Udp, port: 7890, vni: 1 },
             }
         );
         // 10.10.0.0 ..= 10.99.0.0 in steps of 16 addresses * 256.
@@ -963,9 +908,7 @@ mod tests {
     #[test]
     fn wrong_type_message_is_bounded() {
         let long = "x".repeat(10_000);
-        let e = err(&format!(
-            r#"{{"Network":"10.5.0.0/16","SubnetLen":"{long}"}}"#
-        ));
+        let e = err(&format!(r#"{{"Network":"10.5.0.0/16","SubnetLen":"{long}"}}"#));
         assert!(e.len() < 120, "{e}");
     }
 
@@ -979,10 +922,7 @@ mod tests {
         let bad_port = Backend { port: 0, ..vx };
         assert!(NetworkConfig::new(net("10.5.0.0/16"), None, None, None, bad_port).is_err());
         let c = NetworkConfig::new(net("10.5.0.0/16"), None, None, None, vx).unwrap();
-        assert_eq!(
-            c,
-            ok(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#)
-        );
+        assert_eq!(c, ok(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#));
     }
 
     #[test]
@@ -1061,51 +1001,45 @@ mod tests {
                     any::<u64>(),
                 )
             })
-            .prop_map(
-                |(net, len, a, b, give_min, give_max, vxlan, port, vni, case)| {
-                    let prefix = net.prefix_len();
-                    let eff_len = len.unwrap_or(if prefix <= 22 { 24 } else { prefix + 2 });
-                    let count = 1u64 << (eff_len - prefix);
-                    let size = 1u64 << (32 - eff_len);
-                    let start = u64::from(u32::from(net.network()));
-                    let (i, j) = (a % count, b % count);
-                    let (lo, hi) = (i.min(j), i.max(j));
-                    let min = give_min.then(|| Ipv4Addr::from((start + lo * size) as u32));
-                    let max = give_max.then(|| Ipv4Addr::from((start + hi * size) as u32));
-                    let kind = if vxlan {
-                        BackendKind::Vxlan
-                    } else {
-                        BackendKind::Udp
-                    };
-                    let mut backend = Backend::new(kind);
-                    let mut be = serde_json::Map::new();
-                    be.insert(flip("Type", case), Value::from(kind.as_str()));
-                    if let Some(p) = port {
-                        backend.port = p;
-                        be.insert(flip("Port", case >> 4), Value::from(p));
-                    }
-                    if let (Some(v), true) = (vni, vxlan) {
-                        backend.vni = v;
-                        be.insert(flip("VNI", case >> 8), Value::from(v));
-                    }
-                    let mut obj = serde_json::Map::new();
-                    obj.insert(flip("Network", case >> 12), Value::from(net.to_string()));
-                    if let Some(l) = len {
-                        obj.insert(flip("SubnetLen", case >> 20), Value::from(l));
-                    }
-                    if let Some(m) = min {
-                        obj.insert(flip("SubnetMin", case >> 30), Value::from(m.to_string()));
-                    }
-                    if let Some(m) = max {
-                        obj.insert(flip("SubnetMax", case >> 40), Value::from(m.to_string()));
-                    }
-                    obj.insert(flip("Backend", case >> 50), Value::Object(be));
-                    // The default Min is the second subnet; an explicit Max may sit below it, so
-                    // mirror NetworkConfig::new's behaviour instead of assuming success.
-                    let want = NetworkConfig::new(net, len, min, max, backend);
-                    (Value::Object(obj).to_string(), want)
-                },
-            )
+            .prop_map(|(net, len, a, b, give_min, give_max, vxlan, port, vni, case)| {
+                let prefix = net.prefix_len();
+                let eff_len = len.unwrap_or(if prefix <= 22 { 24 } else { prefix + 2 });
+                let count = 1u64 << (eff_len - prefix);
+                let size = 1u64 << (32 - eff_len);
+                let start = u64::from(u32::from(net.network()));
+                let (i, j) = (a % count, b % count);
+                let (lo, hi) = (i.min(j), i.max(j));
+                let min = give_min.then(|| Ipv4Addr::from((start + lo * size) as u32));
+                let max = give_max.then(|| Ipv4Addr::from((start + hi * size) as u32));
+                let kind = if vxlan { BackendKind::Vxlan } else { BackendKind::Udp };
+                let mut backend = Backend::new(kind);
+                let mut be = serde_json::Map::new();
+                be.insert(flip("Type", case), Value::from(kind.as_str()));
+                if let Some(p) = port {
+                    backend.port = p;
+                    be.insert(flip("Port", case >> 4), Value::from(p));
+                }
+                if let (Some(v), true) = (vni, vxlan) {
+                    backend.vni = v;
+                    be.insert(flip("VNI", case >> 8), Value::from(v));
+                }
+                let mut obj = serde_json::Map::new();
+                obj.insert(flip("Network", case >> 12), Value::from(net.to_string()));
+                if let Some(l) = len {
+                    obj.insert(flip("SubnetLen", case >> 20), Value::from(l));
+                }
+                if let Some(m) = min {
+                    obj.insert(flip("SubnetMin", case >> 30), Value::from(m.to_string()));
+                }
+                if let Some(m) = max {
+                    obj.insert(flip("SubnetMax", case >> 40), Value::from(m.to_string()));
+                }
+                obj.insert(flip("Backend", case >> 50), Value::Object(be));
+                // The default Min is the second subnet; an explicit Max may sit below it, so
+                // mirror NetworkConfig::new's behaviour instead of assuming success.
+                let want = NetworkConfig::new(net, len, min, max, backend);
+                (Value::Object(obj).to_string(), want)
+            })
             .prop_filter_map("min above max", |(json, want)| want.ok().map(|w| (json, w)))
     }
 

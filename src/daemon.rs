@@ -186,7 +186,9 @@ pub fn lease_attrs(network: &NetworkConfig, public_ip: Ipv4Addr, vtep_mac: [u8; 
     let (backend_type, backend_data) = match network.backend.kind {
         BackendKind::Vxlan => (
             Some("vxlan".to_string()),
-            Some(serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": format_mac(vtep_mac) })),
+            Some(
+                serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": format_mac(vtep_mac) }),
+            ),
         ),
         // flannel's udp backend writes no BackendType; weft does the same so flannel peers
         // treat weft's udp leases as their own.
@@ -215,8 +217,12 @@ pub async fn wait_for_config(
                 Ok(cfg) => return Ok(Some(cfg)),
                 Err(e) => format!("the network config in the store is invalid: {e}"),
             },
-            Ok(None) => "no network config in the store yet (set it with `weft network set`)".to_string(),
-            Err(e) if e.is_transient() => format!("store unavailable while reading the config: {e}"),
+            Ok(None) => {
+                "no network config in the store yet (set it with `weft network set`)".to_string()
+            }
+            Err(e) if e.is_transient() => {
+                format!("store unavailable while reading the config: {e}")
+            }
             Err(e) => return Err(e).context("reading the network config"),
         };
         if problem != last_problem {
@@ -260,7 +266,9 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     let health = Arc::new(Health::new(clock.clone()));
     let health_task = if opts.healthz_port > 0 {
         let addr = SocketAddr::new(opts.healthz_ip, opts.healthz_port);
-        let listener = health::bind(addr).await.with_context(|| format!("binding the health server on {addr}"))?;
+        let listener = health::bind(addr)
+            .await
+            .with_context(|| format!("binding the health server on {addr}"))?;
         info!(%addr, "health server listening");
         let mut rx = shutdown_rx.clone();
         let stop = async move {
@@ -332,7 +340,9 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
 
 async fn signal_shutdown(tx: watch::Sender<bool>) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
         error!("could not install signal handlers");
         return;
     };

@@ -113,7 +113,9 @@ impl Health {
             return Err(reason);
         }
         match (l.subnet, l.expires_at) {
-            (Some(s), Some(exp)) if self.clock.now() < exp => Ok(format!("weft is ready: lease {s} held")),
+            (Some(s), Some(exp)) if self.clock.now() < exp => {
+                Ok(format!("weft is ready: lease {s} held"))
+            }
             (Some(s), Some(_)) => Err(format!("lease {s} is past its local expiry")),
             _ => Err(format!("no lease held ({})", l.state)),
         }
@@ -125,18 +127,37 @@ impl Health {
         let now = self.clock.now();
         let mut out = String::new();
         let c = &self.counters;
-        let _ = writeln!(out, "# HELP weft_lease_state The lease keeper's state (1 for the current one).");
+        let _ = writeln!(
+            out,
+            "# HELP weft_lease_state The lease keeper's state (1 for the current one)."
+        );
         let _ = writeln!(out, "# TYPE weft_lease_state gauge");
-        for s in ["starting", "acquiring", "held", "expired", "reclaiming", "exhausted", "clash", "stopping"] {
+        for s in [
+            "starting",
+            "acquiring",
+            "held",
+            "expired",
+            "reclaiming",
+            "exhausted",
+            "clash",
+            "stopping",
+        ] {
             let _ = writeln!(out, "weft_lease_state{{state=\"{s}\"}} {}", u8::from(l.state == s));
         }
         let _ = writeln!(out, "# HELP weft_lease_ready 1 when a fresh lease is held.");
         let _ = writeln!(out, "# TYPE weft_lease_ready gauge");
         let _ = writeln!(out, "weft_lease_ready {}", u8::from(self.readiness().is_ok()));
-        let _ = writeln!(out, "# HELP weft_lease_seconds_to_expiry Seconds until the held lease expires locally.");
+        let _ = writeln!(
+            out,
+            "# HELP weft_lease_seconds_to_expiry Seconds until the held lease expires locally."
+        );
         let _ = writeln!(out, "# TYPE weft_lease_seconds_to_expiry gauge");
         let secs = l.expires_at.map_or(0.0, |e| {
-            if e > now { e.saturating_since(now).as_secs_f64() } else { -now.saturating_since(e).as_secs_f64() }
+            if e > now {
+                e.saturating_since(now).as_secs_f64()
+            } else {
+                -now.saturating_since(e).as_secs_f64()
+            }
         });
         let _ = writeln!(out, "weft_lease_seconds_to_expiry {secs:.3}");
         if let Some(s) = l.subnet {
@@ -149,11 +170,23 @@ impl Health {
             ("weft_lease_renewals_total", "Successful lease renewals.", &c.renewals),
             ("weft_lease_losses_total", "Leases found taken by another node.", &c.losses),
             ("weft_lease_recoveries_total", "Leases reclaimed after they vanished.", &c.recoveries),
-            ("weft_lease_subnet_changes_total", "Changes of this node's subnet.", &c.subnet_changes),
+            (
+                "weft_lease_subnet_changes_total",
+                "Changes of this node's subnet.",
+                &c.subnet_changes,
+            ),
             ("weft_store_errors_total", "Failed store calls.", &c.store_errors),
-            ("weft_identity_clashes_total", "Other live processes found with this node's identity.", &c.identity_clashes),
+            (
+                "weft_identity_clashes_total",
+                "Other live processes found with this node's identity.",
+                &c.identity_clashes,
+            ),
             ("weft_lease_exhaustions_total", "Times no free subnet was found.", &c.exhaustions),
-            ("weft_hook_failures_total", "Hooks that failed to run or exited non-zero.", &c.hook_failures),
+            (
+                "weft_hook_failures_total",
+                "Hooks that failed to run or exited non-zero.",
+                &c.hook_failures,
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}");
@@ -180,7 +213,9 @@ pub async fn serve(
             get(|State(h): State<Arc<Health>>| async move {
                 match h.readiness() {
                     Ok(text) => (StatusCode::OK, text + "\n"),
-                    Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("weft is not ready: {reason}\n")),
+                    Err(reason) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, format!("weft is not ready: {reason}\n"))
+                    }
                 }
             }),
         )

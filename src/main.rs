@@ -20,7 +20,11 @@ use weft::lease::record::{HistoryState, Subnet};
 use weft::lease::store::Store;
 
 #[derive(Parser, Debug)]
-#[command(name = "weft", version, about = "A flannel-compatible overlay network daemon with a user-space data plane")]
+#[command(
+    name = "weft",
+    version,
+    about = "A flannel-compatible overlay network daemon with a user-space data plane"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -77,7 +81,12 @@ enum LeaseCommand {
 #[derive(Args, Debug, Clone)]
 struct EtcdArgs {
     /// Comma-separated etcd endpoints.
-    #[arg(long, env = "WEFT_ETCD_ENDPOINTS", default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "WEFT_ETCD_ENDPOINTS",
+        default_value = "http://127.0.0.1:2379",
+        value_delimiter = ','
+    )]
     etcd_endpoints: Vec<String>,
     /// Key prefix (flannel's default).
     #[arg(long, env = "WEFT_ETCD_PREFIX", default_value = "/coreos.com/network")]
@@ -194,7 +203,11 @@ impl EtcdArgs {
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     if json {
         builder.json().init();
     } else {
@@ -263,7 +276,8 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             } else {
                 raw = std::fs::read(&file).with_context(|| format!("reading {file}"))?;
             }
-            let cfg = NetworkConfig::parse(&raw).context("invalid network config; nothing written")?;
+            let cfg =
+                NetworkConfig::parse(&raw).context("invalid network config; nothing written")?;
             let store = etcd.connect().await?;
             store.set_config(&raw).await?;
             eprintln!(
@@ -334,7 +348,10 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!("{:<18} {:<16} {:<34} {:>9}  {:<13} HISTORY", "SUBNET", "PUBLIC-IP", "HOLDER", "TTL-LEFT", "STATE");
+    println!(
+        "{:<18} {:<16} {:<34} {:>9}  {:<13} HISTORY",
+        "SUBNET", "PUBLIC-IP", "HOLDER", "TTL-LEFT", "STATE"
+    );
     for r in &rows {
         let ttl = match (r["live"].as_bool(), r["ttl_seconds"].as_u64()) {
             (Some(true), Some(s)) => format!("{s}s"),

@@ -105,10 +105,8 @@ async fn create_race_between_two_clients_has_exactly_one_winner() {
     // Several rounds: a single round could be decided by who got scheduled first.
     for i in 0..10 {
         let s = subnet(&format!("10.244.{i}.0/24"));
-        let (ra, rb) = tokio::join!(
-            a.create(s, &attrs_a, LONG_TTL),
-            b.create(s, &attrs_b, LONG_TTL)
-        );
+        let (ra, rb) =
+            tokio::join!(a.create(s, &attrs_a, LONG_TTL), b.create(s, &attrs_b, LONG_TTL));
         let (ra, rb) = (ra.expect("create a"), rb.expect("create b"));
         let (winner_attrs, held, loser) = match (ra, rb) {
             (CreateOutcome::Created(held), loser) => (&attrs_a, held, loser),
@@ -123,12 +121,7 @@ async fn create_race_between_two_clients_has_exactly_one_winner() {
             }
             other => panic!("round {i}: two winners or unreadable: {other:?}"),
         }
-        let stored = a
-            .get(s)
-            .await
-            .expect("get")
-            .expect("present")
-            .expect("parses");
+        let stored = a.get(s).await.expect("get").expect("present").expect("parses");
         assert_eq!(&stored.attrs, winner_attrs);
     }
 }
@@ -150,27 +143,15 @@ async fn renew_with_a_stale_revision_reports_the_change_and_writes_nothing() {
 
     // Renewing from the stale handle must fail its compare and leave the key alone.
     let other = attrs("node-aaaa", "inc-bbbb", [192, 0, 2, 9]);
-    match store
-        .renew(&first, &other, LONG_TTL)
-        .await
-        .expect("stale renew")
-    {
+    match store.renew(&first, &other, LONG_TTL).await.expect("stale renew") {
         RenewOutcome::Changed(Some(current)) => {
             assert_eq!(current.mod_revision, second.mod_revision);
             assert_eq!(current.attrs, mine);
         }
         other => panic!("expected Changed(Some), got {other:?}"),
     }
-    let now = store
-        .get(s)
-        .await
-        .expect("get")
-        .expect("present")
-        .expect("parses");
-    assert_eq!(
-        now.mod_revision, second.mod_revision,
-        "the stale renew wrote"
-    );
+    let now = store.get(s).await.expect("get").expect("present").expect("parses");
+    assert_eq!(now.mod_revision, second.mod_revision, "the stale renew wrote");
     assert_eq!(now.lease_id, second.lease_id);
     assert_eq!(now.attrs, mine);
 
@@ -178,16 +159,10 @@ async fn renew_with_a_stale_revision_reports_the_change_and_writes_nothing() {
     assert!(store.revoke(s).await.expect("revoke"));
     assert!(!store.revoke(s).await.expect("revoke again"));
     assert_eq!(
-        store
-            .renew(&second, &mine, LONG_TTL)
-            .await
-            .expect("renew gone"),
+        store.renew(&second, &mine, LONG_TTL).await.expect("renew gone"),
         RenewOutcome::Changed(None)
     );
-    assert!(
-        store.get(s).await.expect("get").is_none(),
-        "renew recreated the key"
-    );
+    assert!(store.get(s).await.expect("get").is_none(), "renew recreated the key");
 }
 
 #[tokio::test]
@@ -203,21 +178,13 @@ async fn renew_moves_the_key_to_a_new_lease_and_the_old_ttl_passing_keeps_it() {
     };
     // Well past the first lease's TTL (and etcd's 500 ms expiry sweep).
     tokio::time::sleep(SHORT_TTL + Duration::from_millis(1500)).await;
-    let now = store
-        .get(s)
-        .await
-        .expect("get")
-        .expect("still present")
-        .expect("parses");
+    let now = store.get(s).await.expect("get").expect("still present").expect("parses");
     assert_eq!(now.lease_id, second.lease_id);
     assert_eq!(now.mod_revision, second.mod_revision);
 
     // The old lease was revoked, not left to expire.
     let mut raw = etcd.client().await;
-    let ttl = raw
-        .lease_time_to_live(first.lease_id.0, None)
-        .await
-        .expect("ttl");
+    let ttl = raw.lease_time_to_live(first.lease_id.0, None).await.expect("ttl");
     assert_eq!(ttl.ttl(), -1, "old lease still exists");
 }
 
@@ -228,20 +195,13 @@ async fn expiry_deletes_the_key_and_a_watch_sees_the_delete() {
     let s = subnet("10.244.5.0/24");
     let mine = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]);
     let held = created(store.create(s, &mine, SHORT_TTL).await.expect("create"));
-    let mut own = store
-        .watch(Revision(held.mod_revision.0), Some(s))
-        .await
-        .expect("watch own key");
+    let mut own = store.watch(Revision(held.mod_revision.0), Some(s)).await.expect("watch own key");
     let started = Instant::now();
-    let events = watch_until(&mut own, Duration::from_secs(8), |e| {
-        matches!(e, WatchEvent::Delete { .. })
-    })
-    .await;
+    let events =
+        watch_until(&mut own, Duration::from_secs(8), |e| matches!(e, WatchEvent::Delete { .. }))
+            .await;
     // The watch starts at the create itself: it sees the put, then the expiry.
-    assert!(
-        matches!(&events[0], WatchEvent::Put(l) if l.attrs == mine),
-        "{events:?}"
-    );
+    assert!(matches!(&events[0], WatchEvent::Put(l) if l.attrs == mine), "{events:?}");
     match events.last() {
         Some(WatchEvent::Delete { subnet, revision }) => {
             assert_eq!(*subnet, s);
@@ -249,10 +209,7 @@ async fn expiry_deletes_the_key_and_a_watch_sees_the_delete() {
         }
         other => panic!("expected Delete, got {other:?}"),
     }
-    assert!(
-        started.elapsed() >= Duration::from_secs(1),
-        "deleted before its TTL"
-    );
+    assert!(started.elapsed() >= Duration::from_secs(1), "deleted before its TTL");
     assert!(store.get(s).await.expect("get").is_none());
 
     // History still says Held, at the revision of our last write: "expired after that".
@@ -273,49 +230,25 @@ async fn release_deletes_at_once_and_records_relinquished() {
     let mine = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 7]);
     let held = created(store.create(s, &mine, LONG_TTL).await.expect("create"));
 
-    assert_eq!(
-        store.release(&held, &me).await.expect("release"),
-        ReleaseOutcome::Released
-    );
-    assert!(
-        store.get(s).await.expect("get").is_none(),
-        "key outlived release"
-    );
+    assert_eq!(store.release(&held, &me).await.expect("release"), ReleaseOutcome::Released);
+    assert!(store.get(s).await.expect("get").is_none(), "key outlived release");
     let listing = store.list().await.expect("list");
-    let h = listing
-        .history
-        .iter()
-        .find(|h| h.subnet == s)
-        .expect("history");
+    let h = listing.history.iter().find(|h| h.subnet == s).expect("history");
     assert_eq!(h.record.state, HistoryState::Relinquished);
     assert_eq!(h.record.node, me);
     assert_eq!(h.record.public_ip, Ipv4Addr::new(192, 0, 2, 7));
     assert!(h.mod_revision > held.mod_revision);
     // The lease went with it.
     let mut raw = etcd.client().await;
-    let ttl = raw
-        .lease_time_to_live(held.lease_id.0, None)
-        .await
-        .expect("ttl");
+    let ttl = raw.lease_time_to_live(held.lease_id.0, None).await.expect("ttl");
     assert_eq!(ttl.ttl(), -1);
 
     // Releasing again, or releasing a key someone rewrote, writes nothing.
-    assert_eq!(
-        store.release(&held, &me).await.expect("again"),
-        ReleaseOutcome::NotOurs
-    );
+    assert_eq!(store.release(&held, &me).await.expect("again"), ReleaseOutcome::NotOurs);
     let theirs = attrs("node-bbbb", "inc-bbbb", [192, 0, 2, 8]);
     created(store.create(s, &theirs, LONG_TTL).await.expect("create b"));
-    assert_eq!(
-        store.release(&held, &me).await.expect("stale"),
-        ReleaseOutcome::NotOurs
-    );
-    let now = store
-        .get(s)
-        .await
-        .expect("get")
-        .expect("present")
-        .expect("parses");
+    assert_eq!(store.release(&held, &me).await.expect("stale"), ReleaseOutcome::NotOurs);
+    let now = store.get(s).await.expect("get").expect("present").expect("parses");
     assert_eq!(now.attrs, theirs);
 }
 
@@ -332,40 +265,24 @@ async fn list_reads_one_revision_and_skips_garbage() {
     // What other tools, hands or bugs may leave behind.
     let valid = br#"{"PublicIP":"192.0.2.50","PublicIPv6":null}"#.to_vec();
     let garbage: [(String, Vec<u8>); 4] = [
-        (
-            format!("{prefix}/subnets/10.244.9.0-24"),
-            b"not json".to_vec(),
-        ),
+        (format!("{prefix}/subnets/10.244.9.0-24"), b"not json".to_vec()),
         (format!("{prefix}/subnets/10.244.1.7-24"), valid.clone()),
         (format!("{prefix}/subnets/bogus"), valid.clone()),
-        (
-            format!("{prefix}/weft/history/10.244.9.0-24"),
-            b"{}".to_vec(),
-        ),
+        (format!("{prefix}/weft/history/10.244.9.0-24"), b"{}".to_vec()),
     ];
     let mut raw = etcd.client().await;
     let mut last_revision = 0;
     for (key, value) in &garbage {
-        let resp = raw
-            .put(key.as_str(), value.clone(), None)
-            .await
-            .expect("put garbage");
+        let resp = raw.put(key.as_str(), value.clone(), None).await.expect("put garbage");
         last_revision = resp.header().expect("header").revision();
     }
     // A sibling that flannel's prefix listing would catch, but weft's must not.
-    raw.put(
-        format!("{prefix}/subnetsX/10.244.8.0-24"),
-        valid.clone(),
-        None,
-    )
-    .await
-    .expect("put sibling");
+    raw.put(format!("{prefix}/subnetsX/10.244.8.0-24"), valid.clone(), None)
+        .await
+        .expect("put sibling");
     // A flannel-written lease (no weft identity) is a lease like any other.
     let flannel_key = format!("{prefix}/subnets/10.244.7.0-24");
-    let resp = raw
-        .put(flannel_key.as_str(), valid, None)
-        .await
-        .expect("put flannel lease");
+    let resp = raw.put(flannel_key.as_str(), valid, None).await.expect("put flannel lease");
     last_revision = last_revision.max(resp.header().expect("header").revision());
 
     let listing = store.list().await.expect("list");
@@ -374,11 +291,7 @@ async fn list_reads_one_revision_and_skips_garbage() {
     let subnets: Vec<Subnet> = listing.leases.iter().map(|l| l.subnet).collect();
     assert_eq!(subnets, vec![good[0], good[1], subnet("10.244.7.0/24")]);
     assert!(listing.leases[2].attrs.node_id.is_none());
-    assert_eq!(
-        listing.leases[2].lease_id,
-        StoreLeaseId(0),
-        "a reservation has no lease"
-    );
+    assert_eq!(listing.leases[2].lease_id, StoreLeaseId(0), "a reservation has no lease");
     assert_eq!(listing.history.len(), 2);
     let mut skipped: Vec<&str> = listing.skipped.iter().map(|b| b.key.as_str()).collect();
     skipped.sort_unstable();
@@ -390,11 +303,7 @@ async fn list_reads_one_revision_and_skips_garbage() {
     }
 
     // A single get reports the unreadable value as such.
-    match store
-        .get(subnet("10.244.9.0/24"))
-        .await
-        .expect("get garbage")
-    {
+    match store.get(subnet("10.244.9.0/24")).await.expect("get garbage") {
         Some(Err(bad)) => assert!(bad.problem.contains("value"), "{bad:?}"),
         other => panic!("expected an unreadable entry, got {other:?}"),
     }
@@ -404,24 +313,15 @@ async fn list_reads_one_revision_and_skips_garbage() {
     for l in &listing.leases {
         assert!(l.mod_revision <= listing.revision);
     }
-    let mut watch = store
-        .watch(Revision(listing.revision.0 + 1), None)
-        .await
-        .expect("watch");
+    let mut watch = store.watch(Revision(listing.revision.0 + 1), None).await.expect("watch");
     let late = subnet("10.244.3.0/24");
     let a = attrs("node-bbbb", "inc-bbbb", [192, 0, 2, 3]);
     created(store.create(late, &a, LONG_TTL).await.expect("create late"));
-    raw.put(
-        format!("{prefix}/subnets/10.244.4.0-24"),
-        b"junk".to_vec(),
-        None,
-    )
-    .await
-    .expect("put junk");
-    let events = watch_until(&mut watch, Duration::from_secs(5), |e| {
-        matches!(e, WatchEvent::Bad(_))
-    })
-    .await;
+    raw.put(format!("{prefix}/subnets/10.244.4.0-24"), b"junk".to_vec(), None)
+        .await
+        .expect("put junk");
+    let events =
+        watch_until(&mut watch, Duration::from_secs(5), |e| matches!(e, WatchEvent::Bad(_))).await;
     assert!(
         matches!(&events[..], [WatchEvent::Put(l), WatchEvent::Bad(b)]
         if l.subnet == late && b.key.ends_with("10.244.4.0-24")),
@@ -434,12 +334,8 @@ async fn a_watch_from_a_compacted_revision_reports_compacted() {
     let etcd = EtcdServer::start();
     let store = store(&etcd, &unique_prefix()).await;
     let mine = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]);
-    let first = created(
-        store
-            .create(subnet("10.244.1.0/24"), &mine, LONG_TTL)
-            .await
-            .expect("create"),
-    );
+    let first =
+        created(store.create(subnet("10.244.1.0/24"), &mine, LONG_TTL).await.expect("create"));
     let mut latest = first;
     for _ in 0..3 {
         latest = match store.renew(&latest, &mine, LONG_TTL).await.expect("renew") {
@@ -448,28 +344,19 @@ async fn a_watch_from_a_compacted_revision_reports_compacted() {
         };
     }
     let mut raw = etcd.client().await;
-    raw.compact(latest.mod_revision.0, None)
-        .await
-        .expect("compact");
+    raw.compact(latest.mod_revision.0, None).await.expect("compact");
 
     let mut watch = store.watch(first.mod_revision, None).await.expect("watch");
-    let item = tokio::time::timeout(Duration::from_secs(5), watch.next())
-        .await
-        .expect("watch answered");
+    let item =
+        tokio::time::timeout(Duration::from_secs(5), watch.next()).await.expect("watch answered");
     match item {
-        Some(Err(StoreError::Compacted {
-            requested,
-            compact_revision,
-        })) => {
+        Some(Err(StoreError::Compacted { requested, compact_revision })) => {
             assert_eq!(requested, first.mod_revision);
             assert_eq!(compact_revision, latest.mod_revision);
         }
         other => panic!("expected Compacted, got {other:?}"),
     }
-    assert!(
-        watch.next().await.is_none(),
-        "the watch goes on after Compacted"
-    );
+    assert!(watch.next().await.is_none(), "the watch goes on after Compacted");
 
     // From the compaction point on, history is there.
     let mut watch = store.watch(latest.mod_revision, None).await.expect("watch");
@@ -492,26 +379,19 @@ async fn presence_is_claimed_held_expired_and_dropped() {
         public_ip: Ipv4Addr::new(192, 0, 2, 1),
     };
 
-    let PresenceOutcome::Claimed(lease1) = store
-        .claim_presence(&me, &first, SHORT_TTL)
-        .await
-        .expect("claim")
+    let PresenceOutcome::Claimed(lease1) =
+        store.claim_presence(&me, &first, SHORT_TTL).await.expect("claim")
     else {
         panic!("first claim refused");
     };
     // A second process of the same node finds the first alive.
     assert_eq!(
-        store
-            .claim_presence(&me, &second, SHORT_TTL)
-            .await
-            .expect("claim 2"),
+        store.claim_presence(&me, &second, SHORT_TTL).await.expect("claim 2"),
         PresenceOutcome::HeldBy(first.clone())
     );
     // The first process claiming again (a retry) moves to a new lease, revoking the old one.
-    let PresenceOutcome::Claimed(lease2) = store
-        .claim_presence(&me, &first, SHORT_TTL)
-        .await
-        .expect("reclaim")
+    let PresenceOutcome::Claimed(lease2) =
+        store.claim_presence(&me, &first, SHORT_TTL).await.expect("reclaim")
     else {
         panic!("our own claim refused");
     };
@@ -522,10 +402,8 @@ async fn presence_is_claimed_held_expired_and_dropped() {
     // Without keep-alives it expires, and the second process gets in.
     tokio::time::sleep(SHORT_TTL + Duration::from_millis(1500)).await;
     assert!(!store.keep_presence(lease2).await.expect("keep expired"));
-    let PresenceOutcome::Claimed(lease3) = store
-        .claim_presence(&me, &second, LONG_TTL)
-        .await
-        .expect("claim after expiry")
+    let PresenceOutcome::Claimed(lease3) =
+        store.claim_presence(&me, &second, LONG_TTL).await.expect("claim after expiry")
     else {
         panic!("claim after expiry refused");
     };
@@ -533,43 +411,27 @@ async fn presence_is_claimed_held_expired_and_dropped() {
     // Dropping with someone else's lease deletes nothing; with ours, it frees the key at once.
     store.drop_presence(&me, lease2).await.expect("drop stale");
     assert_eq!(
-        store
-            .claim_presence(&me, &first, LONG_TTL)
-            .await
-            .expect("claim"),
+        store.claim_presence(&me, &first, LONG_TTL).await.expect("claim"),
         PresenceOutcome::HeldBy(second.clone())
     );
     store.drop_presence(&me, lease3).await.expect("drop");
     assert!(matches!(
-        store
-            .claim_presence(&me, &first, LONG_TTL)
-            .await
-            .expect("claim after drop"),
+        store.claim_presence(&me, &first, LONG_TTL).await.expect("claim after drop"),
         PresenceOutcome::Claimed(_)
     ));
 
     // An unreadable presence value names no process: it is replaced.
     let other = node("node-bbbb");
     let mut raw = etcd.client().await;
-    raw.put(
-        format!("{prefix}/weft/nodes/node-bbbb"),
-        b"??".to_vec(),
-        None,
-    )
-    .await
-    .expect("put garbage");
+    raw.put(format!("{prefix}/weft/nodes/node-bbbb"), b"??".to_vec(), None)
+        .await
+        .expect("put garbage");
     assert!(matches!(
-        store
-            .claim_presence(&other, &first, LONG_TTL)
-            .await
-            .expect("claim over garbage"),
+        store.claim_presence(&other, &first, LONG_TTL).await.expect("claim over garbage"),
         PresenceOutcome::Claimed(_)
     ));
     let resp = raw
-        .get(
-            format!("{prefix}/weft/nodes/"),
-            Some(GetOptions::new().with_prefix()),
-        )
+        .get(format!("{prefix}/weft/nodes/"), Some(GetOptions::new().with_prefix()))
         .await
         .expect("get nodes");
     assert_eq!(resp.kvs().len(), 2);
@@ -601,11 +463,7 @@ async fn an_unreachable_endpoint_fails_calls_quickly() {
     );
     let one = Instant::now();
     assert!(store.list().await.is_err());
-    assert!(
-        one.elapsed() < Duration::from_secs(5),
-        "one call took {:?}",
-        one.elapsed()
-    );
+    assert!(one.elapsed() < Duration::from_secs(5), "one call took {:?}", one.elapsed());
 }
 
 #[tokio::test]
@@ -615,24 +473,15 @@ async fn a_stopped_etcd_times_calls_out_and_they_recover_after() {
     let s = subnet("10.244.1.0/24");
     let a = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]);
     let held = created(store.create(s, &a, LONG_TTL).await.expect("create"));
-    let mut watch = store
-        .watch(Revision(held.mod_revision.0 + 1), None)
-        .await
-        .expect("watch");
+    let mut watch = store.watch(Revision(held.mod_revision.0 + 1), None).await.expect("watch");
 
     etcd.pause();
     let started = Instant::now();
     let result = store.renew(&held, &a, LONG_TTL).await;
     let elapsed = started.elapsed();
     etcd.resume();
-    assert!(
-        matches!(result, Err(StoreError::Timeout(_))),
-        "got {result:?}"
-    );
-    assert!(
-        elapsed < CALL_TIMEOUT + Duration::from_secs(2),
-        "took {elapsed:?}"
-    );
+    assert!(matches!(result, Err(StoreError::Timeout(_))), "got {result:?}");
+    assert!(elapsed < CALL_TIMEOUT + Duration::from_secs(2), "took {elapsed:?}");
 
     // The same client works again once etcd does; the watch kept its place.
     let renewed = match store.renew(&held, &a, LONG_TTL).await.expect("renew after") {
@@ -647,12 +496,8 @@ async fn a_stopped_etcd_times_calls_out_and_they_recover_after() {
 async fn password_auth_is_used_and_refusals_are_auth_errors() {
     let etcd = EtcdServer::start();
     let mut raw = etcd.client().await;
-    raw.user_add("root", "rootpw", None)
-        .await
-        .expect("add root");
-    raw.user_grant_role("root", "root")
-        .await
-        .expect("grant root");
+    raw.user_add("root", "rootpw", None).await.expect("add root");
+    raw.user_grant_role("root", "root").await.expect("grant root");
     raw.auth_enable().await.expect("enable auth");
     let prefix = unique_prefix();
 
@@ -663,16 +508,10 @@ async fn password_auth_is_used_and_refusals_are_auth_errors() {
     })
     .await
     .expect("connect with credentials");
-    with.set_config(br#"{"Network":"10.244.0.0/16"}"#)
-        .await
-        .expect("write");
+    with.set_config(br#"{"Network":"10.244.0.0/16"}"#).await.expect("write");
     assert!(with.config().await.expect("read").is_some());
     let a = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]);
-    created(
-        with.create(subnet("10.244.1.0/24"), &a, LONG_TTL)
-            .await
-            .expect("create"),
-    );
+    created(with.create(subnet("10.244.1.0/24"), &a, LONG_TTL).await.expect("create"));
     assert_eq!(with.list().await.expect("list").leases.len(), 1);
 
     let without = store(&etcd, &prefix).await;
@@ -686,11 +525,7 @@ async fn password_auth_is_used_and_refusals_are_auth_errors() {
         ..options(vec![etcd.endpoint()], &prefix)
     })
     .await;
-    assert!(
-        matches!(wrong, Err(StoreError::Auth(_))),
-        "got {:?}",
-        wrong.err()
-    );
+    assert!(matches!(wrong, Err(StoreError::Auth(_))), "got {:?}", wrong.err());
 }
 
 #[tokio::test]
@@ -743,31 +578,20 @@ async fn tls_with_a_client_certificate_works_and_a_wrong_ca_or_no_cert_is_refuse
         ..options(vec![etcd.endpoint()], &prefix)
     };
 
-    let store = EtcdStore::connect(tls(&files.ca, true))
-        .await
-        .expect("connect");
+    let store = EtcdStore::connect(tls(&files.ca, true)).await.expect("connect");
     let a = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]);
-    created(
-        store
-            .create(subnet("10.244.1.0/24"), &a, LONG_TTL)
-            .await
-            .expect("create"),
-    );
+    created(store.create(subnet("10.244.1.0/24"), &a, LONG_TTL).await.expect("create"));
     assert_eq!(store.list().await.expect("list").leases.len(), 1);
 
     // The server demands a client certificate; a server signed by another CA is not trusted.
     // Both fail the handshake, which the client sees as an unreachable store.
-    for (what, opts) in [
-        ("no client cert", tls(&files.ca, false)),
-        ("wrong CA", tls(&files.other_ca, true)),
-    ] {
+    for (what, opts) in
+        [("no client cert", tls(&files.ca, false)), ("wrong CA", tls(&files.other_ca, true))]
+    {
         let store = EtcdStore::connect(opts).await.expect("connect is lazy");
         let result = store.list().await;
         assert!(
-            matches!(
-                result,
-                Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
-            ),
+            matches!(result, Err(StoreError::Unavailable(_) | StoreError::Timeout(_))),
             "{what}: got {result:?}"
         );
     }
@@ -776,9 +600,8 @@ async fn tls_with_a_client_certificate_works_and_a_wrong_ca_or_no_cert_is_refuse
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_survives_losing_its_leader() {
     let mut cluster = EtcdCluster::start();
-    let store = EtcdStore::connect(options(cluster.endpoints(), &unique_prefix()))
-        .await
-        .expect("connect");
+    let store =
+        EtcdStore::connect(options(cluster.endpoints(), &unique_prefix())).await.expect("connect");
     let s = subnet("10.244.1.0/24");
     let a = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]);
     let held = created(store.create(s, &a, LONG_TTL).await.expect("create"));
@@ -794,10 +617,7 @@ async fn a_cluster_survives_losing_its_leader() {
             Ok(other) => panic!("renew lost the key: {other:?}"),
             Err(e) => {
                 assert!(e.is_transient(), "{e}");
-                assert!(
-                    Instant::now() < deadline,
-                    "no progress after leader loss: {e}"
-                );
+                assert!(Instant::now() < deadline, "no progress after leader loss: {e}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
@@ -806,11 +626,6 @@ async fn a_cluster_survives_losing_its_leader() {
     assert_ne!(new_leader, leader);
 
     cluster.restart_member(leader);
-    let now = store
-        .get(s)
-        .await
-        .expect("get")
-        .expect("present")
-        .expect("parses");
+    let now = store.get(s).await.expect("get").expect("present").expect("parses");
     assert_eq!(now.mod_revision, renewed.mod_revision);
 }

@@ -60,7 +60,8 @@ async fn read_key(c: &mut Client, key: &str) -> Option<(serde_json::Value, i64)>
 }
 
 async fn subnet_keys(c: &mut Client, prefix: &str) -> Vec<(String, serde_json::Value)> {
-    let r = c.get(format!("{prefix}/subnets/"), Some(GetOptions::new().with_prefix())).await.unwrap();
+    let r =
+        c.get(format!("{prefix}/subnets/"), Some(GetOptions::new().with_prefix())).await.unwrap();
     r.kvs()
         .iter()
         .map(|kv| {
@@ -97,7 +98,11 @@ async fn s1_suspended_host_comes_back_and_reclaims_its_subnet() {
     a.resume();
     a.wait_log("recovered", Duration::from_secs(10));
     a.wait_ready(READY);
-    assert_eq!(a.subnet_env_subnet().as_deref(), Some(s.as_str()), "same subnet, subnet.env unchanged");
+    assert_eq!(
+        a.subnet_env_subnet().as_deref(),
+        Some(s.as_str()),
+        "same subnet, subnet.env unchanged"
+    );
     let (v, _) = read_key(&mut c, &key_of(&prefix, &s)).await.expect("A's key is back");
     assert_eq!(node_id(&v), state_node_id(&a));
     let log = a.log();
@@ -152,7 +157,7 @@ async fn s2_suspended_host_finds_its_subnet_taken_reports_loudly_and_moves() {
     // B keeps S untouched.
     let (v, rev) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
     assert_eq!(node_id(&v), state_node_id(&b));
-    assert_eq!(rev >= b_rev, true);
+    assert!(rev >= b_rev);
     assert_eq!(v["PublicIP"], "192.0.2.2");
     // A subnet frees up: A takes it, rewrites subnet.env, runs the subnet-change hook.
     assert_eq!(cnode.stop(), Some(0));
@@ -162,7 +167,10 @@ async fn s2_suspended_host_finds_its_subnet_taken_reports_loudly_and_moves() {
     while !changed.exists() && Instant::now() < deadline {
         sleep(0.1);
     }
-    assert_eq!(std::fs::read_to_string(&changed).expect("on-subnet-change ran").trim(), format!("{s} {other}"));
+    assert_eq!(
+        std::fs::read_to_string(&changed).expect("on-subnet-change ran").trim(),
+        format!("{s} {other}")
+    );
     // B never saw a write from A.
     let (v2, _) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
     assert_eq!(node_id(&v2), state_node_id(&b));
@@ -267,7 +275,10 @@ async fn s6_short_outage_around_renewal_renews_and_logs_nothing_above_warning() 
     sleep(1.7);
     proxy.cut(false);
     sleep(3.0);
-    assert!(a.metric("weft_lease_renewals_total").unwrap_or(0.0) > renewals, "renewed after the outage");
+    assert!(
+        a.metric("weft_lease_renewals_total").unwrap_or(0.0) > renewals,
+        "renewed after the outage"
+    );
     assert_eq!(a.subnet_env_subnet().as_deref(), Some(s.as_str()));
     assert_eq!(a.get("/readyz").0, 200);
     let log = a.log();
@@ -288,7 +299,8 @@ async fn s7_fifty_hosts_join_at_once_and_all_get_distinct_subnets() {
         })
         .collect();
     let start = Instant::now();
-    let mut subnets: Vec<String> = nodes.iter().map(|n| n.wait_ready(Duration::from_secs(60))).collect();
+    let mut subnets: Vec<String> =
+        nodes.iter().map(|n| n.wait_ready(Duration::from_secs(60))).collect();
     eprintln!("50 hosts ready in {:?}", start.elapsed());
     subnets.sort();
     subnets.dedup();
@@ -318,11 +330,28 @@ async fn s8_clean_shutdown_relinquishes_and_a_new_host_prefers_it() {
     let mut c = etcd.client().await;
     assert!(read_key(&mut c, &key_of(&prefix, &sx)).await.is_none());
     assert_eq!(a.stop(), Some(0));
-    assert!(read_key(&mut c, &key_of(&prefix, &s)).await.is_none(), "key gone at once, not after the TTL");
-    let (code, out, err) = weft_cli(&["lease", "list", "--json", "--etcd-endpoints", &etcd.endpoint(), "--etcd-prefix", &prefix]);
+    assert!(
+        read_key(&mut c, &key_of(&prefix, &s)).await.is_none(),
+        "key gone at once, not after the TTL"
+    );
+    let (code, out, err) = weft_cli(&[
+        "lease",
+        "list",
+        "--json",
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+        "--etcd-prefix",
+        &prefix,
+    ]);
     assert_eq!(code, 0, "{err}");
     let list: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let entry = list["leases"].as_array().unwrap().iter().find(|l| l["subnet"] == s.as_str()).unwrap().clone();
+    let entry = list["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["subnet"] == s.as_str())
+        .unwrap()
+        .clone();
     assert_eq!(entry["history"], "relinquished");
     let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
     assert_eq!(b.wait_ready(READY), s, "relinquished beats expired");
@@ -335,7 +364,15 @@ async fn s9_operator_revoke_is_noticed_within_a_second_and_reclaimed() {
     set_network(&etcd.endpoint(), &prefix, &network_of(20));
     let a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
     let s = a.wait_ready(READY);
-    let (code, _, err) = weft_cli(&["lease", "revoke", &s, "--etcd-endpoints", &etcd.endpoint(), "--etcd-prefix", &prefix]);
+    let (code, _, err) = weft_cli(&[
+        "lease",
+        "revoke",
+        &s,
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+        "--etcd-prefix",
+        &prefix,
+    ]);
     assert_eq!(code, 0, "{err}");
     let t = Instant::now();
     a.wait_log("recovered", Duration::from_secs(5));
@@ -370,16 +407,21 @@ async fn s11_leader_loss_in_a_three_member_cluster_loses_nothing() {
     let endpoints = cluster.endpoints().join(",");
     let prefix = unique_prefix();
     set_network(&endpoints, &prefix, &network_of(20));
-    let mut nodes: Vec<WeftNode> = (1..=3).map(|i| WeftNode::spawn(NodeOptions::new(endpoints.clone(), &prefix, ip(i)))).collect();
+    let mut nodes: Vec<WeftNode> = (1..=3)
+        .map(|i| WeftNode::spawn(NodeOptions::new(endpoints.clone(), &prefix, ip(i))))
+        .collect();
     for n in &nodes {
         n.wait_ready(READY);
     }
     let leader = cluster.leader_index().await.expect("a leader");
     cluster.kill_member(leader);
     // Joins and renewals while a new leader is elected.
-    nodes.extend((4..=6).map(|i| WeftNode::spawn(NodeOptions::new(endpoints.clone(), &prefix, ip(i)))));
+    nodes.extend(
+        (4..=6).map(|i| WeftNode::spawn(NodeOptions::new(endpoints.clone(), &prefix, ip(i)))),
+    );
     sleep(8.0);
-    let mut subnets: Vec<String> = nodes.iter().map(|n| n.wait_ready(Duration::from_secs(30))).collect();
+    let mut subnets: Vec<String> =
+        nodes.iter().map(|n| n.wait_ready(Duration::from_secs(30))).collect();
     subnets.sort();
     subnets.dedup();
     assert_eq!(subnets.len(), 6);
@@ -402,22 +444,41 @@ async fn s12_bad_store_input_is_named_skipped_and_never_crashes() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, r#"{"Network":"10.244.0.0/16","SubnetMin":"10.244.1.7"}"#).unwrap();
-    let (code, _, err) = weft_cli(&["network", "set", bad.to_str().unwrap(), "--etcd-endpoints", &etcd.endpoint(), "--etcd-prefix", &prefix]);
+    let (code, _, err) = weft_cli(&[
+        "network",
+        "set",
+        bad.to_str().unwrap(),
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+        "--etcd-prefix",
+        &prefix,
+    ]);
     assert_ne!(code, 0);
     assert!(err.contains("SubnetMin"), "{err}");
     // Garbage leases: a non-JSON value on a valid key, an unparsable key, a misaligned key.
     c.put(format!("{prefix}/subnets/10.244.1.0-24"), "not json", None).await.unwrap();
     c.put(format!("{prefix}/subnets/bogus"), "{}", None).await.unwrap();
-    c.put(format!("{prefix}/subnets/10.244.2.7-24"), r#"{"PublicIP":"192.0.2.50"}"#, None).await.unwrap();
+    c.put(format!("{prefix}/subnets/10.244.2.7-24"), r#"{"PublicIP":"192.0.2.50"}"#, None)
+        .await
+        .unwrap();
     set_network(&etcd.endpoint(), &prefix, &network_of(2));
     let s = a.wait_ready(READY);
     assert_eq!(s, "10.244.2.0/24", "never the subnet whose key holds garbage");
     // A value turned to garbage under a running node's watch does not crash it either.
     let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
     b.wait_log("network exhausted", Duration::from_secs(10));
-    c.put(format!("{prefix}/subnets/{}", s.replace('/', "-")), "\u{0}\u{1}garbage", None).await.unwrap();
+    c.put(format!("{prefix}/subnets/{}", s.replace('/', "-")), "\u{0}\u{1}garbage", None)
+        .await
+        .unwrap();
     a.wait_log("LEASE LOST", Duration::from_secs(5));
-    let (code, _, err) = weft_cli(&["lease", "list", "--etcd-endpoints", &etcd.endpoint(), "--etcd-prefix", &prefix]);
+    let (code, _, err) = weft_cli(&[
+        "lease",
+        "list",
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+        "--etcd-prefix",
+        &prefix,
+    ]);
     assert_eq!(code, 0);
     assert!(err.contains("bogus") && err.contains("10.244.1.0-24"), "{err}");
     let mut a = a;

@@ -13,7 +13,9 @@ use futures::StreamExt;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
-use super::keeper::{AcquireKind, Action, ActionResult, Keeper, KeeperEvent, LossReason, Readiness};
+use super::keeper::{
+    AcquireKind, Action, ActionResult, Keeper, KeeperEvent, LossReason, Readiness,
+};
 use super::record::{NodeId, Revision, Subnet};
 use super::store::{Store, WatchEvent, WatchStream};
 use super::subnet_env::{self, SubnetEnv};
@@ -28,12 +30,16 @@ pub async fn execute(store: &dyn Store, node: &NodeId, action: Action) -> Action
         Action::ClaimPresence { record, ttl } => {
             ActionResult::ClaimPresence(store.claim_presence(node, &record, ttl).await)
         }
-        Action::KeepPresence { lease } => ActionResult::KeepPresence(store.keep_presence(lease).await),
+        Action::KeepPresence { lease } => {
+            ActionResult::KeepPresence(store.keep_presence(lease).await)
+        }
         Action::List => ActionResult::List(store.list().await),
         Action::Create { subnet, attrs, ttl } => {
             ActionResult::Create(store.create(subnet, &attrs, ttl).await)
         }
-        Action::Renew { held, attrs, ttl } => ActionResult::Renew(store.renew(&held, &attrs, ttl).await),
+        Action::Renew { held, attrs, ttl } => {
+            ActionResult::Renew(store.renew(&held, &attrs, ttl).await)
+        }
         Action::Release { held } => ActionResult::Release(store.release(&held, node).await),
         Action::DropPresence { lease } => {
             ActionResult::DropPresence(store.drop_presence(node, lease).await)
@@ -85,7 +91,17 @@ impl LeaseDriver {
         subnet_tx: watch::Sender<Option<Subnet>>,
     ) -> Self {
         let now = clock.now();
-        Self { store, keeper, node, clock, health, cfg, subnet_tx, own_watch: None, watch_retry_at: now }
+        Self {
+            store,
+            keeper,
+            node,
+            clock,
+            health,
+            cfg,
+            subnet_tx,
+            own_watch: None,
+            watch_retry_at: now,
+        }
     }
 
     /// Runs until `shutdown` turns true and the keeper has finished its shutdown actions.
@@ -160,14 +176,19 @@ impl LeaseDriver {
         }
     }
 
-    fn on_own_watch(&mut self, item: Option<Result<super::store::WatchBatch, super::store::StoreError>>) {
+    fn on_own_watch(
+        &mut self,
+        item: Option<Result<super::store::WatchBatch, super::store::StoreError>>,
+    ) {
         let now = self.clock.now();
         match item {
             Some(Ok(batch)) => {
                 for ev in batch.events {
                     match ev {
                         WatchEvent::Put(l) => self.keeper.handle_own_key(now, Some(&l)),
-                        WatchEvent::Delete { .. } | WatchEvent::Bad(_) => self.keeper.handle_own_key(now, None),
+                        WatchEvent::Delete { .. } | WatchEvent::Bad(_) => {
+                            self.keeper.handle_own_key(now, None)
+                        }
                     }
                 }
             }
@@ -197,7 +218,9 @@ impl LeaseDriver {
                 Counters::inc(&c.acquisitions);
                 match kind {
                     AcquireKind::Adopted => info!(%subnet, "adopted this node's live lease"),
-                    AcquireKind::Created(reason) => info!(%subnet, ?reason, "acquired subnet lease"),
+                    AcquireKind::Created(reason) => {
+                        info!(%subnet, ?reason, "acquired subnet lease")
+                    }
                 }
                 self.write_subnet_env(subnet);
                 self.subnet_tx.send_replace(Some(subnet));
@@ -206,7 +229,14 @@ impl LeaseDriver {
                 Counters::inc(&c.subnet_changes);
                 warn!(%old, %new, "this node's subnet changed; pods on the old subnet need new addresses");
                 if let Some(cmd) = self.cfg.on_subnet_change.clone() {
-                    self.run_hook("on-subnet-change", cmd, Some(old), Some(new), "subnet-changed", None);
+                    self.run_hook(
+                        "on-subnet-change",
+                        cmd,
+                        Some(old),
+                        Some(new),
+                        "subnet-changed",
+                        None,
+                    );
                 }
             }
             KeeperEvent::Renewed { subnet } => {
@@ -234,7 +264,14 @@ impl LeaseDriver {
                     LossReason::UnreadableValue => "unreadable-value",
                 };
                 if let Some(cmd) = self.cfg.on_lease_lost.clone() {
-                    self.run_hook("on-lease-lost", cmd, Some(subnet), None, why, holder.map(|h| h.to_string()));
+                    self.run_hook(
+                        "on-lease-lost",
+                        cmd,
+                        Some(subnet),
+                        None,
+                        why,
+                        holder.map(|h| h.to_string()),
+                    );
                 }
             }
             KeeperEvent::PreviousTaken { subnet, holder } => {
@@ -257,7 +294,14 @@ impl LeaseDriver {
                 );
                 if let Some(cmd) = self.cfg.on_lease_lost.clone() {
                     let old = self.subnet_tx.borrow().to_owned();
-                    self.run_hook("on-lease-lost", cmd, old, None, "identity-clash", other_ip.map(|i| i.to_string()));
+                    self.run_hook(
+                        "on-lease-lost",
+                        cmd,
+                        old,
+                        None,
+                        "identity-clash",
+                        other_ip.map(|i| i.to_string()),
+                    );
                 }
             }
             KeeperEvent::WaitingForPreviousProcess { other, wait } => {
@@ -281,7 +325,12 @@ impl LeaseDriver {
     }
 
     fn write_subnet_env(&self, subnet: Subnet) {
-        let env = SubnetEnv { network: self.cfg.network.network, subnet, mtu: self.cfg.mtu, ipmasq: self.cfg.ip_masq };
+        let env = SubnetEnv {
+            network: self.cfg.network.network,
+            subnet,
+            mtu: self.cfg.mtu,
+            ipmasq: self.cfg.ip_masq,
+        };
         if let Err(e) = subnet_env::write_atomic(&self.cfg.subnet_file, &env) {
             error!(path = %self.cfg.subnet_file.display(), error = %e, "could not write subnet.env");
         }

@@ -146,19 +146,13 @@ struct FileError {
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, StoreError> {
-    std::fs::read(path).map_err(|source| {
-        StoreError::Setup(Box::new(FileError {
-            path: path.to_owned(),
-            source,
-        }))
-    })
+    std::fs::read(path)
+        .map_err(|source| StoreError::Setup(Box::new(FileError { path: path.to_owned(), source })))
 }
 
 /// etcd lease TTLs are whole seconds: round up, so a lease never lives shorter than asked.
 fn ttl_secs(ttl: Duration) -> i64 {
-    let secs = ttl
-        .as_secs()
-        .saturating_add(u64::from(ttl.subsec_nanos() > 0));
+    let secs = ttl.as_secs().saturating_add(u64::from(ttl.subsec_nanos() > 0));
     i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
 }
 
@@ -196,10 +190,9 @@ fn map_err(e: etcd_client::Error, timeout: Duration) -> StoreError {
             code::DEADLINE_EXCEEDED => StoreError::Timeout(timeout),
             code::UNAUTHENTICATED | code::PERMISSION_DENIED => StoreError::Auth(Box::new(e)),
             _ if is_auth_text(status.message()) => StoreError::Auth(Box::new(e)),
-            code::OUT_OF_RANGE if status.message().contains("compacted") => StoreError::Compacted {
-                requested: Revision(0),
-                compact_revision: Revision(0),
-            },
+            code::OUT_OF_RANGE if status.message().contains("compacted") => {
+                StoreError::Compacted { requested: Revision(0), compact_revision: Revision(0) }
+            }
             // Unavailable covers "no leader", "request timed out" and refused connections;
             // the others are what a connection dying mid-call looks like.
             code::UNAVAILABLE
@@ -233,9 +226,9 @@ fn header_revision(resp: &TxnResponse) -> Result<Revision, StoreError> {
 fn nth_get(resp: &TxnResponse, n: usize) -> Result<GetResponse, StoreError> {
     match resp.op_responses().into_iter().nth(n) {
         Some(TxnOpResponse::Get(get)) => Ok(get),
-        _ => Err(StoreError::Protocol(boxed(
-            "transaction response lacks the expected range result",
-        ))),
+        _ => {
+            Err(StoreError::Protocol(boxed("transaction response lacks the expected range result")))
+        }
     }
 }
 
@@ -252,9 +245,7 @@ impl EtcdStore {
             return Err(StoreError::Setup(boxed("no etcd endpoints given")));
         }
         if opts.call_timeout.is_zero() {
-            return Err(StoreError::Setup(boxed(
-                "the etcd call timeout must be positive",
-            )));
+            return Err(StoreError::Setup(boxed("the etcd call timeout must be positive")));
         }
         let mut connect = ConnectOptions::new()
             // Bounded dials, so the balancer marks a dead member down quickly.
@@ -342,12 +333,8 @@ impl EtcdStore {
         let client = inner
             .client
             .get_or_try_init(|| async {
-                let first = self
-                    .call(Client::connect(
-                        &inner.endpoints,
-                        Some(inner.connect.clone()),
-                    ))
-                    .await;
+                let first =
+                    self.call(Client::connect(&inner.endpoints, Some(inner.connect.clone()))).await;
                 match first {
                     Err(StoreError::Protocol(e))
                         if inner.has_user
@@ -431,10 +418,7 @@ impl EtcdStore {
     /// Parses a key under `<prefix>/subnets/`.
     fn parse_subnet_kv(&self, kv: &KeyValue) -> Result<StoredLease, BadEntry> {
         let key = key_text(kv);
-        let bad = |problem: String| BadEntry {
-            key: key.clone(),
-            problem,
-        };
+        let bad = |problem: String| BadEntry { key: key.clone(), problem };
         let name = key
             .strip_prefix(&self.subnets_dir())
             .ok_or_else(|| bad("not under the subnets prefix".to_owned()))?;
@@ -452,21 +436,14 @@ impl EtcdStore {
     /// Parses a key under `<prefix>/weft/history/`.
     fn parse_history_kv(&self, kv: &KeyValue) -> Result<HistoryEntry, BadEntry> {
         let key = key_text(kv);
-        let bad = |problem: String| BadEntry {
-            key: key.clone(),
-            problem,
-        };
+        let bad = |problem: String| BadEntry { key: key.clone(), problem };
         let name = key
             .strip_prefix(&self.history_dir())
             .ok_or_else(|| bad("not under the history prefix".to_owned()))?;
         let subnet = Subnet::parse_key_name(name).map_err(|e| bad(format!("bad key: {e}")))?;
         let record =
             HistoryRecord::from_json(kv.value()).map_err(|e| bad(format!("bad value: {e}")))?;
-        Ok(HistoryEntry {
-            subnet,
-            record,
-            mod_revision: Revision(kv.mod_revision()),
-        })
+        Ok(HistoryEntry { subnet, record, mod_revision: Revision(kv.mod_revision()) })
     }
 
     /// The `put key + put history` operations of a create or renew.
@@ -518,8 +495,7 @@ impl Store for EtcdStore {
     async fn set_config(&self, value: &[u8]) -> Result<(), StoreError> {
         let mut c = self.client().await?;
         // The config is the operator's to overwrite; only subnet keys need a compare.
-        self.call(c.put(self.config_key(), value.to_vec(), None))
-            .await?;
+        self.call(c.put(self.config_key(), value.to_vec(), None)).await?;
         Ok(())
     }
 
@@ -534,10 +510,7 @@ impl Store for EtcdStore {
         let resp = self.call(c.txn(txn)).await?;
         let revision = header_revision(&resp)?;
         let (subnets, history) = (nth_get(&resp, 0)?, nth_get(&resp, 1)?);
-        let mut listing = Listing {
-            revision,
-            ..Listing::default()
-        };
+        let mut listing = Listing { revision, ..Listing::default() };
         for kv in subnets.kvs() {
             match self.parse_subnet_kv(kv) {
                 Ok(lease) => listing.leases.push(lease),
@@ -599,11 +572,7 @@ impl Store for EtcdStore {
         let lease = self.grant(&mut c, ttl).await?;
         let key = self.subnet_key(held.subnet);
         let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                held.mod_revision.0,
-            )])
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, held.mod_revision.0)])
             .and_then(self.write_ops(held.subnet, attrs, lease))
             .or_else([TxnOp::get(key, None)]);
         let resp = self.call(c.txn(txn)).await?;
@@ -649,17 +618,10 @@ impl Store for EtcdStore {
                 ))));
             }
         };
-        let record = HistoryRecord {
-            state: HistoryState::Relinquished,
-            node: node.clone(),
-            public_ip,
-        };
+        let record =
+            HistoryRecord { state: HistoryState::Relinquished, node: node.clone(), public_ip };
         let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                held.mod_revision.0,
-            )])
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, held.mod_revision.0)])
             .and_then([
                 TxnOp::delete(key, None),
                 TxnOp::put(self.history_key(held.subnet), record.to_json(), None),
@@ -794,11 +756,7 @@ impl Store for EtcdStore {
             }
         };
         let stream = self.call(c.watch(key, Some(options))).await?;
-        let state = WatchState {
-            stream: Some(stream),
-            store: self.clone(),
-            requested: from,
-        };
+        let state = WatchState { stream: Some(stream), store: self.clone(), requested: from };
         Ok(Box::pin(futures::stream::unfold(state, WatchState::next)))
     }
 }
@@ -827,9 +785,7 @@ impl WatchState {
                         if is_auth_text(&reason) {
                             Err(StoreError::Auth(boxed(format!("watch canceled: {reason}"))))
                         } else {
-                            Err(StoreError::Unavailable(boxed(format!(
-                                "watch canceled: {reason}"
-                            ))))
+                            Err(StoreError::Unavailable(boxed(format!("watch canceled: {reason}"))))
                         }
                     } else if resp.created() && resp.events().is_empty() {
                         // The creation answer's header is the store's current revision, not how
@@ -839,9 +795,7 @@ impl WatchState {
                         Ok(self.store.batch_of(&resp))
                     }
                 }
-                Ok(None) => Err(StoreError::Unavailable(boxed(
-                    "watch stream closed by etcd",
-                ))),
+                Ok(None) => Err(StoreError::Unavailable(boxed("watch stream closed by etcd"))),
                 Err(e) => Err(map_err(e, self.store.inner.call_timeout)),
             };
             if let Ok(batch) = &item {
@@ -887,15 +841,9 @@ impl EtcdStore {
         // With events, the batch is complete up to its last event's revision. The header may
         // be further on: when etcd replays a long backlog it stamps every chunk with the
         // current revision, and resuming from there would skip the rest of the backlog.
-        let revision = if events.is_empty() {
-            resp.header().map_or(0, |h| h.revision())
-        } else {
-            last
-        };
-        WatchBatch {
-            revision: Revision(revision),
-            events,
-        }
+        let revision =
+            if events.is_empty() { resp.header().map_or(0, |h| h.revision()) } else { last };
+        WatchBatch { revision: Revision(revision), events }
     }
 }
 
@@ -913,19 +861,14 @@ mod tests {
 
     #[test]
     fn auth_texts_of_etcd_are_recognised() {
-        assert!(is_auth_text(
-            "etcdserver: authentication failed, invalid user ID or password"
-        ));
+        assert!(is_auth_text("etcdserver: authentication failed, invalid user ID or password"));
         assert!(is_auth_text("etcdserver: user name is empty"));
         assert!(!is_auth_text("etcdserver: no leader"));
     }
 
     #[test]
     fn debug_redacts_the_password() {
-        let opts = EtcdOptions {
-            password: Some("hunter2".into()),
-            ..EtcdOptions::default()
-        };
+        let opts = EtcdOptions { password: Some("hunter2".into()), ..EtcdOptions::default() };
         assert!(!format!("{opts:?}").contains("hunter2"));
     }
 }

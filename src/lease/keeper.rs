@@ -373,7 +373,9 @@ impl Keeper {
 
     /// Whether shutdown has finished: nothing more to do.
     pub fn is_stopped(&self) -> bool {
-        self.phase == Phase::Stopping && self.in_flight.is_none() && self.next_stop_action().is_none()
+        self.phase == Phase::Stopping
+            && self.in_flight.is_none()
+            && self.next_stop_action().is_none()
     }
 
     /// Readiness at `now`.
@@ -502,9 +504,11 @@ impl Keeper {
                     at(self.expires_at);
                 }
             }
-            Phase::Acquire | Phase::Exhausted | Phase::Creating { .. } | Phase::Adopting { .. } | Phase::Reclaim { .. } => {
-                at(self.retry_at)
-            }
+            Phase::Acquire
+            | Phase::Exhausted
+            | Phase::Creating { .. }
+            | Phase::Adopting { .. }
+            | Phase::Reclaim { .. } => at(self.retry_at),
             Phase::Clash { .. } | Phase::Stopping => {}
         }
         t
@@ -598,7 +602,11 @@ impl Keeper {
 
     fn trouble(&mut self, action: &'static str, e: &StoreError, now: Instant) {
         let lease_valid = self.held.is_some() && now < self.expires_at;
-        self.events.push_back(KeeperEvent::StoreTrouble { action, error: e.to_string(), lease_valid });
+        self.events.push_back(KeeperEvent::StoreTrouble {
+            action,
+            error: e.to_string(),
+            lease_valid,
+        });
     }
 
     fn hold(&mut self, issued: Instant, now: Instant, held: HeldLease) {
@@ -630,7 +638,9 @@ impl Keeper {
              like a clone of it or runs a second weft with the same --state-dir. This process \
              writes nothing more. Give one of them a fresh identity: stop it, delete \
              <state-dir>/node-id, start it again",
-            other.as_ref().map_or("unknown incarnation".to_string(), |i| format!("incarnation {i}")),
+            other
+                .as_ref()
+                .map_or("unknown incarnation".to_string(), |i| format!("incarnation {i}")),
             other_ip.map_or("unknown address".to_string(), |ip| ip.to_string()),
             self.cfg.node
         );
@@ -653,7 +663,8 @@ impl Keeper {
     fn on_claim_presence(&mut self, now: Instant, r: Result<PresenceOutcome, StoreError>) {
         match r {
             Ok(PresenceOutcome::Claimed(lease)) => {
-                self.presence = Presence::Claimed { lease, keep_at: now + self.cfg.presence_ttl / 3 };
+                self.presence =
+                    Presence::Claimed { lease, keep_at: now + self.cfg.presence_ttl / 3 };
                 self.clear_backoff(now);
             }
             Ok(PresenceOutcome::HeldBy(other)) => match &self.presence {
@@ -694,7 +705,8 @@ impl Keeper {
         match r {
             Ok(true) => {
                 if let Presence::Claimed { lease, .. } = self.presence {
-                    self.presence = Presence::Claimed { lease, keep_at: now + self.cfg.presence_ttl / 3 };
+                    self.presence =
+                        Presence::Claimed { lease, keep_at: now + self.cfg.presence_ttl / 3 };
                 }
             }
             // Expired (suspend, partition): claim it again; a clone may have it by now.
@@ -724,7 +736,13 @@ impl Keeper {
         if !matches!(self.phase, Phase::Acquire | Phase::Exhausted) {
             return;
         }
-        let d = policy::choose(&self.cfg.network, &listing, &self.cfg.node, self.last_subnet, &mut self.rng);
+        let d = policy::choose(
+            &self.cfg.network,
+            &listing,
+            &self.cfg.node,
+            self.last_subnet,
+            &mut self.rng,
+        );
         if let Some((subnet, holder)) = d.previous_taken_by
             && !self.reported_previous_taken
         {

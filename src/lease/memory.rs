@@ -162,14 +162,8 @@ impl Watcher {
 
 /// One operation of a transaction's success branch.
 enum Op {
-    Put {
-        key: String,
-        value: Vec<u8>,
-        lease: i64,
-    },
-    Delete {
-        key: String,
-    },
+    Put { key: String, value: Vec<u8>, lease: i64 },
+    Delete { key: String },
 }
 
 /// The whole simulated cluster.
@@ -248,14 +242,7 @@ impl World {
         let id = self.next_lease;
         self.next_lease += 1;
         let expires_at = self.clock.now() + ttl;
-        self.leases.insert(
-            id,
-            LeaseState {
-                ttl,
-                expires_at,
-                keys: BTreeSet::new(),
-            },
-        );
+        self.leases.insert(id, LeaseState { ttl, expires_at, keys: BTreeSet::new() });
         id
     }
 
@@ -263,11 +250,7 @@ impl World {
     /// (already expired or revoked, or `0`) are ignored.
     fn revoke_lease(&mut self, id: i64, client: &str, kind: WriteKind) {
         if let Some(lease) = self.leases.remove(&id) {
-            let ops = lease
-                .keys
-                .into_iter()
-                .map(|key| Op::Delete { key })
-                .collect();
+            let ops = lease.keys.into_iter().map(|key| Op::Delete { key }).collect();
             self.commit(client, kind, ops);
         }
     }
@@ -313,13 +296,7 @@ impl World {
                     }
                     let (create_revision, version) =
                         old.map_or((rev, 1), |kv| (kv.create_revision, kv.version + 1));
-                    let kv = KeyValue {
-                        value,
-                        create_revision,
-                        mod_revision: rev,
-                        version,
-                        lease,
-                    };
+                    let kv = KeyValue { value, create_revision, mod_revision: rev, version, lease };
                     self.kv.insert(key, kv);
                 }
                 Op::Delete { key } => {
@@ -337,10 +314,7 @@ impl World {
                             new_node: None,
                         });
                         let event = match Subnet::parse_key_name(name) {
-                            Ok(subnet) => WatchEvent::Delete {
-                                subnet,
-                                revision: Revision(rev),
-                            },
+                            Ok(subnet) => WatchEvent::Delete { subnet, revision: Revision(rev) },
                             Err(e) => WatchEvent::Bad(BadEntry {
                                 key: key.clone(),
                                 problem: format!("deleted; key name does not parse: {e}"),
@@ -385,26 +359,15 @@ impl World {
             if rev < w.from {
                 return !w.tx.is_closed();
             }
-            let events: Vec<WatchEvent> = batch
-                .iter()
-                .filter(|(key, _)| w.wants(key))
-                .map(|(_, e)| e.clone())
-                .collect();
+            let events: Vec<WatchEvent> =
+                batch.iter().filter(|(key, _)| w.wants(key)).map(|(_, e)| e.clone()).collect();
             if events.is_empty() {
                 return !w.tx.is_closed();
             }
-            w.tx.unbounded_send(Ok(WatchBatch {
-                revision: Revision(rev),
-                events,
-            }))
-            .is_ok()
+            w.tx.unbounded_send(Ok(WatchBatch { revision: Revision(rev), events })).is_ok()
         });
         for (key, event) in batch {
-            self.events.push_back(LoggedEvent {
-                revision: rev,
-                key,
-                event,
-            });
+            self.events.push_back(LoggedEvent { revision: rev, key, event });
         }
         self.trim_events();
     }
@@ -425,11 +388,7 @@ impl World {
 
     fn compact(&mut self, revision: i64) {
         self.compacted = self.compacted.max(revision.min(self.revision));
-        while self
-            .events
-            .front()
-            .is_some_and(|e| e.revision < self.compacted)
-        {
+        while self.events.front().is_some_and(|e| e.revision < self.compacted) {
             self.events.pop_front();
         }
     }
@@ -459,10 +418,7 @@ impl World {
                     mod_revision: Revision(kv.mod_revision),
                     lease_id: StoreLeaseId(kv.lease),
                 })
-                .map_err(|e| BadEntry {
-                    key,
-                    problem: e.to_string(),
-                }),
+                .map_err(|e| BadEntry { key, problem: e.to_string() }),
         )
     }
 
@@ -474,10 +430,7 @@ impl World {
     }
 
     fn list(&self) -> Listing {
-        let mut listing = Listing {
-            revision: Revision(self.revision),
-            ..Listing::default()
-        };
+        let mut listing = Listing { revision: Revision(self.revision), ..Listing::default() };
         let dir = self.subnets_dir();
         for (key, name, kv) in self.under(&dir) {
             match parse_subnet(key, name, &kv.value, kv.mod_revision, kv.lease) {
@@ -498,9 +451,7 @@ impl World {
 
 /// The node ID in a subnet key's value, if it parses and has one.
 fn node_of(value: &[u8]) -> Option<NodeId> {
-    LeaseAttrs::from_json(value)
-        .ok()
-        .and_then(|attrs| attrs.node_id)
+    LeaseAttrs::from_json(value).ok().and_then(|attrs| attrs.node_id)
 }
 
 fn parse_subnet(
@@ -510,10 +461,7 @@ fn parse_subnet(
     mod_revision: i64,
     lease: i64,
 ) -> Result<StoredLease, BadEntry> {
-    let bad = |problem: String| BadEntry {
-        key: key.to_owned(),
-        problem,
-    };
+    let bad = |problem: String| BadEntry { key: key.to_owned(), problem };
     let subnet =
         Subnet::parse_key_name(name).map_err(|e| bad(format!("key name does not parse: {e}")))?;
     let attrs = LeaseAttrs::from_json(value).map_err(|e| bad(e.to_string()))?;
@@ -526,18 +474,11 @@ fn parse_subnet(
 }
 
 fn parse_history(key: &str, name: &str, kv: &KeyValue) -> Result<HistoryEntry, BadEntry> {
-    let bad = |problem: String| BadEntry {
-        key: key.to_owned(),
-        problem,
-    };
+    let bad = |problem: String| BadEntry { key: key.to_owned(), problem };
     let subnet =
         Subnet::parse_key_name(name).map_err(|e| bad(format!("key name does not parse: {e}")))?;
     let record = HistoryRecord::from_json(&kv.value).map_err(|e| bad(e.to_string()))?;
-    Ok(HistoryEntry {
-        subnet,
-        record,
-        mod_revision: Revision(kv.mod_revision),
-    })
+    Ok(HistoryEntry { subnet, record, mod_revision: Revision(kv.mod_revision) })
 }
 
 fn unavailable_partitioned() -> StoreError {
@@ -589,18 +530,13 @@ impl MemoryStore {
             lose_reply: BTreeSet::new(),
             writes: Vec::new(),
         };
-        Self {
-            world: Arc::new(Mutex::new(world)),
-        }
+        Self { world: Arc::new(Mutex::new(world)) }
     }
 
     /// A handle for one simulated process; faults aimed at `name` hit every handle of that
     /// name.
     pub fn client(&self, name: &str) -> MemoryClient {
-        MemoryClient {
-            store: self.clone(),
-            name: name.into(),
-        }
+        MemoryClient { store: self.clone(), name: name.into() }
     }
 
     /// Locks the world (a panic elsewhere cannot leave it half-written: every mutation
@@ -669,27 +605,15 @@ impl MemoryStore {
     pub fn put_raw(&self, key: &str, value: &[u8], ttl: Option<Duration>) -> Revision {
         let mut w = self.world();
         let lease = ttl.map_or(0, |ttl| w.grant(ttl));
-        let op = Op::Put {
-            key: key.to_owned(),
-            value: value.to_vec(),
-            lease,
-        };
+        let op = Op::Put { key: key.to_owned(), value: value.to_vec(), lease };
         // A put always changes the keyspace, so it always has a revision.
-        w.commit(RAW_CLIENT, WriteKind::Raw, vec![op])
-            .unwrap_or(Revision(w.revision))
+        w.commit(RAW_CLIENT, WriteKind::Raw, vec![op]).unwrap_or(Revision(w.revision))
     }
 
     /// Deletes `key` directly. `false` if it was absent.
     pub fn delete_raw(&self, key: &str) -> bool {
         let mut w = self.world();
-        w.commit(
-            RAW_CLIENT,
-            WriteKind::Raw,
-            vec![Op::Delete {
-                key: key.to_owned(),
-            }],
-        )
-        .is_some()
+        w.commit(RAW_CLIENT, WriteKind::Raw, vec![Op::Delete { key: key.to_owned() }]).is_some()
     }
 
     /// The current revision (that of the last write).
@@ -705,8 +629,7 @@ impl MemoryStore {
     /// A key's value and mod revision, if present.
     pub fn raw(&self, key: &str) -> Option<(Vec<u8>, Revision)> {
         let w = self.world();
-        w.kv.get(key)
-            .map(|kv| (kv.value.clone(), Revision(kv.mod_revision)))
+        w.kv.get(key).map(|kv| (kv.value.clone(), Revision(kv.mod_revision)))
     }
 
     /// The store lease a key is attached to (`StoreLeaseId(0)`: none), if the key is present.
@@ -717,10 +640,7 @@ impl MemoryStore {
     /// Live store leases and when each expires, by lease ID.
     pub fn live_leases(&self) -> Vec<(StoreLeaseId, Instant)> {
         let w = self.world();
-        w.leases
-            .iter()
-            .map(|(id, lease)| (StoreLeaseId(*id), lease.expires_at))
-            .collect()
+        w.leases.iter().map(|(id, lease)| (StoreLeaseId(*id), lease.expires_at)).collect()
     }
 
     /// Every subnet key whose name and value parse, in key order.
@@ -737,11 +657,7 @@ impl MemoryStore {
     /// The write log from entry `from` on (empty if `from` is past its end), for checking
     /// invariants incrementally without copying the whole log each step.
     pub fn write_log_since(&self, from: usize) -> Vec<WriteRecord> {
-        self.world()
-            .writes
-            .get(from..)
-            .map(<[WriteRecord]>::to_vec)
-            .unwrap_or_default()
+        self.world().writes.get(from..).map(<[WriteRecord]>::to_vec).unwrap_or_default()
     }
 }
 
@@ -768,9 +684,7 @@ pub struct MemoryClient {
 
 impl fmt::Debug for MemoryClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryClient")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
+        f.debug_struct("MemoryClient").field("name", &self.name).finish_non_exhaustive()
     }
 }
 
@@ -804,11 +718,7 @@ impl Store for MemoryClient {
 
     async fn set_config(&self, value: &[u8]) -> Result<(), StoreError> {
         self.call(|w, client| {
-            let op = Op::Put {
-                key: w.config_key(),
-                value: value.to_vec(),
-                lease: 0,
-            };
+            let op = Op::Put { key: w.config_key(), value: value.to_vec(), lease: 0 };
             // Not a subnet key: the kind goes nowhere.
             w.client_commit(client, WriteKind::Raw, vec![op])?;
             Ok(())
@@ -837,22 +747,15 @@ impl Store for MemoryClient {
                 return Ok(CreateOutcome::Exists(existing.ok()));
             }
             let lease = w.grant(ttl);
-            let mut ops = vec![Op::Put {
-                key: w.subnet_key(subnet),
-                value: attrs.to_json(),
-                lease,
-            }];
+            let mut ops =
+                vec![Op::Put { key: w.subnet_key(subnet), value: attrs.to_json(), lease }];
             if let Some(node) = &attrs.node_id {
                 let record = HistoryRecord {
                     state: HistoryState::Held,
                     node: node.clone(),
                     public_ip: attrs.public_ip,
                 };
-                ops.push(Op::Put {
-                    key: w.history_key(subnet),
-                    value: record.to_json(),
-                    lease: 0,
-                });
+                ops.push(Op::Put { key: w.history_key(subnet), value: record.to_json(), lease: 0 });
             }
             let rev = w.client_commit(client, WriteKind::Create, ops)?;
             // A put always changes the keyspace, so `rev` is always `Some`.
@@ -885,22 +788,14 @@ impl Store for MemoryClient {
                     Some(Err(_)) => RenewOutcome::Unreadable,
                 });
             }
-            let mut ops = vec![Op::Put {
-                key,
-                value: attrs.to_json(),
-                lease: new_lease,
-            }];
+            let mut ops = vec![Op::Put { key, value: attrs.to_json(), lease: new_lease }];
             if let Some(node) = &attrs.node_id {
                 let record = HistoryRecord {
                     state: HistoryState::Held,
                     node: node.clone(),
                     public_ip: attrs.public_ip,
                 };
-                ops.push(Op::Put {
-                    key: w.history_key(subnet),
-                    value: record.to_json(),
-                    lease: 0,
-                });
+                ops.push(Op::Put { key: w.history_key(subnet), value: record.to_json(), lease: 0 });
             }
             let rev = w.client_commit(client, WriteKind::Renew, ops)?;
             // The key is on the new lease now, so revoking the old one deletes nothing of it.
@@ -918,18 +813,14 @@ impl Store for MemoryClient {
     async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError> {
         self.call(|w, client| {
             let key = w.subnet_key(held.subnet);
-            let ours =
-                w.kv.get(&key)
-                    .filter(|kv| kv.mod_revision == held.mod_revision.0);
+            let ours = w.kv.get(&key).filter(|kv| kv.mod_revision == held.mod_revision.0);
             let Some(kv) = ours else {
                 // Whoever wrote the key since attached it to their own lease: revoking ours
                 // deletes nothing of theirs.
                 w.revoke_lease(held.lease_id.0, client, WriteKind::Release);
                 return Ok(ReleaseOutcome::NotOurs);
             };
-            let public_ip = LeaseAttrs::from_json(&kv.value)
-                .ok()
-                .map(|attrs| attrs.public_ip);
+            let public_ip = LeaseAttrs::from_json(&kv.value).ok().map(|attrs| attrs.public_ip);
             let mut ops = vec![Op::Delete { key }];
             if let Some(public_ip) = public_ip {
                 let record = HistoryRecord {
@@ -951,11 +842,8 @@ impl Store for MemoryClient {
 
     async fn revoke(&self, subnet: Subnet) -> Result<bool, StoreError> {
         self.call(|w, client| {
-            let op = Op::Delete {
-                key: w.subnet_key(subnet),
-            };
-            Ok(w.client_commit(client, WriteKind::Revoke, vec![op])?
-                .is_some())
+            let op = Op::Delete { key: w.subnet_key(subnet) };
+            Ok(w.client_commit(client, WriteKind::Revoke, vec![op])?.is_some())
         })
     }
 
@@ -1028,18 +916,9 @@ impl Store for MemoryClient {
                 return Ok(Box::pin(rx) as WatchStream);
             }
             let only = only.map(|subnet| w.subnet_key(subnet));
-            let watcher = Watcher {
-                client: client.to_owned(),
-                from: start,
-                only,
-                tx,
-            };
+            let watcher = Watcher { client: client.to_owned(), from: start, only, tx };
             let mut replay: Option<WatchBatch> = None;
-            for logged in w
-                .events
-                .iter()
-                .filter(|e| e.revision >= start && watcher.wants(&e.key))
-            {
+            for logged in w.events.iter().filter(|e| e.revision >= start && watcher.wants(&e.key)) {
                 let revision = Revision(logged.revision);
                 match &mut replay {
                     Some(batch) if batch.revision == revision => {
@@ -1049,10 +928,7 @@ impl Store for MemoryClient {
                         if let Some(batch) = replay.take() {
                             let _ = watcher.tx.unbounded_send(Ok(batch));
                         }
-                        replay = Some(WatchBatch {
-                            revision,
-                            events: vec![logged.event.clone()],
-                        });
+                        replay = Some(WatchBatch { revision, events: vec![logged.event.clone()] });
                     }
                 }
             }
@@ -1131,11 +1007,7 @@ mod tests {
         let s = subnet("10.244.3.0/24");
         let held = created(block_on(a.create(s, &attrs("node-aaaa", 1), TTL)).unwrap());
         assert_eq!(held.mod_revision, Revision(2));
-        assert_eq!(
-            store.revision(),
-            Revision(2),
-            "key and history share one revision"
-        );
+        assert_eq!(store.revision(), Revision(2), "key and history share one revision");
         match block_on(b.create(s, &attrs("node-bbbb", 2), TTL)).unwrap() {
             CreateOutcome::Exists(Some(existing)) => {
                 assert_eq!(existing.attrs, attrs("node-aaaa", 1));
@@ -1144,11 +1016,7 @@ mod tests {
             }
             other => panic!("expected Exists, got {other:?}"),
         }
-        assert_eq!(
-            store.revision(),
-            Revision(2),
-            "a failed create writes nothing"
-        );
+        assert_eq!(store.revision(), Revision(2), "a failed create writes nothing");
         let log = store.write_log();
         assert_eq!(log.len(), 1);
         assert_eq!(log[0].client, "a");
@@ -1168,11 +1036,7 @@ mod tests {
     fn create_without_node_id_writes_no_history() {
         let (_, store) = setup();
         let a = store.client("a");
-        let flannelish = LeaseAttrs {
-            node_id: None,
-            incarnation: None,
-            ..attrs("node-aaaa", 1)
-        };
+        let flannelish = LeaseAttrs { node_id: None, incarnation: None, ..attrs("node-aaaa", 1) };
         created(block_on(a.create(subnet("10.244.3.0/24"), &flannelish, TTL)).unwrap());
         let listing = block_on(a.list()).unwrap();
         assert_eq!(listing.leases.len(), 1);
@@ -1198,17 +1062,11 @@ mod tests {
             }
             other => panic!("expected Changed, got {other:?}"),
         }
-        assert_eq!(
-            (store.revision(), store.write_log(), store.live_leases()),
-            before
-        );
+        assert_eq!((store.revision(), store.write_log(), store.live_leases()), before);
         // Absent key: Changed(None). Garbage: Unreadable.
         let gone = subnet("10.244.9.0/24");
-        let phantom = HeldLease {
-            subnet: gone,
-            mod_revision: Revision(2),
-            lease_id: StoreLeaseId(1),
-        };
+        let phantom =
+            HeldLease { subnet: gone, mod_revision: Revision(2), lease_id: StoreLeaseId(1) };
         assert_eq!(
             block_on(b.renew(&phantom, &attrs("node-bbbb", 2), TTL)).unwrap(),
             RenewOutcome::Changed(None)
@@ -1236,10 +1094,7 @@ mod tests {
         // The old lease was revoked, yet the key lives: it is on the new lease.
         let leases: Vec<StoreLeaseId> = store.live_leases().into_iter().map(|(id, _)| id).collect();
         assert_eq!(leases, vec![renewed.lease_id]);
-        assert_eq!(
-            store.lease_of(&key("10.244.3.0/24")),
-            Some(renewed.lease_id)
-        );
+        assert_eq!(store.lease_of(&key("10.244.3.0/24")), Some(renewed.lease_id));
         clock.advance(secs(3)); // 6s: past the old lease's TTL.
         let current = block_on(a.get(s)).unwrap().unwrap().unwrap();
         assert_eq!(current.mod_revision, renewed.mod_revision);
@@ -1274,10 +1129,7 @@ mod tests {
             got,
             vec![WatchBatch {
                 revision: rev,
-                events: vec![WatchEvent::Delete {
-                    subnet: s,
-                    revision: rev
-                }]
+                events: vec![WatchEvent::Delete { subnet: s, revision: rev }]
             }]
         );
         assert_eq!(store.raw(&key("10.244.3.0/24")), None);
@@ -1306,17 +1158,11 @@ mod tests {
         assert_eq!(got.len(), 2, "one revision per expired lease");
         assert_eq!(
             got[0].events,
-            vec![WatchEvent::Delete {
-                subnet: s1,
-                revision: got[0].revision
-            }]
+            vec![WatchEvent::Delete { subnet: s1, revision: got[0].revision }]
         );
         assert_eq!(
             got[1].events,
-            vec![WatchEvent::Delete {
-                subnet: s2,
-                revision: got[1].revision
-            }]
+            vec![WatchEvent::Delete { subnet: s2, revision: got[1].revision }]
         );
         assert!(got[0].revision < got[1].revision);
     }
@@ -1330,14 +1176,7 @@ mod tests {
         created(block_on(b.create(s2, &attrs("node-bbbb", 2), TTL)).unwrap());
         let history = |store: &MemoryStore| {
             let listing = block_on(store.client("x").list()).unwrap();
-            let rev = |s| {
-                listing
-                    .history
-                    .iter()
-                    .find(|h| h.subnet == s)
-                    .unwrap()
-                    .mod_revision
-            };
+            let rev = |s| listing.history.iter().find(|h| h.subnet == s).unwrap().mod_revision;
             (rev(s1), rev(s2))
         };
         let (r1, r2) = history(&store);
@@ -1366,18 +1205,9 @@ mod tests {
         assert_eq!(h.record.node, node("node-aaaa"));
         assert_eq!(h.record.public_ip, Ipv4Addr::new(192, 0, 2, 7));
         assert_eq!(h.mod_revision, store.revision());
-        assert!(
-            store.live_leases().is_empty(),
-            "the released lease is revoked"
-        );
+        assert!(store.live_leases().is_empty(), "the released lease is revoked");
         let got = batches(&mut watch);
-        assert_eq!(
-            got[0].events,
-            vec![WatchEvent::Delete {
-                subnet: s,
-                revision: h.mod_revision
-            }]
-        );
+        assert_eq!(got[0].events, vec![WatchEvent::Delete { subnet: s, revision: h.mod_revision }]);
         // Twice: not ours any more, and nothing is written.
         let rev = store.revision();
         assert_eq!(
@@ -1414,10 +1244,7 @@ mod tests {
         assert!(block_on(op.revoke(s)).unwrap());
         assert!(!block_on(op.revoke(s)).unwrap());
         let last = store.write_log().pop().unwrap();
-        assert_eq!(
-            (last.client.as_str(), last.kind),
-            ("operator", WriteKind::Revoke)
-        );
+        assert_eq!((last.client.as_str(), last.kind), ("operator", WriteKind::Revoke));
         assert_eq!(last.previous_node, Some(node("node-aaaa")));
     }
 
@@ -1430,10 +1257,7 @@ mod tests {
         store.partition("a", true);
         let (items, ended) = drain_ready(&mut watch);
         assert!(ended);
-        assert!(matches!(
-            items.as_slice(),
-            [Err(StoreError::Unavailable(_))]
-        ));
+        assert!(matches!(items.as_slice(), [Err(StoreError::Unavailable(_))]));
         let err = block_on(a.create(s, &attrs("node-aaaa", 1), TTL)).unwrap_err();
         assert!(matches!(err, StoreError::Unavailable(_)) && err.is_transient());
         assert!(err.to_string().contains("partitioned"));
@@ -1485,12 +1309,7 @@ mod tests {
         let (items, ended) = drain_ready(&mut stale);
         assert!(ended);
         match items.as_slice() {
-            [
-                Err(StoreError::Compacted {
-                    requested,
-                    compact_revision,
-                }),
-            ] => {
+            [Err(StoreError::Compacted { requested, compact_revision })] => {
                 assert_eq!(*requested, first.mod_revision);
                 assert_eq!(*compact_revision, store.revision());
             }
@@ -1524,14 +1343,8 @@ mod tests {
         }
         assert_eq!(store.compact_revision(), revs[2]);
         let (items, _) = drain_ready(&mut block_on(a.watch(revs[1], None)).unwrap());
-        assert!(matches!(
-            items.as_slice(),
-            [Err(StoreError::Compacted { .. })]
-        ));
-        assert_eq!(
-            batches(&mut block_on(a.watch(revs[2], None)).unwrap()).len(),
-            2
-        );
+        assert!(matches!(items.as_slice(), [Err(StoreError::Compacted { .. })]));
+        assert_eq!(batches(&mut block_on(a.watch(revs[2], None)).unwrap()).len(), 2);
     }
 
     #[test]
@@ -1554,10 +1367,7 @@ mod tests {
             other => panic!("expected one Put, got {other:?}"),
         }
         let got = batches(&mut future);
-        assert_eq!(
-            got.iter().map(|b| b.revision).collect::<Vec<_>>(),
-            vec![h2.mod_revision]
-        );
+        assert_eq!(got.iter().map(|b| b.revision).collect::<Vec<_>>(), vec![h2.mod_revision]);
         // History and presence writes are not subnet keys: no events.
         let rec = PresenceRecord {
             incarnation: Incarnation::parse("inc-00000001").unwrap(),
@@ -1627,17 +1437,9 @@ mod tests {
         };
         // Dropping with a lease that is not the key's deletes nothing.
         block_on(first.drop_presence(&n, again)).unwrap();
-        assert!(
-            store
-                .raw(&format!("{PREFIX}/weft/nodes/node-aaaa"))
-                .is_some()
-        );
+        assert!(store.raw(&format!("{PREFIX}/weft/nodes/node-aaaa")).is_some());
         block_on(clone.drop_presence(&n, clone_lease)).unwrap();
-        assert!(
-            store
-                .raw(&format!("{PREFIX}/weft/nodes/node-aaaa"))
-                .is_none()
-        );
+        assert!(store.raw(&format!("{PREFIX}/weft/nodes/node-aaaa")).is_none());
         assert!(store.live_leases().is_empty());
         assert!(matches!(
             block_on(first.claim_presence(&n, &mine, ttl)).unwrap(),
@@ -1652,11 +1454,7 @@ mod tests {
         let s = subnet("10.244.3.0/24");
         store.fail_next_after_commit("a");
         // A compare that fails is no write: the fault waits.
-        store.put_raw(
-            &key("10.244.9.0/24"),
-            &attrs("node-bbbb", 2).to_json(),
-            Some(TTL),
-        );
+        store.put_raw(&key("10.244.9.0/24"), &attrs("node-bbbb", 2).to_json(), Some(TTL));
         let Ok(CreateOutcome::Exists(_)) =
             block_on(a.create(subnet("10.244.9.0/24"), &attrs("node-aaaa", 1), TTL))
         else {
@@ -1668,27 +1466,15 @@ mod tests {
         assert_eq!(stored.attrs, attrs("node-aaaa", 1));
         assert_eq!(store.write_log().last().unwrap().client, "a");
         // Only once: adopting the key works, and a lost renew reply leaves the old lease.
-        let held = HeldLease {
-            subnet: s,
-            mod_revision: stored.mod_revision,
-            lease_id: stored.lease_id,
-        };
+        let held =
+            HeldLease { subnet: s, mod_revision: stored.mod_revision, lease_id: stored.lease_id };
         store.fail_next_after_commit("a");
         let err = block_on(a.renew(&held, &attrs("node-aaaa", 1), TTL)).unwrap_err();
         assert!(matches!(err, StoreError::Timeout(_)));
         let now = block_on(b.get(s)).unwrap().unwrap().unwrap();
         assert!(now.mod_revision > stored.mod_revision);
-        assert!(
-            store
-                .live_leases()
-                .iter()
-                .any(|(id, _)| *id == stored.lease_id)
-        );
-        let held = HeldLease {
-            subnet: s,
-            mod_revision: now.mod_revision,
-            lease_id: now.lease_id,
-        };
+        assert!(store.live_leases().iter().any(|(id, _)| *id == stored.lease_id));
+        let held = HeldLease { subnet: s, mod_revision: now.mod_revision, lease_id: now.lease_id };
         assert!(matches!(
             block_on(a.renew(&held, &attrs("node-aaaa", 1), TTL)).unwrap(),
             RenewOutcome::Renewed(_)
@@ -1722,25 +1508,15 @@ mod tests {
                 &format!("{PREFIX}/weft/history/10.244.1.0-24"),
             ]
         );
-        assert!(
-            listing.skipped[0].problem.contains("not valid JSON"),
-            "{:?}",
-            listing.skipped[0]
-        );
-        assert!(
-            listing.skipped[1].problem.contains("key name"),
-            "{:?}",
-            listing.skipped[1]
-        );
+        assert!(listing.skipped[0].problem.contains("not valid JSON"), "{:?}", listing.skipped[0]);
+        assert!(listing.skipped[1].problem.contains("key name"), "{:?}", listing.skipped[1]);
         match block_on(a.get(subnet("10.244.1.0/24"))).unwrap() {
             Some(Err(bad)) => assert_eq!(bad.key, key("10.244.1.0/24")),
             other => panic!("expected a bad entry, got {other:?}"),
         }
         assert_eq!(store.subnet_keys().len(), 1);
-        let events: Vec<WatchEvent> = batches(&mut watch)
-            .into_iter()
-            .flat_map(|b| b.events)
-            .collect();
+        let events: Vec<WatchEvent> =
+            batches(&mut watch).into_iter().flat_map(|b| b.events).collect();
         assert_eq!(events.len(), 3);
         assert!(matches!(&events[0], WatchEvent::Bad(bad) if bad.key == key("10.244.1.0/24")));
         assert!(matches!(&events[1], WatchEvent::Bad(_)));
@@ -1754,10 +1530,8 @@ mod tests {
         );
         assert!(store.delete_raw(&format!("{PREFIX}/subnets/not-a-subnet")));
         assert!(!store.delete_raw(&format!("{PREFIX}/subnets/not-a-subnet")));
-        let events: Vec<WatchEvent> = batches(&mut watch)
-            .into_iter()
-            .flat_map(|b| b.events)
-            .collect();
+        let events: Vec<WatchEvent> =
+            batches(&mut watch).into_iter().flat_map(|b| b.events).collect();
         assert!(
             matches!(&events[..], [WatchEvent::Bad(bad)] if bad.problem.starts_with("deleted"))
         );

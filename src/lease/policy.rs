@@ -83,11 +83,8 @@ pub fn choose(
 
     // Rule 1. Several live keys of ours cannot come from one weft, but a copied disk or an
     // operator can make them; prefer the previous subnet, then the lowest.
-    let mut ours: Vec<&StoredLease> = listing
-        .leases
-        .iter()
-        .filter(|l| l.attrs.is_node(node) && config.fits(l.subnet))
-        .collect();
+    let mut ours: Vec<&StoredLease> =
+        listing.leases.iter().filter(|l| l.attrs.is_node(node) && config.fits(l.subnet)).collect();
     ours.sort_by_key(|l| (Some(l.subnet) != previous, l.subnet));
     if let Some(lease) = ours.first() {
         return Decision { choice: Choice::Adopt((*lease).clone()), previous_taken_by };
@@ -214,7 +211,11 @@ mod tests {
     fn hist(subnet: &str, holder: &str, state: HistoryState, rev: i64) -> HistoryEntry {
         HistoryEntry {
             subnet: sn(subnet),
-            record: HistoryRecord { state, node: node(holder), public_ip: Ipv4Addr::new(192, 0, 2, 9) },
+            record: HistoryRecord {
+                state,
+                node: node(holder),
+                public_ip: Ipv4Addr::new(192, 0, 2, 9),
+            },
             mod_revision: Revision(rev),
         }
     }
@@ -225,7 +226,10 @@ mod tests {
 
     #[test]
     fn own_live_lease_is_adopted() {
-        let l = Listing { leases: vec![lease("10.244.1.0/24", "b", 3), lease("10.244.2.0/24", "a", 4)], ..Default::default() };
+        let l = Listing {
+            leases: vec![lease("10.244.1.0/24", "b", 3), lease("10.244.2.0/24", "a", 4)],
+            ..Default::default()
+        };
         let d = choose(&config(24), &l, &node("a"), None, &mut rng());
         assert_eq!(d.choice, Choice::Adopt(lease("10.244.2.0/24", "a", 4)));
     }
@@ -236,19 +240,30 @@ mod tests {
         let d = choose(&config(24), &l, &node("a"), Some(sn("10.244.1.0/24")), &mut rng());
         assert_eq!(d.previous_taken_by, Some((sn("10.244.1.0/24"), Ipv4Addr::new(192, 0, 2, 9))));
         match d.choice {
-            Choice::Create { subnet, reason: CreateReason::Fresh } => assert_ne!(subnet, sn("10.244.1.0/24")),
+            Choice::Create { subnet, reason: CreateReason::Fresh } => {
+                assert_ne!(subnet, sn("10.244.1.0/24"))
+            }
             other => panic!("unexpected {other:?}"),
         }
     }
 
     #[test]
     fn free_previous_subnet_is_reclaimed() {
-        let l = Listing { history: vec![hist("10.244.7.0/24", "a", HistoryState::Held, 2)], ..Default::default() };
+        let l = Listing {
+            history: vec![hist("10.244.7.0/24", "a", HistoryState::Held, 2)],
+            ..Default::default()
+        };
         let d = choose(&config(24), &l, &node("a"), Some(sn("10.244.7.0/24")), &mut rng());
-        assert_eq!(d.choice, Choice::Create { subnet: sn("10.244.7.0/24"), reason: CreateReason::Previous });
+        assert_eq!(
+            d.choice,
+            Choice::Create { subnet: sn("10.244.7.0/24"), reason: CreateReason::Previous }
+        );
         // Without subnet.env, history names it too.
         let d = choose(&config(24), &l, &node("a"), None, &mut rng());
-        assert_eq!(d.choice, Choice::Create { subnet: sn("10.244.7.0/24"), reason: CreateReason::Previous });
+        assert_eq!(
+            d.choice,
+            Choice::Create { subnet: sn("10.244.7.0/24"), reason: CreateReason::Previous }
+        );
     }
 
     #[test]
@@ -263,12 +278,18 @@ mod tests {
             ..Default::default()
         };
         let d = choose(&c, &l, &node("a"), None, &mut rng());
-        assert_eq!(d.choice, Choice::Create { subnet: sn("10.244.192.0/18"), reason: CreateReason::Fresh });
+        assert_eq!(
+            d.choice,
+            Choice::Create { subnet: sn("10.244.192.0/18"), reason: CreateReason::Fresh }
+        );
         let l2 = Listing { leases: vec![lease("10.244.192.0/18", "z", 11)], ..l };
         let d = choose(&c, &l2, &node("a"), None, &mut rng());
         assert_eq!(
             d.choice,
-            Choice::Create { subnet: sn("10.244.128.0/18"), reason: CreateReason::Expired { last_written: Revision(5) } }
+            Choice::Create {
+                subnet: sn("10.244.128.0/18"),
+                reason: CreateReason::Expired { last_written: Revision(5) }
+            }
         );
     }
 
@@ -284,17 +305,27 @@ mod tests {
             ..Default::default()
         };
         let d = choose(&c, &l, &node("a"), None, &mut rng());
-        assert_eq!(d.choice, Choice::Create { subnet: sn("10.244.128.0/18"), reason: CreateReason::Relinquished });
+        assert_eq!(
+            d.choice,
+            Choice::Create { subnet: sn("10.244.128.0/18"), reason: CreateReason::Relinquished }
+        );
     }
 
     #[test]
     fn exhausted_when_everything_is_live() {
         let c = config(18);
         let l = Listing {
-            leases: vec![lease("10.244.64.0/18", "x", 1), lease("10.244.128.0/18", "y", 2), lease("10.244.192.0/18", "z", 3)],
+            leases: vec![
+                lease("10.244.64.0/18", "x", 1),
+                lease("10.244.128.0/18", "y", 2),
+                lease("10.244.192.0/18", "z", 3),
+            ],
             ..Default::default()
         };
-        assert_eq!(choose(&c, &l, &node("a"), Some(sn("10.244.64.0/18")), &mut rng()).choice, Choice::Exhausted);
+        assert_eq!(
+            choose(&c, &l, &node("a"), Some(sn("10.244.64.0/18")), &mut rng()).choice,
+            Choice::Exhausted
+        );
     }
 
     #[test]

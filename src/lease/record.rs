@@ -121,7 +121,9 @@ impl FromStr for Subnet {
 
 /// An etcd revision: the cluster's own logical clock. weft orders events by revisions, never by
 /// hosts' wall clocks, which skew.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 pub struct Revision(pub i64);
 
 /// An etcd lease ID (the TTL handle a key is attached to). `0` means "no lease": a key that
@@ -147,8 +149,7 @@ pub struct IdError;
 
 fn check_id(s: &str) -> Result<(), IdError> {
     let ok = (8..=64).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase() || b == b'-');
+        && s.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase() || b == b'-');
     if ok { Ok(()) } else { Err(IdError) }
 }
 
@@ -393,7 +394,9 @@ mod tests {
         assert!(LeaseAttrs::from_json(b"not json").is_err());
         assert!(LeaseAttrs::from_json(br#"{"PublicIP":"nope"}"#).is_err());
         // A weft field that is not a valid ID makes the value unreadable, never trusted.
-        assert!(LeaseAttrs::from_json(br#"{"PublicIP":"192.0.2.1","WeftNodeID":"BAD ID"}"#).is_err());
+        assert!(
+            LeaseAttrs::from_json(br#"{"PublicIP":"192.0.2.1","WeftNodeID":"BAD ID"}"#).is_err()
+        );
     }
 
     #[test]
@@ -407,7 +410,9 @@ mod tests {
             incarnation: Some(Incarnation::parse("inc-0001").unwrap()),
         };
         let text = String::from_utf8(a.to_json()).unwrap();
-        assert!(text.starts_with(r#"{"PublicIP":"192.0.2.1","PublicIPv6":null,"BackendType":"vxlan""#));
+        assert!(
+            text.starts_with(r#"{"PublicIP":"192.0.2.1","PublicIPv6":null,"BackendType":"vxlan""#)
+        );
         assert_eq!(LeaseAttrs::from_json(text.as_bytes()).unwrap(), a);
     }
 }

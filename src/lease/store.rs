@@ -197,7 +197,10 @@ pub trait Store: Send + Sync {
     async fn list(&self) -> Result<Listing, StoreError>;
 
     /// One subnet key. `Ok(None)` if absent; `Ok(Some(Err(..)))` if its value does not parse.
-    async fn get(&self, subnet: Subnet) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError>;
+    async fn get(
+        &self,
+        subnet: Subnet,
+    ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError>;
 
     /// Creates the subnet key if absent, attached to a new store lease of `ttl`, and records
     /// `Held` in history, in one transaction.

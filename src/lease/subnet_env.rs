@@ -191,9 +191,7 @@ impl SubnetEnv {
     /// [`SubnetEnvError::SubnetOutsideNetwork`].
     pub fn validate(&self) -> Result<(), SubnetEnvError> {
         if self.network.addr() != self.network.network() {
-            return Err(SubnetEnvError::NetworkHostBits {
-                network: self.network,
-            });
+            return Err(SubnetEnvError::NetworkHostBits { network: self.network });
         }
         check_subnet(self.network, self.subnet)
     }
@@ -205,11 +203,8 @@ impl SubnetEnv {
     pub fn parse(text: &str) -> Result<Self, SubnetEnvError> {
         let (mut network, mut subnet, mut mtu, mut ipmasq) = (None, None, None, None);
         for (i, line) in text.lines().enumerate() {
-            let Some((key, value)) =
-                parse_line(line).map_err(|problem| SubnetEnvError::MalformedLine {
-                    line: i + 1,
-                    problem,
-                })?
+            let Some((key, value)) = parse_line(line)
+                .map_err(|problem| SubnetEnvError::MalformedLine { line: i + 1, problem })?
             else {
                 continue;
             };
@@ -258,20 +253,13 @@ impl SubnetEnv {
             return Err(bad_value(IPMASQ, text, "true or false"));
         };
 
-        Ok(Self {
-            network,
-            subnet,
-            mtu,
-            ipmasq,
-        })
+        Ok(Self { network, subnet, mtu, ipmasq })
     }
 }
 
 fn check_subnet(network: Ipv4Net, subnet: Subnet) -> Result<(), SubnetEnvError> {
     if subnet.prefix_len() > MAX_SUBNET_LEN {
-        return Err(SubnetEnvError::SubnetTooLong {
-            subnet: subnet.net(),
-        });
+        return Err(SubnetEnvError::SubnetTooLong { subnet: subnet.net() });
     }
     if !network.contains(&subnet.net()) {
         return Err(SubnetEnvError::SubnetOutsideNetwork { subnet, network });
@@ -292,9 +280,7 @@ fn parse_line(line: &str) -> Result<Option<(&str, &str)>, LineProblem> {
     let (key, value) = line.split_once('=').ok_or(LineProblem::NoEquals)?;
     let key = key.trim_end();
     let key_ok = !key.is_empty()
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
     if !key_ok {
         return Err(LineProblem::BadKey);
     }
@@ -351,18 +337,11 @@ fn bad_value(key: &'static str, value: &str, expected: &'static str) -> SubnetEn
         value.truncate(cut);
         value.push('…');
     }
-    SubnetEnvError::BadValue {
-        key,
-        value,
-        expected,
-    }
+    SubnetEnvError::BadValue { key, value, expected }
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> SubnetEnvError + '_ {
-    move |source| SubnetEnvError::Io {
-        path: path.to_owned(),
-        source,
-    }
+    move |source| SubnetEnvError::Io { path: path.to_owned(), source }
 }
 
 /// Reads `subnet.env`. Never fails hard: see [`ReadOutcome`].
@@ -377,9 +356,7 @@ pub fn read(path: &Path) -> ReadOutcome {
         return ReadOutcome::Corrupt(io_error(path)(e));
     }
     if bytes.len() as u64 > MAX_FILE_LEN {
-        return ReadOutcome::Corrupt(SubnetEnvError::TooLarge {
-            path: path.to_owned(),
-        });
+        return ReadOutcome::Corrupt(SubnetEnvError::TooLarge { path: path.to_owned() });
     }
     let Ok(text) = String::from_utf8(bytes) else {
         return ReadOutcome::Corrupt(SubnetEnvError::NotUtf8);
@@ -409,11 +386,7 @@ pub fn write_atomic(path: &Path, env: &SubnetEnv) -> Result<(), SubnetEnvError> 
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)
-        .map_err(io_error(dir))?;
+    fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(io_error(dir))?;
 
     let (tmp, mut file) = create_temp(dir, name)?;
     let written = file
@@ -428,9 +401,7 @@ pub fn write_atomic(path: &Path, env: &SubnetEnv) -> Result<(), SubnetEnvError> 
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_error(dir))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
 }
 
 /// Creates a new temp file next to the target. The name starts with `.` so that tools globbing
@@ -442,12 +413,7 @@ fn create_temp(dir: &Path, name: &std::ffi::OsStr) -> Result<(PathBuf, File), Su
         tmp_name.push(name);
         tmp_name.push(format!(".{:016x}.tmp", rand::random::<u64>()));
         let tmp = dir.join(tmp_name);
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&tmp)
-        {
+        match OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp) {
             Ok(file) => return Ok((tmp, file)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempts < 8 => attempts += 1,
             Err(e) => return Err(io_error(&tmp)(e)),
@@ -561,22 +527,13 @@ mod tests {
     fn validate_refuses_what_would_not_read_back() {
         let mut env = example();
         env.network = "10.5.0.1/16".parse().unwrap();
-        assert!(matches!(
-            env.validate(),
-            Err(SubnetEnvError::NetworkHostBits { .. })
-        ));
+        assert!(matches!(env.validate(), Err(SubnetEnvError::NetworkHostBits { .. })));
         let mut env = example();
         env.subnet = "10.6.0.0/24".parse().unwrap();
-        assert!(matches!(
-            env.validate(),
-            Err(SubnetEnvError::SubnetOutsideNetwork { .. })
-        ));
+        assert!(matches!(env.validate(), Err(SubnetEnvError::SubnetOutsideNetwork { .. })));
         let mut env = example();
         env.subnet = "10.5.0.0/31".parse().unwrap();
-        assert!(matches!(
-            env.validate(),
-            Err(SubnetEnvError::SubnetTooLong { .. })
-        ));
+        assert!(matches!(env.validate(), Err(SubnetEnvError::SubnetTooLong { .. })));
         assert!(example().validate().is_ok());
     }
 
@@ -635,19 +592,13 @@ mod tests {
         let e = write_atomic(&path, &example()).unwrap_err();
         assert!(e.to_string().contains("subnet.env"), "{e}");
         assert_eq!(names(tmp.path()), ["subnet.env"]);
-        assert!(matches!(
-            read(&path),
-            ReadOutcome::Corrupt(SubnetEnvError::Io { .. })
-        ));
+        assert!(matches!(read(&path), ReadOutcome::Corrupt(SubnetEnvError::Io { .. })));
 
         // A parent that is a file.
         let plain = tmp.path().join("plain");
         fs::write(&plain, b"").unwrap();
         let e = write_atomic(&plain.join("x/subnet.env"), &example()).unwrap_err();
-        assert!(
-            matches!(&e, SubnetEnvError::Io { path, .. } if path.ends_with("plain/x")),
-            "{e}"
-        );
+        assert!(matches!(&e, SubnetEnvError::Io { path, .. } if path.ends_with("plain/x")), "{e}");
     }
 
     #[test]
@@ -666,39 +617,19 @@ mod tests {
             assert!(matches!(read(&path), ReadOutcome::Corrupt(_)), "{bytes:?}");
         }
         fs::write(&path, vec![b'#'; MAX_FILE_LEN as usize + 1]).unwrap();
-        assert!(matches!(
-            read(&path),
-            ReadOutcome::Corrupt(SubnetEnvError::TooLarge { .. })
-        ));
-        assert!(matches!(
-            read(&tmp.path().join("nope/subnet.env")),
-            ReadOutcome::Missing
-        ));
+        assert!(matches!(read(&path), ReadOutcome::Corrupt(SubnetEnvError::TooLarge { .. })));
+        assert!(matches!(read(&tmp.path().join("nope/subnet.env")), ReadOutcome::Missing));
     }
 
     fn any_env() -> impl Strategy<Value = SubnetEnv> {
-        (
-            0u8..=MAX_SUBNET_LEN,
-            any::<u32>(),
-            any::<u32>(),
-            any::<u8>(),
-            any::<u32>(),
-            any::<bool>(),
-        )
+        (0u8..=MAX_SUBNET_LEN, any::<u32>(), any::<u32>(), any::<u8>(), any::<u32>(), any::<bool>())
             .prop_map(|(net_len, net_addr, pick, extra, mtu, ipmasq)| {
-                let network = Ipv4Net::new(Ipv4Addr::from(net_addr), net_len)
-                    .unwrap()
-                    .trunc();
+                let network = Ipv4Net::new(Ipv4Addr::from(net_addr), net_len).unwrap().trunc();
                 let sub_len = net_len + extra % (MAX_SUBNET_LEN - net_len + 1);
                 let host_bits = !u32::from(network.netmask());
                 let addr = u32::from(network.network()) | (pick & host_bits);
                 let subnet = Ipv4Net::new(Ipv4Addr::from(addr), sub_len).unwrap().trunc();
-                SubnetEnv {
-                    network,
-                    subnet: Subnet::new(subnet).unwrap(),
-                    mtu,
-                    ipmasq,
-                }
+                SubnetEnv { network, subnet: Subnet::new(subnet).unwrap(), mtu, ipmasq }
             })
     }
 

@@ -26,11 +26,7 @@ const START_DEADLINE: Duration = Duration::from_secs(20);
 /// The etcd binary, or a panic telling how to install it.
 pub fn etcd_binary() -> PathBuf {
     let candidates = std::env::var_os("PATH")
-        .map(|paths| {
-            std::env::split_paths(&paths)
-                .map(|p| p.join("etcd"))
-                .collect::<Vec<_>>()
-        })
+        .map(|paths| std::env::split_paths(&paths).map(|p| p.join("etcd")).collect::<Vec<_>>())
         .unwrap_or_default();
     candidates
         .into_iter()
@@ -52,10 +48,7 @@ pub fn closed_port() -> u16 {
 
 fn free_port() -> u16 {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a free port");
-    listener
-        .local_addr()
-        .expect("local address of a bound socket")
-        .port()
+    listener.local_addr().expect("local address of a bound socket").port()
 }
 
 fn url(port: u16) -> String {
@@ -103,19 +96,10 @@ impl TlsFiles {
     /// # Panics
     /// If `openssl` is missing or fails.
     pub fn generate(dir: &Path) -> Self {
-        let key = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
+        let key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
         for ca in ["ca", "other-ca"] {
-            let (keyout, out, subj) = (
-                format!("{ca}.key"),
-                format!("{ca}.pem"),
-                format!("/CN=weft-test-{ca}"),
-            );
+            let (keyout, out, subj) =
+                (format!("{ca}.key"), format!("{ca}.pem"), format!("/CN=weft-test-{ca}"));
             let mut args = vec!["req", "-x509", "-days", "1", "-subj", subj.as_str()];
             args.extend(key);
             args.extend(["-keyout", keyout.as_str(), "-out", out.as_str()]);
@@ -223,14 +207,7 @@ impl Member {
             .arg("new")
             .arg("--initial-cluster-token")
             .arg("weft-test")
-            .args([
-                "--logger",
-                "zap",
-                "--log-outputs",
-                "stderr",
-                "--log-level",
-                "error",
-            ])
+            .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "error"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -258,18 +235,11 @@ impl Member {
                 Ok(())
             });
         }
-        self.child = Some(
-            cmd.spawn()
-                .unwrap_or_else(|e| panic!("cannot start etcd: {e}")),
-        );
+        self.child = Some(cmd.spawn().unwrap_or_else(|e| panic!("cannot start etcd: {e}")));
     }
 
     fn client_url(&self) -> String {
-        if self.tls.is_some() {
-            tls_url(self.client_port)
-        } else {
-            url(self.client_port)
-        }
+        if self.tls.is_some() { tls_url(self.client_port) } else { url(self.client_port) }
     }
 
     /// Whether the process has exited (reaping it if so).
@@ -314,10 +284,7 @@ fn healthy(client_port: u16) -> bool {
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
     let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-    if stream
-        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .is_err()
-    {
+    if stream.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
         return false;
     }
     let mut response = String::new();
@@ -331,11 +298,7 @@ fn wait_healthy(members: &mut [Member]) -> Result<(), String> {
     loop {
         for m in members.iter_mut() {
             if m.exited() {
-                return Err(format!(
-                    "etcd {} exited during start-up:\n{}",
-                    m.name,
-                    m.log_tail()
-                ));
+                return Err(format!("etcd {} exited during start-up:\n{}", m.name, m.log_tail()));
             }
         }
         if members.iter().all(|m| healthy(m.health_port)) {
@@ -343,10 +306,7 @@ fn wait_healthy(members: &mut [Member]) -> Result<(), String> {
         }
         if Instant::now() > deadline {
             let logs: Vec<String> = members.iter().map(|m| m.log_tail()).collect();
-            panic!(
-                "etcd not healthy after {START_DEADLINE:?}:\n{}",
-                logs.join("\n---\n")
-            );
+            panic!("etcd not healthy after {START_DEADLINE:?}:\n{}", logs.join("\n---\n"));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -356,12 +316,7 @@ fn wait_healthy(members: &mut [Member]) -> Result<(), String> {
 fn wait_member_healthy(m: &mut Member) {
     let deadline = Instant::now() + START_DEADLINE;
     while !healthy(m.health_port) {
-        assert!(
-            !m.exited(),
-            "etcd {} exited on restart:\n{}",
-            m.name,
-            m.log_tail()
-        );
+        assert!(!m.exited(), "etcd {} exited on restart:\n{}", m.name, m.log_tail());
         assert!(
             Instant::now() < deadline,
             "etcd {} not healthy after restart:\n{}",
@@ -402,18 +357,12 @@ impl EtcdServer {
     }
 
     fn start_with(tls: Option<ServerTls>) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("weft-etcd-")
-            .tempdir()
-            .expect("create a temp dir");
+        let dir =
+            tempfile::Builder::new().prefix("weft-etcd-").tempdir().expect("create a temp dir");
         let mut last_error = String::new();
         for _attempt in 0..3 {
             let (client_port, peer_port) = (free_port(), free_port());
-            let health_port = if tls.is_some() {
-                free_port()
-            } else {
-                client_port
-            };
+            let health_port = if tls.is_some() { free_port() } else { client_port };
             // A fresh data dir per attempt: a half-started member leaves one behind.
             let data_dir = dir.path().join(format!("n0-{client_port}"));
             let mut member = Member {
@@ -514,9 +463,8 @@ impl EtcdCluster {
             .expect("create a temp dir");
         let mut last_error = String::new();
         for attempt in 0..3 {
-            let ports: Vec<(u16, u16)> = (0..Self::SIZE)
-                .map(|_| (free_port(), free_port()))
-                .collect();
+            let ports: Vec<(u16, u16)> =
+                (0..Self::SIZE).map(|_| (free_port(), free_port())).collect();
             let initial_cluster = ports
                 .iter()
                 .enumerate()

@@ -283,13 +283,17 @@ impl WeftNode {
         let deadline = Instant::now() + within;
         loop {
             let (status, body) = self.get("/readyz");
-            if status == 200 {
-                if let Some(s) = self.subnet_env_subnet() {
-                    return s;
-                }
+            if status == 200
+                && let Some(s) = self.subnet_env_subnet()
+            {
+                return s;
             }
             if Instant::now() > deadline {
-                panic!("node {} not ready in {within:?}: {status} {body}\n--- log ---\n{}", self.opts.public_ip, self.log());
+                panic!(
+                    "node {} not ready in {within:?}: {status} {body}\n--- log ---\n{}",
+                    self.opts.public_ip,
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -300,7 +304,11 @@ impl WeftNode {
         let deadline = Instant::now() + within;
         while !self.log().contains(needle) {
             if Instant::now() > deadline {
-                panic!("node {}: {needle:?} not logged in {within:?}\n--- log ---\n{}", self.opts.public_ip, self.log());
+                panic!(
+                    "node {}: {needle:?} not logged in {within:?}\n--- log ---\n{}",
+                    self.opts.public_ip,
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -329,7 +337,10 @@ impl Drop for WeftNode {
 
 /// A minimal HTTP/1.0 GET against the loopback health server: (status, body).
 pub fn http_get(port: u16, path: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect_timeout(&SocketAddr::from((Ipv4Addr::LOCALHOST, port)), Duration::from_secs(1)) else {
+    let Ok(mut s) = TcpStream::connect_timeout(
+        &SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        Duration::from_secs(1),
+    ) else {
         return (0, String::new());
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# weft demo: from a fresh machine, build weft, start etcd, bring up three network-namespace
+# hosts on a shared underlay, run weft on each, and show the lease control plane at work:
+# acquiring, listing, a suspended host coming back to its own subnet, an operator's revoke,
+# and a clean shutdown that relinquishes.
+#
+#   192.0.2.254  <p>hub  bridge br0 + etcd
+#   192.0.2.1-4  <p>h1..h4  weft run
+#
+# Everything lives in namespaces named weftdemo<pid>*, removed on exit. Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib/netns.sh
+
+[ "$(id -u)" -eq 0 ] || { echo "demo: run as root (it creates network namespaces)" >&2; exit 1; }
+scripts/setup.sh >/dev/null
+echo "== building weft (release)"
+cargo build --release --quiet
+WEFT="$PWD/target/release/weft"
+
+P="weftdemo$$-"
+WORK=$(mktemp -d /tmp/weft-demo.XXXXXX)
+ETCD="http://192.0.2.254:2379"
+PREFIX=/coreos.com/network
+TTL=6s
+declare -A PIDS=()
+
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill -CONT "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true; done
+    sleep 0.5
+    netns_cleanup "$P"
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+say() { printf '\n== %s\n' "$*"; }
+hub() { ip netns exec "${P}hub" "$@"; }
+weft_admin() { hub "$WEFT" "$@" --etcd-endpoints "$ETCD" --etcd-prefix "$PREFIX"; }
+
+start_host() { # N [extra flags...]
+    local n=$1; shift
+    [ -e "/run/netns/${P}h$n" ] || netns_host_up "$P" "$n"
+    mkdir -p "$WORK/h$n"
+    ip netns exec "${P}h$n" "$WEFT" run --etcd-endpoints "$ETCD" --etcd-prefix "$PREFIX" \
+        --state-dir "$WORK/h$n/state" --subnet-file "$WORK/h$n/subnet.env" \
+        --subnet-lease-ttl "$TTL" --healthz-ip 127.0.0.1 --healthz-port 9797 "$@" \
+        >>"$WORK/h$n/weft.log" 2>&1 &
+    PIDS[$n]=$!
+}
+
+wait_ready() { # N
+    for _ in $(seq 1 100); do
+        if netns_http "${P}h$1" 9797 /readyz | grep -q "is ready"; then return 0; fi
+        sleep 0.2
+    done
+    echo "host $1 did not become ready:"; tail -20 "$WORK/h$1/weft.log"; return 1
+}
+
+subnet_of() { grep FLANNEL_SUBNET "$WORK/h$1/subnet.env" | cut -d= -f2; }
+
+say "underlay: hub namespace with a bridge, etcd on 192.0.2.254"
+netns_hub_up "$P"
+hub etcd --name demo --data-dir "$WORK/etcd" \
+    --listen-client-urls "$ETCD" --advertise-client-urls "$ETCD" \
+    --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
+    --initial-cluster demo=http://127.0.0.1:23800 --log-level error >"$WORK/etcd.log" 2>&1 &
+PIDS[etcd]=$!
+for _ in $(seq 1 50); do weft_admin network get >/dev/null 2>&1 && break; hub bash -c "exec 3<>/dev/tcp/192.0.2.254/2379" 2>/dev/null && break; sleep 0.2; done
+
+say "network config"
+printf '{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}' >"$WORK/net.json"
+weft_admin network set "$WORK/net.json"
+weft_admin network get
+
+say "three hosts start weft (lease TTL $TTL)"
+for n in 1 2 3; do start_host "$n"; done
+for n in 1 2 3; do wait_ready "$n"; echo "host $n (192.0.2.$n): FLANNEL_SUBNET=$(subnet_of "$n")"; done
+echo; cat "$WORK/h1/subnet.env"
+weft_admin lease list
+
+say "host 1 is suspended (SIGSTOP) past its TTL; its key expires"
+S1=$(subnet_of 1)
+kill -STOP "${PIDS[1]}"
+sleep 8
+weft_admin lease list
+say "host 4 joins while host 1 sleeps: it prefers never-used subnets over host 1's expired one"
+start_host 4
+wait_ready 4
+echo "host 4: FLANNEL_SUBNET=$(subnet_of 4)"
+say "host 1 resumes and reclaims the same subnet"
+kill -CONT "${PIDS[1]}"
+wait_ready 1
+grep -E "recovered|expired locally" "$WORK/h1/weft.log" | sed 's/^/  h1| /' | tail -3
+echo "host 1: FLANNEL_SUBNET=$(subnet_of 1) (was $S1)"
+netns_http "${P}h1" 9797 /metrics | grep -E "^weft_lease_(recoveries|losses)_total"
+
+say "an operator revokes host 2's lease; host 2 notices and reclaims it"
+S2=$(subnet_of 2)
+weft_admin lease revoke "${S2%.1/24}.0/24"
+sleep 1.5
+grep "recovered" "$WORK/h2/weft.log" | sed 's/^/  h2| /' | tail -1
+
+say "host 3 stops cleanly with --relinquish-on-exit semantics: restart it with the flag, then SIGTERM"
+kill "${PIDS[3]}"; wait "${PIDS[3]}" 2>/dev/null || true
+start_host 3 --relinquish-on-exit
+wait_ready 3
+kill "${PIDS[3]}"; wait "${PIDS[3]}" 2>/dev/null || true
+unset 'PIDS[3]'
+weft_admin lease list
+
+say "done: leases were never shared, host 1 kept its subnet through a suspend, host 2 through a revoke"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Everything needed to pass weft's whole test suite on a fresh machine: installs what is
+# missing (scripts/setup.sh), checks formatting and lints, then runs every test. The tests
+# start their own services (etcd on loopback ports with temp dirs; network namespaces for the
+# end-to-end tests) and clean up after themselves.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --all-targets -- --test-threads 2
