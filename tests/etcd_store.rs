@@ -626,6 +626,16 @@ async fn a_cluster_survives_losing_its_leader() {
     assert_ne!(new_leader, leader);
 
     cluster.restart_member(leader);
-    let now = store.get(s).await.expect("get").expect("present").expect("parses");
+    // The client may still route a call to the member that is coming back: retry briefly.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let now = loop {
+        match store.get(s).await {
+            Ok(found) => break found.expect("present").expect("parses"),
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("get after the member restart: {e}"),
+        }
+    };
     assert_eq!(now.mod_revision, renewed.mod_revision);
 }
