@@ -504,6 +504,16 @@ impl World {
         self.settle();
     }
 
+    /// Whether `name` is cut off the store.
+    pub fn is_partitioned(&self, name: &str) -> bool {
+        self.partitioned.contains(name)
+    }
+
+    /// Whether the store is down.
+    pub fn is_down(&self) -> bool {
+        self.down
+    }
+
     /// The whole store goes down (`true`) or comes back; its leases keep running meanwhile.
     pub fn store_down(&mut self, down: bool) {
         self.note(format!("store {}", if down { "down" } else { "up" }));
