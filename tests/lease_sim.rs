@@ -840,3 +840,142 @@ fn random_schedules_keep_invariants_and_settle() {
     );
     assert!(failures.is_empty(), "{} failing schedule(s):\n{}", failures.len(), failures.join("\n\n"));
 }
+
+// ---- flannel baseline -------------------------------------------------------------------------
+
+const IMPLS: [(&str, Impl); 3] = [
+    ("weft", Impl::Weft),
+    ("flannel v0.18+", Impl::Flannel(FlannelVersion::V0_18)),
+    ("flannel <=v0.17", Impl::Flannel(FlannelVersion::V0_17)),
+];
+
+/// One story of SCENARIOS.md told with hosts of one implementation, restarted by a supervisor
+/// (`Restart=always`) whenever they exit.
+fn story(scenario: &str, imp: Impl, seed: u64) -> World {
+    let net = match scenario {
+        "S1" | "S4 clone, new IP" | "S4 clone, same IP" => network_of(8),
+        "S2" | "S3" => network_of(2),
+        "S7" => network_of(255),
+        _ => unreachable!(),
+    };
+    let mut w = World::new(seed, net);
+    w.restart_after = Some(SEC);
+    let hold = |w: &mut World, n: &str| {
+        w.advance_until(5 * SEC, |w| w.believed(n).is_some());
+    };
+    match scenario {
+        "S1" | "S2" => {
+            w.add_host("a", imp);
+            w.start("a");
+            hold(&mut w, "a");
+            if scenario == "S2" {
+                w.add_host("c", imp);
+                w.start("c");
+                hold(&mut w, "c");
+            }
+            w.advance(TTL);
+            w.suspend("a");
+            w.advance(TTL + TTL / 2);
+            w.add_host("b", imp);
+            w.start("b");
+            hold(&mut w, "b");
+            w.resume("a");
+            w.advance(TTL * 3);
+        }
+        "S3" => {
+            w.add_host("a", imp);
+            w.start("a");
+            hold(&mut w, "a");
+            w.add_host("c", imp);
+            w.start("c");
+            hold(&mut w, "c");
+            w.kill("a");
+            w.advance(TTL + SEC);
+            w.add_host("b", imp);
+            w.start("b");
+            hold(&mut w, "b");
+            w.start("a");
+            w.advance(TTL * 2);
+            w.kill("c");
+            w.advance(TTL * 3);
+        }
+        "S4 clone, new IP" | "S4 clone, same IP" => {
+            w.add_host("a", imp);
+            w.start("a");
+            hold(&mut w, "a");
+            w.advance(TTL);
+            let ip = if scenario == "S4 clone, same IP" {
+                // The copied disk carries the configured --public-ip.
+                w.host("a").public_ip
+            } else {
+                Ipv4Addr::new(192, 0, 2, 99)
+            };
+            w.clone_host("a", "b", ip);
+            w.start("b");
+            w.advance(TTL * 4);
+        }
+        "S7" => {
+            let names: Vec<String> = (0..50).map(|i| format!("h{i:02}")).collect();
+            for n in &names {
+                w.add_host(n, imp);
+            }
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            w.start_all(&refs);
+            w.advance(TTL * 3);
+        }
+        _ => unreachable!(),
+    }
+    w
+}
+
+#[derive(Default)]
+struct Tally {
+    duplicates: u32,
+    foreign_writes: u32,
+    exits: u32,
+    subnet_changes: u32,
+    violations: usize,
+}
+
+#[test]
+fn flannel_baseline_comparison() {
+    const SEEDS: u64 = 10;
+    let scenarios = ["S1", "S2", "S3", "S4 clone, same IP", "S4 clone, new IP", "S7"];
+    let mut table: Vec<(&str, &str, Tally)> = Vec::new();
+    for scenario in scenarios {
+        for (label, imp) in IMPLS {
+            let mut t = Tally::default();
+            for seed in 0..SEEDS {
+                let w = story(scenario, imp, seed);
+                t.duplicates += w.duplicates;
+                t.foreign_writes += w.foreign_writes();
+                t.exits += w.exits();
+                t.subnet_changes += w.subnet_changes();
+                t.violations += w.violations.len();
+                if imp == Impl::Weft {
+                    w.assert_clean();
+                }
+            }
+            table.push((scenario, label, t));
+        }
+    }
+    println!("\nflannel baseline: sums over {SEEDS} seeds per row; supervisor restarts exited daemons");
+    println!("{:<18} {:<16} {:>10} {:>14} {:>6} {:>14}", "scenario", "daemon", "duplicates", "foreign writes", "exits", "subnet changes");
+    for (s, l, t) in &table {
+        println!(
+            "{s:<18} {l:<16} {:>10} {:>14} {:>6} {:>14}",
+            t.duplicates, t.foreign_writes, t.exits, t.subnet_changes
+        );
+    }
+    let row = |s: &str, l: &str| &table.iter().find(|(a, b, _)| *a == s && *b == l).unwrap().2;
+    for s in scenarios {
+        let t = row(s, "weft");
+        assert_eq!((t.duplicates, t.foreign_writes, t.exits, t.violations), (0, 0, 0, 0), "weft in {s}");
+    }
+    // The comparison is not vacuous: flannel's known failures show.
+    assert!(row("S3", "flannel <=v0.17").duplicates > 0, "seed 001: the stale subnet.env hijack");
+    assert!(row("S3", "flannel <=v0.17").foreign_writes > 0);
+    assert!(row("S4 clone, same IP", "flannel v0.18+").duplicates > 0, "seed 003: a clone hijacks");
+    assert!(row("S4 clone, same IP", "flannel v0.18+").foreign_writes > 0);
+    assert!(row("S7", "flannel v0.18+").exits > 0, "flannel exits on a lost create race");
+}

@@ -179,7 +179,18 @@ pub struct FlannelProc {
     watch_from: Revision,
     watch_retry_at: Instant,
     watch_backoff: Duration,
+    /// What the last listing decided, carried out on the next step (so joiners can race).
+    chosen: Option<FlannelChoice>,
     rng: StdRng,
+}
+
+/// What flannel's `tryAcquireLease` decided from its listing.
+#[derive(Clone, Copy)]
+enum FlannelChoice {
+    /// `updateSubnet`: an unconditional put on a fresh lease.
+    Put(Subnet),
+    /// `createSubnet`: `Version == 0` then put.
+    Create(Subnet),
 }
 
 /// What a flannel step decided about the process.
@@ -434,6 +445,7 @@ impl World {
                 watch_from: Revision(0),
                 watch_retry_at: now,
                 watch_backoff: Duration::from_millis(100),
+                chosen: None,
                 rng: StdRng::seed_from_u64(run_seed),
             }),
         });
@@ -1145,11 +1157,44 @@ fn step_flannel(h: &mut Host, mut ctx: FlannelCtx<'_>) -> FlannelOutcome {
     FlannelOutcome::Acted
 }
 
-/// flannel's `tryAcquireLease` (one attempt: its retry loop only retries `ErrDuplicateKey`,
-/// never its own `errSubnetAlreadyexists`).
+/// flannel's `tryAcquireLease`, in two steps (list and decide; then write) so that hosts
+/// starting together race. One attempt only: its retry loop retries `ErrDuplicateKey`, never
+/// its own `errSubnetAlreadyexists`, so a lost race ends the process.
 fn flannel_acquire(h: &mut Host, ctx: &mut FlannelCtx<'_>) -> FlannelOutcome {
     let now = ctx.now;
     let Some(Proc::Flannel(p)) = &mut h.proc else { return FlannelOutcome::Idle };
+    if let Some(choice) = p.chosen.take() {
+        return match choice {
+            FlannelChoice::Put(s) => match flannel_put(ctx, h, s) {
+                Some(rev) => {
+                    flannel_hold(h, s, rev, ctx);
+                    FlannelOutcome::Acted
+                }
+                None => {
+                    let Some(Proc::Flannel(p)) = &mut h.proc else { unreachable!() };
+                    p.retry_at = now + Duration::from_secs(1);
+                    FlannelOutcome::Acted
+                }
+            },
+            FlannelChoice::Create(s) => {
+                let attrs = flannel_attrs(ctx.network, h);
+                let Some(Proc::Flannel(p)) = &mut h.proc else { unreachable!() };
+                match block_on(p.client.create(s, &attrs, ctx.ttl)) {
+                    Ok(CreateOutcome::Created(held)) => {
+                        flannel_hold(h, s, held.mod_revision, ctx);
+                        FlannelOutcome::Acted
+                    }
+                    Ok(CreateOutcome::Exists(_)) => {
+                        FlannelOutcome::Exit(format!("{s}: errSubnetAlreadyexists (exit 1)"))
+                    }
+                    Err(_) => {
+                        p.retry_at = now + Duration::from_secs(1);
+                        FlannelOutcome::Acted
+                    }
+                }
+            }
+        };
+    }
     let listing = match block_on(p.client.list()) {
         Ok(l) => l,
         Err(_) => {
@@ -1158,7 +1203,6 @@ fn flannel_acquire(h: &mut Host, ctx: &mut FlannelCtx<'_>) -> FlannelOutcome {
             return FlannelOutcome::Acted;
         }
     };
-    let version = p.version;
     let fits = |s: Subnet| ctx.network.fits(s);
     // 1. Reuse the first lease whose PublicIP is ours: unconditional put.
     let by_ip = listing
@@ -1167,22 +1211,16 @@ fn flannel_acquire(h: &mut Host, ctx: &mut FlannelCtx<'_>) -> FlannelOutcome {
         .find(|l| l.attrs.public_ip == h.public_ip && fits(l.subnet))
         .map(|l| l.subnet);
     // 2 (v0.17 only). A live lease found by the previous subnet: reused whoever holds it.
-    let by_prev = match (version, h.subnet_env) {
+    let by_prev = match (p.version, h.subnet_env) {
         (FlannelVersion::V0_17, Some(prev)) if fits(prev) => {
             listing.leases.iter().find(|l| l.subnet == prev).map(|l| l.subnet)
         }
         _ => None,
     };
     if let Some(s) = by_ip.or(by_prev) {
-        let Some(rev) = flannel_put(ctx, h, s) else {
-            let Some(Proc::Flannel(p)) = &mut h.proc else { unreachable!() };
-            p.retry_at = now + Duration::from_secs(1);
-            return FlannelOutcome::Acted;
-        };
-        flannel_hold(h, s, rev, ctx);
+        p.chosen = Some(FlannelChoice::Put(s));
         return FlannelOutcome::Acted;
     }
-    let Some(Proc::Flannel(p)) = &mut h.proc else { unreachable!() };
     let taken: BTreeSet<Subnet> = listing.leases.iter().map(|l| l.subnet).collect();
     // 3. The subnet.env subnet if no lease exists for it; else 4. random among the lowest 100.
     let candidate = match h.subnet_env {
@@ -1193,23 +1231,12 @@ fn flannel_acquire(h: &mut Host, ctx: &mut FlannelCtx<'_>) -> FlannelOutcome {
             (!free.is_empty()).then(|| free[p.rng.random_range(0..free.len())])
         }
     };
-    let Some(s) = candidate else {
-        return FlannelOutcome::Exit("out of subnets (exit 1)".into());
-    };
-    let attrs = flannel_attrs(ctx.network, h);
-    let Some(Proc::Flannel(p)) = &mut h.proc else { unreachable!() };
-    match block_on(p.client.create(s, &attrs, ctx.ttl)) {
-        Ok(CreateOutcome::Created(held)) => {
-            flannel_hold(h, s, held.mod_revision, ctx);
+    match candidate {
+        Some(s) => {
+            p.chosen = Some(FlannelChoice::Create(s));
             FlannelOutcome::Acted
         }
-        Ok(CreateOutcome::Exists(_)) => {
-            FlannelOutcome::Exit(format!("{s}: errSubnetAlreadyexists (exit 1)"))
-        }
-        Err(_) => {
-            p.retry_at = now + Duration::from_secs(1);
-            FlannelOutcome::Acted
-        }
+        None => FlannelOutcome::Exit("out of subnets (exit 1)".into()),
     }
 }
 
