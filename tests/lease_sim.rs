@@ -38,7 +38,12 @@ fn wait_hold(w: &mut World, name: &str, limit: Duration) -> Subnet {
 
 /// Advances until `name` logs a new event matching `pred` (at most `limit`); returns when the
 /// event happened (the world may be up to one [`TICK`] later).
-fn wait_event(w: &mut World, name: &str, limit: Duration, pred: impl Fn(&KeeperEvent) -> bool) -> Instant {
+fn wait_event(
+    w: &mut World,
+    name: &str,
+    limit: Duration,
+    pred: impl Fn(&KeeperEvent) -> bool,
+) -> Instant {
     let before = w.last_event_at(name, &pred);
     assert!(
         w.advance_until(limit, |w| w.last_event_at(name, &pred) > before),
@@ -118,10 +123,10 @@ fn s2_setup() -> (World, Subnet, usize, Instant) {
     w.advance(TTL + TTL / 2);
     w.join("b");
     assert_eq!(wait_hold(&mut w, "b", 5 * SEC), s, "b must take the only (expired) subnet");
-    assert!(w
-        .events("b")
-        .iter()
-        .any(|e| matches!(e, KeeperEvent::Acquired { kind: AcquireKind::Created(CreateReason::Expired { .. }), .. })));
+    assert!(w.events("b").iter().any(|e| matches!(
+        e,
+        KeeperEvent::Acquired { kind: AcquireKind::Created(CreateReason::Expired { .. }), .. }
+    )));
     let pos = w.log_len();
     let t = w.now();
     w.resume("a");
@@ -283,7 +288,9 @@ fn s4_clone_started_while_original_suspended_under_ttl_adopts_and_original_repor
     w.advance(secs(2.1));
     w.start("b");
     assert!(w.advance_until(2 * SEC, |w| w.believed("b") == Some(s)));
-    assert!(w.events("b").contains(&KeeperEvent::Acquired { subnet: s, kind: AcquireKind::Adopted }));
+    assert!(
+        w.events("b").contains(&KeeperEvent::Acquired { subnet: s, kind: AcquireKind::Adopted })
+    );
     let pos = w.log_len();
     w.resume("a");
     w.advance(TTL * 2);
@@ -338,7 +345,10 @@ fn s5_partition_longer_than_ttl_subnet_taken_meanwhile_reports_loss_on_heal() {
     w.partition("a", false);
     w.advance(3 * SEC);
     let ev = w.events_since("a", t);
-    assert!(ev.iter().any(|e| matches!(e, KeeperEvent::Lost { subnet, .. } if *subnet == s)), "{ev:?}");
+    assert!(
+        ev.iter().any(|e| matches!(e, KeeperEvent::Lost { subnet, .. } if *subnet == s)),
+        "{ev:?}"
+    );
     assert!(ev.contains(&KeeperEvent::Exhausted), "{ev:?}");
     assert!(w.writes_by("a", pos).is_empty());
     assert_eq!(w.believed("d"), Some(s));
@@ -412,7 +422,11 @@ fn s7_fifty_hosts_starting_together_get_distinct_subnets_without_exits() {
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let t0 = w.now();
     w.start_all(&refs);
-    assert!(w.advance_until(5 * SEC, |w| refs.iter().all(|n| w.believed(n).is_some())), "{}", w.report());
+    assert!(
+        w.advance_until(5 * SEC, |w| refs.iter().all(|n| w.believed(n).is_some())),
+        "{}",
+        w.report()
+    );
     let took = w.now().saturating_since(t0);
     let mut subnets: Vec<Subnet> = refs.iter().map(|n| w.believed(n).unwrap()).collect();
     subnets.sort();
@@ -463,7 +477,9 @@ fn s9_revoked_lease_is_noticed_and_reclaimed_within_a_second() {
     w.advance(secs(2.7));
     let t = w.now();
     assert!(w.revoke(s));
-    assert!(w.advance_until(SEC, |w| w.events_since("a", t).contains(&KeeperEvent::Recovered { subnet: s })));
+    assert!(w.advance_until(SEC, |w| {
+        w.events_since("a", t).contains(&KeeperEvent::Recovered { subnet: s })
+    }));
     assert!(w.now().saturating_since(t) <= SEC);
     assert_eq!(w.key(s).unwrap().attrs.node_id.as_ref(), Some(&w.host("a").node));
     assert_eq!(count(&w.events_since("a", t), is_loss_or_change), 0);
@@ -493,10 +509,17 @@ fn s10_restart_with_new_public_ip_adopts_own_lease_through_its_revision() {
     let writes = w.writes_to(s, pos);
     let first = &writes[0];
     assert_eq!(first.client, "a");
-    assert_eq!(first.kind, WriteKind::Renew, "adopted with a compare on its revision, not re-created");
+    assert_eq!(
+        first.kind,
+        WriteKind::Renew,
+        "adopted with a compare on its revision, not re-created"
+    );
     assert_eq!(first.previous_node.as_ref(), Some(&w.host("a").node));
     assert!(first.revision > before.mod_revision);
-    assert!(w.events_since("a", t).contains(&KeeperEvent::Acquired { subnet: s, kind: AcquireKind::Adopted }));
+    assert!(
+        w.events_since("a", t)
+            .contains(&KeeperEvent::Acquired { subnet: s, kind: AcquireKind::Adopted })
+    );
     assert_eq!(count(&w.events_since("a", t), is_loss_or_change), 0);
     assert_eq!(w.believed("a"), Some(s));
     w.assert_clean();
@@ -525,7 +548,11 @@ fn s11_store_outage_while_hosts_join_and_renew_converges_without_loss() {
         w.advance(2 * SEC);
         w.store_down(false);
         let all: Vec<&str> = refs.iter().chain(&later_refs).copied().collect();
-        assert!(w.advance_until(5 * SEC, |w| all.iter().all(|n| w.believed(n).is_some())), "{}", w.report());
+        assert!(
+            w.advance_until(5 * SEC, |w| all.iter().all(|n| w.believed(n).is_some())),
+            "{}",
+            w.report()
+        );
         w.advance(TTL * 2);
         let mut subnets: Vec<Subnet> = all.iter().map(|n| w.believed(n).unwrap()).collect();
         subnets.sort();
@@ -549,11 +576,18 @@ fn s12_garbage_under_subnets_prefix_is_skipped_and_never_taken() {
     w.put_raw(&format!("{PREFIX}/subnets/not-a-subnet"), b"{}", None);
     w.put_raw(&format!("{PREFIX}/subnets/10.244.2.7-24"), flannel, None);
     w.put_raw(&subnet_key(subnet(3)), flannel, None);
-    w.put_raw(&subnet_key(subnet(4)), br#"{"PublicIP":"192.0.2.1","WeftNodeID":"BAD ID"}"#, Some(TTL * 100));
+    w.put_raw(
+        &subnet_key(subnet(4)),
+        br#"{"PublicIP":"192.0.2.1","WeftNodeID":"BAD ID"}"#,
+        Some(TTL * 100),
+    );
     let listing = block_on(w.store.client("inspector").list()).unwrap();
     let skipped: Vec<&str> = listing.skipped.iter().map(|b| b.key.as_str()).collect();
     for bad in ["10.244.1.0-24", "not-a-subnet", "10.244.2.7-24", "10.244.4.0-24"] {
-        assert!(skipped.iter().any(|k| k.ends_with(bad)), "{bad} is reported as skipped: {skipped:?}");
+        assert!(
+            skipped.iter().any(|k| k.ends_with(bad)),
+            "{bad} is reported as skipped: {skipped:?}"
+        );
     }
     let names = ["a", "b", "c", "d"];
     for n in names {
@@ -605,7 +639,10 @@ fn s12_lost_reply_on_create_adopts_own_write_without_duplicate() {
     assert_eq!(keys.len(), 1, "exactly one key: {keys:?}");
     assert_eq!(keys[0].subnet, s);
     let ev = w.events("a");
-    assert!(ev.iter().any(|e| matches!(e, KeeperEvent::StoreTrouble { action: "create", .. })), "{ev:?}");
+    assert!(
+        ev.iter().any(|e| matches!(e, KeeperEvent::StoreTrouble { action: "create", .. })),
+        "{ev:?}"
+    );
     assert_eq!(count(&ev, |e| matches!(e, KeeperEvent::Acquired { .. })), 1);
     assert_eq!(count(&ev, is_loss_or_change), 0);
     w.assert_clean();
@@ -624,8 +661,16 @@ fn s12_lost_reply_on_renew_keeps_lease() {
         assert_eq!(w.believed("a"), Some(s));
     }
     let ev = w.events_since("a", t);
-    assert!(ev.iter().any(|e| matches!(e, KeeperEvent::StoreTrouble { action: "renew", .. })), "{ev:?}");
-    assert_eq!(count(&ev, |e| is_loss_or_change(e) || matches!(e, KeeperEvent::Recovered { .. } | KeeperEvent::ExpiredLocally { .. })), 0, "{ev:?}");
+    assert!(
+        ev.iter().any(|e| matches!(e, KeeperEvent::StoreTrouble { action: "renew", .. })),
+        "{ev:?}"
+    );
+    assert_eq!(
+        count(&ev, |e| is_loss_or_change(e)
+            || matches!(e, KeeperEvent::Recovered { .. } | KeeperEvent::ExpiredLocally { .. })),
+        0,
+        "{ev:?}"
+    );
     assert_eq!(w.store.subnet_keys().len(), 1);
     w.assert_clean();
 }
@@ -652,7 +697,9 @@ fn compaction_while_watches_are_open_and_while_partitioned_keeps_leases() {
     w.compact();
     let t = w.now();
     w.revoke(s);
-    assert!(w.advance_until(SEC, |w| w.events_since("a", t).contains(&KeeperEvent::Recovered { subnet: s })));
+    assert!(w.advance_until(SEC, |w| {
+        w.events_since("a", t).contains(&KeeperEvent::Recovered { subnet: s })
+    }));
     // A's watch is cut by a partition; history is compacted past its revision meanwhile.
     w.partition("a", true);
     w.advance(SEC);
@@ -664,7 +711,9 @@ fn compaction_while_watches_are_open_and_while_partitioned_keeps_leases() {
     // The re-opened watch works: another revoke is noticed at once.
     let t = w.now();
     w.revoke(s);
-    assert!(w.advance_until(SEC, |w| w.events_since("a", t).contains(&KeeperEvent::Recovered { subnet: s })));
+    assert!(w.advance_until(SEC, |w| {
+        w.events_since("a", t).contains(&KeeperEvent::Recovered { subnet: s })
+    }));
     assert_eq!(w.believed("b"), Some(sb));
     assert_eq!(count(&w.events("a"), is_loss_or_change), 0);
     w.assert_clean();
@@ -799,7 +848,8 @@ fn run_schedule(seed: u64, echo: bool) -> World {
             _ => false,
         };
         if !ok {
-            let msg = format!("{n} did not settle: state {state}, {live} of {n_subnets} subnets live");
+            let msg =
+                format!("{n} did not settle: state {state}, {live} of {n_subnets} subnets live");
             w.note(format!("LIVENESS {msg}"));
             w.violations.push(format!("seed {seed}: t={:.3}s: {msg}", w.secs()));
         }
@@ -838,7 +888,12 @@ fn random_schedules_keep_invariants_and_settle() {
          of one node ID (a clone): {same_node}; the rest follow an operator's revoke",
         started.elapsed()
     );
-    assert!(failures.is_empty(), "{} failing schedule(s):\n{}", failures.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failing schedule(s):\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }
 
 // ---- flannel baseline -------------------------------------------------------------------------
@@ -959,8 +1014,13 @@ fn flannel_baseline_comparison() {
             table.push((scenario, label, t));
         }
     }
-    println!("\nflannel baseline: sums over {SEEDS} seeds per row; supervisor restarts exited daemons");
-    println!("{:<18} {:<16} {:>10} {:>14} {:>6} {:>14}", "scenario", "daemon", "duplicates", "foreign writes", "exits", "subnet changes");
+    println!(
+        "\nflannel baseline: sums over {SEEDS} seeds per row; supervisor restarts exited daemons"
+    );
+    println!(
+        "{:<18} {:<16} {:>10} {:>14} {:>6} {:>14}",
+        "scenario", "daemon", "duplicates", "foreign writes", "exits", "subnet changes"
+    );
     for (s, l, t) in &table {
         println!(
             "{s:<18} {l:<16} {:>10} {:>14} {:>6} {:>14}",
@@ -970,7 +1030,11 @@ fn flannel_baseline_comparison() {
     let row = |s: &str, l: &str| &table.iter().find(|(a, b, _)| *a == s && *b == l).unwrap().2;
     for s in scenarios {
         let t = row(s, "weft");
-        assert_eq!((t.duplicates, t.foreign_writes, t.exits, t.violations), (0, 0, 0, 0), "weft in {s}");
+        assert_eq!(
+            (t.duplicates, t.foreign_writes, t.exits, t.violations),
+            (0, 0, 0, 0),
+            "weft in {s}"
+        );
     }
     // The comparison is not vacuous: flannel's known failures show.
     assert!(row("S3", "flannel <=v0.17").duplicates > 0, "seed 001: the stale subnet.env hijack");

@@ -33,9 +33,7 @@ use weft::lease::memory::{
     EXPIRY_CLIENT, MemoryClient, MemoryStore, RAW_CLIENT, WriteKind, WriteRecord, drain_ready,
 };
 use weft::lease::record::{Incarnation, LeaseAttrs, NodeId, Revision, StoredLease, Subnet};
-use weft::lease::store::{
-    CreateOutcome, StoreError, Store, WatchBatch, WatchEvent, WatchStream,
-};
+use weft::lease::store::{CreateOutcome, Store, StoreError, WatchBatch, WatchEvent, WatchStream};
 use weft::time::{Clock, Instant, ManualClock};
 
 /// The etcd prefix every simulated host uses.
@@ -148,9 +146,9 @@ pub struct Host {
 /// A running daemon.
 pub enum Proc {
     /// weft.
-    Weft(WeftProc),
+    Weft(Box<WeftProc>),
     /// flanneld.
-    Flannel(FlannelProc),
+    Flannel(Box<FlannelProc>),
 }
 
 /// A weft process: its keeper and what `LeaseDriver` keeps around it (client, own-key watch).
@@ -354,7 +352,11 @@ impl World {
     }
 
     /// When `name` last logged an event matching `pred`.
-    pub fn last_event_at(&self, name: &str, pred: impl Fn(&KeeperEvent) -> bool) -> Option<Instant> {
+    pub fn last_event_at(
+        &self,
+        name: &str,
+        pred: impl Fn(&KeeperEvent) -> bool,
+    ) -> Option<Instant> {
         self.host(name).events.iter().rev().find(|l| pred(&l.event)).map(|l| l.at)
     }
 
@@ -425,16 +427,16 @@ impl World {
                     seed: run_seed,
                     network,
                 };
-                Proc::Weft(WeftProc {
+                Proc::Weft(Box::new(WeftProc {
                     keeper: Keeper::new(cfg, now),
                     client,
                     watch: None,
                     pending: VecDeque::new(),
                     watch_ended: false,
                     watch_retry_at: now,
-                })
+                }))
             }
-            Impl::Flannel(version) => Proc::Flannel(FlannelProc {
+            Impl::Flannel(version) => Proc::Flannel(Box::new(FlannelProc {
                 client,
                 version,
                 lease: None,
@@ -447,7 +449,7 @@ impl World {
                 watch_backoff: Duration::from_millis(100),
                 chosen: None,
                 rng: StdRng::seed_from_u64(run_seed),
-            }),
+            })),
         });
     }
 
@@ -613,11 +615,7 @@ impl World {
 
     /// Advances in `step` increments until `pred` holds or `limit` has passed; returns whether
     /// it held.
-    pub fn advance_until(
-        &mut self,
-        limit: Duration,
-        mut pred: impl FnMut(&World) -> bool,
-    ) -> bool {
+    pub fn advance_until(&mut self, limit: Duration, mut pred: impl FnMut(&World) -> bool) -> bool {
         let end = self.now() + limit;
         loop {
             if pred(self) {
@@ -763,7 +761,10 @@ impl World {
             if ha.node == hb.node {
                 self.same_node_overlaps += 1;
             } else if ha.imp == Impl::Weft && hb.imp == Impl::Weft && !self.touched(*s, now) {
-                problems.push(format!("two live holders of {s}: {a} ({}) and {b} ({})", ha.node, hb.node));
+                problems.push(format!(
+                    "two live holders of {s}: {a} ({}) and {b} ({})",
+                    ha.node, hb.node
+                ));
             }
         }
         self.overlaps = current;
@@ -800,7 +801,9 @@ impl World {
     fn account(&mut self, rec: &WriteRecord) -> Option<String> {
         let (actor, put) = match rec.kind {
             WriteKind::Create | WriteKind::Renew => (rec.client.clone(), true),
-            WriteKind::Release | WriteKind::Revoke | WriteKind::Expire => (rec.client.clone(), false),
+            WriteKind::Release | WriteKind::Revoke | WriteKind::Expire => {
+                (rec.client.clone(), false)
+            }
             WriteKind::Raw => self
                 .raw_actors
                 .get(&rec.revision.0)
