@@ -1051,7 +1051,6 @@ fn flannel_baseline_comparison() {
 /// of a process that was just killed can outlive the presence TTL. The restarted process must
 /// keep waiting for it, not conclude that a clone keeps it alive: `IdentityClash` is terminal.
 #[test]
-#[ignore = "keeper bug: a restart during an etcd leader change (or a late lease revoke) is taken for a clone"]
 fn restart_while_old_presence_outlives_its_ttl_is_not_taken_for_a_clone() {
     let mut w = World::new(21, network_of(8));
     w.join("a");

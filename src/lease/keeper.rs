@@ -41,6 +41,10 @@ use super::store::{
 use crate::config::NetworkConfig;
 use crate::time::Instant;
 
+/// How many presence TTLs another incarnation's presence key must stay before it counts as a
+/// live process (a clone) rather than a dead one whose key has not been removed yet.
+pub const CLASH_AFTER_TTLS: u32 = 3;
+
 /// What the keeper needs to know, fixed for its lifetime.
 #[derive(Clone, Debug)]
 pub struct KeeperConfig {
@@ -668,10 +672,13 @@ impl Keeper {
                 self.clear_backoff(now);
             }
             Ok(PresenceOutcome::HeldBy(other)) => match &self.presence {
-                // Seen before and still there a full presence TTL later: someone keeps it alive.
+                // Seen before and still there several presence TTLs later: someone keeps it
+                // alive. One TTL is not enough evidence: etcd revokes expired leases late, and a
+                // new leader extends every lease by its TTL, so a dead process's key can
+                // outlive its TTL.
                 Presence::WaitingFor { other: o, since }
                     if *o == other.incarnation
-                        && now.saturating_since(*since) >= self.cfg.presence_ttl =>
+                        && now.saturating_since(*since) >= self.cfg.presence_ttl * CLASH_AFTER_TTLS =>
                 {
                     self.clash(Some(other.incarnation), Some(other.public_ip));
                 }
@@ -679,7 +686,7 @@ impl Keeper {
                     self.retry_at = now + self.cfg.presence_ttl / 4;
                 }
                 _ => {
-                    let wait = self.cfg.presence_ttl + self.cfg.presence_ttl / 4;
+                    let wait = self.cfg.presence_ttl * CLASH_AFTER_TTLS;
                     self.events.push_back(KeeperEvent::WaitingForPreviousProcess {
                         other: other.incarnation.clone(),
                         wait,
