@@ -26,12 +26,20 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+pub mod ethernet;
 pub mod ip;
 pub mod ipv4;
 pub mod ipv6;
+pub mod tcp;
+pub mod udp;
+pub mod vxlan;
 
+pub use ethernet::{EtherType, Frame as EthernetFrame, MacAddr, Repr as EthernetRepr};
 pub use ipv4::{Packet as Ipv4Packet, Repr as Ipv4Repr};
 pub use ipv6::{Packet as Ipv6Packet, Repr as Ipv6Repr};
+pub use tcp::Packet as TcpPacket;
+pub use udp::{Packet as UdpPacket, Repr as UdpRepr};
+pub use vxlan::{Packet as VxlanPacket, Repr as VxlanRepr, Vni};
 
 /// Big-endian reads and writes at a byte offset; callers have proven the bounds (`check_len`).
 #[inline]
