@@ -9,15 +9,20 @@
 //! - [`ipv4::Packet::new_unchecked`] (and its siblings) wraps a buffer without looking at it.
 //!   Accessors on such a view **may panic** if the buffer is too short.
 //! - `check_len` proves that every accessor is in bounds: after it returns `Ok`, no getter,
-//!   setter or payload accessor panics, whatever the bytes say.
+//!   setter or payload accessor panics, whatever the bytes say, until a setter rewrites a length
+//!   field (`set_header_len`, `set_total_len`, `set_payload_len`, `set_len`): that is the
+//!   caller's promise about the buffer, and the view has to be checked again before it is
+//!   trusted.
 //! - `new_checked` is `new_unchecked` followed by `check_len`. **When parsing untrusted input
 //!   (anything read from TUN or a UDP socket) use `new_checked`.** `new_unchecked` is for output
 //!   buffers the caller sized itself (an emit target of at least `Repr::buffer_len()` bytes).
 //! - Getters live on `T: AsRef<[u8]>`; setters and `*_mut` accessors live on
 //!   `T: AsRef<[u8]> + AsMut<[u8]>`, so a view over a shared slice cannot write.
 //! - `Repr::parse` validates everything the `Repr` claims and rejects what it cannot represent.
-//!   `Repr::emit` never panics when the buffer is at least `Repr::buffer_len()` long (it checks and
-//!   returns [`Error::BufferTooSmall`] otherwise) and writes every header byte it owns.
+//!   `Repr::emit` writes its header into the start of a `&mut [u8]` and never panics: it checks
+//!   the buffer holds the header (else [`Error::BufferTooSmall`], nothing written) and writes
+//!   every header byte it owns, so a reused buffer cannot leak old bytes into a header. The
+//!   payload is the caller's; `Repr::buffer_len()` is the length of header plus payload.
 //!
 //! Payload accessors are bounded by the length field in the header (IPv4 total length, IPv6
 //! payload length, UDP length), never by the buffer length: TUN and NIC buffers may carry padding.
@@ -27,11 +32,13 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub mod ethernet;
+pub mod icmpv4;
 pub mod ip;
 pub mod ipv4;
 pub mod ipv6;
 pub mod tcp;
 pub mod udp;
+pub mod virtio_net;
 pub mod vxlan;
 
 pub use ethernet::{EtherType, Frame as EthernetFrame, MacAddr, Repr as EthernetRepr};
@@ -39,6 +46,7 @@ pub use ipv4::{Packet as Ipv4Packet, Repr as Ipv4Repr};
 pub use ipv6::{Packet as Ipv6Packet, Repr as Ipv6Repr};
 pub use tcp::Packet as TcpPacket;
 pub use udp::{Packet as UdpPacket, Repr as UdpRepr};
+pub use virtio_net::Header as VirtioNetHeader;
 pub use vxlan::{Packet as VxlanPacket, Repr as VxlanRepr, Vni};
 
 /// Big-endian reads and writes at a byte offset; callers have proven the bounds (`check_len`).
