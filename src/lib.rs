@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod dataplane;
 pub mod health;
 pub mod lease;
 pub mod time;

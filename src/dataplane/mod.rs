@@ -1,0 +1,7 @@
+//! The data plane: packets move TUN -> route lookup -> VXLAN/UDP encapsulation -> UDP socket,
+//! and back, in user space.
+//!
+//! Contract: [`wire`] is pure (no I/O, no allocation, never panics on input); only driver modules
+//! touch file descriptors.
+
+pub mod wire;
