@@ -17,4 +17,5 @@ pub mod config;
 pub mod daemon;
 pub mod health;
 pub mod lease;
+pub mod route;
 pub mod time;
