@@ -25,12 +25,14 @@
 //!   is blind).
 //! - Published routes follow DESIGN.md's lease rules: see [`set`].
 
+pub mod set;
 pub mod table;
 
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Guard};
 
+pub use set::RouteSet;
 pub use table::{Peer, PeerBackend, PeerError, RouteTable};
 
 /// The published route table: one writer swaps whole snapshots in, many readers load them
