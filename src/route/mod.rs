@@ -20,13 +20,14 @@
 //! - Staleness: a snapshot is at most one batch old on top of how far the published table lags
 //!   the store. The watcher publishes a change as soon as the watch delivers it (normally
 //!   milliseconds after the write), re-lists at most once per
-//!   `watcher::RELIST_DEBOUNCE`, and while the store is unreachable it keeps the last
+//!   [`watcher::RELIST_DEBOUNCE`], and while the store is unreachable it keeps the last
 //!   published table indefinitely (the data plane never tears down because the control plane
 //!   is blind).
 //! - Published routes follow DESIGN.md's lease rules: see [`set`].
 
 pub mod set;
 pub mod table;
+pub mod watcher;
 
 use std::sync::Arc;
 
@@ -34,6 +35,7 @@ use arc_swap::{ArcSwap, Guard};
 
 pub use set::RouteSet;
 pub use table::{Peer, PeerBackend, PeerError, RouteTable};
+pub use watcher::{RouteStats, run};
 
 /// The published route table: one writer swaps whole snapshots in, many readers load them
 /// without locks. See the module docs for the contract.
