@@ -18,4 +18,5 @@ pub mod daemon;
 pub mod dataplane;
 pub mod health;
 pub mod lease;
+pub mod route;
 pub mod time;

@@ -1,0 +1,621 @@
+//! The lease → route state machine: listings and watch batches in, [`RouteTable`]s out. Pure:
+//! no store, no clock, no I/O; [`super::watcher`] drives it.
+//!
+//! # Rules (DESIGN.md, "Lease rules" → Loss)
+//! - The route for this host's own subnet ([`RouteSet::set_own`]) is never published; it is
+//!   remembered, so that it appears as soon as the subnet is no longer ours.
+//! - A **Put** adds or replaces the subnet's route: a new holder replaces the old one.
+//! - A **Delete** (expiry, revoke or relinquish — etcd does not say which) keeps the route but
+//!   marks it [`Peer::stale`], and asks for a re-list ([`RouteSet::needs_relist`]) to learn
+//!   which it was. A stale route is still used for forwarding.
+//! - A **listing** is authoritative: keys present become routes (not stale). A key absent from
+//!   it whose history says `Relinquished` after the last write we saw (a clean leave) loses its
+//!   route; any other absent key keeps its route as stale — the host is most likely
+//!   partitioned, not gone — until that subnet is leased to someone else.
+//! - Entries that do not parse, and leases that cannot be routed to ([`PeerError`]), are
+//!   skipped and counted ([`RouteSet::bad_entries`]); an existing route for that subnet is kept
+//!   and marked stale (we cannot tell who holds it now).
+//! - Revisions: a listing at revision `r` makes the watch resume from `r + 1`, a batch at
+//!   revision `b` from `b + 1` ([`RouteSet::resume_revision`]). Events a listing already covers
+//!   (at or below its revision) are ignored, so a re-list may run while the old watch goes on.
+//!
+//! [`PeerError`]: super::table::PeerError
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ipnet::Ipv4Net;
+
+use super::table::{Peer, RouteTable};
+use crate::lease::record::{HistoryState, Revision, Subnet};
+use crate::lease::store::{BadEntry, Listing, WatchBatch, WatchEvent};
+
+/// The latest known route of one subnet and the key revision it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    peer: Peer,
+    /// The mod revision of the key write this route came from.
+    mod_revision: Revision,
+}
+
+/// The latest known route per subnet, built from listings and watch events. See the module
+/// docs for the rules.
+#[derive(Clone, Debug)]
+pub struct RouteSet {
+    network: Ipv4Net,
+    subnet_len: u8,
+    own: Option<Subnet>,
+    entries: BTreeMap<Subnet, Entry>,
+    /// The revision of the last listing applied (`None`: none yet).
+    listed_at: Option<Revision>,
+    resume: Revision,
+    needs_relist: bool,
+    bad_entries: u64,
+}
+
+impl RouteSet {
+    /// An empty set for `network` whose leases are normally `/subnet_len`.
+    pub fn new(network: Ipv4Net, subnet_len: u8) -> Self {
+        Self {
+            network,
+            subnet_len,
+            own: None,
+            entries: BTreeMap::new(),
+            listed_at: None,
+            resume: Revision(0),
+            needs_relist: false,
+            bad_entries: 0,
+        }
+    }
+
+    /// Sets this host's own subnet, whose route is never published. When the own subnet moves
+    /// away from a subnet whose route is stale, that route is dropped: it was this host's own
+    /// leftover, never a peer's. Returns whether the table changed.
+    pub fn set_own(&mut self, own: Option<Subnet>) -> bool {
+        if own == self.own {
+            return false;
+        }
+        let mut changed = false;
+        if let Some(old) = self.own {
+            if self.entries.get(&old).is_some_and(|e| e.peer.stale) {
+                self.entries.remove(&old);
+            } else {
+                changed |= self.entries.contains_key(&old);
+            }
+        }
+        if let Some(new) = own {
+            changed |= self.entries.contains_key(&new);
+        }
+        self.own = own;
+        changed
+    }
+
+    /// This host's own subnet, as last set.
+    pub fn own(&self) -> Option<Subnet> {
+        self.own
+    }
+
+    /// Replaces the set with what `listing` says, keeping the stale routes the rules keep.
+    /// Clears [`RouteSet::needs_relist`]. Returns whether the table changed.
+    pub fn apply_listing(&mut self, listing: &Listing) -> bool {
+        let mut next: BTreeMap<Subnet, Entry> = BTreeMap::new();
+        let mut unreadable: BTreeSet<Subnet> = BTreeSet::new();
+        for lease in &listing.leases {
+            match Peer::from_lease(lease) {
+                Ok(peer) => {
+                    next.insert(lease.subnet, Entry { peer, mod_revision: lease.mod_revision });
+                }
+                Err(_) => {
+                    self.bad_entries += 1;
+                    unreadable.insert(lease.subnet);
+                }
+            }
+        }
+        for bad in &listing.skipped {
+            if let Some(subnet) = bad_subnet_key(bad) {
+                self.bad_entries += 1;
+                if let Some(subnet) = subnet {
+                    unreadable.insert(subnet);
+                }
+            }
+        }
+        let relinquished: BTreeMap<Subnet, Revision> = listing
+            .history
+            .iter()
+            .filter(|h| h.record.state == HistoryState::Relinquished)
+            .map(|h| (h.subnet, h.mod_revision))
+            .collect();
+        for (subnet, old) in &self.entries {
+            if next.contains_key(subnet) {
+                continue;
+            }
+            // A release deletes the key and writes the history in one transaction, after the
+            // holder's last write: an older `Relinquished` is about an earlier holder.
+            let left_cleanly = !unreadable.contains(subnet)
+                && relinquished.get(subnet).is_some_and(|rev| *rev > old.mod_revision);
+            if !left_cleanly {
+                let mut kept = old.clone();
+                kept.peer.stale = true;
+                next.insert(*subnet, kept);
+            }
+        }
+        let changed = self.visible_differs(&next);
+        self.entries = next;
+        self.listed_at = Some(listing.revision);
+        self.resume = self.resume.max(Revision(listing.revision.0.saturating_add(1)));
+        self.needs_relist = false;
+        changed
+    }
+
+    /// Applies one watch batch. Returns whether the table changed.
+    pub fn apply_batch(&mut self, batch: &WatchBatch) -> bool {
+        if batch.revision < self.resume {
+            // Already covered by a listing or an earlier batch.
+            return false;
+        }
+        let mut changed = false;
+        for event in &batch.events {
+            changed |= self.apply_event(event);
+        }
+        self.resume = Revision(batch.revision.0.saturating_add(1));
+        changed
+    }
+
+    fn covered(&self, revision: Revision) -> bool {
+        self.listed_at.is_some_and(|at| revision <= at)
+    }
+
+    fn apply_event(&mut self, event: &WatchEvent) -> bool {
+        match event {
+            WatchEvent::Put(lease) => {
+                if self.covered(lease.mod_revision)
+                    || self
+                        .entries
+                        .get(&lease.subnet)
+                        .is_some_and(|e| e.mod_revision > lease.mod_revision)
+                {
+                    return false;
+                }
+                match Peer::from_lease(lease) {
+                    Ok(peer) => {
+                        let entry = Entry { peer, mod_revision: lease.mod_revision };
+                        let old = self.entries.insert(lease.subnet, entry);
+                        self.is_visible(lease.subnet)
+                            && old.map(|e| e.peer).as_ref() != self.peer(lease.subnet)
+                    }
+                    Err(_) => {
+                        self.bad_entries += 1;
+                        self.mark_stale(lease.subnet)
+                    }
+                }
+            }
+            WatchEvent::Delete { subnet, revision } => {
+                if self.covered(*revision)
+                    || self.entries.get(subnet).is_none_or(|e| e.mod_revision >= *revision)
+                {
+                    return false;
+                }
+                let changed = self.mark_stale(*subnet);
+                // Expiry or relinquish? Only the history (in a listing) says.
+                self.needs_relist |= self.is_visible(*subnet);
+                changed
+            }
+            WatchEvent::Bad(bad) => match bad_subnet_key(bad) {
+                Some(subnet) => {
+                    self.bad_entries += 1;
+                    subnet.is_some_and(|s| self.mark_stale(s))
+                }
+                None => false,
+            },
+        }
+    }
+
+    /// Marks a subnet's route stale; whether the table changed.
+    fn mark_stale(&mut self, subnet: Subnet) -> bool {
+        let visible = self.is_visible(subnet);
+        match self.entries.get_mut(&subnet) {
+            Some(e) if !e.peer.stale => {
+                e.peer.stale = true;
+                visible
+            }
+            _ => false,
+        }
+    }
+
+    fn is_visible(&self, subnet: Subnet) -> bool {
+        self.own != Some(subnet)
+    }
+
+    /// Whether the published part of `next` differs from the current one.
+    fn visible_differs(&self, next: &BTreeMap<Subnet, Entry>) -> bool {
+        fn visible(
+            m: &BTreeMap<Subnet, Entry>,
+            own: Option<Subnet>,
+        ) -> impl Iterator<Item = &Peer> {
+            m.iter().filter(move |(s, _)| Some(**s) != own).map(|(_, e)| &e.peer)
+        }
+        !visible(&self.entries, self.own).eq(visible(next, self.own))
+    }
+
+    /// Whether a delete was seen whose cause only a listing can tell; cleared by
+    /// [`RouteSet::apply_listing`].
+    pub fn needs_relist(&self) -> bool {
+        self.needs_relist
+    }
+
+    /// The revision to (re)start the watch from: the last listing's or batch's revision + 1
+    /// (`0`, "from now", before any).
+    pub fn resume_revision(&self) -> Revision {
+        self.resume
+    }
+
+    /// Entries skipped so far because they did not parse or could not be routed to (each time
+    /// one is seen: a re-list counts a lingering one again).
+    pub fn bad_entries(&self) -> u64 {
+        self.bad_entries
+    }
+
+    /// The route the set holds for `subnet`, including the own subnet's (which
+    /// [`RouteSet::table`] leaves out).
+    pub fn peer(&self, subnet: Subnet) -> Option<&Peer> {
+        self.entries.get(&subnet).map(|e| &e.peer)
+    }
+
+    /// The table to publish: every route but the own subnet's.
+    pub fn table(&self) -> RouteTable {
+        let peers =
+            self.entries.iter().filter(|(s, _)| self.is_visible(**s)).map(|(_, e)| e.peer.clone());
+        RouteTable::build(self.network, self.subnet_len, peers)
+    }
+}
+
+/// Whether a bad entry is a subnet key (`Some`), with its subnet if the key name parses;
+/// `None` for history and other keys, which are not routes.
+fn bad_subnet_key(bad: &BadEntry) -> Option<Option<Subnet>> {
+    let (dir, name) = bad.key.rsplit_once('/')?;
+    (dir == "subnets" || dir.ends_with("/subnets")).then(|| Subnet::parse_key_name(name).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::lease::record::{
+        HistoryEntry, HistoryRecord, LeaseAttrs, NodeId, StoreLeaseId, StoredLease,
+    };
+
+    const PREFIX: &str = "/coreos.com/network";
+
+    fn subnet(s: &str) -> Subnet {
+        s.parse().unwrap()
+    }
+
+    fn set() -> RouteSet {
+        RouteSet::new("10.244.0.0/16".parse().unwrap(), 24)
+    }
+
+    fn lease(s: &str, host: u8, rev: i64) -> StoredLease {
+        let json = format!(
+            r#"{{"PublicIP":"192.0.2.{host}","BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"02:00:00:00:00:{host:02x}"}}}}"#
+        );
+        StoredLease {
+            subnet: subnet(s),
+            attrs: LeaseAttrs::from_json(json.as_bytes()).unwrap(),
+            mod_revision: Revision(rev),
+            lease_id: StoreLeaseId(rev),
+        }
+    }
+
+    fn put(s: &str, host: u8, rev: i64) -> WatchBatch {
+        WatchBatch { revision: Revision(rev), events: vec![WatchEvent::Put(lease(s, host, rev))] }
+    }
+
+    fn delete(s: &str, rev: i64) -> WatchBatch {
+        WatchBatch {
+            revision: Revision(rev),
+            events: vec![WatchEvent::Delete { subnet: subnet(s), revision: Revision(rev) }],
+        }
+    }
+
+    fn history(s: &str, state: HistoryState, rev: i64) -> HistoryEntry {
+        HistoryEntry {
+            subnet: subnet(s),
+            record: HistoryRecord {
+                state,
+                node: NodeId::parse("node-aaaa").unwrap(),
+                public_ip: Ipv4Addr::new(192, 0, 2, 1),
+            },
+            mod_revision: Revision(rev),
+        }
+    }
+
+    fn listing(rev: i64, leases: Vec<StoredLease>, history: Vec<HistoryEntry>) -> Listing {
+        Listing { revision: Revision(rev), leases, history, skipped: vec![] }
+    }
+
+    fn bad(name: &str) -> BadEntry {
+        BadEntry { key: format!("{PREFIX}/subnets/{name}"), problem: "garbage".into() }
+    }
+
+    /// (subnet, last octet of the public IP, stale) for every published route.
+    fn routes(set: &RouteSet) -> Vec<(String, u8, bool)> {
+        set.table()
+            .peers()
+            .iter()
+            .map(|p| (p.subnet.to_string(), p.public_ip.octets()[3], p.stale))
+            .collect()
+    }
+
+    fn r(s: &str, host: u8, stale: bool) -> (String, u8, bool) {
+        (s.to_string(), host, stale)
+    }
+
+    #[test]
+    fn put_adds_a_route_and_advances_the_revision() {
+        let mut s = set();
+        assert!(!s.apply_listing(&listing(10, vec![], vec![])));
+        assert_eq!(s.resume_revision(), Revision(11));
+        assert!(s.apply_batch(&put("10.244.1.0/24", 1, 11)));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, false)]);
+        assert_eq!(s.resume_revision(), Revision(12));
+        let p = s.table().lookup(Ipv4Addr::new(10, 244, 1, 9)).cloned().unwrap();
+        assert_eq!(p.vtep_mac, Some([2, 0, 0, 0, 0, 1]));
+    }
+
+    #[test]
+    fn put_by_a_new_holder_replaces_the_route() {
+        let mut s = set();
+        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
+        assert!(s.apply_batch(&put("10.244.1.0/24", 2, 11)));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 2, false)]);
+    }
+
+    #[test]
+    fn renewal_with_the_same_value_changes_nothing() {
+        let mut s = set();
+        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
+        assert!(!s.apply_batch(&put("10.244.1.0/24", 1, 11)));
+        assert_eq!(s.resume_revision(), Revision(12));
+    }
+
+    #[test]
+    fn delete_keeps_the_route_stale_and_asks_for_a_relist() {
+        let mut s = set();
+        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
+        assert!(!s.needs_relist());
+        assert!(s.apply_batch(&delete("10.244.1.0/24", 11)));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)]);
+        assert!(s.needs_relist());
+        assert_eq!(s.table().stale_count(), 1);
+        // The stale route still forwards.
+        assert!(s.table().lookup(Ipv4Addr::new(10, 244, 1, 1)).is_some());
+        // A delete of an unknown subnet is no news.
+        assert!(!s.apply_batch(&delete("10.244.9.0/24", 12)));
+    }
+
+    #[test]
+    fn listing_drops_a_relinquished_route() {
+        let mut s = set();
+        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
+        s.apply_batch(&delete("10.244.1.0/24", 11));
+        let l = listing(11, vec![], vec![history("10.244.1.0/24", HistoryState::Relinquished, 11)]);
+        assert!(s.apply_listing(&l));
+        assert!(routes(&s).is_empty());
+        assert!(!s.needs_relist());
+        assert_eq!(s.resume_revision(), Revision(12));
+    }
+
+    #[test]
+    fn listing_keeps_an_expired_route_stale_until_someone_else_leases_it() {
+        let mut s = set();
+        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
+        s.apply_batch(&delete("10.244.1.0/24", 11));
+        let l = listing(11, vec![], vec![history("10.244.1.0/24", HistoryState::Held, 5)]);
+        assert!(!s.apply_listing(&l));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)]);
+        // Later listings keep it too.
+        assert!(!s.apply_listing(&listing(20, vec![], vec![])));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)]);
+        // Until another host leases it.
+        assert!(s.apply_batch(&put("10.244.1.0/24", 2, 21)));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 2, false)]);
+    }
+
+    #[test]
+    fn an_old_relinquish_does_not_drop_a_later_holder() {
+        // Relinquished at 3 by someone; leased at 5 by host 1 (a flannel node, which writes no
+        // history); host 1's key then expires: the route stays.
+        let mut s = set();
+        let l = listing(
+            10,
+            vec![lease("10.244.1.0/24", 1, 5)],
+            vec![history("10.244.1.0/24", HistoryState::Relinquished, 3)],
+        );
+        s.apply_listing(&l);
+        s.apply_batch(&delete("10.244.1.0/24", 11));
+        let l = listing(11, vec![], vec![history("10.244.1.0/24", HistoryState::Relinquished, 3)]);
+        s.apply_listing(&l);
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)]);
+    }
+
+    #[test]
+    fn listing_replaces_everything_else() {
+        let mut s = set();
+        s.apply_listing(&listing(
+            10,
+            vec![lease("10.244.1.0/24", 1, 5), lease("10.244.2.0/24", 2, 6)],
+            vec![],
+        ));
+        let l = listing(
+            30,
+            vec![lease("10.244.2.0/24", 7, 25), lease("10.244.3.0/24", 3, 26)],
+            vec![history("10.244.1.0/24", HistoryState::Relinquished, 20)],
+        );
+        assert!(s.apply_listing(&l));
+        assert_eq!(routes(&s), [r("10.244.2.0/24", 7, false), r("10.244.3.0/24", 3, false)]);
+        assert_eq!(s.resume_revision(), Revision(31));
+    }
+
+    #[test]
+    fn listing_after_compaction_catches_up_on_missed_events() {
+        // The watch fell behind the compaction horizon: puts, a new holder, a relinquish and an
+        // expiry were missed. One listing brings the set to the truth.
+        let mut s = set();
+        s.apply_listing(&listing(
+            10,
+            vec![
+                lease("10.244.1.0/24", 1, 5),
+                lease("10.244.2.0/24", 2, 6),
+                lease("10.244.3.0/24", 3, 7),
+            ],
+            vec![],
+        ));
+        s.apply_batch(&put("10.244.4.0/24", 4, 11));
+        let l = listing(
+            500,
+            vec![
+                lease("10.244.2.0/24", 9, 400),
+                lease("10.244.4.0/24", 4, 11),
+                lease("10.244.5.0/24", 5, 450),
+            ],
+            vec![
+                history("10.244.1.0/24", HistoryState::Relinquished, 300),
+                history("10.244.3.0/24", HistoryState::Held, 7),
+            ],
+        );
+        assert!(s.apply_listing(&l));
+        assert_eq!(
+            routes(&s),
+            [
+                r("10.244.2.0/24", 9, false),
+                r("10.244.3.0/24", 3, true),
+                r("10.244.4.0/24", 4, false),
+                r("10.244.5.0/24", 5, false),
+            ]
+        );
+        assert_eq!(s.resume_revision(), Revision(501));
+    }
+
+    #[test]
+    fn own_subnet_is_excluded_and_comes_back_when_it_is_not_ours() {
+        let mut s = set();
+        s.apply_listing(&listing(
+            10,
+            vec![lease("10.244.1.0/24", 1, 5), lease("10.244.2.0/24", 2, 6)],
+            vec![],
+        ));
+        assert!(s.set_own(Some(subnet("10.244.1.0/24"))));
+        assert_eq!(routes(&s), [r("10.244.2.0/24", 2, false)]);
+        assert!(!s.set_own(Some(subnet("10.244.1.0/24"))));
+        // Our own key's renewals and deletes are not news, and need no relist.
+        assert!(!s.apply_batch(&put("10.244.1.0/24", 1, 11)));
+        assert!(!s.apply_batch(&delete("10.244.1.0/24", 12)));
+        assert!(!s.needs_relist());
+        // Our subnet is taken by host 3 and we move to .5: host 3's route appears.
+        assert!(!s.apply_batch(&put("10.244.1.0/24", 3, 13)));
+        assert!(s.set_own(Some(subnet("10.244.5.0/24"))));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 3, false), r("10.244.2.0/24", 2, false)]);
+        assert_eq!(s.own(), Some(subnet("10.244.5.0/24")));
+    }
+
+    #[test]
+    fn own_stale_leftover_is_dropped_when_own_moves() {
+        let mut s = set();
+        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
+        s.set_own(Some(subnet("10.244.1.0/24")));
+        s.apply_batch(&delete("10.244.1.0/24", 11));
+        assert!(!s.set_own(Some(subnet("10.244.5.0/24"))));
+        assert!(routes(&s).is_empty());
+        assert!(s.peer(subnet("10.244.1.0/24")).is_none());
+    }
+
+    #[test]
+    fn bad_entries_are_skipped_and_counted() {
+        let mut s = set();
+        let mut unroutable = lease("10.244.3.0/24", 3, 7);
+        unroutable.attrs.backend_data = None;
+        let mut l = listing(10, vec![lease("10.244.1.0/24", 1, 5), unroutable], vec![]);
+        l.skipped = vec![
+            bad("10.244.2.0-24"),
+            bad("not-a-subnet"),
+            // History garbage is not a route and not counted here.
+            BadEntry { key: format!("{PREFIX}/weft/history/10.244.2.0-24"), problem: "x".into() },
+        ];
+        s.apply_listing(&l);
+        assert_eq!(s.bad_entries(), 3);
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, false)]);
+        // Garbage written over a live route: counted, the route kept but stale.
+        let b = WatchBatch {
+            revision: Revision(11),
+            events: vec![WatchEvent::Bad(bad("10.244.1.0-24"))],
+        };
+        assert!(s.apply_batch(&b));
+        assert_eq!(s.bad_entries(), 4);
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)]);
+        // An unroutable put: counted and skipped.
+        let mut p = lease("10.244.6.0/24", 6, 12);
+        p.attrs.public_ip = Ipv4Addr::UNSPECIFIED;
+        let b = WatchBatch { revision: Revision(12), events: vec![WatchEvent::Put(p)] };
+        assert!(!s.apply_batch(&b));
+        assert_eq!(s.bad_entries(), 5);
+        assert_eq!(routes(&s).len(), 1);
+        // A listing where that garbage is still present keeps the stale route.
+        let mut l =
+            listing(20, vec![], vec![history("10.244.1.0/24", HistoryState::Relinquished, 15)]);
+        l.skipped = vec![bad("10.244.1.0-24")];
+        s.apply_listing(&l);
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)]);
+    }
+
+    #[test]
+    fn events_covered_by_a_listing_are_ignored() {
+        let mut s = set();
+        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
+        s.apply_batch(&delete("10.244.1.0/24", 11));
+        assert!(s.needs_relist());
+        // A re-list at 13 while the old watch goes on: it still delivers 12 and 13, then 14.
+        s.apply_listing(&listing(
+            13,
+            vec![lease("10.244.1.0/24", 2, 12), lease("10.244.2.0/24", 3, 13)],
+            vec![],
+        ));
+        assert!(!s.apply_batch(&put("10.244.1.0/24", 2, 12)));
+        assert!(!s.apply_batch(&delete("10.244.2.0/24", 13)));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 2, false), r("10.244.2.0/24", 3, false)]);
+        // A batch spanning the listing revision: only the newer events count.
+        let b = WatchBatch {
+            revision: Revision(14),
+            events: vec![
+                WatchEvent::Delete { subnet: subnet("10.244.2.0/24"), revision: Revision(13) },
+                WatchEvent::Put(lease("10.244.4.0/24", 4, 14)),
+            ],
+        };
+        assert!(s.apply_batch(&b));
+        assert_eq!(
+            routes(&s),
+            [
+                r("10.244.1.0/24", 2, false),
+                r("10.244.2.0/24", 3, false),
+                r("10.244.4.0/24", 4, false)
+            ]
+        );
+        assert_eq!(s.resume_revision(), Revision(15));
+    }
+
+    #[test]
+    fn odd_leases_are_routed_too() {
+        // A hand-written reservation of another length and one outside the network.
+        let mut s = set();
+        s.apply_listing(&listing(
+            10,
+            vec![lease("10.244.8.0/22", 1, 5), lease("10.9.0.0/24", 2, 6)],
+            vec![],
+        ));
+        let t = s.table();
+        assert_eq!(
+            t.lookup(Ipv4Addr::new(10, 244, 11, 1)).map(|p| p.public_ip.octets()[3]),
+            Some(1)
+        );
+        assert_eq!(t.lookup(Ipv4Addr::new(10, 9, 0, 1)).map(|p| p.public_ip.octets()[3]), Some(2));
+    }
+}

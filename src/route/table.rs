@@ -1,0 +1,748 @@
+//! The route table: an immutable snapshot mapping overlay destinations to peers, built off the
+//! hot path and read by the data plane's workers.
+//!
+//! # Contract
+//! - [`RouteTable::lookup`] is a longest-prefix match over every peer's subnet. It is
+//!   wait-free, takes no lock and allocates nothing: an index computation for the common case,
+//!   plus one binary search per distinct odd prefix length (see below).
+//! - A table never changes once built. Readers get one through [`super::Routes::load`] and
+//!   see that snapshot for as long as they hold it; see [`super::Routes`] for how stale a
+//!   snapshot can be.
+//! - [`RouteTable::build`] accepts any peers, in any order: overlapping subnets, subnets of
+//!   any length and subnets outside the network. Two peers with the same subnet are one route:
+//!   the later one wins.
+//! - [`Peer::from_lease`] parses untrusted store values and returns a typed [`PeerError`]; it
+//!   never panics.
+//!
+//! # Layout
+//! Almost every lease has the network's `SubnetLen` and lies inside `Network`, so those go into
+//! a flat slot array indexed by `(dst - network) >> (32 - subnet_len)`; a slot holds an index
+//! into the peer list, or [`NO_PEER`]. Leases of other lengths or outside the network (a
+//! reservation written by hand, a subnet of an older config) go into per-length levels, each a
+//! sorted array searched by `dst & mask`. A lookup tries the levels longer than `SubnetLen`
+//! (longest first), then the slot array, then the remaining levels (longest first), so the first
+//! hit is the longest match.
+//!
+//! The slot array has one `u32` per subnet of the network; it is used only while that is
+//! affordable ([`DENSE_ALWAYS_SLOTS`], or up to [`DENSE_MAX_SLOTS`] when the table has at least
+//! one peer per [`DENSE_SLOTS_PER_PEER`] slots). Otherwise every peer goes into the levels:
+//! lookups stay correct and allocation-free, at the cost of a binary search.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde_json::Value;
+
+use crate::lease::record::{NodeId, StoredLease, Subnet};
+
+/// A slot of the slot array that names no peer.
+pub const NO_PEER: u32 = u32::MAX;
+
+/// Slot arrays up to this many slots (4 MiB) are always built.
+pub const DENSE_ALWAYS_SLOTS: u64 = 1 << 20;
+
+/// No slot array is larger than this many slots (64 MiB).
+pub const DENSE_MAX_SLOTS: u64 = 1 << 24;
+
+/// Above [`DENSE_ALWAYS_SLOTS`], a slot array is built only if it has at most this many slots
+/// per peer that lands in it.
+pub const DENSE_SLOTS_PER_PEER: u64 = 64;
+
+/// How packets reach a peer, from its lease's `BackendType`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PeerBackend {
+    /// `"vxlan"`: VXLAN to the peer's `VtepMAC` (flannel-facts §4.4).
+    Vxlan,
+    /// No `BackendType` (flannel's udp backend writes none, flannel-facts §1.3), or `"udp"`:
+    /// the raw IP packet in UDP.
+    Udp,
+    /// Any other backend (`host-gw`, ...): the peer cannot decapsulate what weft sends.
+    Other,
+}
+
+/// One remote host's route: where packets for its subnet go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// The peer's subnet (the lease key).
+    pub subnet: Subnet,
+    /// The underlay address to encapsulate to (`PublicIP`).
+    pub public_ip: Ipv4Addr,
+    /// The backend the peer's lease announces.
+    pub backend: PeerBackend,
+    /// The peer's VTEP MAC (vxlan only): the inner Ethernet destination.
+    pub vtep_mac: Option<[u8; 6]>,
+    /// The VNI the peer's lease announces (vxlan only, when present).
+    pub vni: Option<u32>,
+    /// The peer's weft node identity (absent for flannel peers and hand-written leases).
+    pub node: Option<NodeId>,
+    /// The lease key has expired or vanished, but the route is kept: the peer is most likely
+    /// partitioned, not gone. Stale routes are still used for forwarding.
+    pub stale: bool,
+}
+
+/// Why a lease value cannot be turned into a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    /// `PublicIP` is unspecified (`0.0.0.0`, what flannel writes for "none"), broadcast or
+    /// multicast: there is no host to send to.
+    #[error("PublicIP {0} is not a unicast address")]
+    BadPublicIp(Ipv4Addr),
+    /// A vxlan lease without `BackendData`, or whose `BackendData` is not a JSON object.
+    #[error("vxlan lease has no BackendData object")]
+    MissingBackendData,
+    /// A vxlan lease without a `VtepMAC` (or with `null`).
+    #[error("vxlan lease has no VtepMAC")]
+    MissingVtepMac,
+    /// `VtepMAC` is not a 48-bit MAC in a form Go's `net.ParseMAC` accepts.
+    #[error("VtepMAC is not a 48-bit MAC address")]
+    BadVtepMac,
+    /// `VNI` is not an integer in `0..=0xffffff`.
+    #[error("VNI is not a 24-bit integer")]
+    BadVni,
+}
+
+impl Peer {
+    /// The route a stored lease describes (not stale).
+    ///
+    /// `BackendType` `"vxlan"` needs `BackendData.VtepMAC` in any 48-bit form Go's
+    /// `net.ParseMAC` accepts (`aa:bb:cc:dd:ee:ff`, `aa-bb-cc-dd-ee-ff`, `aabb.ccdd.eeff`, any
+    /// case); `VNI` is optional but must be a 24-bit integer when present. Field names inside
+    /// `BackendData` match case-insensitively, as Go's `encoding/json` matches them.
+    ///
+    /// # Errors
+    /// [`PeerError`] naming the first problem.
+    pub fn from_lease(l: &StoredLease) -> Result<Peer, PeerError> {
+        let attrs = &l.attrs;
+        let ip = attrs.public_ip;
+        if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+            return Err(PeerError::BadPublicIp(ip));
+        }
+        let backend = match attrs.backend_type.as_deref() {
+            None | Some("udp") => PeerBackend::Udp,
+            Some("vxlan") => PeerBackend::Vxlan,
+            Some(_) => PeerBackend::Other,
+        };
+        let (vtep_mac, vni) = match backend {
+            PeerBackend::Vxlan => {
+                let Some(Value::Object(data)) = &attrs.backend_data else {
+                    return Err(PeerError::MissingBackendData);
+                };
+                let mac = match json_field(data, "VtepMAC") {
+                    None | Some(Value::Null) => return Err(PeerError::MissingVtepMac),
+                    Some(Value::String(s)) => parse_mac(s).ok_or(PeerError::BadVtepMac)?,
+                    Some(_) => return Err(PeerError::BadVtepMac),
+                };
+                let vni = match json_field(data, "VNI") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(
+                        v.as_u64()
+                            .filter(|n| *n <= 0x00ff_ffff)
+                            .and_then(|n| u32::try_from(n).ok())
+                            .ok_or(PeerError::BadVni)?,
+                    ),
+                };
+                (Some(mac), vni)
+            }
+            PeerBackend::Udp | PeerBackend::Other => (None, None),
+        };
+        Ok(Peer {
+            subnet: l.subnet,
+            public_ip: ip,
+            backend,
+            vtep_mac,
+            vni,
+            node: attrs.node_id.clone(),
+            stale: false,
+        })
+    }
+}
+
+/// A field of a JSON object: the exact name if present, else the first case-insensitive match
+/// (Go's `encoding/json` rule for struct fields).
+fn json_field<'a>(obj: &'a serde_json::Map<String, Value>, name: &str) -> Option<&'a Value> {
+    obj.get(name).or_else(|| obj.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v))
+}
+
+/// Parses a 48-bit MAC in any form Go's `net.ParseMAC` accepts for 6 bytes:
+/// `aa:bb:cc:dd:ee:ff`, `aa-bb-cc-dd-ee-ff` (one separator throughout) or `aabb.ccdd.eeff`;
+/// hex digits in either case. Go also accepts 8- and 20-byte addresses; a VTEP MAC is never
+/// one, so they are refused.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let b = s.as_bytes();
+    let mut out = [0u8; 6];
+    match b.len() {
+        17 => {
+            let sep = b[2];
+            if sep != b':' && sep != b'-' {
+                return None;
+            }
+            for (i, byte) in out.iter_mut().enumerate() {
+                let x = i * 3;
+                *byte = hex2(b[x], b[x + 1])?;
+                if i < 5 && b[x + 2] != sep {
+                    return None;
+                }
+            }
+        }
+        14 => {
+            for i in 0..3 {
+                let x = i * 5;
+                out[2 * i] = hex2(b[x], b[x + 1])?;
+                out[2 * i + 1] = hex2(b[x + 2], b[x + 3])?;
+                if i < 2 && b[x + 4] != b'.' {
+                    return None;
+                }
+            }
+        }
+        _ => return None,
+    }
+    Some(out)
+}
+
+fn hex2(hi: u8, lo: u8) -> Option<u8> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    Some(digit(hi)? << 4 | digit(lo)?)
+}
+
+/// The netmask of a prefix length (`0` for `/0`).
+fn mask_of(len: u8) -> u32 {
+    u32::MAX.checked_shl(32 - u32::from(len.min(32))).unwrap_or(0)
+}
+
+/// The peers of one prefix length that are not in the slot array, sorted by network address.
+#[derive(Clone, Debug)]
+struct Level {
+    mask: u32,
+    /// `(network address, index into peers)`, sorted by address, unique.
+    entries: Box<[(u32, u32)]>,
+}
+
+impl Level {
+    fn find(&self, dst: u32) -> Option<u32> {
+        let key = dst & self.mask;
+        self.entries.binary_search_by_key(&key, |e| e.0).ok().map(|i| self.entries[i].1)
+    }
+}
+
+fn find_in(levels: &[Level], dst: u32) -> Option<u32> {
+    levels.iter().find_map(|level| level.find(dst))
+}
+
+/// An immutable longest-prefix-match table from overlay destinations to [`Peer`]s. See the
+/// module docs for the layout and the lookup contract.
+#[derive(Clone)]
+pub struct RouteTable {
+    /// Every route, sorted by subnet, one per subnet.
+    peers: Box<[Peer]>,
+    /// The network's address and mask (the slot array's range).
+    base: u32,
+    net_mask: u32,
+    /// `32 - subnet_len`: how far to shift an offset into the network to get its slot.
+    shift: u32,
+    /// One entry per subnet of the network (empty: no slot array).
+    slots: Box<[u32]>,
+    /// Levels longer than `subnet_len`, longest first.
+    longer: Box<[Level]>,
+    /// Levels of `subnet_len` or shorter that are not in the slot array, longest first.
+    shorter: Box<[Level]>,
+    /// Every peer's public IP, sorted, unique.
+    public_ips: Box<[u32]>,
+}
+
+impl fmt::Debug for RouteTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouteTable")
+            .field("peers", &self.peers.len())
+            .field("slots", &self.slots.len())
+            .field("levels", &(self.longer.len() + self.shorter.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouteTable {
+    /// Builds a table for `network` (host bits are ignored) whose leases are normally
+    /// `/subnet_len`, from `peers` in any order; for two peers with the same subnet, the later
+    /// one wins. Never fails: peers that do not fit the slot array go into the levels.
+    pub fn build(network: Ipv4Net, subnet_len: u8, peers: impl IntoIterator<Item = Peer>) -> Self {
+        let network = network.trunc();
+        let by_subnet: BTreeMap<Subnet, Peer> = peers.into_iter().map(|p| (p.subnet, p)).collect();
+        let mut peers: Vec<Peer> = by_subnet.into_values().collect();
+        // Indices are u32 with one value reserved; no machine holds 2^32 peers, but stay total.
+        peers.truncate(NO_PEER as usize);
+
+        let base = u32::from(network.network());
+        let net_mask = mask_of(network.prefix_len());
+        let fits_dense =
+            |p: &Peer| p.subnet.prefix_len() == subnet_len && network.contains(&p.subnet.network());
+        let slot_count = subnet_len
+            .checked_sub(network.prefix_len())
+            .filter(|_| subnet_len <= 32)
+            .map(|extra| 1u64 << extra);
+        let dense = slot_count.is_some_and(|n| {
+            let eligible = peers.iter().filter(|p| fits_dense(p)).count() as u64;
+            n <= DENSE_MAX_SLOTS
+                && (n <= DENSE_ALWAYS_SLOTS || n <= eligible.saturating_mul(DENSE_SLOTS_PER_PEER))
+        });
+        let shift = 32 - u32::from(subnet_len.min(32));
+        // At most DENSE_MAX_SLOTS when dense: fits in usize.
+        let mut slots = vec![NO_PEER; if dense { slot_count.unwrap_or(0) as usize } else { 0 }];
+
+        let mut by_len: BTreeMap<u8, Vec<(u32, u32)>> = BTreeMap::new();
+        for (i, p) in peers.iter().enumerate() {
+            // `peers` was truncated below NO_PEER, so `i` fits and is never NO_PEER.
+            let idx = i as u32;
+            let addr = u32::from(p.subnet.network());
+            if dense && fits_dense(p) {
+                let slot = (u64::from(addr - base) >> shift) as usize;
+                if let Some(s) = slots.get_mut(slot) {
+                    *s = idx;
+                }
+                continue;
+            }
+            by_len.entry(p.subnet.prefix_len()).or_default().push((addr, idx));
+        }
+        let mut longer = Vec::new();
+        let mut shorter = Vec::new();
+        for (len, mut entries) in by_len.into_iter().rev() {
+            // Subnets are unique and hold their network address: addresses are unique per length.
+            entries.sort_unstable();
+            let level = Level { mask: mask_of(len), entries: entries.into_boxed_slice() };
+            if len > subnet_len { longer.push(level) } else { shorter.push(level) }
+        }
+        let mut public_ips: Vec<u32> = peers.iter().map(|p| u32::from(p.public_ip)).collect();
+        public_ips.sort_unstable();
+        public_ips.dedup();
+
+        Self {
+            peers: peers.into_boxed_slice(),
+            base,
+            net_mask,
+            shift,
+            slots: slots.into_boxed_slice(),
+            longer: longer.into_boxed_slice(),
+            shorter: shorter.into_boxed_slice(),
+            public_ips: public_ips.into_boxed_slice(),
+        }
+    }
+
+    /// The peer whose subnet is the longest prefix containing `dst`, if any. Wait-free, no
+    /// allocation, no lock.
+    #[inline]
+    pub fn lookup(&self, dst: Ipv4Addr) -> Option<&Peer> {
+        let d = u32::from(dst);
+        if let Some(i) = find_in(&self.longer, d) {
+            return self.peers.get(i as usize);
+        }
+        if d & self.net_mask == self.base {
+            let slot = (u64::from(d - self.base) >> self.shift) as usize;
+            if let Some(&i) = self.slots.get(slot)
+                && i != NO_PEER
+            {
+                return self.peers.get(i as usize);
+            }
+        }
+        find_in(&self.shorter, d).and_then(|i| self.peers.get(i as usize))
+    }
+
+    /// Whether `public_ip` is some peer's underlay address (receive validation drops packets
+    /// from anyone else). Stale peers count.
+    pub fn is_known_peer(&self, public_ip: Ipv4Addr) -> bool {
+        self.public_ips.binary_search(&u32::from(public_ip)).is_ok()
+    }
+
+    /// Every route, sorted by subnet, one per subnet.
+    pub fn peers(&self) -> &[Peer] {
+        &self.peers
+    }
+
+    /// The number of routes.
+    pub fn len(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// Whether the table has no routes.
+    pub fn is_empty(&self) -> bool {
+        self.peers.is_empty()
+    }
+
+    /// How many routes are stale (kept after their key expired).
+    pub fn stale_count(&self) -> usize {
+        self.peers.iter().filter(|p| p.stale).count()
+    }
+
+    /// Whether the slot array is in use (for tests and benchmarks).
+    pub fn is_dense(&self) -> bool {
+        !self.slots.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::lease::record::{LeaseAttrs, Revision, StoreLeaseId};
+
+    fn subnet(s: &str) -> Subnet {
+        s.parse().unwrap()
+    }
+
+    fn peer(s: &str, ip: [u8; 4]) -> Peer {
+        Peer {
+            subnet: subnet(s),
+            public_ip: Ipv4Addr::from(ip),
+            backend: PeerBackend::Udp,
+            vtep_mac: None,
+            vni: None,
+            node: None,
+            stale: false,
+        }
+    }
+
+    fn lease(json: &str) -> StoredLease {
+        StoredLease {
+            subnet: subnet("10.244.3.0/24"),
+            attrs: LeaseAttrs::from_json(json.as_bytes()).unwrap(),
+            mod_revision: Revision(7),
+            lease_id: StoreLeaseId(1),
+        }
+    }
+
+    fn net(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn from_lease_reads_flannel_vxlan() {
+        let p = Peer::from_lease(&lease(
+            r#"{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}"#,
+        ))
+        .unwrap();
+        assert_eq!(p.backend, PeerBackend::Vxlan);
+        assert_eq!(p.public_ip, ip("192.168.64.3"));
+        assert_eq!(p.vtep_mac, Some([0xc6, 0xd2, 0x32, 0x6f, 0x8f, 0x44]));
+        assert_eq!(p.vni, Some(1));
+        assert_eq!(p.subnet, subnet("10.244.3.0/24"));
+        assert!(!p.stale);
+        assert!(p.node.is_none());
+    }
+
+    #[test]
+    fn from_lease_reads_udp_and_other_backends() {
+        let p = Peer::from_lease(&lease(r#"{"PublicIP":"192.0.2.1","PublicIPv6":null}"#)).unwrap();
+        assert_eq!(p.backend, PeerBackend::Udp);
+        assert_eq!((p.vtep_mac, p.vni), (None, None));
+        let p = Peer::from_lease(&lease(r#"{"PublicIP":"192.0.2.1","BackendType":"host-gw"}"#))
+            .unwrap();
+        assert_eq!(p.backend, PeerBackend::Other);
+        let p = Peer::from_lease(&lease(
+            r#"{"PublicIP":"192.0.2.1","WeftNodeID":"node-aaaa","WeftIncarnation":"inc-00000001"}"#,
+        ))
+        .unwrap();
+        assert_eq!(p.node.as_ref().map(NodeId::as_str), Some("node-aaaa"));
+    }
+
+    #[test]
+    fn from_lease_refuses_unusable_vxlan() {
+        let cases = [
+            (r#"{"PublicIP":"192.0.2.1","BackendType":"vxlan"}"#, PeerError::MissingBackendData),
+            (
+                r#"{"PublicIP":"192.0.2.1","BackendType":"vxlan","BackendData":[1]}"#,
+                PeerError::MissingBackendData,
+            ),
+            (
+                r#"{"PublicIP":"192.0.2.1","BackendType":"vxlan","BackendData":{"VNI":1}}"#,
+                PeerError::MissingVtepMac,
+            ),
+            (
+                r#"{"PublicIP":"192.0.2.1","BackendType":"vxlan","BackendData":{"VtepMAC":null}}"#,
+                PeerError::MissingVtepMac,
+            ),
+            (
+                r#"{"PublicIP":"192.0.2.1","BackendType":"vxlan","BackendData":{"VtepMAC":"zz:d2:32:6f:8f:44"}}"#,
+                PeerError::BadVtepMac,
+            ),
+            (
+                r#"{"PublicIP":"192.0.2.1","BackendType":"vxlan","BackendData":{"VtepMAC":7}}"#,
+                PeerError::BadVtepMac,
+            ),
+            (
+                r#"{"PublicIP":"192.0.2.1","BackendType":"vxlan","BackendData":{"VtepMAC":"c6:d2:32:6f:8f:44","VNI":16777216}}"#,
+                PeerError::BadVni,
+            ),
+            (
+                r#"{"PublicIP":"192.0.2.1","BackendType":"vxlan","BackendData":{"VtepMAC":"c6:d2:32:6f:8f:44","VNI":"1"}}"#,
+                PeerError::BadVni,
+            ),
+            (
+                r#"{"PublicIP":"192.0.2.1","BackendType":"vxlan","BackendData":{"VtepMAC":"c6:d2:32:6f:8f:44","VNI":-1}}"#,
+                PeerError::BadVni,
+            ),
+            (r#"{"PublicIP":"0.0.0.0"}"#, PeerError::BadPublicIp(Ipv4Addr::UNSPECIFIED)),
+            (r#"{"PublicIP":"224.0.0.1"}"#, PeerError::BadPublicIp(ip("224.0.0.1"))),
+        ];
+        for (json, want) in cases {
+            assert_eq!(Peer::from_lease(&lease(json)), Err(want), "{json}");
+        }
+    }
+
+    #[test]
+    fn from_lease_matches_backend_data_fields_like_go() {
+        let p = Peer::from_lease(&lease(
+            r#"{"PublicIP":"192.0.2.1","BackendType":"vxlan","BackendData":{"vni":4096,"vtepmac":"C6-D2-32-6F-8F-44"}}"#,
+        ))
+        .unwrap();
+        assert_eq!(p.vni, Some(4096));
+        assert_eq!(p.vtep_mac, Some([0xc6, 0xd2, 0x32, 0x6f, 0x8f, 0x44]));
+    }
+
+    #[test]
+    fn parse_mac_accepts_go_forms_only() {
+        let m = Some([0x00, 0x00, 0x5e, 0x00, 0x53, 0x01]);
+        assert_eq!(parse_mac("00:00:5e:00:53:01"), m);
+        assert_eq!(parse_mac("00-00-5E-00-53-01"), m);
+        assert_eq!(parse_mac("0000.5e00.5301"), m);
+        for bad in [
+            "",
+            "00:00:5e:00:53",
+            "00:00:5e:00:53:01:02",
+            "00:00-5e:00:53:01",
+            "00:00:5e:00:53:0g",
+            "+0:00:5e:00:53:01",
+            "0000.5e00.530",
+            "0000:5e00.5301",
+            "00:00:5e:00:53:1 ",
+            "02:00:5e:10:00:00:00:01", // EUI-64: Go takes it, a VTEP MAC is never one
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn lookup_uses_slots_and_longest_prefix() {
+        let t = RouteTable::build(
+            net("10.244.0.0/16"),
+            24,
+            [
+                peer("10.244.1.0/24", [192, 0, 2, 1]),
+                peer("10.244.2.0/24", [192, 0, 2, 2]),
+                // A hand-written reservation inside another host's subnet: more specific.
+                peer("10.244.2.128/25", [192, 0, 2, 3]),
+                // A short reservation covering part of the network: less specific.
+                peer("10.244.0.0/20", [192, 0, 2, 4]),
+                // Outside the network.
+                peer("10.1.0.0/24", [192, 0, 2, 5]),
+            ],
+        );
+        assert!(t.is_dense());
+        assert_eq!(t.len(), 5);
+        let at = |s: &str| t.lookup(ip(s)).map(|p| p.public_ip.octets()[3]);
+        assert_eq!(at("10.244.1.7"), Some(1));
+        assert_eq!(at("10.244.2.7"), Some(2));
+        assert_eq!(at("10.244.2.200"), Some(3));
+        assert_eq!(at("10.244.3.1"), Some(4));
+        assert_eq!(at("10.244.15.255"), Some(4));
+        assert_eq!(at("10.244.16.0"), None);
+        assert_eq!(at("10.1.0.9"), Some(5));
+        assert_eq!(at("10.245.1.7"), None);
+        assert_eq!(at("0.0.0.0"), None);
+        assert_eq!(at("255.255.255.255"), None);
+        assert!(t.is_known_peer(ip("192.0.2.3")));
+        assert!(!t.is_known_peer(ip("192.0.2.9")));
+    }
+
+    #[test]
+    fn later_peer_with_same_subnet_wins() {
+        let t = RouteTable::build(
+            net("10.244.0.0/16"),
+            24,
+            [peer("10.244.1.0/24", [192, 0, 2, 1]), peer("10.244.1.0/24", [192, 0, 2, 2])],
+        );
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.lookup(ip("10.244.1.1")).unwrap().public_ip, ip("192.0.2.2"));
+        assert!(!t.is_known_peer(ip("192.0.2.1")));
+    }
+
+    #[test]
+    fn empty_and_degenerate_tables() {
+        let t = RouteTable::build(net("10.244.0.0/16"), 24, []);
+        assert!(t.is_empty());
+        assert_eq!(t.lookup(ip("10.244.1.1")), None);
+        // A subnet length shorter than the network: no slots, still correct.
+        let t = RouteTable::build(net("10.244.0.0/16"), 8, [peer("10.0.0.0/8", [192, 0, 2, 1])]);
+        assert!(!t.is_dense());
+        assert!(t.lookup(ip("10.9.9.9")).is_some());
+        // /0 network with /32 subnets: far too many slots for one peer.
+        let t = RouteTable::build(net("0.0.0.0/0"), 32, [peer("1.2.3.4/32", [192, 0, 2, 1])]);
+        assert!(!t.is_dense());
+        assert!(t.lookup(ip("1.2.3.4")).is_some());
+        assert!(t.lookup(ip("1.2.3.5")).is_none());
+        // /0 route and /0 subnet length.
+        let t = RouteTable::build(net("0.0.0.0/0"), 0, [peer("0.0.0.0/0", [192, 0, 2, 1])]);
+        assert!(t.is_dense());
+        assert!(t.lookup(ip("255.255.255.255")).is_some());
+        // The network's host bits are ignored.
+        let t = RouteTable::build(net("10.244.7.7/16"), 24, [peer("10.244.1.0/24", [1, 1, 1, 1])]);
+        assert!(t.is_dense());
+        assert!(t.lookup(ip("10.244.1.1")).is_some());
+    }
+
+    /// The reference: the longest prefix by a linear scan, the later peer winning a duplicate.
+    fn naive(peers: &[Peer], dst: Ipv4Addr) -> Option<&Peer> {
+        let mut best: Option<&Peer> = None;
+        for p in peers {
+            if p.subnet.contains(dst)
+                && best.is_none_or(|b| p.subnet.prefix_len() >= b.subnet.prefix_len())
+            {
+                best = Some(p);
+            }
+        }
+        best
+    }
+
+    fn arb_subnet(base: u32, net_len: u8, subnet_len: u8) -> impl Strategy<Value = Subnet> {
+        let in_net = (any::<u32>(), -3i8..=3).prop_map(move |(x, d)| {
+            let len = (i16::from(subnet_len) + i16::from(d)).clamp(i16::from(net_len), 32) as u8;
+            let addr = (base | (x & !mask_of(net_len))) & mask_of(len);
+            Subnet::from_parts(Ipv4Addr::from(addr), len).unwrap()
+        });
+        let exact = any::<u32>().prop_map(move |x| {
+            let addr = (base | (x & !mask_of(net_len))) & mask_of(subnet_len);
+            Subnet::from_parts(Ipv4Addr::from(addr), subnet_len).unwrap()
+        });
+        let anywhere = (any::<u32>(), 0u8..=32).prop_map(|(x, len)| {
+            Subnet::from_parts(Ipv4Addr::from(x & mask_of(len)), len).unwrap()
+        });
+        prop_oneof![6 => exact, 2 => in_net, 1 => anywhere]
+    }
+
+    fn arb_case() -> impl Strategy<Value = (Ipv4Net, u8, Vec<Peer>, Vec<u32>)> {
+        // Mostly slot arrays; sometimes networks too sparse for one (all peers in levels).
+        (any::<u32>(), 0u8..=30, prop_oneof![4 => 0u8..=12, 1 => 13u8..=26])
+            .prop_flat_map(|(addr, net_len, extra)| {
+                let subnet_len = (net_len + extra).min(32);
+                let base = addr & mask_of(net_len);
+                let network = Ipv4Net::new(Ipv4Addr::from(addr), net_len).unwrap();
+                let peers = prop::collection::vec(
+                    (arb_subnet(base, net_len, subnet_len), any::<u8>(), any::<bool>()),
+                    0..60,
+                )
+                .prop_map(|v| {
+                    v.into_iter()
+                        .map(|(subnet, host, stale)| Peer {
+                            subnet,
+                            public_ip: Ipv4Addr::new(192, 0, 2, host),
+                            backend: PeerBackend::Udp,
+                            vtep_mac: None,
+                            vni: None,
+                            node: None,
+                            stale,
+                        })
+                        .collect::<Vec<_>>()
+                });
+                let extra_addrs = prop::collection::vec(any::<u32>(), 0..40);
+                (Just(network), Just(subnet_len), peers, extra_addrs)
+            })
+            .boxed()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// wireguard-go's allowedips_rand_test: the table agrees with a linear scan everywhere
+        /// that matters (inside, at the edges of and next to every peer's subnet, and at random).
+        #[test]
+        fn lookup_matches_linear_scan((network, subnet_len, peers, extra) in arb_case()) {
+            let table = RouteTable::build(network, subnet_len, peers.clone());
+            let mut probes: Vec<u32> = extra;
+            let base = u32::from(network.network());
+            probes.extend([base, base | !mask_of(network.prefix_len()), base.wrapping_sub(1)]);
+            probes.push(base.wrapping_add(!mask_of(network.prefix_len())).wrapping_add(1));
+            for p in &peers {
+                let lo = u32::from(p.subnet.network());
+                let hi = lo | !mask_of(p.subnet.prefix_len());
+                probes.extend([lo, hi, lo.wrapping_sub(1), hi.wrapping_add(1), lo + (hi - lo) / 2]);
+            }
+            for d in probes {
+                let dst = Ipv4Addr::from(d);
+                prop_assert_eq!(table.lookup(dst), naive(&peers, dst), "dst {}", dst);
+            }
+            // One route per subnet, the later peer winning; its public IP, and only those, known.
+            let latest: BTreeMap<Subnet, &Peer> = peers.iter().map(|p| (p.subnet, p)).collect();
+            let want: Vec<&Peer> = latest.values().copied().collect();
+            let have: Vec<&Peer> = table.peers().iter().collect();
+            prop_assert_eq!(have, want);
+            for p in &peers {
+                let known = latest.values().any(|q| q.public_ip == p.public_ip);
+                prop_assert_eq!(table.is_known_peer(p.public_ip), known);
+            }
+        }
+    }
+
+    fn big_table(routes: u32) -> RouteTable {
+        // 65,536 /24s fill a /8.
+        let peers = (0..routes).map(|i| Peer {
+            subnet: Subnet::from_parts(Ipv4Addr::from(0x0a00_0000 | (i << 8)), 24).unwrap(),
+            public_ip: Ipv4Addr::from(0xc000_0000 | i),
+            backend: PeerBackend::Vxlan,
+            vtep_mac: Some([2, 0, 0, 0, (i >> 8) as u8, i as u8]),
+            vni: Some(1),
+            node: None,
+            stale: false,
+        });
+        RouteTable::build(net("10.0.0.0/8"), 24, peers)
+    }
+
+    #[test]
+    fn full_network_of_65536_routes() {
+        let t = big_table(65_536);
+        assert!(t.is_dense());
+        assert_eq!(t.len(), 65_536);
+        for i in (0..65_536u32).step_by(977) {
+            let p = t.lookup(Ipv4Addr::from(0x0a00_0000 | (i << 8) | 9)).unwrap();
+            assert_eq!(p.public_ip, Ipv4Addr::from(0xc000_0000 | i));
+        }
+    }
+
+    /// `cargo test --release --lib route::table -- --ignored --nocapture`: ns per lookup at
+    /// 65,536 routes (target: at most 25 ns).
+    #[test]
+    #[ignore = "timing; run in release"]
+    fn lookup_timing_65536_routes() {
+        let t = big_table(65_536);
+        let mut x: u32 = 0x9e37_79b9;
+        let dsts: Vec<Ipv4Addr> = (0..1 << 16)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                Ipv4Addr::from(0x0a00_0000 | (x & 0x00ff_ffff))
+            })
+            .collect();
+        let rounds = 200;
+        let start = Instant::now();
+        let mut hits = 0u64;
+        for _ in 0..rounds {
+            for d in &dsts {
+                hits +=
+                    u64::from(std::hint::black_box(t.lookup(std::hint::black_box(*d))).is_some());
+            }
+        }
+        let ns = start.elapsed().as_nanos() as f64 / (rounds * dsts.len()) as f64;
+        println!("lookup: {ns:.2} ns/op over {} lookups ({hits} hits)", rounds * dsts.len());
+        assert_eq!(hits, (rounds * dsts.len()) as u64);
+    }
+}

@@ -1,0 +1,708 @@
+//! The route watcher: lists and watches every subnet lease in the store, feeds a
+//! [`RouteSet`] and publishes its tables into [`Routes`]. The only route code that does I/O.
+//!
+//! # Contract
+//! - Start: list at a revision, publish, then watch from the next revision (flannel's
+//!   `WatchLeases`, flannel-facts §2.6).
+//! - Every batch that changes the routes publishes a new table at once; renewals, which rewrite
+//!   a lease with the same value, publish nothing.
+//! - A delete (expiry or relinquish?) or [`StoreError::Compacted`] causes a re-list, at most
+//!   once per [`RELIST_DEBOUNCE`]. A re-list asked for by a delete runs beside the live watch;
+//!   after compaction the watch restarts from the listing.
+//! - Any other failure (list, watch set-up, a watch that errors or ends) re-lists and re-watches
+//!   with backoff from [`BACKOFF_MIN`] doubling to [`BACKOFF_MAX`]. Meanwhile the last
+//!   published routes stay in place: nothing here ever clears them because the store is
+//!   unreachable.
+//! - Own-subnet changes (from the lease driver) re-publish without the own subnet at once, also
+//!   while the store is unreachable.
+//! - Stops when `shutdown` turns `true` or its sender is dropped.
+//!
+//! [`RouteStats`] counts what happened; register [`RouteStats::render`] as a
+//! [`crate::health::MetricsSource`].
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::Routes;
+use super::set::RouteSet;
+use crate::config::NetworkConfig;
+use crate::lease::record::Subnet;
+use crate::lease::store::{Store, StoreError, WatchStream};
+
+/// The least time between two re-lists asked for by deletes or compaction.
+pub const RELIST_DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// The first retry delay after a store failure.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
+
+/// The longest retry delay after repeated store failures.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// What the route watcher has done, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct RouteStats {
+    /// Tables published.
+    pub updates: AtomicU64,
+    /// Lease entries skipped because they did not parse or could not be routed to.
+    pub bad_entries: AtomicU64,
+    /// Listings after the first (for deletes, compaction or failures).
+    pub relists: AtomicU64,
+    /// Failed list or watch calls and watches that broke.
+    pub watch_errors: AtomicU64,
+    /// Routes in the published table (gauge).
+    pub routes: AtomicU64,
+    /// Stale routes in the published table (gauge).
+    pub stale_routes: AtomicU64,
+}
+
+impl RouteStats {
+    /// Appends the Prometheus text exposition of these stats to `out`.
+    pub fn render(&self, out: &mut String) {
+        let metrics: [(&str, &str, &str, &AtomicU64); 6] = [
+            ("weft_routes", "gauge", "Routes to peers in the published table.", &self.routes),
+            (
+                "weft_routes_stale",
+                "gauge",
+                "Published routes whose lease expired (peer presumed partitioned).",
+                &self.stale_routes,
+            ),
+            ("weft_route_updates_total", "counter", "Route tables published.", &self.updates),
+            (
+                "weft_route_bad_entries_total",
+                "counter",
+                "Lease entries skipped because they did not parse or could not be routed to.",
+                &self.bad_entries,
+            ),
+            (
+                "weft_route_relists_total",
+                "counter",
+                "Re-lists of all leases (after deletes, compaction or store failures).",
+                &self.relists,
+            ),
+            (
+                "weft_route_watch_errors_total",
+                "counter",
+                "Failed lease list or watch calls.",
+                &self.watch_errors,
+            ),
+        ];
+        for (name, kind, help, v) in metrics {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            let _ = writeln!(out, "{name} {}", v.load(Ordering::Relaxed));
+        }
+    }
+}
+
+/// Publishes the set's table and updates the gauges.
+fn publish(routes: &Routes, set: &RouteSet, stats: &RouteStats) {
+    let table = set.table();
+    stats.routes.store(table.len() as u64, Ordering::Relaxed);
+    stats.stale_routes.store(table.stale_count() as u64, Ordering::Relaxed);
+    stats.updates.fetch_add(1, Ordering::Relaxed);
+    debug!(routes = table.len(), stale = table.stale_count(), "publishing routes");
+    routes.store(table);
+}
+
+/// The next item of the watch, or never if there is none (for `select!`).
+async fn next_batch(
+    stream: &mut Option<WatchStream>,
+) -> Option<Result<crate::lease::store::WatchBatch, StoreError>> {
+    match stream {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs the route watcher until `shutdown`. See the module docs for the contract.
+pub async fn run(
+    store: Arc<dyn Store>,
+    routes: Arc<Routes>,
+    network: NetworkConfig,
+    mut own: watch::Receiver<Option<Subnet>>,
+    stats: Arc<RouteStats>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut set = RouteSet::new(network.network, network.subnet_len);
+    set.set_own(*own.borrow_and_update());
+    let mut own_open = true;
+    let mut stream: Option<WatchStream> = None;
+    let mut listed_once = false;
+    let mut last_list: Option<Instant> = None;
+    let mut list_at: Option<Instant> = Some(Instant::now());
+    let mut backoff = BACKOFF_MIN;
+    let mut bad_seen = 0u64;
+
+    let debounced = |last_list: Option<Instant>| {
+        let now = Instant::now();
+        last_list.map_or(now, |t| (t + RELIST_DEBOUNCE).max(now))
+    };
+
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        if list_at.is_some_and(|t| t <= Instant::now()) {
+            list_at = None;
+            last_list = Some(Instant::now());
+            match store.list().await {
+                Ok(listing) => {
+                    if listed_once {
+                        stats.relists.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let changed = set.apply_listing(&listing);
+                    if changed || !listed_once {
+                        publish(&routes, &set, &stats);
+                    }
+                    listed_once = true;
+                    debug!(
+                        revision = listing.revision.0,
+                        leases = listing.leases.len(),
+                        "listed leases"
+                    );
+                }
+                Err(e) => {
+                    stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(error = %e, retry_in = ?backoff, "listing leases failed; keeping the last routes");
+                    list_at = Some(Instant::now() + backoff);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+            let new_bad = set.bad_entries();
+            stats.bad_entries.fetch_add(new_bad - bad_seen, Ordering::Relaxed);
+            bad_seen = new_bad;
+            if list_at.is_none() && stream.is_none() {
+                match store.watch(set.resume_revision(), None).await {
+                    Ok(s) => {
+                        stream = Some(s);
+                        if backoff > BACKOFF_MIN {
+                            info!("lease watch restored");
+                        }
+                        backoff = BACKOFF_MIN;
+                    }
+                    Err(StoreError::Compacted { .. }) => list_at = Some(debounced(last_list)),
+                    Err(e) => {
+                        stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                        warn!(error = %e, retry_in = ?backoff, "watching leases failed; keeping the last routes");
+                        list_at = Some(Instant::now() + backoff);
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                    }
+                }
+            }
+        }
+
+        let wake = list_at;
+        tokio::select! {
+            biased;
+            r = shutdown.changed() => {
+                if r.is_err() {
+                    return;
+                }
+            }
+            r = own.changed(), if own_open => match r {
+                Ok(()) => {
+                    let subnet = *own.borrow_and_update();
+                    if set.set_own(subnet) {
+                        publish(&routes, &set, &stats);
+                    }
+                }
+                // The lease driver is gone: keep the last own subnet.
+                Err(_) => own_open = false,
+            },
+            item = next_batch(&mut stream) => match item {
+                Some(Ok(batch)) => {
+                    if set.apply_batch(&batch) {
+                        publish(&routes, &set, &stats);
+                    }
+                    let new_bad = set.bad_entries();
+                    stats.bad_entries.fetch_add(new_bad - bad_seen, Ordering::Relaxed);
+                    bad_seen = new_bad;
+                    if set.needs_relist() && list_at.is_none() {
+                        list_at = Some(debounced(last_list));
+                    }
+                }
+                Some(Err(StoreError::Compacted { .. })) => {
+                    info!("lease watch is behind the compaction horizon; re-listing");
+                    stream = None;
+                    list_at = Some(debounced(last_list));
+                }
+                Some(Err(e)) => {
+                    stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(error = %e, retry_in = ?backoff, "lease watch failed; keeping the last routes");
+                    stream = None;
+                    list_at = Some(Instant::now() + backoff);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+                None => {
+                    stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(retry_in = ?backoff, "lease watch ended; keeping the last routes");
+                    stream = None;
+                    list_at = Some(Instant::now() + backoff);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            },
+            _ = sleep_until(wake), if wake.is_some() => {}
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+    use std::sync::Mutex;
+
+    use tokio::task::JoinHandle;
+
+    use super::*;
+    use crate::lease::memory::{MemoryClient, MemoryStore};
+    use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Revision, StoredLease};
+    use crate::lease::store::{
+        BadEntry, CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord,
+        ReleaseOutcome, RenewOutcome,
+    };
+    use crate::route::RouteTable;
+    use crate::time::ManualClock;
+
+    const PREFIX: &str = "/coreos.com/network";
+    const TTL: Duration = Duration::from_secs(10);
+    /// How soon the data plane must see a change.
+    const PROMPTLY: Duration = Duration::from_secs(1);
+
+    fn subnet(s: &str) -> Subnet {
+        s.parse().unwrap()
+    }
+
+    fn key(s: &str) -> String {
+        format!("{PREFIX}/subnets/{}", subnet(s).key_name())
+    }
+
+    fn node(host: u8) -> NodeId {
+        NodeId::parse(&format!("node-{host:04}")).unwrap()
+    }
+
+    fn attrs(host: u8) -> LeaseAttrs {
+        LeaseAttrs {
+            public_ip: Ipv4Addr::new(192, 0, 2, host),
+            public_ipv6: None,
+            backend_type: Some("vxlan".into()),
+            backend_data: Some(
+                serde_json::json!({"VNI": 1, "VtepMAC": format!("02:00:00:00:00:{host:02x}")}),
+            ),
+            node_id: Some(node(host)),
+            incarnation: Some(Incarnation::parse("inc-00000001").unwrap()),
+        }
+    }
+
+    struct Harness {
+        clock: ManualClock,
+        store: MemoryStore,
+        routes: Arc<Routes>,
+        stats: Arc<RouteStats>,
+        own: watch::Sender<Option<Subnet>>,
+        shutdown: watch::Sender<bool>,
+        task: JoinHandle<()>,
+    }
+
+    impl Harness {
+        fn start() -> Self {
+            let clock = ManualClock::new();
+            let store = MemoryStore::new(Arc::new(clock.clone()), PREFIX);
+            let client: Arc<dyn Store> = Arc::new(store.client("routes"));
+            Self::start_with(clock, store, client)
+        }
+
+        fn start_with(clock: ManualClock, store: MemoryStore, client: Arc<dyn Store>) -> Self {
+            let network =
+                NetworkConfig::parse(br#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#)
+                    .unwrap();
+            let routes =
+                Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
+            let stats = Arc::new(RouteStats::default());
+            let (own, own_rx) = watch::channel(None);
+            let (shutdown, shutdown_rx) = watch::channel(false);
+            let task = tokio::spawn(run(
+                client,
+                routes.clone(),
+                network,
+                own_rx,
+                stats.clone(),
+                shutdown_rx,
+            ));
+            Self { clock, store, routes, stats, own, shutdown, task }
+        }
+
+        /// A host's client creating its lease.
+        async fn join(&self, host: u8, s: &str) -> (MemoryClient, HeldLease) {
+            let client = self.store.client(&format!("host-{host}"));
+            match client.create(subnet(s), &attrs(host), TTL).await.unwrap() {
+                CreateOutcome::Created(held) => (client, held),
+                other => panic!("create {s}: {other:?}"),
+            }
+        }
+
+        /// Waits (in virtual time) until the published routes are `want`: (subnet, last
+        /// octet of the public IP, stale).
+        async fn expect(&self, within: Duration, want: &[(&str, u8, bool)]) {
+            let deadline = Instant::now() + within;
+            loop {
+                let now = table_routes(&self.routes.load());
+                let wanted: Vec<(String, u8, bool)> =
+                    want.iter().map(|(s, h, st)| (subnet(s).to_string(), *h, *st)).collect();
+                if now == wanted {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "within {within:?}: want {wanted:?}, have {now:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+
+        /// Lets the watcher run for `d` of virtual time.
+        async fn idle(&self, d: Duration) {
+            tokio::time::sleep(d).await;
+        }
+
+        fn expire_all(&self) {
+            self.clock.advance(TTL + Duration::from_secs(1));
+            self.store.tick();
+        }
+
+        async fn stop(self) {
+            self.shutdown.send_replace(true);
+            tokio::time::timeout(Duration::from_secs(1), self.task)
+                .await
+                .expect("watcher stops on shutdown")
+                .unwrap();
+        }
+    }
+
+    fn table_routes(t: &RouteTable) -> Vec<(String, u8, bool)> {
+        t.peers().iter().map(|p| (p.subnet.to_string(), p.public_ip.octets()[3], p.stale)).collect()
+    }
+
+    fn stat(v: &AtomicU64) -> u64 {
+        v.load(Ordering::Relaxed)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn existing_and_new_leases_appear_promptly() {
+        let h = Harness::start();
+        h.join(1, "10.244.1.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+        h.join(2, "10.244.2.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        let t = h.routes.load();
+        let p = t.lookup(Ipv4Addr::new(10, 244, 2, 7)).unwrap();
+        assert_eq!(p.vtep_mac, Some([2, 0, 0, 0, 0, 2]));
+        assert!(t.is_known_peer(Ipv4Addr::new(192, 0, 2, 1)));
+        assert_eq!(stat(&h.stats.routes), 2);
+        assert!(stat(&h.stats.updates) >= 2);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_publish_nothing() {
+        let h = Harness::start();
+        let (client, held) = h.join(1, "10.244.1.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+        h.idle(Duration::from_secs(1)).await;
+        let updates = stat(&h.stats.updates);
+        let mut held = held;
+        for _ in 0..5 {
+            match client.renew(&held, &attrs(1), TTL).await.unwrap() {
+                RenewOutcome::Renewed(next) => held = next,
+                other => panic!("renew: {other:?}"),
+            }
+            h.idle(Duration::from_millis(300)).await;
+        }
+        assert_eq!(stat(&h.stats.updates), updates);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn relinquished_lease_is_removed() {
+        let h = Harness::start();
+        let (client, held) = h.join(1, "10.244.1.0/24").await;
+        h.join(2, "10.244.2.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        assert_eq!(client.release(&held, &node(1)).await.unwrap(), ReleaseOutcome::Released);
+        h.expect(PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;
+        assert!(stat(&h.stats.relists) >= 1);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_lease_stays_stale_until_a_new_holder_replaces_it() {
+        let h = Harness::start();
+        h.join(1, "10.244.1.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+        h.expire_all();
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, true)]).await;
+        // The re-list that the delete asked for confirms: expired, not relinquished.
+        h.idle(Duration::from_secs(2)).await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, true)]).await;
+        assert_eq!(stat(&h.stats.stale_routes), 1);
+        assert!(stat(&h.stats.relists) >= 1);
+        // Still forwarded to.
+        assert!(h.routes.load().lookup(Ipv4Addr::new(10, 244, 1, 1)).is_some());
+        h.join(3, "10.244.1.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 3, false)]).await;
+        assert_eq!(stat(&h.stats.stale_routes), 0);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn garbage_entries_are_counted_and_skipped() {
+        let h = Harness::start();
+        h.store.put_raw(&key("10.244.8.0/24"), b"not json", None);
+        h.join(1, "10.244.1.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+        assert_eq!(stat(&h.stats.bad_entries), 1);
+        h.store.put_raw(
+            &key("10.244.9.0/24"),
+            br#"{"PublicIP":"192.0.2.9","BackendType":"vxlan","BackendData":{"VtepMAC":"nope"}}"#,
+            None,
+        );
+        h.store.put_raw(&format!("{PREFIX}/subnets/garbage"), br#"{"PublicIP":"192.0.2.9"}"#, None);
+        h.join(2, "10.244.2.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        assert_eq!(stat(&h.stats.bad_entries), 3);
+        let mut text = String::new();
+        h.stats.render(&mut text);
+        assert!(text.contains("weft_route_bad_entries_total 3\n"), "{text}");
+        assert!(text.contains("# TYPE weft_routes gauge\nweft_routes 2\n"), "{text}");
+        for name in [
+            "weft_routes_stale 0",
+            "weft_route_updates_total",
+            "weft_route_relists_total",
+            "weft_route_watch_errors_total 0",
+        ] {
+            assert!(text.contains(name), "{name}: {text}");
+        }
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn store_outage_keeps_the_routes() {
+        let h = Harness::start();
+        h.join(1, "10.244.1.0/24").await;
+        h.join(2, "10.244.2.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        h.store.set_down(true);
+        h.idle(Duration::from_secs(30)).await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        let errors = stat(&h.stats.watch_errors);
+        // Backoff: 100 ms doubling to 5 s is about a dozen tries in 30 s, not hundreds.
+        assert!((5..=20).contains(&errors), "{errors} errors");
+        h.store.set_down(false);
+        h.join(3, "10.244.3.0/24").await;
+        h.expect(
+            BACKOFF_MAX + PROMPTLY,
+            &[
+                ("10.244.1.0/24", 1, false),
+                ("10.244.2.0/24", 2, false),
+                ("10.244.3.0/24", 3, false),
+            ],
+        )
+        .await;
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn partition_of_the_watcher_alone_keeps_the_routes_and_catches_up() {
+        let h = Harness::start();
+        let (client, held) = h.join(1, "10.244.1.0/24").await;
+        h.join(2, "10.244.2.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        h.store.partition("routes", true);
+        client.release(&held, &node(1)).await.unwrap();
+        h.join(4, "10.244.4.0/24").await;
+        h.idle(Duration::from_secs(10)).await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        h.store.partition("routes", false);
+        h.expect(
+            BACKOFF_MAX + PROMPTLY,
+            &[("10.244.2.0/24", 2, false), ("10.244.4.0/24", 4, false)],
+        )
+        .await;
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn own_subnet_is_excluded_and_included_again_when_own_changes() {
+        let h = Harness::start();
+        h.join(1, "10.244.1.0/24").await;
+        h.join(2, "10.244.2.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        h.own.send_replace(Some(subnet("10.244.1.0/24")));
+        h.expect(PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;
+        h.own.send_replace(Some(subnet("10.244.2.0/24")));
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+        h.own.send_replace(None);
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        // Also during an outage.
+        h.store.set_down(true);
+        h.own.send_replace(Some(subnet("10.244.2.0/24")));
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn own_subnet_set_before_start_is_never_published() {
+        let h = Harness::start();
+        h.own.send_replace(Some(subnet("10.244.1.0/24")));
+        h.join(1, "10.244.1.0/24").await;
+        h.join(2, "10.244.2.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;
+        h.stop().await;
+    }
+
+    /// A store whose first `watch` comes after the world moved on and was compacted: the race
+    /// between a listing and the watch that follows it.
+    struct RacingStore {
+        inner: MemoryClient,
+        before_watch: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for RacingStore {
+        async fn config(&self) -> Result<Option<Vec<u8>>, StoreError> {
+            self.inner.config().await
+        }
+        async fn set_config(&self, value: &[u8]) -> Result<(), StoreError> {
+            self.inner.set_config(value).await
+        }
+        async fn list(&self) -> Result<Listing, StoreError> {
+            self.inner.list().await
+        }
+        async fn get(
+            &self,
+            subnet: Subnet,
+        ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError> {
+            self.inner.get(subnet).await
+        }
+        async fn create(
+            &self,
+            subnet: Subnet,
+            attrs: &LeaseAttrs,
+            ttl: Duration,
+        ) -> Result<CreateOutcome, StoreError> {
+            self.inner.create(subnet, attrs, ttl).await
+        }
+        async fn renew(
+            &self,
+            held: &HeldLease,
+            attrs: &LeaseAttrs,
+            ttl: Duration,
+        ) -> Result<RenewOutcome, StoreError> {
+            self.inner.renew(held, attrs, ttl).await
+        }
+        async fn release(
+            &self,
+            held: &HeldLease,
+            node: &NodeId,
+        ) -> Result<ReleaseOutcome, StoreError> {
+            self.inner.release(held, node).await
+        }
+        async fn revoke(&self, subnet: Subnet) -> Result<bool, StoreError> {
+            self.inner.revoke(subnet).await
+        }
+        async fn claim_presence(
+            &self,
+            node: &NodeId,
+            record: &PresenceRecord,
+            ttl: Duration,
+        ) -> Result<PresenceOutcome, StoreError> {
+            self.inner.claim_presence(node, record, ttl).await
+        }
+        async fn keep_presence(
+            &self,
+            lease: crate::lease::record::StoreLeaseId,
+        ) -> Result<bool, StoreError> {
+            self.inner.keep_presence(lease).await
+        }
+        async fn drop_presence(
+            &self,
+            node: &NodeId,
+            lease: crate::lease::record::StoreLeaseId,
+        ) -> Result<(), StoreError> {
+            self.inner.drop_presence(node, lease).await
+        }
+        async fn watch(
+            &self,
+            from: Revision,
+            only: Option<Subnet>,
+        ) -> Result<WatchStream, StoreError> {
+            let hook = self.before_watch.lock().unwrap().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+            self.inner.watch(from, only).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn compaction_triggers_a_relist_and_nothing_is_lost() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::new(Arc::new(clock.clone()), PREFIX);
+        let one = attrs(1).to_json();
+        store.put_raw(&key("10.244.1.0/24"), &one, Some(TTL));
+        store.put_raw(&key("10.244.2.0/24"), &attrs(2).to_json(), Some(TTL));
+        let world = store.clone();
+        let racing = RacingStore {
+            inner: store.client("routes"),
+            before_watch: Mutex::new(Some(Box::new(move || {
+                // Between the listing and the watch: a new host, a departure, then compaction.
+                world.put_raw(&key("10.244.3.0/24"), &attrs(3).to_json(), Some(TTL));
+                world.delete_raw(&key("10.244.2.0/24"));
+                world.put_raw(&key("10.244.1.0/24"), &attrs(5).to_json(), Some(TTL));
+                world.compact(world.revision());
+            }))),
+        };
+        let h = Harness::start_with(clock, store, Arc::new(racing));
+        h.expect(
+            PROMPTLY,
+            &[("10.244.1.0/24", 5, false), ("10.244.2.0/24", 2, true), ("10.244.3.0/24", 3, false)],
+        )
+        .await;
+        assert_eq!(stat(&h.stats.relists), 1);
+        assert_eq!(stat(&h.stats.watch_errors), 0);
+        // The watch runs again after the re-list.
+        h.join(4, "10.244.4.0/24").await;
+        h.expect(
+            PROMPTLY,
+            &[
+                ("10.244.1.0/24", 5, false),
+                ("10.244.2.0/24", 2, true),
+                ("10.244.3.0/24", 3, false),
+                ("10.244.4.0/24", 4, false),
+            ],
+        )
+        .await;
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_stops_the_watcher_even_while_the_store_is_down() {
+        let h = Harness::start();
+        h.store.set_down(true);
+        h.idle(Duration::from_secs(3)).await;
+        h.stop().await;
+    }
+}
