@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # weft demo: from a fresh machine, build weft, start etcd, bring up three network-namespace
-# hosts on a shared underlay, run weft on each, and show the lease control plane at work:
-# acquiring, listing, a suspended host coming back to its own subnet, an operator's revoke,
-# and a clean shutdown that relinquishes.
+# hosts on a shared underlay, run weft on each, put a pod behind each host, ping and iperf3
+# pod to pod across the overlay, then show the lease control plane at work: a suspended host
+# coming back to its own subnet, an operator's revoke, and a clean shutdown that relinquishes.
 #
 #   192.0.2.254  <p>hub  bridge br0 + etcd
-#   192.0.2.1-4  <p>h1..h4  weft run
+#   192.0.2.1-4  <p>h1..h4  weft run (TUN weft0, VXLAN on UDP 8472)
+#   10.244.X.2   <p>p1..p3  pods behind cni0 (10.244.X.1) on each host
 #
 # Everything lives in namespaces named weftdemo<pid>*, removed on exit. Needs root.
 set -euo pipefail
@@ -72,11 +73,27 @@ printf '{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}' >
 weft_admin network set "$WORK/net.json"
 weft_admin network get
 
-say "three hosts start weft (lease TTL $TTL)"
+say "three hosts start weft (lease TTL $TTL): each leases a subnet and brings up TUN weft0"
 for n in 1 2 3; do start_host "$n"; done
 for n in 1 2 3; do wait_ready "$n"; echo "host $n (192.0.2.$n): FLANNEL_SUBNET=$(subnet_of "$n")"; done
 echo; cat "$WORK/h1/subnet.env"
 weft_admin lease list
+
+say "a pod on each host, on a bridge addressed from its subnet.env (as the CNI flannel plugin does)"
+declare -A POD=()
+for n in 1 2 3; do POD[$n]=$(netns_pod_up "$P" "$n" "$WORK/h$n/subnet.env"); echo "pod $n: ${POD[$n]}"; done
+echo; echo "host 1 routes:"; ip -n "${P}h1" route show | sed 's/^/  /'
+ip -n "${P}h1" -br addr show weft0 | sed 's/^/  /'
+netns_http "${P}h1" 9797 /metrics | grep -E "^weft_routes " | sed 's/^/  /'
+
+say "ping pod 1 -> pods 2 and 3 across the overlay"
+for n in 2 3; do ip netns exec "${P}p1" ping -c 3 -i 0.2 -W 2 "${POD[$n]}" | tail -2 | sed 's/^/  /'; done
+
+say "iperf3 TCP, pod 1 -> pod 2, 5 s ($(sed -n 's/^FLANNEL_MTU=//p' "$WORK/h1/subnet.env")-byte overlay MTU)"
+ip netns exec "${P}p2" iperf3 -s -1 -D >/dev/null 2>&1
+sleep 0.5
+ip netns exec "${P}p1" iperf3 -c "${POD[2]}" -t 5 -f g | grep -E "sender|receiver" | sed 's/^/  /'
+netns_http "${P}h1" 9797 /metrics | grep -E "^weft_dataplane_(tx|rx)_packets_total" | sed 's/^/  h1 /'
 
 say "host 1 is suspended (SIGSTOP) past its TTL; its key expires"
 S1=$(subnet_of 1)

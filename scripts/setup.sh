@@ -38,6 +38,7 @@ tools=(
     "protoc protobuf-compiler"
     "ip iproute2"
     "openssl openssl"
+    "ping iputils-ping"
 )
 
 for entry in "${tools[@]}"; do

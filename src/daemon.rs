@@ -17,12 +17,15 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::config::{BackendKind, NetworkConfig};
+use crate::dataplane::driver::{Dataplane, DataplaneConfig};
 use crate::health::{self, Health};
 use crate::lease::driver::{DriverConfig, LeaseDriver};
 use crate::lease::keeper::{Keeper, KeeperConfig};
 use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Subnet};
 use crate::lease::store::Store;
 use crate::lease::subnet_env::{self, ReadOutcome};
+use crate::route::watcher::RouteStats;
+use crate::route::{RouteTable, Routes};
 use crate::time::{BootClock, Clock};
 
 /// Everything `weft run` needs, after flag parsing.
@@ -52,6 +55,10 @@ pub struct RunOptions {
     pub relinquish_on_exit: bool,
     /// `--ip-masq` (only written to subnet.env; weft installs no iptables rules).
     pub ip_masq: bool,
+    /// `--dataplane tun` (`true`) or `none`.
+    pub dataplane: bool,
+    /// `--tun-name`.
+    pub tun_name: String,
 }
 
 /// The node's persistent identity, from `<state-dir>/node-id` (created on first start).
@@ -312,7 +319,21 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
         clock.now(),
     );
     let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
-    let (subnet_tx, _subnet_rx) = watch::channel(None);
+    let (subnet_tx, subnet_rx) = watch::channel(None);
+    let dataplane = if opts.dataplane {
+        Some(start_dataplane(
+            &opts,
+            &network,
+            &underlay,
+            vtep_mac,
+            &store,
+            &health,
+            subnet_rx,
+            &shutdown_rx,
+        )?)
+    } else {
+        None
+    };
     let driver = LeaseDriver::new(
         store,
         keeper,
@@ -331,11 +352,86 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
         subnet_tx,
     );
     driver.run(shutdown_rx).await;
+    if let Some((dp, tasks)) = dataplane {
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
+        }
+        tokio::task::spawn_blocking(move || dp.stop()).await.ok();
+    }
     if let Some(t) = health_task {
         let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
     }
     info!("weft stopped");
     Ok(())
+}
+
+/// Starts the data plane, the route watcher feeding it, and the task that re-addresses the
+/// TUN device when this node's subnet changes.
+#[allow(clippy::too_many_arguments)]
+fn start_dataplane(
+    opts: &RunOptions,
+    network: &NetworkConfig,
+    underlay: &Underlay,
+    vtep_mac: [u8; 6],
+    store: &Arc<dyn Store>,
+    health: &Arc<Health>,
+    mut subnet_rx: watch::Receiver<Option<Subnet>>,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> anyhow::Result<(Arc<Dataplane>, Vec<tokio::task::JoinHandle<()>>)> {
+    let routes = Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
+    let dp = Arc::new(
+        Dataplane::start(
+            DataplaneConfig {
+                tun_name: opts.tun_name.clone(),
+                backend: network.backend.kind,
+                vni: network.backend.vni,
+                port: network.backend.port,
+                our_mac: vtep_mac,
+                underlay_mtu: underlay.mtu,
+                overhead: u32::from(network.backend.encap_overhead()),
+                network: network.network,
+                public_ip: underlay.public_ip,
+            },
+            routes.clone(),
+        )
+        .context("starting the data plane")?,
+    );
+    let stats = Arc::new(RouteStats::default());
+    {
+        let (c, s) = (dp.counters.clone(), stats.clone());
+        health.add_source(Box::new(move |out| {
+            c.render(out);
+            s.render(out);
+        }));
+    }
+    let watcher = tokio::spawn(crate::route::watcher::run(
+        store.clone(),
+        routes,
+        network.clone(),
+        subnet_rx.clone(),
+        stats,
+        shutdown_rx.clone(),
+    ));
+    let dp2 = dp.clone();
+    let mut stop = shutdown_rx.clone();
+    let addresser = tokio::spawn(async move {
+        loop {
+            let subnet = *subnet_rx.borrow_and_update();
+            let dp = dp2.clone();
+            match tokio::task::spawn_blocking(move || dp.set_subnet(subnet)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    error!(error = %e, "could not configure the TUN device for the subnet")
+                }
+                Err(e) => error!(error = %e, "TUN configuration task failed"),
+            }
+            tokio::select! {
+                changed = subnet_rx.changed() => if changed.is_err() { return },
+                _ = stop.wait_for(|v| *v) => return,
+            }
+        }
+    });
+    Ok((dp, vec![watcher, addresser]))
 }
 
 async fn signal_shutdown(tx: watch::Sender<bool>) {

@@ -155,8 +155,9 @@ struct RunArgs {
     /// Written to subnet.env as FLANNEL_IPMASQ; weft itself installs no iptables rules.
     #[arg(long, env = "WEFT_IP_MASQ")]
     ip_masq: bool,
-    /// Data plane: `none` runs the control plane only (leases, subnet.env, hooks, health).
-    #[arg(long, env = "WEFT_DATAPLANE", default_value = "none", value_parser = ["none"])]
+    /// Data plane: `tun` forwards traffic; `none` runs the control plane only (leases,
+    /// subnet.env, hooks, health) and needs no privilege.
+    #[arg(long, env = "WEFT_DATAPLANE", default_value = "tun", value_parser = ["tun", "none"])]
     dataplane: String,
     /// Log format.
     #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
@@ -241,7 +242,6 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 );
             }
             let store = args.etcd.connect().await?;
-            let _ = &args.tun_name;
             let opts = RunOptions {
                 iface: args.iface.clone(),
                 public_ip: args.public_ip,
@@ -255,6 +255,8 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 on_lease_lost: args.on_lease_lost.clone(),
                 relinquish_on_exit: args.relinquish_on_exit,
                 ip_masq: args.ip_masq,
+                dataplane: args.dataplane == "tun",
+                tun_name: args.tun_name.clone(),
             };
             daemon::run(opts, Arc::new(store)).await
         }

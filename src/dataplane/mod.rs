@@ -4,4 +4,7 @@
 //! Contract: [`wire`] is pure (no I/O, no allocation, never panics on input); only driver modules
 //! touch file descriptors.
 
+pub mod driver;
+pub mod pipeline;
+pub mod sys;
 pub mod wire;

@@ -678,7 +678,8 @@ impl Keeper {
                 // outlive its TTL.
                 Presence::WaitingFor { other: o, since }
                     if *o == other.incarnation
-                        && now.saturating_since(*since) >= self.cfg.presence_ttl * CLASH_AFTER_TTLS =>
+                        && now.saturating_since(*since)
+                            >= self.cfg.presence_ttl * CLASH_AFTER_TTLS =>
                 {
                     self.clash(Some(other.incarnation), Some(other.public_ip));
                 }

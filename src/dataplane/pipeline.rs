@@ -1,0 +1,360 @@
+//! Per-packet forwarding decisions, without syscalls: TUN packet → route lookup → encapsulated
+//! datagram, and datagram → validation → decapsulated packet.
+//!
+//! # Buffers
+//! The caller owns every buffer. A packet read from TUN sits at `buf[HEADROOM..HEADROOM + n]`,
+//! so that encapsulation writes the VXLAN header and inner Ethernet header into the headroom in
+//! front of it and never copies the payload; the kernel adds the outer IP and UDP headers. A
+//! received datagram sits at `buf[..n]`; decapsulation returns the range of the inner IP packet.
+//!
+//! # Contract
+//! - Nothing here panics on any input, allocates, locks, or logs: every rejected packet is a
+//!   [`Drop`] with a reason, which the caller counts.
+//! - Receive validation (DESIGN.md): the outer source must be a known peer; the VNI must match;
+//!   the inner Ethernet destination must be our VTEP MAC; the inner source must lie inside the
+//!   sending peer's subnet; the inner destination must lie inside our own subnet.
+//! - A destination outside every lease is answered as flannel's udp backend does: an ICMP
+//!   destination-unreachable (net unreachable) written back to the TUN device.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::wire::ethernet::MacAddr;
+use super::wire::{self, ethernet, icmpv4, ipv4, vxlan};
+use crate::config::BackendKind;
+use crate::lease::record::Subnet;
+use crate::route::{PeerBackend, RouteTable};
+
+/// Bytes reserved in front of a TUN packet for the VXLAN header and the inner Ethernet header.
+pub const HEADROOM: usize = vxlan::HEADER_LEN + ethernet::HEADER_LEN;
+
+/// Why a packet was dropped. Each reason has its own counter on `/metrics`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum DropReason {
+    /// TX: not a valid IPv4 packet.
+    TxMalformed,
+    /// TX: IPv6 is not carried yet.
+    TxIpv6,
+    /// TX: the destination is in no lease (answered with ICMP net unreachable when allowed).
+    TxNoRoute,
+    /// TX: the destination is in our own subnet: it should never have reached the TUN device.
+    TxOwnSubnet,
+    /// TX: the peer's lease is of another backend (or a vxlan lease without a VtepMAC).
+    TxBackendMismatch,
+    /// TX: this host holds no subnet yet.
+    TxNoSubnet,
+    /// RX: shorter than the headers it claims, or not a valid IPv4 packet inside.
+    RxMalformed,
+    /// RX: VXLAN flags other than the I bit alone.
+    RxBadFlags,
+    /// RX: another VNI.
+    RxWrongVni,
+    /// RX: inner Ethernet destination is not our VTEP MAC.
+    RxNotOurMac,
+    /// RX: inner frame is not IPv4.
+    RxNotIpv4,
+    /// RX: the outer source address is not any peer's public IP.
+    RxUnknownSender,
+    /// RX: the inner source address is not inside the sending peer's subnet.
+    RxSpoofedSource,
+    /// RX: the inner destination is not inside our subnet.
+    RxNotForUs,
+    /// RX: the TTL ran out (loop protection for the udp backend).
+    RxTtlExpired,
+}
+
+impl DropReason {
+    /// Every reason, in counter order.
+    pub const ALL: [DropReason; 15] = [
+        DropReason::TxMalformed,
+        DropReason::TxIpv6,
+        DropReason::TxNoRoute,
+        DropReason::TxOwnSubnet,
+        DropReason::TxBackendMismatch,
+        DropReason::TxNoSubnet,
+        DropReason::RxMalformed,
+        DropReason::RxBadFlags,
+        DropReason::RxWrongVni,
+        DropReason::RxNotOurMac,
+        DropReason::RxNotIpv4,
+        DropReason::RxUnknownSender,
+        DropReason::RxSpoofedSource,
+        DropReason::RxNotForUs,
+        DropReason::RxTtlExpired,
+    ];
+
+    /// The direction and reason labels for `/metrics`.
+    pub fn labels(self) -> (&'static str, &'static str) {
+        match self {
+            DropReason::TxMalformed => ("tx", "malformed"),
+            DropReason::TxIpv6 => ("tx", "ipv6"),
+            DropReason::TxNoRoute => ("tx", "no_route"),
+            DropReason::TxOwnSubnet => ("tx", "own_subnet"),
+            DropReason::TxBackendMismatch => ("tx", "backend_mismatch"),
+            DropReason::TxNoSubnet => ("tx", "no_subnet"),
+            DropReason::RxMalformed => ("rx", "malformed"),
+            DropReason::RxBadFlags => ("rx", "bad_vxlan_flags"),
+            DropReason::RxWrongVni => ("rx", "wrong_vni"),
+            DropReason::RxNotOurMac => ("rx", "not_our_mac"),
+            DropReason::RxNotIpv4 => ("rx", "not_ipv4"),
+            DropReason::RxUnknownSender => ("rx", "unknown_sender"),
+            DropReason::RxSpoofedSource => ("rx", "spoofed_source"),
+            DropReason::RxNotForUs => ("rx", "not_for_us"),
+            DropReason::RxTtlExpired => ("rx", "ttl_expired"),
+        }
+    }
+}
+
+/// What to do with a packet read from TUN.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tx {
+    /// Send `buf[range]` to `peer`; `flow` picks the outer source port.
+    Send {
+        /// The peer's underlay address and port.
+        peer: SocketAddrV4,
+        /// The datagram inside the caller's buffer.
+        range: Range<usize>,
+        /// A hash of the inner flow.
+        flow: u32,
+    },
+    /// Write `reply[..len]` (an ICMP error) back to TUN, and count the drop.
+    Reply {
+        /// Bytes of the reply.
+        len: usize,
+        /// Why the original was dropped.
+        reason: DropReason,
+    },
+    /// Drop it.
+    Drop(DropReason),
+}
+
+/// What to do with a received datagram.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rx {
+    /// Write `buf[range]` (the inner IP packet) to TUN.
+    Deliver(Range<usize>),
+    /// Drop it.
+    Drop(DropReason),
+}
+
+/// This host's subnet, readable per packet without a lock (0 = none yet).
+#[derive(Debug, Default)]
+pub struct OwnSubnet(AtomicU64);
+
+impl OwnSubnet {
+    /// Sets (or clears) the subnet.
+    pub fn set(&self, subnet: Option<Subnet>) {
+        let v = subnet.map_or(0, |s| {
+            (u64::from(u32::from(s.network())) << 8) | u64::from(s.prefix_len()) | 1 << 40
+        });
+        self.0.store(v, Ordering::Release);
+    }
+
+    /// The subnet.
+    pub fn get(&self) -> Option<Subnet> {
+        let v = self.0.load(Ordering::Acquire);
+        if v == 0 {
+            return None;
+        }
+        Subnet::from_parts(Ipv4Addr::from((v >> 8) as u32), (v & 0xff) as u8).ok()
+    }
+}
+
+/// The per-host forwarding configuration.
+#[derive(Clone, Debug)]
+pub struct Forwarder {
+    /// vxlan or udp.
+    pub backend: BackendKind,
+    /// The VXLAN network identifier.
+    pub vni: vxlan::Vni,
+    /// The UDP port peers listen on.
+    pub port: u16,
+    /// Our VTEP MAC (the inner Ethernet source, and the destination peers must use).
+    pub our_mac: [u8; 6],
+    /// Our subnet.
+    pub own: Arc<OwnSubnet>,
+}
+
+impl Forwarder {
+    /// Decides what to do with the packet at `buf[HEADROOM..HEADROOM + len]`; may write the
+    /// encapsulation headers into `buf[..HEADROOM]`, or an ICMP error into `reply`.
+    pub fn encap(&self, routes: &RouteTable, buf: &mut [u8], len: usize, reply: &mut [u8]) -> Tx {
+        let Some(end) = HEADROOM.checked_add(len).filter(|e| *e <= buf.len()) else {
+            return Tx::Drop(DropReason::TxMalformed);
+        };
+        let packet = &buf[HEADROOM..end];
+        match wire::ip::version(packet) {
+            Some(4) => {}
+            Some(6) => return Tx::Drop(DropReason::TxIpv6),
+            _ => return Tx::Drop(DropReason::TxMalformed),
+        }
+        let Ok(ip) = ipv4::Packet::new_checked(packet) else {
+            return Tx::Drop(DropReason::TxMalformed);
+        };
+        let dst = ip.dst_addr();
+        let Some(own) = self.own.get() else {
+            return Tx::Drop(DropReason::TxNoSubnet);
+        };
+        if own.contains(dst) {
+            return Tx::Drop(DropReason::TxOwnSubnet);
+        }
+        let Some(peer) = routes.lookup(dst) else {
+            return match icmpv4::emit_dest_unreachable(packet, 0, own.network(), reply) {
+                Ok(len) => Tx::Reply { len, reason: DropReason::TxNoRoute },
+                Err(_) => Tx::Drop(DropReason::TxNoRoute),
+            };
+        };
+        let flow = wire::flow_hash(packet);
+        let to = SocketAddrV4::new(peer.public_ip, self.port);
+        match self.backend {
+            BackendKind::Udp => {
+                if peer.backend != PeerBackend::Udp {
+                    return Tx::Drop(DropReason::TxBackendMismatch);
+                }
+                Tx::Send { peer: to, range: HEADROOM..end, flow }
+            }
+            BackendKind::Vxlan => {
+                let (PeerBackend::Vxlan, Some(peer_mac)) = (peer.backend, peer.vtep_mac) else {
+                    return Tx::Drop(DropReason::TxBackendMismatch);
+                };
+                let (vx, eth) = buf[..HEADROOM].split_at_mut(vxlan::HEADER_LEN);
+                // Both emits write into headroom of exactly their header length: they cannot
+                // fail, and the VNI was validated when the forwarder was built.
+                let _ = vxlan::Repr { vni: self.vni }.emit(vx);
+                let _ = ethernet::Repr {
+                    src_addr: MacAddr(self.our_mac),
+                    dst_addr: MacAddr(peer_mac),
+                    ethertype: ethernet::EtherType::IPV4,
+                }
+                .emit(eth);
+                Tx::Send { peer: to, range: 0..end, flow }
+            }
+        }
+    }
+
+    /// Validates and decapsulates the datagram at `buf[..len]`, received from `from`.
+    pub fn decap(&self, routes: &RouteTable, from: SocketAddrV4, buf: &mut [u8], len: usize) -> Rx {
+        let Some(datagram) = buf.get_mut(..len) else {
+            return Rx::Drop(DropReason::RxMalformed);
+        };
+        let inner = match self.backend {
+            BackendKind::Vxlan => {
+                let Ok(vx) = vxlan::Packet::new_checked(&datagram[..]) else {
+                    return Rx::Drop(DropReason::RxMalformed);
+                };
+                let repr = match vxlan::Repr::parse(&vx) {
+                    Ok(r) => r,
+                    Err(_) => return Rx::Drop(DropReason::RxBadFlags),
+                };
+                if repr.vni != self.vni {
+                    return Rx::Drop(DropReason::RxWrongVni);
+                }
+                let Ok(eth) = ethernet::Frame::new_checked(&datagram[vxlan::HEADER_LEN..]) else {
+                    return Rx::Drop(DropReason::RxMalformed);
+                };
+                if eth.dst_addr() != MacAddr(self.our_mac) {
+                    return Rx::Drop(DropReason::RxNotOurMac);
+                }
+                if eth.ethertype() != ethernet::EtherType::IPV4 {
+                    return Rx::Drop(DropReason::RxNotIpv4);
+                }
+                HEADROOM..len
+            }
+            BackendKind::Udp => 0..len,
+        };
+        let Ok(mut ip) = ipv4::Packet::new_checked(&mut datagram[inner.clone()]) else {
+            return Rx::Drop(DropReason::RxMalformed);
+        };
+        let (src, dst) = (ip.src_addr(), ip.dst_addr());
+        match routes.lookup(src) {
+            Some(peer) if peer.public_ip == *from.ip() => {}
+            _ if routes.is_known_peer(*from.ip()) => return Rx::Drop(DropReason::RxSpoofedSource),
+            _ => return Rx::Drop(DropReason::RxUnknownSender),
+        }
+        if !self.own.get().is_some_and(|own| own.contains(dst)) {
+            return Rx::Drop(DropReason::RxNotForUs);
+        }
+        if self.backend == BackendKind::Udp {
+            // flannel's udp proxy decrements the TTL on each hop; so do we, against loops.
+            if ip.hop_limit() <= 1 {
+                return Rx::Drop(DropReason::RxTtlExpired);
+            }
+            ip.decrement_ttl_incremental();
+        }
+        // Only the IP packet's own length is delivered, never trailing bytes.
+        let total = usize::from(ip.total_len());
+        Rx::Deliver(inner.start..inner.start + total)
+    }
+}
+
+/// Drop counters, one per [`DropReason`] reason, plus packet and byte counters.
+#[derive(Debug, Default)]
+pub struct Counters {
+    drops: [AtomicU64; DropReason::ALL.len()],
+    /// Packets sent to peers.
+    pub tx_packets: AtomicU64,
+    /// Bytes of inner packets sent.
+    pub tx_bytes: AtomicU64,
+    /// Packets delivered to TUN.
+    pub rx_packets: AtomicU64,
+    /// Bytes delivered.
+    pub rx_bytes: AtomicU64,
+    /// Send or write errors from the kernel.
+    pub io_errors: AtomicU64,
+}
+
+impl Counters {
+    /// Counts a drop.
+    pub fn count_drop(&self, reason: DropReason) {
+        self.drops[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The count for one reason.
+    pub fn drops(&self, reason: DropReason) -> u64 {
+        self.drops[reason as usize].load(Ordering::Relaxed)
+    }
+
+    /// Prometheus text.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            out,
+            "# HELP weft_dataplane_drops_total Packets dropped, by direction and reason."
+        );
+        let _ = writeln!(out, "# TYPE weft_dataplane_drops_total counter");
+        for r in DropReason::ALL {
+            let (dir, reason) = r.labels();
+            let _ = writeln!(
+                out,
+                "weft_dataplane_drops_total{{dir=\"{dir}\",reason=\"{reason}\"}} {}",
+                self.drops(r)
+            );
+        }
+        for (name, help, v) in [
+            (
+                "weft_dataplane_tx_packets_total",
+                "Packets encapsulated and sent to peers.",
+                &self.tx_packets,
+            ),
+            (
+                "weft_dataplane_tx_bytes_total",
+                "Bytes of inner packets sent to peers.",
+                &self.tx_bytes,
+            ),
+            (
+                "weft_dataplane_rx_packets_total",
+                "Packets decapsulated and delivered.",
+                &self.rx_packets,
+            ),
+            ("weft_dataplane_rx_bytes_total", "Bytes of inner packets delivered.", &self.rx_bytes),
+            ("weft_dataplane_io_errors_total", "Send and write errors.", &self.io_errors),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {}", v.load(Ordering::Relaxed));
+        }
+    }
+}
