@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# weft throughput benchmark: the same two namespace hosts, the same run, five data paths.
+#
+#   <p>h1 eth0 192.0.2.1 ==== veth (MTU 1500) ==== eth0 192.0.2.2 <p>h2
+#        etcd on 192.0.2.1:2379 (for weft)
+#
+#   raw        iperf3 straight over the underlay veth
+#   kernel     Linux VXLAN set up as flannel's vxlan backend does (flannel.1, nolearning,
+#              permanent neigh + fdb entries, route via the peer's .0 onlink)
+#   weft-vxlan weft run, vxlan backend, all batching and offloads on
+#   weft-udp   weft run, flannel's udp backend
+#   weft-base  weft run, vxlan, one worker, no TUN offload, no UDP GSO/GRO, no batching:
+#              the flannel-udp-like baseline (one packet per syscall)
+#
+# For each: TCP 1 stream, TCP 4 streams, UDP 1400 B and 64 B packet rates (iperf3 -u -b 0),
+# ping RTT; each figure is the median of RUNS runs. Overlay traffic goes host to host between
+# the overlay addresses (10.244.1.0 -> 10.244.2.0), so every path carries the same hops.
+# Prints a table with each figure's ratio to kernel VXLAN and CPU seconds per GB forwarded
+# (whole-machine busy time from /proc/stat during the TCP 1-stream runs), and writes it as JSON
+# to bench-results.json (or $BENCH_JSON).
+#
+# Usage: scripts/bench.sh [--quick]      RUNS=3 DURATION=5 by default; --quick: RUNS=1 DURATION=2
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib/netns.sh
+
+RUNS=${RUNS:-3}
+DURATION=${DURATION:-5}
+if [ "${1:-}" = "--quick" ]; then RUNS=1; DURATION=2; fi
+OUT=${BENCH_JSON:-bench-results.json}
+PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-udp weft-base"}
+
+[ "$(id -u)" -eq 0 ] || { echo "bench: run as root (it creates network namespaces)" >&2; exit 1; }
+scripts/setup.sh >/dev/null
+cargo build --release --quiet
+WEFT="$PWD/target/release/weft"
+
+P="weftb$$-"
+WORK=$(mktemp -d /tmp/weft-bench.XXXXXX)
+H1="${P}h1"; H2="${P}h2"
+cleanup() {
+    netns_cleanup "$P"
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+ip netns add "$H1"; ip netns add "$H2"
+for h in "$H1" "$H2"; do ip -n "$h" link set lo up; done
+ip -n "$H1" link add eth0 mtu 1500 type veth peer name eth0 mtu 1500 netns "$H2"
+ip -n "$H1" addr add 192.0.2.1/24 dev eth0; ip -n "$H1" link set eth0 up
+ip -n "$H2" addr add 192.0.2.2/24 dev eth0; ip -n "$H2" link set eth0 up
+
+ip netns exec "$H1" etcd --name bench --data-dir "$WORK/etcd" \
+    --listen-client-urls http://192.0.2.1:2379 --advertise-client-urls http://192.0.2.1:2379 \
+    --listen-peer-urls http://127.0.0.1:23801 --initial-advertise-peer-urls http://127.0.0.1:23801 \
+    --initial-cluster bench=http://127.0.0.1:23801 --log-level error >"$WORK/etcd.log" 2>&1 &
+for _ in $(seq 1 50); do
+    ip netns exec "$H2" bash -c "exec 3<>/dev/tcp/192.0.2.1/2379" 2>/dev/null && break
+    sleep 0.2
+done
+admin() { ip netns exec "$H2" "$WEFT" "$@" --etcd-endpoints http://192.0.2.1:2379; }
+
+busy_jiffies() { awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat; }
+
+# measure NAME DST: runs every figure against DST (an address in h2), appends JSON lines.
+measure() {
+    local name=$1 dst=$2 r
+    ip netns exec "$H2" iperf3 -s -D --pidfile "$WORK/iperf.pid" >/dev/null 2>&1
+    sleep 0.3
+    for r in $(seq 1 "$RUNS"); do
+        local j0 j1 json
+        j0=$(busy_jiffies)
+        ip netns exec "$H1" iperf3 -c "$dst" -t "$DURATION" -J >"$WORK/tcp1.json" 2>/dev/null || true
+        j1=$(busy_jiffies)
+        python3 - "$name" "$r" "$j0" "$j1" "$(getconf CLK_TCK)" "$WORK/tcp1.json" >>"$WORK/raw.jsonl" <<'PY' || true
+import json, sys
+name, run, j0, j1, tck = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+try:
+    d = json.load(open(sys.argv[6]))
+    bps = d["end"]["sum_received"]["bits_per_second"]
+    nbytes = d["end"]["sum_received"]["bytes"]
+    cpu = (j1 - j0) / tck
+    print(json.dumps({"path": name, "run": run, "metric": "tcp1_gbps", "value": bps / 1e9}))
+    print(json.dumps({"path": name, "run": run, "metric": "cpu_s_per_gb", "value": cpu / (nbytes / 1e9)}))
+except Exception as e:
+    print(json.dumps({"path": name, "run": run, "metric": "tcp1_gbps", "value": None, "error": str(e)}))
+PY
+        json=$(ip netns exec "$H1" iperf3 -c "$dst" -t "$DURATION" -P 4 -J 2>/dev/null || true)
+        python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "tcp4_gbps", "value": d["end"]["sum_received"]["bits_per_second"] / 1e9}))
+' "$name" "$r" <<<"$json" >>"$WORK/raw.jsonl" 2>/dev/null || true
+        for size in 1400 64; do
+            json=$(ip netns exec "$H1" iperf3 -c "$dst" -u -b 0 -l "$size" -t "$DURATION" -J 2>/dev/null || true)
+            python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+s = d["end"]["sum"]
+secs = s["seconds"] or 1
+rx = s["packets"] - s["lost_packets"]
+print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "udp" + sys.argv[3] + "_kpps", "value": rx / secs / 1e3}))
+' "$name" "$r" "$size" <<<"$json" >>"$WORK/raw.jsonl" 2>/dev/null || true
+        done
+        ip netns exec "$H1" ping -q -c 200 -i 0.005 -W 1 "$dst" 2>/dev/null |
+            awk -F'[/ ]' -v n="$name" -v r="$r" '/^rtt/ {printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"ping_us\",\"value\":%f}\n", n, r, $8*1000}' \
+            >>"$WORK/raw.jsonl" || true
+    done
+    kill "$(cat "$WORK/iperf.pid" 2>/dev/null)" 2>/dev/null || true
+    sleep 0.3
+}
+
+flannel_vxlan_up() { # NS LOCAL_IP N: a flannel.1 device as flannel's vxlan backend creates it
+    local ns=$1 local_ip=$2 n=$3
+    ip -n "$ns" link add flannel.1 type vxlan id 1 local "$local_ip" dev eth0 dstport 8472 nolearning
+    ip -n "$ns" link set flannel.1 mtu 1450 up
+    ip -n "$ns" addr add "10.244.$n.0/32" dev flannel.1
+}
+flannel_vxlan_peer() { # NS PEER_NS PEER_IP PN
+    local mac
+    mac=$(ip -n "$2" -br link show flannel.1 | awk '{print $3}')
+    ip -n "$1" neigh replace "10.244.$4.0" lladdr "$mac" dev flannel.1 nud permanent
+    bridge -n "$1" fdb append "$mac" dev flannel.1 dst "$3" self permanent
+    ip -n "$1" route replace "10.244.$4.0/24" via "10.244.$4.0" dev flannel.1 onlink
+}
+
+weft_up() { # BACKEND FLAGS...
+    local backend=$1; shift
+    printf '{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0","SubnetMax":"10.244.2.0","Backend":{"Type":"%s"}}' "$backend" >"$WORK/net.json"
+    admin network set "$WORK/net.json" >/dev/null 2>&1
+    local n
+    for n in 1 2; do
+        rm -rf "$WORK/w$n"; mkdir -p "$WORK/w$n"
+        ip netns exec "${P}h$n" "$WEFT" run --etcd-endpoints http://192.0.2.1:2379 \
+            --state-dir "$WORK/w$n/state" --subnet-file "$WORK/w$n/subnet.env" \
+            --iface eth0 --relinquish-on-exit --healthz-ip 127.0.0.1 --healthz-port 9797 "$@" \
+            >"$WORK/w$n/log" 2>&1 &
+        echo $! >"$WORK/w$n/pid"
+    done
+    for n in 1 2; do
+        local ok=0
+        for _ in $(seq 1 100); do
+            if netns_http "${P}h$n" 9797 /readyz | grep -q "is ready"; then ok=1; break; fi
+            sleep 0.1
+        done
+        [ "$ok" = 1 ] || { echo "weft on h$n did not become ready:" >&2; tail -20 "$WORK/w$n/log" >&2; return 1; }
+    done
+    sleep 1 # routes
+}
+weft_down() {
+    local n
+    for n in 1 2; do kill "$(cat "$WORK/w$n/pid")" 2>/dev/null || true; done
+    for n in 1 2; do while kill -0 "$(cat "$WORK/w$n/pid")" 2>/dev/null; do sleep 0.1; done; done
+}
+weft_dst() { sed -n 's/^FLANNEL_SUBNET=\(.*\)\.1\/.*/\1.0/p' "$WORK/w2/subnet.env"; }
+
+for path in $PATHS; do
+    echo "== $path" >&2
+    case $path in
+        raw) measure raw 192.0.2.2 ;;
+        kernel)
+            flannel_vxlan_up "$H1" 192.0.2.1 1; flannel_vxlan_up "$H2" 192.0.2.2 2
+            flannel_vxlan_peer "$H1" "$H2" 192.0.2.2 2; flannel_vxlan_peer "$H2" "$H1" 192.0.2.1 1
+            measure kernel 10.244.2.0
+            ip -n "$H1" link del flannel.1; ip -n "$H2" link del flannel.1 ;;
+        weft-vxlan) weft_up vxlan; measure weft-vxlan "$(weft_dst)"; weft_down ;;
+        weft-udp) weft_up udp; measure weft-udp "$(weft_dst)"; weft_down ;;
+        weft-base)
+            weft_up vxlan --workers 1 --no-tun-offload --no-udp-gso --no-udp-gro --no-batching
+            measure weft-base "$(weft_dst)"; weft_down ;;
+    esac
+done
+
+python3 - "$WORK/raw.jsonl" "$OUT" "$RUNS" "$DURATION" <<'PY'
+import json, statistics, sys, platform
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+metrics = ["tcp1_gbps", "tcp4_gbps", "udp1400_kpps", "udp64_kpps", "ping_us", "cpu_s_per_gb"]
+paths = []
+for r in rows:
+    if r["path"] not in paths:
+        paths.append(r["path"])
+med = {}
+for p in paths:
+    for m in metrics:
+        vals = [r["value"] for r in rows if r["path"] == p and r["metric"] == m and r.get("value") is not None]
+        med[(p, m)] = statistics.median(vals) if vals else None
+def fmt(v, m):
+    if v is None: return "-"
+    return f"{v:.0f}" if m in ("udp1400_kpps", "udp64_kpps", "ping_us") else f"{v:.2f}"
+hdr = ["path", "TCP 1 (Gb/s)", "TCP 4 (Gb/s)", "UDP 1400 (kpps)", "UDP 64 (kpps)", "ping (us)", "CPU s/GB"]
+print("| " + " | ".join(hdr) + " |")
+print("|" + "|".join("---" for _ in hdr) + "|")
+for p in paths:
+    cells = [p]
+    for m in metrics:
+        v = med[(p, m)]
+        k = med.get(("kernel", m))
+        cell = fmt(v, m)
+        if v is not None and k and p != "kernel" and m != "cpu_s_per_gb":
+            cell += f" ({v / k:.2f}x)" if m != "ping_us" else f" ({v - k:+.0f})"
+        cells.append(cell)
+    print("| " + " | ".join(cells) + " |")
+print()
+print("ratios in brackets are to kernel VXLAN (ping: microseconds added); medians of", sys.argv[3], "runs of", sys.argv[4], "s")
+out = {"runs": int(sys.argv[3]), "duration_s": int(sys.argv[4]), "kernel": platform.release(),
+       "results": {p: {m: med[(p, m)] for m in metrics} for p in paths}, "samples": rows}
+json.dump(out, open(sys.argv[2], "w"), indent=2)
+print("JSON:", sys.argv[2])
+PY
