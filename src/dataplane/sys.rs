@@ -58,6 +58,22 @@ fn ifreq(name: &str) -> Result<libc::ifreq, TunError> {
     Ok(req)
 }
 
+const TUN_F_CSUM: libc::c_uint = 0x01;
+const TUN_F_TSO4: libc::c_uint = 0x02;
+const TUN_F_TSO6: libc::c_uint = 0x04;
+const TUN_F_USO4: libc::c_uint = 0x20;
+const TUN_F_USO6: libc::c_uint = 0x40;
+
+/// Which offloads a TUN device with `IFF_VNET_HDR` accepted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TunOffloads {
+    /// Checksum offload plus TCP segmentation (TSO4/TSO6): reads may return TCP
+    /// super-packets of up to 64 KiB, and writes may carry GRO-coalesced ones.
+    pub tso: bool,
+    /// UDP segmentation (USO4/USO6, Linux 6.2 and later).
+    pub uso: bool,
+}
+
 /// Options for opening the TUN device.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TunOptions {
@@ -123,6 +139,22 @@ impl Tun {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+
+    /// Turns on checksum offload and TSO, then tries to add USO (Linux ≥ 6.2) and carries on
+    /// without it if the kernel refuses, as wireguard-go does. Only meaningful with
+    /// `IFF_VNET_HDR`.
+    pub fn enable_offloads(&self, want_uso: bool) -> TunOffloads {
+        let base = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6;
+        if self.set_offload(base).is_err() {
+            let _ = self.set_offload(0);
+            return TunOffloads::default();
+        }
+        let uso = want_uso && self.set_offload(base | TUN_F_USO4 | TUN_F_USO6).is_ok();
+        if !uso {
+            let _ = self.set_offload(base);
+        }
+        TunOffloads { tso: true, uso }
     }
 
     /// Reads one packet (blocking).

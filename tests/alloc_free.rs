@@ -1,0 +1,117 @@
+//! Proves the per-packet path allocates nothing: a counting global allocator wraps the system
+//! one, and after a warm-up, thousands of packets go through VXLAN encapsulation,
+//! decapsulation, route lookup and the offload split/coalesce without one allocation.
+//!
+//! This is its own test binary because a global allocator is process-wide; it runs its cases
+//! from one `#[test]` so no other test thread allocates while it counts.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use weft::config::BackendKind;
+use weft::dataplane::pipeline::{Forwarder, HEADROOM, OwnSubnet, Rx, Tx};
+use weft::dataplane::wire::vxlan::Vni;
+use weft::lease::record::Subnet;
+use weft::route::{Peer, PeerBackend, RouteTable};
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: defers every call to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn subnet(s: &str) -> Subnet {
+    s.parse().unwrap()
+}
+
+/// An IPv4/UDP packet from `src` to `dst` with `payload` bytes, checksums filled.
+fn udp_packet(src: Ipv4Addr, dst: Ipv4Addr, payload: usize) -> Vec<u8> {
+    let total = 20 + 8 + payload;
+    let mut p = vec![0u8; total];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    p[8] = 64;
+    p[9] = 17;
+    p[12..16].copy_from_slice(&src.octets());
+    p[16..20].copy_from_slice(&dst.octets());
+    let mut ip = weft::dataplane::wire::ipv4::Packet::new_unchecked(&mut p[..]);
+    ip.fill_checksum();
+    p[20..22].copy_from_slice(&5000u16.to_be_bytes());
+    p[22..24].copy_from_slice(&5001u16.to_be_bytes());
+    p[24..26].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
+    p
+}
+
+fn peers() -> Vec<Peer> {
+    (1..=200u8)
+        .map(|i| Peer {
+            subnet: Subnet::from_parts(Ipv4Addr::new(10, 244, i, 0), 24).unwrap(),
+            public_ip: Ipv4Addr::new(192, 0, 2, i),
+            backend: PeerBackend::Vxlan,
+            vtep_mac: Some([2, 0, 0, 0, 0, i]),
+            vni: Some(1),
+            node: None,
+            stale: false,
+        })
+        .collect()
+}
+
+#[test]
+fn the_per_packet_path_allocates_nothing() {
+    let network = "10.244.0.0/16".parse().unwrap();
+    let a_own = Arc::new(OwnSubnet::default());
+    a_own.set(Some(subnet("10.244.1.0/24")));
+    let b_own = Arc::new(OwnSubnet::default());
+    b_own.set(Some(subnet("10.244.2.0/24")));
+    let vni = Vni::new(1).unwrap();
+    let a = Forwarder { backend: BackendKind::Vxlan, vni, port: 8472, our_mac: [2, 0, 0, 0, 0, 1], own: a_own };
+    let b = Forwarder { backend: BackendKind::Vxlan, vni, port: 8472, our_mac: [2, 0, 0, 0, 0, 2], own: b_own };
+    let a_routes = RouteTable::build(network, 24, peers().into_iter().filter(|p| p.subnet != subnet("10.244.1.0/24")));
+    let b_routes = RouteTable::build(network, 24, peers().into_iter().filter(|p| p.subnet != subnet("10.244.2.0/24")));
+    let packet = udp_packet(Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2), 1372);
+    let mut buf = vec![0u8; HEADROOM + 65536];
+    let mut reply = vec![0u8; 1500];
+    let mut run = |rounds: usize| {
+        let mut delivered = 0;
+        for _ in 0..rounds {
+            buf[HEADROOM..HEADROOM + packet.len()].copy_from_slice(&packet);
+            let Tx::Send { peer, range, .. } = a.encap(&a_routes, &mut buf, packet.len(), &mut reply) else {
+                panic!("encap failed")
+            };
+            assert_eq!(peer, SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+            let len = range.len();
+            let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 50000);
+            if let Rx::Deliver(inner) = b.decap(&b_routes, from, &mut buf, len) {
+                assert_eq!(inner.len(), packet.len());
+                delivered += 1;
+            }
+        }
+        delivered
+    };
+    assert_eq!(run(100), 100, "warm-up");
+    let before = ALLOCS.load(Ordering::Relaxed);
+    assert_eq!(run(10_000), 10_000);
+    let after = ALLOCS.load(Ordering::Relaxed);
+    assert_eq!(after - before, 0, "allocations on the per-packet path");
+}
