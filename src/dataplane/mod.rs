@@ -7,4 +7,5 @@
 pub mod driver;
 pub mod pipeline;
 pub mod sys;
+pub mod udp;
 pub mod wire;

@@ -1,0 +1,1290 @@
+//! Batched UDP sockets for the data plane: `sendmmsg`/`recvmmsg`, with UDP GSO (`UDP_SEGMENT`) and
+//! UDP GRO (`UDP_GRO`) when the kernel has them. This is the only data-plane code that makes UDP
+//! syscalls.
+//!
+//! # Contract
+//! - **Blocking, poll-based.** The file descriptor is `O_NONBLOCK`, but the API blocks:
+//!   [`BatchSocket::recv_batch`] waits in `poll(POLLIN)` for at most its `timeout` (so a worker can
+//!   look at a stop flag between calls) and then takes whatever is queued with one `recvmmsg`;
+//!   [`BatchSocket::send_batch`] hands everything to the kernel, waiting for `POLLOUT` in slices of
+//!   [`SEND_POLL`] when the send buffer is full, and gives up (returning a short count) after
+//!   [`SEND_STALL_POLLS`] slices without progress.
+//! - **One owner, no allocation after `open`.** A [`BatchSocket`] belongs to one worker thread
+//!   (every I/O method takes `&mut self`); workers that share a port each open their own socket
+//!   with `SO_REUSEPORT`. The socket owns only syscall scratch (`mmsghdr`, `iovec`, `sockaddr_in`
+//!   and control-message storage for [`MAX_BATCH`] messages), allocated once in
+//!   [`BatchSocket::open`]. Packet buffers belong to the caller: a send borrows
+//!   [`Transmit::contents`] for the duration of the call, a receive writes into the caller's
+//!   buffers. Nothing is logged; counters are in [`UdpStats`].
+//! - **Probed at open.** `getsockopt(SOL_UDP, UDP_SEGMENT)` succeeding means GSO is supported;
+//!   `setsockopt(SOL_UDP, UDP_GRO, 1)` succeeding means GRO is on. Both are also switchable off by
+//!   configuration ([`UdpConfig::gso`], [`UdpConfig::gro`]), because offloads have had kernel bugs
+//!   (see `perf-anchors.md` §1.4). The result is [`BatchSocket::capabilities`], for the caller to
+//!   log once.
+//! - **Degrades at run time.** When a GSO send fails with `EIO` or `EINVAL` (an egress device
+//!   without checksum offload, a segment larger than the path MTU), GSO is turned off for this
+//!   socket, the message is re-sent as single datagrams, and [`UdpStats::gso_disabled_at_runtime`]
+//!   is set (the quinn-udp and wireguard-go behaviour). Without GSO, a [`Transmit`] with a
+//!   `segment_size` is still delivered: it is split into one `mmsghdr` per datagram. Callers may
+//!   therefore always coalesce with [`coalesce_plan`], using [`BatchSocket::max_gso_segments`].
+//! - **IPv4 only.** The socket is `AF_INET`; the underlay is IPv4.
+//!
+//! With GRO on, one received buffer can hold up to 64 datagrams of [`RecvMeta::segment_size`]
+//! bytes (the last possibly shorter); every receive buffer must then be [`GRO_BUFFER_LEN`] bytes,
+//! and [`split_gro`] walks the datagrams.
+
+use std::io;
+use std::mem;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::ptr;
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+/// The most messages one `sendmmsg`/`recvmmsg` call carries; the socket's scratch is this big.
+pub const MAX_BATCH: usize = 64;
+/// The most datagrams in one GSO send (the kernel's `UDP_MAX_SEGMENTS`).
+pub const MAX_GSO_SEGMENTS: usize = 64;
+/// The most payload bytes in one GSO send over IPv4: 65535 − 20 (IPv4) − 8 (UDP).
+pub const MAX_GSO_BYTES: usize = 65535 - 28;
+/// The size every receive buffer must have when GRO is on (a coalesced buffer is up to 64 KiB).
+pub const GRO_BUFFER_LEN: usize = 65536;
+/// How long [`BatchSocket::send_batch`] waits for `POLLOUT` per slice.
+pub const SEND_POLL: Duration = Duration::from_millis(10);
+/// How many [`SEND_POLL`] slices without progress before [`BatchSocket::send_batch`] gives up.
+pub const SEND_STALL_POLLS: u32 = 10;
+
+/// `SO_SNDBUFFORCE` and `SO_RCVBUFFORCE` from the generic `asm/socket.h` (x86, arm, riscv);
+/// the `libc` crate does not export them for glibc targets.
+const SO_SNDBUFFORCE: libc::c_int = 32;
+const SO_RCVBUFFORCE: libc::c_int = 33;
+/// Control-message storage per message: room for one `UDP_SEGMENT` (u16) or `UDP_GRO` (int)
+/// message, with margin.
+const CMSG_BUF_LEN: usize = 64;
+// SAFETY: CMSG_SPACE is pure arithmetic on its argument.
+const SEGMENT_CMSG_SPACE: usize =
+    unsafe { libc::CMSG_SPACE(mem::size_of::<u16>() as u32) } as usize;
+// SAFETY: CMSG_LEN is pure arithmetic on its argument.
+const SEGMENT_CMSG_LEN: usize = unsafe { libc::CMSG_LEN(mem::size_of::<u16>() as u32) } as usize;
+const _: () = assert!(SEGMENT_CMSG_SPACE <= CMSG_BUF_LEN);
+
+/// How to open a [`BatchSocket`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdpConfig {
+    /// The local address; port 0 picks an ephemeral port.
+    pub bind: SocketAddrV4,
+    /// `SO_REUSEPORT`: several sockets (one per worker) on the same port.
+    pub reuse_port: bool,
+    /// Use UDP GSO (`UDP_SEGMENT`) for sends when the kernel supports it.
+    pub gso: bool,
+    /// Turn on UDP GRO (`UDP_GRO`) for receives when the kernel supports it.
+    pub gro: bool,
+    /// `SO_RCVBUF`/`SO_SNDBUF`, then `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` (which need
+    /// `CAP_NET_ADMIN` and are skipped without it); 0 keeps the kernel's defaults.
+    pub buffer_bytes: usize,
+}
+
+impl UdpConfig {
+    /// Binds `bind`, with GSO and GRO on, no `SO_REUSEPORT`, and 7 MiB socket buffers (the size
+    /// wireguard-go settled on).
+    pub fn new(bind: SocketAddrV4) -> Self {
+        Self { bind, reuse_port: false, gso: true, gro: true, buffer_bytes: 7 << 20 }
+    }
+}
+
+/// What a socket found at open: the offloads in effect and the buffer sizes the kernel granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// GSO was asked for and `UDP_SEGMENT` is supported.
+    pub gso: bool,
+    /// GRO was asked for and `UDP_GRO` was turned on.
+    pub gro: bool,
+    /// Datagrams per GSO send: [`MAX_GSO_SEGMENTS`] with GSO, 1 without.
+    pub max_gso_segments: usize,
+    /// `SO_RCVBUF` as read back (the kernel doubles what is set, for bookkeeping).
+    pub recv_buffer: usize,
+    /// `SO_SNDBUF` as read back.
+    pub send_buffer: usize,
+}
+
+/// Counters of the rare events on a socket; read them with [`BatchSocket::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdpStats {
+    /// A GSO send failed with `EIO`/`EINVAL` and GSO was turned off for this socket.
+    pub gso_disabled_at_runtime: bool,
+    /// GSO sends that failed with `EIO`/`EINVAL` and were re-sent as single datagrams.
+    pub gso_fallbacks: u64,
+    /// `sendmmsg` calls that sent at least one message.
+    pub send_calls: u64,
+    /// `recvmmsg` calls that received at least one message.
+    pub recv_calls: u64,
+    /// Received messages that did not fit their buffer (`MSG_TRUNC`), and were dropped.
+    pub truncated: u64,
+    /// [`BatchSocket::send_batch`] calls that gave up on a full send buffer.
+    pub send_stalls: u64,
+}
+
+/// One message to send: a datagram, or with `segment_size` several.
+#[derive(Clone, Copy, Debug)]
+pub struct Transmit<'a> {
+    /// Where to.
+    pub dst: SocketAddrV4,
+    /// The payload: one datagram, or with `segment_size` several back to back.
+    pub contents: &'a [u8],
+    /// `contents` holds datagrams of this many bytes, back to back, the last possibly shorter;
+    /// sent as one GSO message (or split, without GSO). At most [`MAX_GSO_SEGMENTS`] datagrams
+    /// and [`MAX_GSO_BYTES`] in all.
+    pub segment_size: Option<u16>,
+}
+
+/// What [`BatchSocket::recv_batch`] says about one filled buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// The sender.
+    pub src: SocketAddrV4,
+    /// Bytes in the buffer: one datagram, or with `segment_size` several. 0 when `truncated`.
+    pub len: usize,
+    /// From the `UDP_GRO` control message: the buffer holds datagrams of this size back to back,
+    /// the last possibly shorter. Walk them with [`split_gro`].
+    pub segment_size: Option<usize>,
+    /// The message did not fit its buffer (`MSG_TRUNC`); it is dropped (`len` is 0) and the
+    /// caller should count it.
+    pub truncated: bool,
+}
+
+impl Default for RecvMeta {
+    fn default() -> Self {
+        Self {
+            src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            len: 0,
+            segment_size: None,
+            truncated: false,
+        }
+    }
+}
+
+/// Why a [`Transmit`] was refused before any syscall.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TransmitError {
+    /// The destination port is 0.
+    #[error("destination port 0")]
+    ZeroPort,
+    /// `segment_size` is `Some(0)`.
+    #[error("segment size 0")]
+    ZeroSegmentSize,
+    /// More datagrams than [`MAX_GSO_SEGMENTS`].
+    #[error("{segments} segments, at most {MAX_GSO_SEGMENTS}")]
+    TooManySegments {
+        /// How many the contents hold.
+        segments: usize,
+    },
+    /// More bytes than [`MAX_GSO_BYTES`] in a GSO message.
+    #[error("{len} bytes in a segmented transmit, at most {MAX_GSO_BYTES}")]
+    TooLarge {
+        /// The contents' length.
+        len: usize,
+    },
+}
+
+/// Why a UDP operation failed.
+///
+/// [`UdpError::Send`] and [`UdpError::InvalidTransmit`] concern one message: count it as a drop
+/// and carry on with the rest. The others are about the socket itself.
+#[derive(Debug, thiserror::Error)]
+pub enum UdpError {
+    /// `socket()` failed.
+    #[error("creating a UDP socket: {0}")]
+    Socket(#[source] io::Error),
+    /// A socket option could not be set.
+    #[error("setting {option} on a UDP socket: {source}")]
+    SetOption {
+        /// Which option.
+        option: &'static str,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// `bind()` failed.
+    #[error("binding UDP {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddrV4,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// `getsockname()` failed or did not give an IPv4 address.
+    #[error("reading the UDP socket's local address: {0}")]
+    LocalAddr(#[source] io::Error),
+    /// `poll()` failed.
+    #[error("poll on a UDP socket: {0}")]
+    Poll(#[source] io::Error),
+    /// `recvmmsg()` failed.
+    #[error("recvmmsg: {0}")]
+    Recv(#[source] io::Error),
+    /// `sendmmsg()` failed on message `sent`; the `sent` messages before it went out (and, if it
+    /// was being split for want of GSO, maybe some of its datagrams). Skip it (count a drop) and
+    /// send the rest again.
+    #[error("sendmmsg: message {sent} of the batch: {source}")]
+    Send {
+        /// Messages at the front of the batch that were sent.
+        sent: usize,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// A [`Transmit`] was malformed; nothing of the batch was sent.
+    #[error("transmit {index} of the batch: {reason}")]
+    InvalidTransmit {
+        /// Its index in the batch.
+        index: usize,
+        /// What is wrong.
+        reason: TransmitError,
+    },
+    /// With GRO on, every receive buffer must be [`GRO_BUFFER_LEN`] bytes.
+    #[error("receive buffer {index} has {len} bytes; with UDP GRO it needs {GRO_BUFFER_LEN}")]
+    BufferTooSmall {
+        /// The buffer's index.
+        index: usize,
+        /// Its length.
+        len: usize,
+    },
+}
+
+impl UdpError {
+    /// True when the error is about one message, not the socket: count a drop and go on.
+    pub fn is_per_message(&self) -> bool {
+        matches!(self, Self::Send { .. } | Self::InvalidTransmit { .. })
+    }
+}
+
+/// Control-message storage with `cmsghdr` alignment.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct CmsgBuf([u8; CMSG_BUF_LEN]);
+
+/// Syscall scratch for [`MAX_BATCH`] messages. The pointers inside `hdrs` are rewritten before
+/// every syscall and never read otherwise; between calls they dangle harmlessly.
+struct Scratch {
+    hdrs: Box<[libc::mmsghdr]>,
+    iovs: Box<[libc::iovec]>,
+    names: Box<[libc::sockaddr_in]>,
+    cmsgs: Box<[CmsgBuf]>,
+    /// Send only: for each entry, which message it belongs to and where in its contents it ends.
+    origin: Box<[(usize, usize)]>,
+}
+
+// SAFETY: the raw pointers in `hdrs` and `iovs` are only dereferenced (by the kernel) during a
+// syscall made through `&mut BatchSocket`, after being pointed at memory that the call borrows;
+// nothing reads them between calls, so moving the scratch to another thread is sound.
+unsafe impl Send for Scratch {}
+
+impl Scratch {
+    fn new() -> Self {
+        // SAFETY: mmsghdr, iovec and sockaddr_in are plain old data; all-zero (null pointers,
+        // zero lengths) is a valid value for each.
+        let zeroed = || unsafe { mem::zeroed() };
+        Self {
+            hdrs: (0..MAX_BATCH).map(|_| zeroed()).collect(),
+            iovs: (0..MAX_BATCH)
+                .map(|_| libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 })
+                .collect(),
+            // SAFETY: as above.
+            names: (0..MAX_BATCH).map(|_| unsafe { mem::zeroed() }).collect(),
+            cmsgs: vec![CmsgBuf([0; CMSG_BUF_LEN]); MAX_BATCH].into_boxed_slice(),
+            origin: vec![(0, 0); MAX_BATCH].into_boxed_slice(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch").field("entries", &self.hdrs.len()).finish()
+    }
+}
+
+/// A UDP socket for one data-plane worker, with batched, offloaded sends and receives.
+#[derive(Debug)]
+pub struct BatchSocket {
+    socket: Socket,
+    local: SocketAddrV4,
+    caps: Capabilities,
+    gso: bool,
+    stats: UdpStats,
+    scratch: Scratch,
+    /// Test hook: the next GSO send fails with `EIO` without reaching the kernel.
+    #[cfg(test)]
+    fail_next_gso_send: bool,
+}
+
+impl BatchSocket {
+    /// Opens and binds a socket, sizes its buffers and probes GSO and GRO (see the module docs).
+    pub fn open(cfg: UdpConfig) -> Result<Self, UdpError> {
+        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
+            .map_err(UdpError::Socket)?;
+        let opt = |option: &'static str| move |source| UdpError::SetOption { option, source };
+        socket.set_reuse_address(true).map_err(opt("SO_REUSEADDR"))?;
+        if cfg.reuse_port {
+            socket.set_reuse_port(true).map_err(opt("SO_REUSEPORT"))?;
+        }
+        if cfg.buffer_bytes > 0 {
+            socket.set_recv_buffer_size(cfg.buffer_bytes).map_err(opt("SO_RCVBUF"))?;
+            socket.set_send_buffer_size(cfg.buffer_bytes).map_err(opt("SO_SNDBUF"))?;
+            // Past net.core.{r,w}mem_max; needs CAP_NET_ADMIN, so EPERM only means "as above".
+            let size = libc::c_int::try_from(cfg.buffer_bytes).unwrap_or(libc::c_int::MAX);
+            for (option, name) in
+                [(SO_RCVBUFFORCE, "SO_RCVBUFFORCE"), (SO_SNDBUFFORCE, "SO_SNDBUFFORCE")]
+            {
+                match setsockopt_int(&socket, libc::SOL_SOCKET, option, size) {
+                    Err(e) if e.raw_os_error() != Some(libc::EPERM) => {
+                        return Err(opt(name)(e));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        socket.set_nonblocking(true).map_err(opt("O_NONBLOCK"))?;
+        socket
+            .bind(&SockAddr::from(SocketAddr::V4(cfg.bind)))
+            .map_err(|source| UdpError::Bind { addr: cfg.bind, source })?;
+        let local = socket
+            .local_addr()
+            .and_then(|a| {
+                a.as_socket_ipv4().ok_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable))
+            })
+            .map_err(UdpError::LocalAddr)?;
+
+        let gso = cfg.gso && getsockopt_int(&socket, libc::SOL_UDP, libc::UDP_SEGMENT).is_ok();
+        let gro = cfg.gro && setsockopt_int(&socket, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+        let caps = Capabilities {
+            gso,
+            gro,
+            max_gso_segments: if gso { MAX_GSO_SEGMENTS } else { 1 },
+            recv_buffer: socket.recv_buffer_size().map_err(opt("SO_RCVBUF"))?,
+            send_buffer: socket.send_buffer_size().map_err(opt("SO_SNDBUF"))?,
+        };
+        Ok(Self {
+            socket,
+            local,
+            caps,
+            gso,
+            stats: UdpStats::default(),
+            scratch: Scratch::new(),
+            #[cfg(test)]
+            fail_next_gso_send: false,
+        })
+    }
+
+    /// Hands `msgs` to the kernel, in order, with as few `sendmmsg` calls as [`MAX_BATCH`] and GSO
+    /// allow, and returns how many messages (from the front) were sent: all of them, unless the
+    /// send buffer stayed full for [`SEND_STALL_POLLS`] × [`SEND_POLL`] (then fewer; the rest are
+    /// the caller's to drop or retry). `EINTR` is retried; `EIO`/`EINVAL` on a GSO message turns
+    /// GSO off and re-sends it split (see the module docs).
+    ///
+    /// # Errors
+    /// [`UdpError::InvalidTransmit`] before sending anything if a message is malformed;
+    /// [`UdpError::Send`] when a message fails (unreachable network, too big, ...): the messages
+    /// before it were sent, and the caller can skip it and send the rest; [`UdpError::Poll`].
+    pub fn send_batch(&mut self, msgs: &[Transmit<'_>]) -> Result<usize, UdpError> {
+        for (index, t) in msgs.iter().enumerate() {
+            t.check().map_err(|reason| UdpError::InvalidTransmit { index, reason })?;
+        }
+        // The cursor: the first unsent message, and how much of it (split without GSO) is sent.
+        let (mut msg, mut off) = (0, 0);
+        let mut stalls = 0;
+        while msg < msgs.len() {
+            let (entries, first_gso) = self.fill_send(msgs, msg, off);
+            match self.sendmmsg(entries) {
+                Ok(sent) => {
+                    self.stats.send_calls += 1;
+                    stalls = 0;
+                    // sendmmsg sends at least one entry when it succeeds.
+                    let (m, end) = self.scratch.origin[sent.clamp(1, entries) - 1];
+                    (msg, off) = if end == msgs[m].contents.len() { (m + 1, 0) } else { (m, end) };
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EINTR) => {}
+                    Some(libc::EAGAIN) => {
+                        if stalls == SEND_STALL_POLLS {
+                            self.stats.send_stalls += 1;
+                            return Ok(msg);
+                        }
+                        stalls += 1;
+                        wait(self.socket.as_raw_fd(), libc::POLLOUT, SEND_POLL)?;
+                    }
+                    // The entry that failed is the first one (a failure after it would have
+                    // made sendmmsg return a short count), so it is the GSO message at `msg`.
+                    Some(libc::EIO | libc::EINVAL) if first_gso => {
+                        self.gso = false;
+                        self.stats.gso_disabled_at_runtime = true;
+                        self.stats.gso_fallbacks += 1;
+                    }
+                    _ => return Err(UdpError::Send { sent: msg, source: e }),
+                },
+            }
+        }
+        Ok(msgs.len())
+    }
+
+    /// Waits up to `timeout` for datagrams, then receives as many as are queued, up to
+    /// `min(bufs.len(), metas.len(), MAX_BATCH)` messages, one per buffer: `metas[i]` describes
+    /// `bufs[i]`. Returns how many buffers were filled; 0 on timeout or a signal, so the caller
+    /// can check for a stop and call again.
+    ///
+    /// With GRO on, a buffer can hold several datagrams ([`RecvMeta::segment_size`]; walk them
+    /// with [`split_gro`]). A message that did not fit is reported with
+    /// [`RecvMeta::truncated`] and `len` 0.
+    ///
+    /// # Errors
+    /// [`UdpError::BufferTooSmall`] if GRO is on and a buffer is shorter than
+    /// [`GRO_BUFFER_LEN`]; [`UdpError::Poll`], [`UdpError::Recv`].
+    pub fn recv_batch<B: AsMut<[u8]>>(
+        &mut self,
+        bufs: &mut [B],
+        metas: &mut [RecvMeta],
+        timeout: Duration,
+    ) -> Result<usize, UdpError> {
+        let n = bufs.len().min(metas.len()).min(MAX_BATCH);
+        if n == 0 {
+            return Ok(0);
+        }
+        let s = &mut self.scratch;
+        for (i, buf) in bufs[..n].iter_mut().enumerate() {
+            let buf = buf.as_mut();
+            if self.caps.gro && buf.len() < GRO_BUFFER_LEN {
+                return Err(UdpError::BufferTooSmall { index: i, len: buf.len() });
+            }
+            s.iovs[i] = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+            let h = &mut s.hdrs[i];
+            h.msg_hdr.msg_name = (&raw mut s.names[i]).cast();
+            h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_hdr.msg_iov = &raw mut s.iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = s.cmsgs[i].0.as_mut_ptr().cast();
+            h.msg_hdr.msg_controllen = CMSG_BUF_LEN as _;
+            h.msg_hdr.msg_flags = 0;
+            h.msg_len = 0;
+        }
+        if !wait(self.socket.as_raw_fd(), libc::POLLIN, timeout)? {
+            return Ok(0);
+        }
+        // SAFETY: the first `n` headers point at `n` live, writable buffers borrowed from `bufs`
+        // (exclusive for this call) and at this socket's name and control storage, with their
+        // lengths; recvmmsg writes only within those.
+        let got = unsafe {
+            libc::recvmmsg(
+                self.socket.as_raw_fd(),
+                s.hdrs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_WAITFORONE,
+                ptr::null_mut(),
+            )
+        };
+        if got < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EINTR | libc::EAGAIN) => Ok(0),
+                _ => Err(UdpError::Recv(e)),
+            };
+        }
+        let got = (got as usize).min(n);
+        if got > 0 {
+            self.stats.recv_calls += 1;
+        }
+        for (i, meta) in metas[..got].iter_mut().enumerate() {
+            let h = &s.hdrs[i].msg_hdr;
+            let truncated = h.msg_flags & libc::MSG_TRUNC != 0;
+            if truncated {
+                self.stats.truncated += 1;
+            }
+            let name = &s.names[i];
+            let src = if h.msg_namelen as usize >= mem::size_of::<libc::sockaddr_in>()
+                && name.sin_family == libc::AF_INET as libc::sa_family_t
+            {
+                SocketAddrV4::new(
+                    Ipv4Addr::from(u32::from_be(name.sin_addr.s_addr)),
+                    u16::from_be(name.sin_port),
+                )
+            } else {
+                SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)
+            };
+            *meta = RecvMeta {
+                src,
+                len: if truncated {
+                    0
+                } else {
+                    (s.hdrs[i].msg_len as usize).min(s.iovs[i].iov_len)
+                },
+                segment_size: if truncated { None } else { gro_segment_size(h) },
+                truncated,
+            };
+        }
+        Ok(got)
+    }
+
+    /// Turns GSO on or off for later sends (an operator's switch); it stays off if the kernel
+    /// does not support it. Returns whether GSO is now on.
+    pub fn set_gso(&mut self, on: bool) -> bool {
+        self.gso = on && self.caps.gso;
+        self.gso
+    }
+
+    /// The offloads and buffer sizes found at open, for the caller to log once.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    /// Whether sends use GSO now: the probe, the configuration, [`BatchSocket::set_gso`] and a
+    /// run-time fallback all have a say.
+    pub fn gso_enabled(&self) -> bool {
+        self.gso
+    }
+
+    /// Datagrams per [`Transmit`] worth coalescing now: [`MAX_GSO_SEGMENTS`] with GSO on, 1 off.
+    pub fn max_gso_segments(&self) -> usize {
+        if self.gso { MAX_GSO_SEGMENTS } else { 1 }
+    }
+
+    /// The bound address (with the port the kernel picked, if 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        self.local
+    }
+
+    /// The socket's counters.
+    pub fn stats(&self) -> UdpStats {
+        self.stats
+    }
+
+    /// Points up to [`MAX_BATCH`] scratch entries at `msgs`, from message `msg` byte `off` on.
+    /// Returns the entry count and whether the first entry carries a `UDP_SEGMENT` message.
+    fn fill_send(
+        &mut self,
+        msgs: &[Transmit<'_>],
+        mut msg: usize,
+        mut off: usize,
+    ) -> (usize, bool) {
+        let s = &mut self.scratch;
+        let mut first_gso = false;
+        let mut i = 0;
+        while i < MAX_BATCH && msg < msgs.len() {
+            let t = &msgs[msg];
+            let len = t.contents.len();
+            // Segmentation matters only when more than one datagram is left.
+            let seg = t.segment_size.map(usize::from).filter(|&seg| seg < len - off);
+            let (end, cmsg) = match seg {
+                Some(seg) if self.gso => (len, Some(seg as u16)),
+                Some(seg) => (off + seg, None),
+                None => (len, None),
+            };
+            let chunk = &t.contents[off..end];
+            s.iovs[i] =
+                libc::iovec { iov_base: chunk.as_ptr().cast_mut().cast(), iov_len: chunk.len() };
+            s.names[i] = sockaddr_in(t.dst);
+            let h = &mut s.hdrs[i].msg_hdr;
+            h.msg_name = (&raw mut s.names[i]).cast();
+            h.msg_namelen = mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_iov = &raw mut s.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_flags = 0;
+            match cmsg {
+                Some(seg) => {
+                    h.msg_control = s.cmsgs[i].0.as_mut_ptr().cast();
+                    h.msg_controllen = SEGMENT_CMSG_SPACE as _;
+                    // SAFETY: msg_control points at CMSG_BUF_LEN >= SEGMENT_CMSG_SPACE bytes of
+                    // cmsghdr-aligned storage owned by the scratch, and msg_controllen says so,
+                    // so CMSG_FIRSTHDR returns its start and the header and the u16 after it
+                    // are in bounds.
+                    unsafe {
+                        let c = libc::CMSG_FIRSTHDR(h);
+                        (*c).cmsg_level = libc::SOL_UDP;
+                        (*c).cmsg_type = libc::UDP_SEGMENT;
+                        (*c).cmsg_len = SEGMENT_CMSG_LEN as _;
+                        ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+                    }
+                    first_gso |= i == 0;
+                }
+                None => {
+                    h.msg_control = ptr::null_mut();
+                    h.msg_controllen = 0;
+                }
+            }
+            s.origin[i] = (msg, end);
+            i += 1;
+            (msg, off) = if end == len { (msg + 1, 0) } else { (msg, end) };
+        }
+        (i, first_gso)
+    }
+
+    /// One `sendmmsg` over the first `entries` scratch entries.
+    fn sendmmsg(&mut self, entries: usize) -> io::Result<usize> {
+        #[cfg(test)]
+        let entries =
+            match self.scratch.hdrs[..entries].iter().position(|h| h.msg_hdr.msg_controllen != 0) {
+                // Like the kernel: the entries before the failing one go out, and a later call
+                // fails on it.
+                Some(0) if mem::take(&mut self.fail_next_gso_send) => {
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
+                Some(k) if self.fail_next_gso_send && k > 0 => k,
+                _ => entries,
+            };
+        // SAFETY: fill_send pointed the first `entries` headers at buffers borrowed from the
+        // caller's `msgs` (alive for the whole send_batch call) and at scratch storage, with
+        // their lengths; sendmmsg only reads them (and writes msg_len).
+        let n = unsafe {
+            libc::sendmmsg(
+                self.socket.as_raw_fd(),
+                self.scratch.hdrs.as_mut_ptr(),
+                entries as libc::c_uint,
+                0,
+            )
+        };
+        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+    }
+}
+
+impl AsFd for BatchSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+}
+
+impl AsRawFd for BatchSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+}
+
+impl Transmit<'_> {
+    fn check(&self) -> Result<(), TransmitError> {
+        if self.dst.port() == 0 {
+            return Err(TransmitError::ZeroPort);
+        }
+        let Some(seg) = self.segment_size else { return Ok(()) };
+        let len = self.contents.len();
+        if seg == 0 {
+            return Err(TransmitError::ZeroSegmentSize);
+        }
+        if len > MAX_GSO_BYTES && len > usize::from(seg) {
+            return Err(TransmitError::TooLarge { len });
+        }
+        let segments = len.div_ceil(usize::from(seg));
+        if segments > MAX_GSO_SEGMENTS {
+            return Err(TransmitError::TooManySegments { segments });
+        }
+        Ok(())
+    }
+}
+
+/// The datagrams in a received buffer: `buf[..meta.len]` cut every `meta.segment_size` bytes (the
+/// last piece possibly shorter), or whole without GRO. Yields nothing for an empty or truncated
+/// message.
+pub fn split_gro<'a>(buf: &'a [u8], meta: &RecvMeta) -> impl Iterator<Item = &'a [u8]> + 'a {
+    let data = &buf[..meta.len.min(buf.len())];
+    let seg = meta.segment_size.filter(|&s| s > 0).unwrap_or(data.len()).max(1);
+    data.chunks(seg)
+}
+
+/// A run of datagrams that [`coalesce_plan`] puts into one [`Transmit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Coalesced {
+    /// Index of the first datagram of the run.
+    pub start: usize,
+    /// Datagrams in the run.
+    pub count: usize,
+    /// Their total length: the [`Transmit::contents`] length once laid back to back.
+    pub bytes: usize,
+    /// The run's [`Transmit::segment_size`]: the first datagram's length, or `None` for a run of
+    /// one.
+    pub segment_size: Option<u16>,
+}
+
+/// Groups consecutive datagrams into GSO runs, in order: a run has one destination, at most
+/// `max_segments` datagrams (pass [`BatchSocket::max_gso_segments`]) and [`MAX_GSO_BYTES`] in
+/// all; every datagram has the first one's length except possibly the last, which is shorter
+/// and ends the run (the wireguard-go rule). `key` gives each item's destination and datagram
+/// length. The caller lays each run's datagrams back to back and sends it as one [`Transmit`].
+pub fn coalesce_plan<'a, T, F>(
+    items: &'a [T],
+    max_segments: usize,
+    key: F,
+) -> impl Iterator<Item = Coalesced> + 'a
+where
+    F: Fn(&T) -> (SocketAddrV4, usize) + 'a,
+{
+    let max_segments = max_segments.clamp(1, MAX_GSO_SEGMENTS);
+    let mut next = 0;
+    std::iter::from_fn(move || {
+        let start = next;
+        let (dst, seg) = key(items.get(start)?);
+        let (mut count, mut bytes) = (1, seg);
+        if (1..=MAX_GSO_BYTES).contains(&seg) {
+            while count < max_segments {
+                let Some((d, len)) = items.get(start + count).map(&key) else { break };
+                if d != dst || len == 0 || len > seg || bytes + len > MAX_GSO_BYTES {
+                    break;
+                }
+                count += 1;
+                bytes += len;
+                if len < seg {
+                    break;
+                }
+            }
+        }
+        next = start + count;
+        let segment_size = if count > 1 { u16::try_from(seg).ok() } else { None };
+        Some(Coalesced { start, count, bytes, segment_size })
+    })
+}
+
+/// `poll()` on `fd` for `events` up to `timeout`; true if ready, false on timeout or a signal.
+fn wait(fd: RawFd, events: libc::c_short, timeout: Duration) -> Result<bool, UdpError> {
+    let mut pfd = libc::pollfd { fd, events, revents: 0 };
+    let ms = timeout.as_nanos().div_ceil(1_000_000).min(libc::c_int::MAX as u128);
+    // SAFETY: pfd is one valid pollfd on the stack.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms as libc::c_int) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::EINTR) {
+            Ok(false)
+        } else {
+            Err(UdpError::Poll(e))
+        };
+    }
+    Ok(n > 0)
+}
+
+fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+        sin_zero: [0; 8],
+    }
+}
+
+/// The `UDP_GRO` segment size among a received message's control messages.
+fn gro_segment_size(h: &libc::msghdr) -> Option<usize> {
+    // SAFETY: `h` was filled by recvmmsg: msg_control points at this socket's control storage
+    // and msg_controllen is the length the kernel wrote, so the CMSG_* walk stays in bounds.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                let size = ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                return usize::try_from(size).ok().filter(|&s| s > 0);
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    None
+}
+
+fn setsockopt_int(
+    s: &Socket,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live c_int and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            level,
+            name,
+            (&raw const value).cast(),
+            mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+fn getsockopt_int(s: &Socket, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: passes a pointer to a live c_int and its size, which the kernel may update.
+    let r =
+        unsafe { libc::getsockopt(s.as_raw_fd(), level, name, (&raw mut value).cast(), &mut len) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(value) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::time::Instant;
+
+    use super::*;
+
+    const LOOPBACK: Ipv4Addr = Ipv4Addr::LOCALHOST;
+    const WAIT: Duration = Duration::from_secs(2);
+
+    fn open(gso: bool, gro: bool) -> BatchSocket {
+        let cfg = UdpConfig { gso, gro, ..UdpConfig::new(SocketAddrV4::new(LOOPBACK, 0)) };
+        BatchSocket::open(cfg).expect("open a loopback socket")
+    }
+
+    fn payload(i: usize, len: usize) -> Vec<u8> {
+        (0..len).map(|j| (i * 31 + j) as u8).collect()
+    }
+
+    /// Receives until `want` datagrams (after splitting GRO buffers) arrived or nothing comes for
+    /// `WAIT`; returns the datagrams and the metas of the buffers they came in.
+    fn recv_all(rx: &mut BatchSocket, want: usize) -> (Vec<Vec<u8>>, Vec<RecvMeta>) {
+        let mut bufs = vec![vec![0u8; GRO_BUFFER_LEN]; 8];
+        let mut metas = [RecvMeta::default(); 8];
+        let (mut got, mut seen) = (Vec::new(), Vec::new());
+        while got.len() < want {
+            let n = rx.recv_batch(&mut bufs, &mut metas, WAIT).expect("recv");
+            if n == 0 {
+                break;
+            }
+            for (buf, meta) in bufs.iter().zip(&metas[..n]) {
+                seen.push(*meta);
+                got.extend(split_gro(buf, meta).map(<[u8]>::to_vec));
+            }
+        }
+        (got, seen)
+    }
+
+    #[test]
+    fn a_socket_can_move_to_its_worker_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<BatchSocket>();
+    }
+
+    #[test]
+    fn capabilities_are_probed_on_this_kernel() {
+        let s = open(true, true);
+        let caps = s.capabilities();
+        println!("capabilities: {caps:?}");
+        assert!(caps.gso, "UDP_SEGMENT is in every kernel since 4.18");
+        assert!(caps.gro, "UDP_GRO is in every kernel since 5.0");
+        assert_eq!(caps.max_gso_segments, MAX_GSO_SEGMENTS);
+        assert!(s.gso_enabled());
+        // Asked off, they stay off, whatever the kernel has.
+        let off = open(false, false).capabilities();
+        assert_eq!((off.gso, off.gro, off.max_gso_segments), (false, false, 1));
+        // The kernel doubles SO_RCVBUF; at least the default buffer was granted.
+        assert!(caps.recv_buffer > 0 && caps.send_buffer > 0);
+    }
+
+    #[test]
+    fn mixed_sizes_round_trip_in_order_across_several_syscalls() {
+        let (mut tx, mut rx) = (open(false, false), open(false, false));
+        let sizes: Vec<usize> = (0..150).map(|i| [1, 60, 1400, 9000, 0, 333][i % 6]).collect();
+        let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| payload(i, n)).collect();
+        let msgs: Vec<Transmit<'_>> = data
+            .iter()
+            .map(|d| Transmit { dst: rx.local_addr(), contents: d, segment_size: None })
+            .collect();
+        assert_eq!(tx.send_batch(&msgs).expect("send"), msgs.len());
+        assert!(tx.stats().send_calls >= 3, "150 messages need 3 sendmmsg calls of 64");
+
+        let mut bufs = vec![vec![0u8; 9000]; MAX_BATCH];
+        let mut metas = vec![RecvMeta::default(); MAX_BATCH];
+        let mut got = Vec::new();
+        while got.len() < data.len() {
+            let n = rx.recv_batch(&mut bufs, &mut metas, WAIT).expect("recv");
+            assert!(n > 0, "timed out after {} datagrams", got.len());
+            for (buf, meta) in bufs.iter().zip(&metas[..n]) {
+                assert_eq!(meta.src, tx.local_addr());
+                assert_eq!(meta.segment_size, None);
+                assert!(!meta.truncated);
+                got.push(buf[..meta.len].to_vec());
+            }
+        }
+        assert_eq!(got, data);
+    }
+
+    #[test]
+    fn gso_send_arrives_as_datagrams_at_a_receiver_without_gro() {
+        let (mut tx, mut rx) = (open(true, false), open(true, false));
+        let dgrams: Vec<Vec<u8>> = (0..10).map(|i| payload(i, 1000)).collect();
+        let contents = dgrams.concat();
+        let t = Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1000) };
+        assert_eq!(tx.send_batch(&[t]).expect("send"), 1);
+        assert_eq!(tx.stats().send_calls, 1);
+        let (got, metas) = recv_all(&mut rx, dgrams.len());
+        assert_eq!(got, dgrams);
+        assert!(metas.iter().all(|m| m.segment_size.is_none() && m.len == 1000));
+    }
+
+    #[test]
+    fn gso_send_arrives_coalesced_at_a_receiver_with_gro_and_splits_back() {
+        let (mut tx, mut rx) = (open(true, false), open(false, true));
+        let dgrams: Vec<Vec<u8>> = (0..10).map(|i| payload(i, 1000)).collect();
+        let contents = dgrams.concat();
+        let t = Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1000) };
+        assert_eq!(tx.send_batch(&[t]).expect("send"), 1);
+        let (got, metas) = recv_all(&mut rx, dgrams.len());
+        assert_eq!(got, dgrams);
+        assert_eq!(metas.len(), 1, "one coalesced buffer: {metas:?}");
+        assert_eq!(metas[0].segment_size, Some(1000));
+        assert_eq!(metas[0].len, 10_000);
+    }
+
+    #[test]
+    fn gso_send_with_a_shorter_last_segment() {
+        let mut tx = open(true, false);
+        let mut dgrams: Vec<Vec<u8>> = (0..9).map(|i| payload(i, 1000)).collect();
+        dgrams.push(payload(9, 300));
+        let contents = dgrams.concat();
+        for gro in [false, true] {
+            let mut rx = open(false, gro);
+            let t =
+                Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1000) };
+            assert_eq!(tx.send_batch(&[t]).expect("send"), 1);
+            let (got, metas) = recv_all(&mut rx, dgrams.len());
+            assert_eq!(got, dgrams, "gro {gro}");
+            if gro {
+                assert_eq!(metas.len(), 1);
+                assert_eq!((metas[0].len, metas[0].segment_size), (9300, Some(1000)));
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_mixes_gso_and_plain_messages_and_destinations() {
+        let mut tx = open(true, false);
+        let (mut a, mut b) = (open(false, false), open(false, true));
+        let run: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 500)).collect();
+        let run_bytes = run.concat();
+        let single = payload(99, 77);
+        let msgs = [
+            Transmit { dst: a.local_addr(), contents: &run_bytes, segment_size: Some(500) },
+            Transmit { dst: b.local_addr(), contents: &single, segment_size: None },
+            // A segment size at least the length: one plain datagram.
+            Transmit { dst: a.local_addr(), contents: &single, segment_size: Some(1400) },
+            Transmit { dst: b.local_addr(), contents: &run_bytes, segment_size: Some(500) },
+        ];
+        assert_eq!(tx.send_batch(&msgs).expect("send"), 4);
+        let (got_a, _) = recv_all(&mut a, 6);
+        let mut want_a = run.clone();
+        want_a.push(single.clone());
+        assert_eq!(got_a, want_a);
+        let (got_b, _) = recv_all(&mut b, 6);
+        let mut want_b = vec![single.clone()];
+        want_b.extend(run);
+        assert_eq!(got_b, want_b);
+    }
+
+    #[test]
+    fn without_gso_a_segmented_transmit_is_split() {
+        let mut tx = open(true, false);
+        assert!(!tx.set_gso(false));
+        assert_eq!(tx.max_gso_segments(), 1);
+        let mut rx = open(false, true);
+        // 3 messages of 40 datagrams: 120 entries, more than one sendmmsg, split mid-message.
+        let dgrams: Vec<Vec<u8>> = (0..120).map(|i| payload(i, 100)).collect();
+        let contents: Vec<Vec<u8>> = dgrams.chunks(40).map(<[Vec<u8>]>::concat).collect();
+        let msgs: Vec<Transmit<'_>> = contents
+            .iter()
+            .map(|c| Transmit { dst: rx.local_addr(), contents: c, segment_size: Some(100) })
+            .collect();
+        assert_eq!(tx.send_batch(&msgs).expect("send"), 3);
+        assert_eq!(tx.stats().send_calls, 2);
+        let (got, metas) = recv_all(&mut rx, dgrams.len());
+        assert_eq!(got, dgrams);
+        assert!(metas.iter().all(|m| m.segment_size.is_none()), "nothing was coalesced");
+        assert!(tx.set_gso(true), "the switch turns it back on");
+    }
+
+    #[test]
+    fn eio_on_a_gso_send_disables_gso_and_still_delivers() {
+        let (mut tx, mut rx) = (open(true, false), open(false, false));
+        tx.fail_next_gso_send = true;
+        let dgrams: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 1200)).collect();
+        let contents = dgrams.concat();
+        let single = payload(7, 10);
+        let msgs = [
+            Transmit { dst: rx.local_addr(), contents: &single, segment_size: None },
+            Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1200) },
+            Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1200) },
+        ];
+        assert_eq!(tx.send_batch(&msgs).expect("send"), 3);
+        let stats = tx.stats();
+        assert!(stats.gso_disabled_at_runtime);
+        assert_eq!(stats.gso_fallbacks, 1);
+        assert!(!tx.gso_enabled());
+        assert_eq!(tx.max_gso_segments(), 1);
+        assert!(tx.capabilities().gso, "the probe result is unchanged");
+        let (got, _) = recv_all(&mut rx, 11);
+        let mut want = vec![single];
+        want.extend(dgrams.iter().cloned());
+        want.extend(dgrams);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn two_sockets_share_a_port_with_reuse_port() {
+        let mut rx = open(false, false);
+        let first =
+            UdpConfig { reuse_port: true, ..UdpConfig::new(SocketAddrV4::new(LOOPBACK, 0)) };
+        let mut a = BatchSocket::open(first).expect("first");
+        let second = UdpConfig { bind: a.local_addr(), ..first };
+        let mut b = BatchSocket::open(second).expect("second socket on the same port");
+        assert_eq!(a.local_addr(), b.local_addr());
+        // A socket without SO_REUSEADDR/SO_REUSEPORT cannot join. (SO_REUSEADDR alone would let
+        // it bind, on UDP, but then it alone would receive: SO_REUSEPORT is what balances.)
+        assert!(std::net::UdpSocket::bind(a.local_addr()).is_err());
+
+        for (s, byte) in [(&mut a, 1u8), (&mut b, 2u8)] {
+            let t = Transmit { dst: rx.local_addr(), contents: &[byte], segment_size: None };
+            assert_eq!(s.send_batch(&[t]).expect("send"), 1);
+        }
+        let (got, metas) = recv_all(&mut rx, 2);
+        assert_eq!(got, [vec![1], vec![2]]);
+        let srcs: HashSet<_> = metas.iter().map(|m| m.src).collect();
+        assert_eq!(srcs, HashSet::from([a.local_addr()]));
+    }
+
+    #[test]
+    fn recv_times_out_with_zero() {
+        let mut rx = open(false, true);
+        let mut bufs = [vec![0u8; GRO_BUFFER_LEN]];
+        let mut metas = [RecvMeta::default()];
+        let start = Instant::now();
+        assert_eq!(rx.recv_batch(&mut bufs, &mut metas, Duration::from_millis(50)).unwrap(), 0);
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(45) && waited < Duration::from_secs(1),
+            "{waited:?}"
+        );
+        assert_eq!(rx.recv_batch(&mut bufs, &mut metas, Duration::ZERO).unwrap(), 0);
+        assert_eq!(rx.recv_batch(&mut bufs, &mut [], WAIT).unwrap(), 0, "no metas, no wait");
+    }
+
+    #[test]
+    fn truncated_messages_are_flagged_and_counted() {
+        let (mut tx, mut rx) = (open(false, false), open(false, false));
+        let (big, small) = (payload(1, 200), payload(2, 50));
+        let msgs = [
+            Transmit { dst: rx.local_addr(), contents: &big, segment_size: None },
+            Transmit { dst: rx.local_addr(), contents: &small, segment_size: None },
+        ];
+        tx.send_batch(&msgs).expect("send");
+        let mut bufs = [[0u8; 100]; 2];
+        let mut metas = [RecvMeta::default(); 2];
+        assert_eq!(rx.recv_batch(&mut bufs, &mut metas, WAIT).expect("recv"), 2);
+        assert!(metas[0].truncated && metas[0].len == 0);
+        assert_eq!(split_gro(&bufs[0], &metas[0]).count(), 0);
+        assert!(!metas[1].truncated);
+        assert_eq!(&bufs[1][..metas[1].len], &small[..]);
+        assert_eq!(rx.stats().truncated, 1);
+    }
+
+    #[test]
+    fn gro_needs_full_size_buffers() {
+        let mut rx = open(false, true);
+        let mut bufs = [vec![0u8; GRO_BUFFER_LEN], vec![0u8; 1500]];
+        let mut metas = [RecvMeta::default(); 2];
+        let err = rx.recv_batch(&mut bufs, &mut metas, Duration::ZERO).unwrap_err();
+        assert!(matches!(err, UdpError::BufferTooSmall { index: 1, len: 1500 }), "{err}");
+    }
+
+    #[test]
+    fn malformed_transmits_are_refused_before_sending() {
+        let mut tx = open(true, false);
+        let dst = SocketAddrV4::new(LOOPBACK, 9);
+        let big = vec![0u8; 70_000];
+        let cases = [
+            (Transmit { dst, contents: &big[..650], segment_size: Some(10) }, 1),
+            (Transmit { dst, contents: &big[..10], segment_size: Some(0) }, 2),
+            (Transmit { dst, contents: &big, segment_size: Some(1400) }, 3),
+            (
+                Transmit {
+                    dst: SocketAddrV4::new(LOOPBACK, 0),
+                    contents: &big[..1],
+                    segment_size: None,
+                },
+                4,
+            ),
+        ];
+        for (t, case) in cases {
+            let ok = Transmit { dst, contents: &big[..1], segment_size: None };
+            let err = tx.send_batch(&[ok, t]).unwrap_err();
+            assert!(err.is_per_message(), "case {case}");
+            let UdpError::InvalidTransmit { index: 1, reason } = err else {
+                panic!("case {case}: {err}")
+            };
+            let want = match case {
+                1 => TransmitError::TooManySegments { segments: 65 },
+                2 => TransmitError::ZeroSegmentSize,
+                3 => TransmitError::TooLarge { len: 70_000 },
+                _ => TransmitError::ZeroPort,
+            };
+            assert_eq!(reason, want, "case {case}");
+        }
+        assert_eq!(tx.stats().send_calls, 0);
+    }
+
+    #[test]
+    fn an_oversized_datagram_fails_alone() {
+        let (mut tx, mut rx) = (open(false, false), open(false, false));
+        let (big, ok) = (vec![0u8; 70_000], payload(3, 30));
+        let msgs = [
+            Transmit { dst: rx.local_addr(), contents: &ok, segment_size: None },
+            Transmit { dst: rx.local_addr(), contents: &big, segment_size: None },
+            Transmit { dst: rx.local_addr(), contents: &ok, segment_size: None },
+        ];
+        let err = tx.send_batch(&msgs).unwrap_err();
+        let UdpError::Send { sent: 1, source } = &err else { panic!("{err}") };
+        assert_eq!(source.raw_os_error(), Some(libc::EMSGSIZE));
+        assert_eq!(tx.send_batch(&msgs[2..]).expect("the rest"), 1);
+        let (got, _) = recv_all(&mut rx, 2);
+        assert_eq!(got, [ok.clone(), ok]);
+    }
+
+    #[test]
+    fn split_gro_walks_segments() {
+        let buf: Vec<u8> = (0..10).collect();
+        let meta = |len, segment_size| RecvMeta { len, segment_size, ..RecvMeta::default() };
+        let split = |m: RecvMeta| split_gro(&buf, &m).map(<[u8]>::to_vec).collect::<Vec<_>>();
+        assert_eq!(split(meta(10, None)), [buf[..].to_vec()]);
+        assert_eq!(split(meta(7, None)), [buf[..7].to_vec()]);
+        assert_eq!(split(meta(9, Some(3))), [vec![0, 1, 2], vec![3, 4, 5], vec![6, 7, 8]]);
+        assert_eq!(split(meta(10, Some(4))), [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
+        assert_eq!(split(meta(0, Some(4))).len(), 0);
+        assert_eq!(split(meta(0, None)).len(), 0);
+        assert_eq!(split(meta(99, Some(0))), [buf[..].to_vec()], "clamped, no panic");
+    }
+
+    #[test]
+    fn coalesce_plan_follows_the_gso_rules() {
+        let a = SocketAddrV4::new(LOOPBACK, 1);
+        let b = SocketAddrV4::new(LOOPBACK, 2);
+        let plan = |items: &[(SocketAddrV4, usize)], max| {
+            coalesce_plan(items, max, |&(d, l)| (d, l))
+                .map(|c| (c.start, c.count, c.bytes, c.segment_size))
+                .collect::<Vec<_>>()
+        };
+        // Same destination and size: one run; a shorter one ends it; a longer one starts anew.
+        let items = [(a, 100), (a, 100), (a, 60), (a, 100), (a, 200), (a, 200)];
+        assert_eq!(
+            plan(&items, 64),
+            [(0, 3, 260, Some(100)), (3, 1, 100, None), (4, 2, 400, Some(200))]
+        );
+        // A destination change ends a run.
+        assert_eq!(
+            plan(&[(a, 10), (b, 10), (b, 10)], 64),
+            [(0, 1, 10, None), (1, 2, 20, Some(10))]
+        );
+        // The segment cap, and 1 (no GSO) means every datagram alone.
+        let many = [(a, 10); 70];
+        assert_eq!(plan(&many, 64), [(0, 64, 640, Some(10)), (64, 6, 60, Some(10))]);
+        assert_eq!(plan(&many[..3], 1).len(), 3);
+        // The byte cap: 46 × 1400 = 64400 fits, 47 does not.
+        assert_eq!(
+            plan(&[(a, 1400); 50], 64),
+            [(0, 46, 64_400, Some(1400)), (46, 4, 5600, Some(1400))]
+        );
+        // Empty datagrams are never coalesced.
+        assert_eq!(plan(&[(a, 0), (a, 0)], 64), [(0, 1, 0, None), (1, 1, 0, None)]);
+        assert_eq!(plan(&[], 64), []);
+    }
+
+    /// Sends 1 M 1400-byte datagrams over loopback three ways and prints packets/s:
+    /// `cargo test --release --lib udp::tests::loopback_rates -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "benchmark: takes seconds and wants a quiet machine"]
+    fn loopback_rates() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        const TOTAL: usize = 1_000_000;
+        const SIZE: usize = 1400;
+
+        #[derive(Clone, Copy, Debug)]
+        enum Mode {
+            SendTo,
+            Sendmmsg,
+            SendmmsgGso,
+        }
+        for (mode, gro) in [
+            (Mode::SendTo, false),
+            (Mode::Sendmmsg, false),
+            (Mode::SendmmsgGso, false),
+            (Mode::SendmmsgGso, true),
+        ] {
+            let rx_cfg = UdpConfig {
+                gro,
+                buffer_bytes: 32 << 20,
+                ..UdpConfig::new(SocketAddrV4::new(LOOPBACK, 0))
+            };
+            let mut rx = BatchSocket::open(rx_cfg).expect("rx");
+            let dst = rx.local_addr();
+            let done = Arc::new(AtomicBool::new(false));
+            let receiver = std::thread::spawn({
+                let done = done.clone();
+                move || {
+                    let mut bufs = vec![vec![0u8; GRO_BUFFER_LEN]; if gro { 8 } else { 64 }];
+                    let mut metas = vec![RecvMeta::default(); bufs.len()];
+                    let (mut count, mut first, mut last) = (0usize, None, Instant::now());
+                    loop {
+                        let n = rx.recv_batch(&mut bufs, &mut metas, Duration::from_millis(100));
+                        let n = n.expect("recv");
+                        if n == 0 && done.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        for (b, m) in bufs.iter().zip(&metas[..n]) {
+                            count += split_gro(b, m).count();
+                        }
+                        if n > 0 {
+                            first.get_or_insert_with(Instant::now);
+                            last = Instant::now();
+                        }
+                    }
+                    let secs = first.map_or(f64::NAN, |f| last.duration_since(f).as_secs_f64());
+                    (count, secs)
+                }
+            });
+
+            let data = vec![0xabu8; SIZE * MAX_GSO_SEGMENTS];
+            let start = Instant::now();
+            let syscalls = match mode {
+                Mode::SendTo => {
+                    let s = std::net::UdpSocket::bind((LOOPBACK, 0)).expect("bind");
+                    for _ in 0..TOTAL {
+                        let _ = s.send_to(&data[..SIZE], dst);
+                    }
+                    TOTAL as u64
+                }
+                Mode::Sendmmsg | Mode::SendmmsgGso => {
+                    let mut tx = open(matches!(mode, Mode::SendmmsgGso), false);
+                    let per = if tx.gso_enabled() { MAX_GSO_BYTES / SIZE } else { 1 };
+                    let t = Transmit {
+                        dst,
+                        contents: &data[..per * SIZE],
+                        segment_size: (per > 1).then_some(SIZE as u16),
+                    };
+                    let batch = [t; MAX_BATCH];
+                    let mut sent = 0;
+                    while sent < TOTAL {
+                        let left = TOTAL - sent;
+                        let full = (left / per).min(MAX_BATCH);
+                        sent += if full > 0 {
+                            tx.send_batch(&batch[..full]).expect("send") * per
+                        } else {
+                            let last = Transmit { contents: &data[..left * SIZE], ..t };
+                            tx.send_batch(&[last]).expect("send") * left
+                        };
+                    }
+                    tx.stats().send_calls
+                }
+            };
+            let send_secs = start.elapsed().as_secs_f64();
+            done.store(true, Ordering::Relaxed);
+            let (received, recv_secs) = receiver.join().expect("receiver");
+            println!(
+                "{mode:?} (receiver GRO {gro}): sent {TOTAL} in {send_secs:.3} s = {:.0} pps \
+                 ({:.2} Gb/s, {syscalls} send syscalls); \
+                 received {received} ({:.1} %) at {:.0} pps",
+                TOTAL as f64 / send_secs,
+                TOTAL as f64 * SIZE as f64 * 8.0 / send_secs / 1e9,
+                received as f64 * 100.0 / TOTAL as f64,
+                received as f64 / recv_secs,
+            );
+        }
+    }
+}
