@@ -22,6 +22,33 @@
 //!   perf-anchors §1.4): [`GroConfig`] turns TCP and UDP coalescing on and off, and a caller
 //!   without TSO simply never sees a GSO header.
 //!
+//!
+//! # Use
+//! ```no_run
+//! use weft::dataplane::offload::{GroTable, split};
+//! use weft::dataplane::pipeline::HEADROOM;
+//! use weft::dataplane::wire::virtio_net::{self, Header};
+//!
+//! /// TX: `read` is one TUN read (header + packet); `out` is reused for every read.
+//! fn tx(read: &[u8], out: &mut [u8]) {
+//!     let Ok(hdr) = Header::parse(read) else { return };
+//!     let Ok(segs) = split(&hdr, &read[virtio_net::LEN..], out, HEADROOM) else { return };
+//!     for i in 0..segs.count() {
+//!         let _slot = &mut out[segs.slot(i)];
+//!         // Forwarder::encap(&routes, _slot, segs.seg_len(i), ..) fills _slot[..HEADROOM].
+//!     }
+//!     // All segments go to one peer: send out[..segs.total_len()] with
+//!     // UDP_SEGMENT = segs.stride() (at most 64 segments per send).
+//! }
+//!
+//! /// RX: each packet at bufs[i][VIRTIO_HEADROOM..][..lens[i]].
+//! fn rx(table: &mut GroTable, bufs: &mut [Vec<u8>], lens: &mut [usize]) {
+//!     for &i in table.coalesce(bufs, lens) {
+//!         let _write = &bufs[i][..lens[i]]; // one write() to TUN
+//!     }
+//! }
+//! ```
+//!
 //! [`virtio_net::Header`]: super::wire::virtio_net::Header
 
 mod gro;

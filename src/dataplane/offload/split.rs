@@ -59,14 +59,18 @@ impl Segments {
         }
     }
 
-    /// The range of segment `i`'s IP packet in the output buffer (empty when `i >= count()`).
+    /// The range of segment `i`'s IP packet in the output buffer (empty, at
+    /// [`total_len`](Self::total_len), when `i >= count()`).
     pub fn packet(&self, i: usize) -> Range<usize> {
+        if i >= self.count {
+            return self.total..self.total;
+        }
         let start = self.slot(i).start + self.headroom;
         start..start + self.seg_len(i)
     }
 
     /// The range of segment `i`'s slot, headroom included: what encapsulation turns into one
-    /// datagram (empty when `i >= count()`).
+    /// datagram (empty, at [`total_len`](Self::total_len), when `i >= count()`).
     pub fn slot(&self, i: usize) -> Range<usize> {
         if i >= self.count {
             return self.total..self.total;
@@ -475,6 +479,8 @@ mod tests {
         assert_eq!(segs.total_len(), 2 * segs.stride() + 22 + 40 + 200);
         assert_eq!(segs.seg_len(3), 0);
         assert!(segs.packet(3).is_empty() && segs.slot(3).is_empty());
+        assert_eq!(segs.packet(3).start, segs.total_len());
+        assert!(out[segs.packet(3)].is_empty());
     }
 
     #[test]
