@@ -41,6 +41,10 @@
 //!   lazily, only when a merge is otherwise possible; a chain with an invalid first packet is
 //!   abandoned, and an invalid packet is written alone, for the kernel to drop).
 //!
+//! A UDP packet that cannot merge (zero checksum, say) ends its flow's chains, so no later
+//! datagram overtakes it. (A TCP packet that cannot merge either carries no data, or occupies
+//! the sequence numbers a later segment would need to append.)
+//!
 //! Only appends are done (no prepend): in-order streams, the case that matters, merge fully.
 
 use super::super::wire::virtio_net::{self, Header};
@@ -255,7 +259,10 @@ impl GroTable {
 
     /// Parses `p` as a packet that may merge (see the module rules that concern one packet),
     /// or `None`.
-    fn candidate(&self, p: &[u8]) -> Option<Candidate> {
+    ///
+    /// A UDP packet of a flow that cannot merge ends that flow's chains: a later datagram
+    /// appended to one of them would overtake it.
+    fn candidate(&mut self, p: &[u8]) -> Option<Candidate> {
         let mut key = FlowKey {
             src: [0; 16],
             dst: [0; 16],
@@ -314,6 +321,10 @@ impl GroTable {
                     || usize::from(read_u16(l4, 4)) != l4.len()
                     || read_u16(l4, 6) == 0
                 {
+                    if l4.len() >= 4 {
+                        key.ports = read_u32(l4, 0);
+                        self.close_flow(&key);
+                    }
                     return None;
                 }
                 (udp::HEADER_LEN, 0, false)
@@ -322,6 +333,13 @@ impl GroTable {
         };
         key.ports = read_u32(l4, 0);
         Some(Candidate { key, ip_len, l4_len, len: p.len(), seq, id, df, psh })
+    }
+
+    /// Ends every chain of the flow `key`.
+    fn close_flow(&mut self, key: &FlowKey) {
+        for it in self.items.iter_mut().filter(|it| it.key == *key) {
+            it.closed = true;
+        }
     }
 
     /// Appends packet `i` (described by `c`) to a chain of its flow if the rules allow, or
@@ -742,6 +760,16 @@ mod tests {
             p[27] = 0;
         }
         assert_eq!(shapes(&gro(&pkts, 65_535, BOTH)), [(NONE, 1), (NONE, 1)]);
+    }
+
+    #[test]
+    fn udp_non_candidate_is_not_overtaken() {
+        let mut pkts = Pkt::udp4(100).run(3, 100);
+        // The middle datagram has no checksum: it cannot merge, and the third must not be
+        // appended to the first past it.
+        pkts[1][26] = 0;
+        pkts[1][27] = 0;
+        assert_eq!(shapes(&gro(&pkts, 65_535, BOTH)), [(NONE, 1), (NONE, 1), (NONE, 1)]);
     }
 
     #[test]
