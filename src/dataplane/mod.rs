@@ -5,6 +5,7 @@
 //! touch file descriptors.
 
 pub mod driver;
+pub mod offload;
 pub mod pipeline;
 pub mod sys;
 pub mod udp;

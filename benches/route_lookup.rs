@@ -1,0 +1,70 @@
+//! Route lookup cost: `RouteTable::lookup` for a destination inside a leased subnet, with 10,
+//! 1,000 and 65,536 leases of 10.0.0.0/8 split into /24s. Destinations are pre-generated, so
+//! only the lookup is measured.
+
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use ipnet::Ipv4Net;
+use rand::{Rng, SeedableRng};
+use weft::lease::record::Subnet;
+use weft::route::{Peer, PeerBackend, RouteTable};
+
+/// Destinations cycled through (a power of two, so the index wraps with a mask).
+const DSTS: usize = 4096;
+
+/// The /24 with index `i` of 10.0.0.0/8.
+fn subnet(i: u32) -> Subnet {
+    Subnet::from_parts(Ipv4Addr::from(0x0a00_0000 | (i << 8)), 24).expect("a /24 of 10/8")
+}
+
+fn peer(i: u32) -> Peer {
+    Peer {
+        subnet: subnet(i),
+        public_ip: Ipv4Addr::from(0xc0a8_0000 | i),
+        backend: PeerBackend::Vxlan,
+        vtep_mac: Some([0x02, 0, 0, 0, (i >> 8) as u8, i as u8]),
+        vni: Some(1),
+        node: None,
+        stale: false,
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let network: Ipv4Net = "10.0.0.0/8".parse().expect("valid network");
+    let mut group = c.benchmark_group("route_lookup");
+    group.throughput(Throughput::Elements(1));
+    for n in [10u32, 1_000, 65_536] {
+        // Spread the leases over the network, as a real cluster's would be.
+        let step = 65_536 / n;
+        let leased: Vec<u32> = (0..n).map(|i| i * step).collect();
+        let table = RouteTable::build(network, 24, leased.iter().map(|&i| peer(i)));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let dsts: Vec<Ipv4Addr> = (0..DSTS)
+            .map(|_| {
+                let s = leased[rng.random_range(0..leased.len())];
+                Ipv4Addr::from(0x0a00_0000 | (s << 8) | rng.random_range(1..255))
+            })
+            .collect();
+        assert!(dsts.iter().all(|d| table.lookup(*d).is_some()));
+        group.bench_function(format!("{n}_routes"), |b| {
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 1) & (DSTS - 1);
+                black_box(table.lookup(black_box(dsts[i])))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
+    targets = bench
+}
+criterion_main!(benches);

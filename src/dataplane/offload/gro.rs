@@ -1,0 +1,977 @@
+//! Receive-side coalescing (GRO) of a batch of IP packets into TUN super-packets: the kernel's
+//! `tcp_gro_receive`/`udp_gro_receive` rules, as wireguard-go's `handleGRO` applies them.
+//!
+//! # Buffer contract of [`GroTable::coalesce`]
+//! Before: for each `i < min(bufs.len(), lens.len())`, `bufs[i][VIRTIO_HEADROOM..][..lens[i]]`
+//! is one IP packet (a decapsulated inner packet). `bufs[i][..VIRTIO_HEADROOM]` is free, and
+//! every byte of `bufs[i]` after the packet is spare capacity: the whole slice is usable (for a
+//! `Vec<u8>`, its *length*, so size it once to the largest super-packet wanted, e.g.
+//! `VIRTIO_HEADROOM + 65535`). Buffers are never reallocated.
+//!
+//! After: the returned indices (ascending, unique, all `< bufs.len()`) are the packets to
+//! write, and `lens[i]` is what to write from `bufs[i][0..]`, one `write()` per index:
+//! - a coalesced packet: a `virtio_net_hdr` with `F_NEEDS_CSUM`, `GSO_TCPV4`/`GSO_TCPV6` (or
+//!   `GSO_UDP_L4`), `gso_size` = the first segment's payload, `hdr_len` = IP + L4 header,
+//!   `csum_start` = IP header length, `csum_offset` = 16 (TCP) or 6 (UDP); then the merged
+//!   packet with IP lengths and the IPv4 header checksum fixed, and the pseudo-header sum in the
+//!   L4 checksum field (CHECKSUM_PARTIAL: the kernel finishes it);
+//! - any other packet (not TCP/UDP, not mergeable, or alone in its flow): a zero header
+//!   (`GSO_NONE`, no flags) followed by the packet, unchanged.
+//!
+//! Every other index has `lens[i] == 0`: its payload was appended to an earlier packet, or it
+//! did not fit its buffer (`VIRTIO_HEADROOM + lens[i] > bufs[i].len()`: dropped, counted in
+//! [`GroTable::invalid`]). Those buffers' contents are unspecified.
+//!
+//! # Merge rules
+//! A packet joins the newest earlier chain of its flow it can extend (TCP: any chain of the
+//! flow, newest first; UDP: only the newest, so datagrams are never reordered) when:
+//! - flow key equal: addresses, ports, protocol and, for TCP, the acknowledgment number;
+//! - IPv4 without options and not a fragment, IPv4 total length (IPv6 payload length) equal to
+//!   the packet's length; IPv4 TOS, TTL and flag bits equal, and the identification
+//!   consecutive unless DF is set (RFC 6864: atomic datagrams' IDs carry no meaning); IPv6
+//!   version/traffic class/flow label word and hop limit equal;
+//! - TCP: flags exactly ACK or ACK|PSH, with PSH only on the last segment of a chain; same
+//!   data offset, reserved bits, window, urgent field and option bytes; sequence number equal to
+//!   the chain's next; UDP: a nonzero checksum (zero means "none", RFC 768; the kernel does not
+//!   aggregate those either);
+//! - payload > 0 and no larger than the chain's first payload (`gso_size`); a smaller one ends
+//!   the chain;
+//! - the merged packet fits the first packet's buffer and stays <= 65535 bytes;
+//! - both the chain's first packet and this one have valid IP and L4 checksums (verified
+//!   lazily, only when a merge is otherwise possible; a chain with an invalid first packet is
+//!   abandoned, and an invalid packet is written alone, for the kernel to drop).
+//!
+//! A UDP packet that cannot merge (zero checksum, say) ends its flow's chains, so no later
+//! datagram overtakes it. (A TCP packet that cannot merge either carries no data, or occupies
+//! the sequence numbers a later segment would need to append.)
+//!
+//! Only appends are done (no prepend): in-order streams, the case that matters, merge fully.
+
+use super::super::wire::virtio_net::{self, Header};
+use super::super::wire::{checksum, ip, ipv4, ipv6, read_u16, read_u32, tcp, udp, write_u16};
+
+/// The bytes reserved in front of each packet given to [`GroTable::coalesce`], for the
+/// `virtio_net_hdr`.
+pub const VIRTIO_HEADROOM: usize = virtio_net::LEN;
+
+/// The largest IP packet a merge produces (IPv4 total length is 16 bits; kept for IPv6 too).
+const MAX_MERGED: usize = u16::MAX as usize;
+
+/// Which coalescing [`GroTable`] does. Every offload is switchable (perf-anchors §1.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroConfig {
+    /// Coalesce TCP segments (needs `TUN_F_TSO4 | TUN_F_TSO6` on the device).
+    pub tcp: bool,
+    /// Coalesce UDP datagrams into `GSO_UDP_L4` (needs `TUN_F_USO4 | TUN_F_USO6`, Linux 6.2+).
+    pub udp: bool,
+}
+
+impl Default for GroConfig {
+    /// TCP on, UDP off (USO is newer and optional on TUN).
+    fn default() -> Self {
+        Self { tcp: true, udp: false }
+    }
+}
+
+/// What identifies a flow; packets of different flows never merge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FlowKey {
+    /// IPv4 addresses in the first 4 bytes, zero-padded.
+    src: [u8; 16],
+    dst: [u8; 16],
+    /// Source port << 16 | destination port.
+    ports: u32,
+    /// The TCP acknowledgment number (0 for UDP).
+    ack: u32,
+    /// The IP version and the protocol.
+    version: u8,
+    proto: u8,
+}
+
+impl FlowKey {
+    /// A cheap hash to skip most key comparisons in the linear item scan.
+    fn hash(&self) -> u32 {
+        let w = |b: &[u8]| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+        let mut h = self.ports ^ self.ack.rotate_left(7) ^ u32::from(self.proto) << 24;
+        for i in (0..16).step_by(4) {
+            h = (h ^ w(&self.src[i..]) ^ w(&self.dst[i..]).rotate_left(16))
+                .wrapping_mul(0x9e37_79b9);
+        }
+        h
+    }
+}
+
+/// A packet that may merge, parsed once.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    key: FlowKey,
+    /// IP header length (20 or 40).
+    ip_len: usize,
+    /// L4 header length.
+    l4_len: usize,
+    /// The whole packet's length.
+    len: usize,
+    /// TCP sequence number (0 for UDP).
+    seq: u32,
+    /// IPv4 identification (0 for IPv6).
+    id: u16,
+    /// IPv4 DF set (IDs need not be consecutive).
+    df: bool,
+    /// TCP PSH set.
+    psh: bool,
+}
+
+impl Candidate {
+    fn payload(&self) -> usize {
+        self.len - self.ip_len - self.l4_len
+    }
+}
+
+/// What became of one packet of the batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Appended to an earlier chain: not written itself.
+    Merged,
+    /// The first packet of a chain (possibly of one): written once the batch is done.
+    Chain,
+    /// Written alone, unchanged.
+    Alone,
+}
+
+/// A chain being built: the first packet's buffer, growing.
+#[derive(Clone, Copy, Debug)]
+struct Item {
+    key: FlowKey,
+    hash: u32,
+    /// The buffer index of the chain's first packet, where everything is appended.
+    head: usize,
+    ip_len: usize,
+    l4_len: usize,
+    /// The first packet's payload length.
+    gso_size: usize,
+    /// The merged IP packet's length so far.
+    len: usize,
+    /// The TCP sequence number the next appended segment must carry.
+    next_seq: u32,
+    /// The IPv4 identification the next segment must carry (unless DF).
+    next_id: u16,
+    /// How many packets are in the chain.
+    count: usize,
+    /// A smaller or PSH segment ended the chain.
+    closed: bool,
+    /// The first packet's checksums have been verified.
+    head_checked: bool,
+    /// The first packet's checksums were bad: nothing may join this chain.
+    dead: bool,
+}
+
+/// Reusable state for coalescing batches: create once per worker, call
+/// [`coalesce`](Self::coalesce) per batch. See the module docs for the buffer contract and
+/// the rules.
+#[derive(Debug)]
+pub struct GroTable {
+    config: GroConfig,
+    items: Vec<Item>,
+    out: Vec<usize>,
+    merged: usize,
+    invalid: usize,
+}
+
+impl GroTable {
+    /// A table for batches of up to `batch` packets (larger batches work, but allocate once).
+    pub fn new(config: GroConfig, batch: usize) -> Self {
+        Self {
+            config,
+            items: Vec::with_capacity(batch),
+            out: Vec::with_capacity(batch),
+            merged: 0,
+            invalid: 0,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> GroConfig {
+        self.config
+    }
+
+    /// Packets that the last [`coalesce`](Self::coalesce) appended to another (no write of
+    /// their own).
+    pub fn merged(&self) -> usize {
+        self.merged
+    }
+
+    /// Packets that the last [`coalesce`](Self::coalesce) dropped because `lens[i]` did not fit
+    /// their buffer.
+    pub fn invalid(&self) -> usize {
+        self.invalid
+    }
+
+    /// Coalesces the batch in place and returns the indices of the buffers to write to TUN,
+    /// ascending; `lens` is rewritten to the bytes to write from each buffer's start (0 for
+    /// the rest). See the module docs for the exact contract. Never panics, whatever the bytes;
+    /// indices past `min(bufs.len(), lens.len())` are ignored (and untouched).
+    pub fn coalesce<B: AsMut<[u8]>>(&mut self, bufs: &mut [B], lens: &mut [usize]) -> &[usize] {
+        self.items.clear();
+        self.out.clear();
+        self.merged = 0;
+        self.invalid = 0;
+        let n = bufs.len().min(lens.len());
+        for i in 0..n {
+            let len = lens[i];
+            let candidate = {
+                let buf = bufs[i].as_mut();
+                let Some(packet) =
+                    VIRTIO_HEADROOM.checked_add(len).and_then(|end| buf.get(VIRTIO_HEADROOM..end))
+                else {
+                    lens[i] = 0;
+                    self.invalid += 1;
+                    continue;
+                };
+                self.candidate(packet)
+            };
+            let outcome = match candidate {
+                Some(c) => self.try_merge(bufs, i, &c),
+                None => Outcome::Alone,
+            };
+            match outcome {
+                Outcome::Merged => {
+                    lens[i] = 0;
+                    self.merged += 1;
+                }
+                // Header and length are written once the batch is done.
+                Outcome::Chain => self.out.push(i),
+                Outcome::Alone => {
+                    // Written unchanged; the buffer holds the header (checked above).
+                    let _ = Header::NONE.emit(bufs[i].as_mut());
+                    lens[i] = VIRTIO_HEADROOM + len;
+                    self.out.push(i);
+                }
+            }
+        }
+        for it in &self.items {
+            // Item heads are < n and their buffers hold VIRTIO_HEADROOM + it.len bytes
+            // (checked when the head arrived, and on every append).
+            finish(bufs[it.head].as_mut(), it);
+            lens[it.head] = VIRTIO_HEADROOM + it.len;
+        }
+        &self.out
+    }
+
+    /// Parses `p` as a packet that may merge (see the module rules that concern one packet),
+    /// or `None`.
+    ///
+    /// A UDP packet of a flow that cannot merge ends that flow's chains: a later datagram
+    /// appended to one of them would overtake it.
+    fn candidate(&mut self, p: &[u8]) -> Option<Candidate> {
+        let mut key = FlowKey {
+            src: [0; 16],
+            dst: [0; 16],
+            ports: 0,
+            ack: 0,
+            version: ip::version(p)?,
+            proto: 0,
+        };
+        let (ip_len, id, df) = match key.version {
+            4 => {
+                if p.len() < ipv4::HEADER_LEN
+                    || p[0] & 0x0f != 5
+                    || usize::from(read_u16(p, 2)) != p.len()
+                    // Fragments (MF or an offset) never merge; DF is allowed.
+                    || read_u16(p, 6) & 0x3fff != 0
+                {
+                    return None;
+                }
+                key.proto = p[9];
+                key.src[..4].copy_from_slice(&p[12..16]);
+                key.dst[..4].copy_from_slice(&p[16..20]);
+                (ipv4::HEADER_LEN, read_u16(p, 4), p[6] & 0x40 != 0)
+            }
+            6 => {
+                if p.len() < ipv6::HEADER_LEN
+                    || usize::from(read_u16(p, 4)) + ipv6::HEADER_LEN != p.len()
+                {
+                    return None;
+                }
+                key.proto = p[6];
+                key.src.copy_from_slice(&p[8..24]);
+                key.dst.copy_from_slice(&p[24..40]);
+                (ipv6::HEADER_LEN, 0, true)
+            }
+            _ => return None,
+        };
+        let l4 = &p[ip_len..];
+        let (l4_len, seq, psh) = match key.proto {
+            ip::proto::TCP if self.config.tcp => {
+                if l4.len() < tcp::HEADER_LEN {
+                    return None;
+                }
+                let doff = usize::from(l4[12] >> 4) * 4;
+                let flags = l4[13];
+                if doff < tcp::HEADER_LEN
+                    || doff >= l4.len()
+                    || (flags != tcp::ACK && flags != tcp::ACK | tcp::PSH)
+                {
+                    return None;
+                }
+                key.ack = read_u32(l4, 8);
+                (doff, read_u32(l4, 4), flags & tcp::PSH != 0)
+            }
+            ip::proto::UDP if self.config.udp => {
+                if l4.len() <= udp::HEADER_LEN
+                    || usize::from(read_u16(l4, 4)) != l4.len()
+                    || read_u16(l4, 6) == 0
+                {
+                    if l4.len() >= 4 {
+                        key.ports = read_u32(l4, 0);
+                        self.close_flow(&key);
+                    }
+                    return None;
+                }
+                (udp::HEADER_LEN, 0, false)
+            }
+            _ => return None,
+        };
+        key.ports = read_u32(l4, 0);
+        Some(Candidate { key, ip_len, l4_len, len: p.len(), seq, id, df, psh })
+    }
+
+    /// Ends every chain of the flow `key`.
+    fn close_flow(&mut self, key: &FlowKey) {
+        for it in self.items.iter_mut().filter(|it| it.key == *key) {
+            it.closed = true;
+        }
+    }
+
+    /// Appends packet `i` (described by `c`) to a chain of its flow if the rules allow, or
+    /// starts a chain with it.
+    fn try_merge<B: AsMut<[u8]>>(&mut self, bufs: &mut [B], i: usize, c: &Candidate) -> Outcome {
+        let hash = c.key.hash();
+        let is_tcp = c.key.proto == ip::proto::TCP;
+        for k in (0..self.items.len()).rev() {
+            let it = self.items[k];
+            if it.hash != hash || it.key != c.key || it.dead {
+                continue;
+            }
+            // Items have head < i (they were created by earlier packets).
+            let (before, rest) = bufs.split_at_mut(i);
+            let head_buf = before[it.head].as_mut();
+            let pkt = &rest[0].as_mut()[VIRTIO_HEADROOM..][..c.len];
+            let head = &head_buf[VIRTIO_HEADROOM..][..it.len];
+            if !can_append(&it, head, pkt, c) {
+                if is_tcp {
+                    continue;
+                }
+                // UDP: only the newest chain of a flow, or datagrams would be reordered.
+                break;
+            }
+            if it.len + c.payload() > MAX_MERGED
+                || VIRTIO_HEADROOM + it.len + c.payload() > head_buf.len()
+            {
+                if is_tcp {
+                    continue;
+                }
+                break;
+            }
+            if !it.head_checked {
+                if !checksums_ok(head, it.ip_len) {
+                    self.items[k].dead = true;
+                    continue;
+                }
+                self.items[k].head_checked = true;
+            }
+            // Checked once: from here on the append cannot fail.
+            if !checksums_ok(pkt, c.ip_len) {
+                // Not mergeable, and not worth a chain: written alone for the kernel to drop.
+                return Outcome::Alone;
+            }
+            let payload = &pkt[c.ip_len + c.l4_len..];
+            let at = VIRTIO_HEADROOM + it.len;
+            head_buf[at..at + payload.len()].copy_from_slice(payload);
+            if c.psh {
+                head_buf[VIRTIO_HEADROOM + it.ip_len + 13] |= tcp::PSH;
+            }
+            let item = &mut self.items[k];
+            item.len += payload.len();
+            item.next_seq = item.next_seq.wrapping_add(payload.len() as u32);
+            item.next_id = item.next_id.wrapping_add(1);
+            item.count += 1;
+            item.closed = c.psh || payload.len() < item.gso_size;
+            return Outcome::Merged;
+        }
+        let payload = c.payload();
+        self.items.push(Item {
+            key: c.key,
+            hash,
+            head: i,
+            ip_len: c.ip_len,
+            l4_len: c.l4_len,
+            gso_size: payload,
+            len: c.len,
+            next_seq: c.seq.wrapping_add(payload as u32),
+            next_id: c.id.wrapping_add(1),
+            count: 1,
+            closed: c.psh,
+            head_checked: false,
+            dead: false,
+        });
+        Outcome::Chain
+    }
+}
+
+/// Whether `pkt` (described by `c`) may follow the chain `it`, whose merged packet so far is
+/// `head`, as far as headers, sequence and sizes go (capacity and checksums are checked after).
+fn can_append(it: &Item, head: &[u8], pkt: &[u8], c: &Candidate) -> bool {
+    if it.closed || c.ip_len != it.ip_len || c.l4_len != it.l4_len || c.payload() > it.gso_size {
+        return false;
+    }
+    let ip_ok = if c.key.version == 4 {
+        // TOS, the flag bits, TTL; and consecutive IDs unless DF.
+        head[1] == pkt[1]
+            && head[6] & 0xe0 == pkt[6] & 0xe0
+            && head[8] == pkt[8]
+            && (c.df || c.id == it.next_id)
+    } else {
+        // Version, traffic class and flow label; hop limit.
+        head[..4] == pkt[..4] && head[7] == pkt[7]
+    };
+    if !ip_ok {
+        return false;
+    }
+    if c.key.proto != ip::proto::TCP {
+        return true;
+    }
+    let (h, p) = (&head[it.ip_len..], &pkt[c.ip_len..]);
+    c.seq == it.next_seq
+        // Data offset and reserved bits; window; urgent field; options.
+        && h[12] == p[12]
+        && h[14..16] == p[14..16]
+        && h[18..c.l4_len] == p[18..c.l4_len]
+}
+
+/// Whether the IPv4 header checksum (if any) and the L4 checksum of `p` are valid.
+fn checksums_ok(p: &[u8], ip_len: usize) -> bool {
+    let l4 = &p[ip_len..];
+    // Candidates have consistent lengths below 64 KiB, so the casts are exact.
+    let ph = if ip_len == ipv4::HEADER_LEN {
+        if checksum::data(&p[..ip_len]) != 0xffff {
+            return false;
+        }
+        let ip = ipv4::Packet::new_unchecked(p);
+        checksum::pseudo_header_v4(ip.src_addr(), ip.dst_addr(), p[9], l4.len() as u16)
+    } else {
+        let ip = ipv6::Packet::new_unchecked(p);
+        checksum::pseudo_header_v6(ip.src_addr(), ip.dst_addr(), p[6], l4.len() as u32)
+    };
+    checksum::combine(&[ph, checksum::data(l4)]) == 0xffff
+}
+
+/// Writes the `virtio_net_hdr` and fixes the headers of a chain's head buffer.
+fn finish(buf: &mut [u8], it: &Item) {
+    let (hdr, p) = buf.split_at_mut(VIRTIO_HEADROOM);
+    if it.count == 1 {
+        // Alone (or abandoned): the packet is unchanged and complete.
+        let _ = Header::NONE.emit(hdr);
+        return;
+    }
+    let p = &mut p[..it.len];
+    let is_tcp = it.key.proto == ip::proto::TCP;
+    let l4_len = it.len - it.ip_len;
+    // Merged lengths are <= MAX_MERGED, so the casts are exact.
+    let ph = if it.key.version == 4 {
+        let mut ip = ipv4::Packet::new_unchecked(&mut p[..]);
+        ip.set_total_len(it.len as u16);
+        ip.fill_checksum();
+        checksum::pseudo_header_v4(ip.src_addr(), ip.dst_addr(), it.key.proto, l4_len as u16)
+    } else {
+        let mut ip = ipv6::Packet::new_unchecked(&mut p[..]);
+        ip.set_payload_len(l4_len as u16);
+        checksum::pseudo_header_v6(ip.src_addr(), ip.dst_addr(), it.key.proto, l4_len as u32)
+    };
+    let (gso_type, csum_offset) = match (is_tcp, it.key.version) {
+        (true, 4) => (virtio_net::GSO_TCPV4, tcp::CHECKSUM_OFFSET),
+        (true, _) => (virtio_net::GSO_TCPV6, tcp::CHECKSUM_OFFSET),
+        (false, _) => (virtio_net::GSO_UDP_L4, udp::CHECKSUM_OFFSET),
+    };
+    if !is_tcp {
+        write_u16(p, it.ip_len + 4, l4_len as u16);
+    }
+    // CHECKSUM_PARTIAL: the field holds the folded pseudo-header sum, not complemented; the
+    // kernel sums from csum_start and stores the complement.
+    write_u16(p, it.ip_len + csum_offset, ph);
+    let _ = Header {
+        flags: virtio_net::F_NEEDS_CSUM,
+        gso_type,
+        hdr_len: (it.ip_len + it.l4_len) as u16,
+        gso_size: it.gso_size as u16,
+        csum_start: it.ip_len as u16,
+        csum_offset: csum_offset as u16,
+    }
+    .emit(hdr);
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::super::testutil::{Pkt, batch, checksums_valid};
+    use super::super::{finish_checksum, split};
+    use super::*;
+
+    const BOTH: GroConfig = GroConfig { tcp: true, udp: true };
+
+    /// Coalesces `pkts` (buffers of `VIRTIO_HEADROOM + cap`) and returns each output's header
+    /// and IP packet, checking the output invariants on the way.
+    fn gro(pkts: &[Vec<u8>], cap: usize, config: GroConfig) -> Vec<(Header, Vec<u8>)> {
+        let (mut bufs, mut lens) = batch(pkts, cap);
+        let mut t = GroTable::new(config, 4);
+        let out = t.coalesce(&mut bufs, &mut lens).to_vec();
+        check_invariants(&out, &bufs, &lens);
+        assert_eq!(t.merged() + out.len() + t.invalid(), pkts.len());
+        out.iter()
+            .map(|&i| {
+                let b = &bufs[i][..lens[i]];
+                (Header::parse(b).unwrap(), b[VIRTIO_HEADROOM..].to_vec())
+            })
+            .collect()
+    }
+
+    fn check_invariants(out: &[usize], bufs: &[Vec<u8>], lens: &[usize]) {
+        assert!(out.windows(2).all(|w| w[0] < w[1]), "ascending and unique: {out:?}");
+        for (i, &len) in lens.iter().enumerate() {
+            assert!(len <= bufs[i].len());
+            assert_eq!(out.contains(&i), len != 0, "index {i}");
+            if len != 0 {
+                assert!(len >= VIRTIO_HEADROOM);
+            }
+        }
+    }
+
+    /// A merged output's checksum, finished as the kernel would, is valid.
+    fn assert_partial_ok(hdr: &Header, p: &[u8]) {
+        let mut p = p.to_vec();
+        finish_checksum(hdr, &mut p).unwrap();
+        assert!(checksums_valid(&p));
+    }
+
+    /// Output shapes: (GSO type, segments) per output packet, where segments is the number of
+    /// gso_size pieces (1 for unmerged).
+    fn shapes(outs: &[(Header, Vec<u8>)]) -> Vec<(u8, usize)> {
+        outs.iter()
+            .map(|(h, p)| {
+                if h.gso_type == virtio_net::GSO_NONE {
+                    assert_eq!(*h, Header::NONE);
+                    return (virtio_net::GSO_NONE, 1);
+                }
+                assert_partial_ok(h, p);
+                let payload = p.len() - usize::from(h.hdr_len);
+                (h.gso_type, payload.div_ceil(usize::from(h.gso_size)))
+            })
+            .collect()
+    }
+
+    const NONE: u8 = virtio_net::GSO_NONE;
+    const TCP4: u8 = virtio_net::GSO_TCPV4;
+
+    #[test]
+    fn adjacent_tcp4_segments_merge() {
+        let pkts = Pkt::tcp4(100).run(3, 60);
+        let outs = gro(&pkts, 1000, GroConfig::default());
+        assert_eq!(shapes(&outs), [(TCP4, 3)]);
+        let (h, p) = &outs[0];
+        assert_eq!(
+            *h,
+            Header {
+                flags: virtio_net::F_NEEDS_CSUM,
+                gso_type: TCP4,
+                hdr_len: 40,
+                gso_size: 100,
+                csum_start: 20,
+                csum_offset: 16,
+            }
+        );
+        assert_eq!(p.len(), 40 + 260);
+        assert_eq!(usize::from(read_u16(p, 2)), p.len());
+        assert!(ipv4::Packet::new_checked(&p[..]).unwrap().verify_checksum());
+    }
+
+    /// One case of the table: packets in, output shapes expected.
+    struct Case {
+        name: &'static str,
+        pkts: Vec<Vec<u8>>,
+        cap: usize,
+        config: GroConfig,
+        want: Vec<(u8, usize)>,
+    }
+
+    fn case(name: &'static str, pkts: Vec<Vec<u8>>, want: &[(u8, usize)]) -> Case {
+        Case { name, pkts, cap: 65_535, config: BOTH, want: want.to_vec() }
+    }
+
+    /// Three 100-byte segments of one flow, the middle one changed by `f`.
+    fn middle(base: Pkt, f: impl Fn(&mut Pkt)) -> Vec<Vec<u8>> {
+        let mut p = base;
+        let mut out = Vec::new();
+        for i in 0..3 {
+            let mut q = p.clone();
+            if i == 1 {
+                f(&mut q);
+            }
+            out.push(q.build());
+            p.seq = p.seq.wrapping_add(100);
+            p.id = p.id.wrapping_add(1);
+        }
+        out
+    }
+
+    fn flip_l4_checksum(mut p: Vec<u8>) -> Vec<u8> {
+        let at = if p[0] >> 4 == 4 { 20 + 16 } else { 40 + 16 };
+        p[at] ^= 0x01;
+        p
+    }
+
+    #[test]
+    fn table() {
+        let t4 = Pkt::tcp4(100);
+        let t6 = Pkt::tcp6(100);
+        let u4 = Pkt::udp4(100);
+        let mut bad_head = t4.run(3, 100);
+        bad_head[0] = flip_l4_checksum(bad_head[0].clone());
+        let mut bad_mid = t4.run(3, 100);
+        bad_mid[1] = flip_l4_checksum(bad_mid[1].clone());
+        let mut bad_ip = t4.run(2, 100);
+        bad_ip[1][10] ^= 1;
+        let mut two_flows = Vec::new();
+        let other = Pkt { sport: 40001, ..t4.clone() }.run(2, 100);
+        for (a, b) in t4.run(2, 100).into_iter().zip(other) {
+            two_flows.push(a);
+            two_flows.push(b);
+        }
+        let cases = vec![
+            case("ipv6 merges", t6.run(4, 100), &[(virtio_net::GSO_TCPV6, 4)]),
+            case("a smaller last one merges", t4.run(2, 1), &[(TCP4, 2)]),
+            case("a single packet stays alone", t4.run(1, 100), &[(NONE, 1)]),
+            case(
+                "not adjacent: no merge",
+                middle(t4.clone(), |p| p.seq += 1),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case(
+                "different ACK: no merge",
+                middle(t4.clone(), |p| p.ack += 1),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case(
+                "PSH in the middle ends the chain",
+                middle(t4.clone(), |p| p.flags |= tcp::PSH),
+                &[(TCP4, 2), (NONE, 1)],
+            ),
+            case(
+                "a smaller middle segment ends the chain",
+                middle(t4.clone(), |p| p.payload.truncate(50)),
+                &[(TCP4, 2), (NONE, 1)],
+            ),
+            case(
+                "a larger second segment does not merge",
+                middle(t4.clone(), |p| p.payload.push(0)),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case(
+                "options differ",
+                middle(t4.clone(), |p| p.opts = vec![1, 1, 1, 1]),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case(
+                "window differs",
+                middle(t4.clone(), |p| p.window += 1),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case(
+                "TTL differs",
+                middle(t4.clone(), |p| p.ttl -= 1),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case(
+                "TOS differs",
+                middle(t4.clone(), |p| p.tos = 4),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case(
+                "IPv6 traffic class differs",
+                middle(t6.clone(), |p| p.tos = 4),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case(
+                "IPv4 fragment never merges",
+                middle(t4.clone(), |p| p.mf = true),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case(
+                "FIN is not merged",
+                middle(t4.clone(), |p| p.flags |= tcp::FIN),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case(
+                "a pure ACK is not merged",
+                middle(t4.clone(), |p| p.payload.clear()),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case(
+                "no DF: consecutive IDs merge",
+                Pkt { df: false, ..t4.clone() }.run(3, 100),
+                &[(TCP4, 3)],
+            ),
+            case(
+                "no DF: a skipped ID stops the merge",
+                middle(Pkt { df: false, ..t4.clone() }, |p| p.id += 1),
+                &[(NONE, 1), (NONE, 1), (NONE, 1)],
+            ),
+            case("DF: IDs may be anything", middle(t4.clone(), |p| p.id = 7), &[(TCP4, 3)]),
+            case("bad checksum in the middle", bad_mid, &[(NONE, 1), (NONE, 1), (NONE, 1)]),
+            case("bad checksum on the head", bad_head, &[(NONE, 1), (TCP4, 2)]),
+            case("bad IPv4 header checksum", bad_ip, &[(NONE, 1), (NONE, 1)]),
+            case("two interleaved flows", two_flows, &[(TCP4, 2), (TCP4, 2)]),
+            case("UDP merges", u4.run(3, 10), &[(virtio_net::GSO_UDP_L4, 3)]),
+            case("UDP IPv6 merges", Pkt::udp6(100).run(2, 100), &[(virtio_net::GSO_UDP_L4, 2)]),
+            Case {
+                config: GroConfig::default(),
+                ..case("UDP off", u4.run(2, 100), &[(NONE, 1), (NONE, 1)])
+            },
+            Case {
+                config: GroConfig { tcp: false, udp: true },
+                ..case("TCP off", t4.run(2, 100), &[(NONE, 1), (NONE, 1)])
+            },
+            Case {
+                cap: 40 + 200,
+                ..case("capacity for two", t4.run(3, 100), &[(TCP4, 2), (NONE, 1)])
+            },
+            Case { cap: 0, ..case("no spare capacity", t4.run(2, 100), &[(NONE, 1), (NONE, 1)]) },
+        ];
+        for c in cases {
+            let outs = gro(&c.pkts, c.cap, c.config);
+            assert_eq!(shapes(&outs), c.want, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn udp_zero_checksum_is_not_merged() {
+        let mut pkts = Pkt::udp4(100).run(2, 100);
+        for p in &mut pkts {
+            p[26] = 0;
+            p[27] = 0;
+        }
+        assert_eq!(shapes(&gro(&pkts, 65_535, BOTH)), [(NONE, 1), (NONE, 1)]);
+    }
+
+    #[test]
+    fn udp_non_candidate_is_not_overtaken() {
+        let mut pkts = Pkt::udp4(100).run(3, 100);
+        // The middle datagram has no checksum: it cannot merge, and the third must not be
+        // appended to the first past it.
+        pkts[1][26] = 0;
+        pkts[1][27] = 0;
+        assert_eq!(shapes(&gro(&pkts, 65_535, BOTH)), [(NONE, 1), (NONE, 1), (NONE, 1)]);
+    }
+
+    #[test]
+    fn ipv4_options_are_not_merged() {
+        let pkts: Vec<Vec<u8>> = Pkt::tcp4(100)
+            .run(2, 100)
+            .into_iter()
+            .map(|p| {
+                // Insert 4 bytes of NOP options and fix IHL, length and checksum.
+                let mut q = p[..20].to_vec();
+                q.extend_from_slice(&[1, 1, 1, 0]);
+                q.extend_from_slice(&p[20..]);
+                q[0] = 0x46;
+                let len = q.len() as u16;
+                write_u16(&mut q, 2, len);
+                ipv4::Packet::new_unchecked(&mut q[..]).fill_checksum();
+                q
+            })
+            .collect();
+        assert_eq!(shapes(&gro(&pkts, 65_535, BOTH)), [(NONE, 1), (NONE, 1)]);
+    }
+
+    #[test]
+    fn lengths_past_the_buffer_are_dropped() {
+        let pkts = Pkt::tcp4(100).run(3, 100);
+        let (mut bufs, mut lens) = batch(&pkts, 0);
+        lens[1] = usize::MAX;
+        let mut t = GroTable::new(GroConfig::default(), 0);
+        let out = t.coalesce(&mut bufs, &mut lens).to_vec();
+        assert_eq!(out, [0, 2]);
+        assert_eq!(t.invalid(), 1);
+        assert_eq!(lens[1], 0);
+        // Extra lens or bufs are ignored.
+        let (mut bufs, mut lens) = batch(&pkts, 0);
+        lens.truncate(2);
+        assert_eq!(t.coalesce(&mut bufs, &mut lens), [0, 1]);
+        assert_eq!(bufs[2][VIRTIO_HEADROOM..], pkts[2][..]);
+    }
+
+    #[test]
+    fn table_is_reusable() {
+        let mut t = GroTable::new(GroConfig::default(), 8);
+        for _ in 0..3 {
+            let (mut bufs, mut lens) = batch(&Pkt::tcp4(100).run(4, 100), 1000);
+            assert_eq!(t.coalesce(&mut bufs, &mut lens), [0]);
+            assert_eq!(t.merged(), 3);
+        }
+    }
+
+    /// The segments of one flow: payload sizes (each `gso` or smaller) and PSH bits.
+    #[derive(Clone, Debug)]
+    struct Flow {
+        base: Pkt,
+        segs: Vec<(usize, bool)>,
+    }
+
+    fn flow(id: u16) -> impl Strategy<Value = Flow> {
+        let sizes = prop_oneof![4 => Just(None), 1 => (1usize..300).prop_map(Some)];
+        (
+            0u8..4,
+            300usize..1400,
+            any::<u32>(),
+            any::<u16>(),
+            any::<bool>(),
+            proptest::collection::vec((sizes, proptest::bool::weighted(0.1)), 1..30),
+        )
+            .prop_map(move |(kind, gso, seq, ip_id, df, segs)| {
+                let mut base = match kind {
+                    0 => Pkt::tcp4(0),
+                    1 => Pkt::tcp6(0),
+                    2 => Pkt::udp4(0),
+                    _ => Pkt::udp6(0),
+                };
+                base.sport = 1000 + id;
+                base.seq = seq;
+                base.id = ip_id;
+                base.df = df;
+                let segs = segs
+                    .into_iter()
+                    .map(|(s, psh)| (s.unwrap_or(gso).min(gso), psh && !base.udp))
+                    .collect();
+                Flow { base, segs }
+            })
+    }
+
+    /// The flows' packets, each flow in order, interleaved as `order` says.
+    fn interleave(flows: &[Flow], order: &[usize]) -> Vec<Vec<u8>> {
+        let mut next: Vec<Pkt> = flows.iter().map(|f| f.base.clone()).collect();
+        let mut idx = vec![0; flows.len()];
+        let mut out = Vec::new();
+        let mut pick = order.iter().cycle();
+        let total: usize = flows.iter().map(|f| f.segs.len()).sum();
+        while out.len() < total {
+            let f = pick.next().copied().unwrap_or(0) % flows.len();
+            let Some(&(size, psh)) = flows[f].segs.get(idx[f]) else {
+                // This flow is done: take the next one with packets left.
+                let f = (0..flows.len()).find(|&g| idx[g] < flows[g].segs.len()).unwrap();
+                let (size, psh) = flows[f].segs[idx[f]];
+                out.push(emit(&mut next[f], size, psh));
+                idx[f] += 1;
+                continue;
+            };
+            out.push(emit(&mut next[f], size, psh));
+            idx[f] += 1;
+        }
+        out
+    }
+
+    fn emit(p: &mut Pkt, size: usize, psh: bool) -> Vec<u8> {
+        p.payload = (0..size).map(|i| (i as u8) ^ (p.seq as u8)).collect();
+        p.flags = if p.udp {
+            0
+        } else if psh {
+            tcp::ACK | tcp::PSH
+        } else {
+            tcp::ACK
+        };
+        let b = p.build();
+        p.seq = p.seq.wrapping_add(size as u32);
+        p.id = p.id.wrapping_add(1);
+        b
+    }
+
+    /// The packets of each flow (by source port), in order.
+    fn per_flow(pkts: impl IntoIterator<Item = Vec<u8>>) -> Vec<(u16, Vec<Vec<u8>>)> {
+        let mut flows: Vec<(u16, Vec<Vec<u8>>)> = Vec::new();
+        for p in pkts {
+            let ip_len = if p[0] >> 4 == 4 { 20 } else { 40 };
+            let port = read_u16(&p, ip_len);
+            match flows.iter_mut().find(|(f, _)| *f == port) {
+                Some((_, v)) => v.push(p),
+                None => flows.push((port, vec![p])),
+            }
+        }
+        flows.sort_by_key(|f| f.0);
+        flows
+    }
+
+    proptest! {
+        /// (b) split(coalesce(x)) == x, per flow, for in-order flows, whatever the interleaving
+        /// and the buffer capacity.
+        #[test]
+        fn split_undoes_coalesce(
+            flows in proptest::collection::vec(0u16..4, 1..4)
+                .prop_flat_map(|ids| ids.into_iter().enumerate()
+                    .map(|(i, _)| flow(i as u16)).collect::<Vec<_>>()),
+            order in proptest::collection::vec(0usize..4, 1..20),
+            cap in prop_oneof![Just(65_535usize), 1000usize..20_000],
+        ) {
+            let pkts = interleave(&flows, &order);
+            let outs = gro(&pkts, cap, BOTH);
+            let mut merged_into_fewer = outs.len() <= pkts.len();
+            let mut resplit = Vec::new();
+            let mut out = vec![0u8; 100_000];
+            for (h, p) in &outs {
+                let segs = split(h, p, &mut out, 0).unwrap();
+                for i in 0..segs.count() {
+                    resplit.push(out[segs.packet(i)].to_vec());
+                }
+            }
+            merged_into_fewer &= resplit.len() == pkts.len();
+            prop_assert!(merged_into_fewer);
+            prop_assert_eq!(per_flow(resplit), per_flow(pkts));
+        }
+
+        /// (c) Arbitrary bytes never panic, and the output invariants hold.
+        #[test]
+        fn coalesce_never_panics(
+            pkts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..120), 0..16),
+            cap in 0usize..300,
+            lens_noise in proptest::collection::vec(any::<u8>(), 16),
+        ) {
+            let (mut bufs, mut lens) = batch(&pkts, cap);
+            for (l, n) in lens.iter_mut().zip(&lens_noise) {
+                if *n > 250 {
+                    *l = usize::from(*n) * 3;
+                }
+            }
+            let mut t = GroTable::new(BOTH, 16);
+            let out = t.coalesce(&mut bufs, &mut lens).to_vec();
+            check_invariants(&out, &bufs, &lens);
+        }
+
+        /// (c) Near-valid batches (real flows with bytes flipped) never panic either.
+        #[test]
+        fn coalesce_never_panics_near_valid(
+            f in flow(0),
+            g in flow(1),
+            flips in proptest::collection::vec((any::<u16>(), any::<u16>(), any::<u8>()), 0..6),
+            cap in 0usize..5000,
+        ) {
+            let mut pkts = interleave(&[f, g], &[0, 1, 1]);
+            for (which, at, v) in flips {
+                let n = pkts.len();
+                let p = &mut pkts[usize::from(which) % n];
+                let at = usize::from(at) % p.len();
+                p[at] ^= v;
+            }
+            let (mut bufs, mut lens) = batch(&pkts, cap);
+            let mut t = GroTable::new(BOTH, 16);
+            let out = t.coalesce(&mut bufs, &mut lens).to_vec();
+            check_invariants(&out, &bufs, &lens);
+        }
+    }
+}
