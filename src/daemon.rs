@@ -59,6 +59,16 @@ pub struct RunOptions {
     pub dataplane: bool,
     /// `--tun-name`.
     pub tun_name: String,
+    /// `--workers`.
+    pub workers: usize,
+    /// Not `--no-tun-offload`.
+    pub tun_offload: bool,
+    /// Not `--no-udp-gso`.
+    pub udp_gso: bool,
+    /// Not `--no-udp-gro`.
+    pub udp_gro: bool,
+    /// Not `--no-batching`.
+    pub batching: bool,
 }
 
 /// The node's persistent identity, from `<state-dir>/node-id` (created on first start).
@@ -391,6 +401,11 @@ fn start_dataplane(
                 overhead: u32::from(network.backend.encap_overhead()),
                 network: network.network,
                 public_ip: underlay.public_ip,
+                workers: opts.workers,
+                tun_offload: opts.tun_offload,
+                udp_gso: opts.udp_gso,
+                udp_gro: opts.udp_gro,
+                batching: opts.batching,
             },
             routes.clone(),
         )

@@ -159,6 +159,22 @@ struct RunArgs {
     /// subnet.env, hooks, health) and needs no privilege.
     #[arg(long, env = "WEFT_DATAPLANE", default_value = "tun", value_parser = ["tun", "none"])]
     dataplane: String,
+    /// Data plane workers (TUN queues, each with its own socket and two threads).
+    /// Default: the number of CPUs.
+    #[arg(long, env = "WEFT_WORKERS")]
+    workers: Option<usize>,
+    /// Turn off TUN offloads (TSO/checksum with userspace segmentation and GRO).
+    #[arg(long, env = "WEFT_NO_TUN_OFFLOAD")]
+    no_tun_offload: bool,
+    /// Turn off UDP GSO (UDP_SEGMENT) on send.
+    #[arg(long, env = "WEFT_NO_UDP_GSO")]
+    no_udp_gso: bool,
+    /// Turn off UDP GRO on receive.
+    #[arg(long, env = "WEFT_NO_UDP_GRO")]
+    no_udp_gro: bool,
+    /// Turn off recvmmsg/sendmmsg batching: one packet per syscall.
+    #[arg(long, env = "WEFT_NO_BATCHING")]
+    no_batching: bool,
     /// Log format.
     #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -257,6 +273,13 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 ip_masq: args.ip_masq,
                 dataplane: args.dataplane == "tun",
                 tun_name: args.tun_name.clone(),
+                workers: args.workers.unwrap_or_else(|| {
+                    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+                }),
+                tun_offload: !args.no_tun_offload,
+                udp_gso: !args.no_udp_gso,
+                udp_gro: !args.no_udp_gro,
+                batching: !args.no_batching,
             };
             daemon::run(opts, Arc::new(store)).await
         }

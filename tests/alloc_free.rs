@@ -85,10 +85,30 @@ fn the_per_packet_path_allocates_nothing() {
     let b_own = Arc::new(OwnSubnet::default());
     b_own.set(Some(subnet("10.244.2.0/24")));
     let vni = Vni::new(1).unwrap();
-    let a = Forwarder { backend: BackendKind::Vxlan, vni, port: 8472, our_mac: [2, 0, 0, 0, 0, 1], own: a_own };
-    let b = Forwarder { backend: BackendKind::Vxlan, vni, port: 8472, our_mac: [2, 0, 0, 0, 0, 2], own: b_own };
-    let a_routes = RouteTable::build(network, 24, peers().into_iter().filter(|p| p.subnet != subnet("10.244.1.0/24")));
-    let b_routes = RouteTable::build(network, 24, peers().into_iter().filter(|p| p.subnet != subnet("10.244.2.0/24")));
+    let a = Forwarder {
+        backend: BackendKind::Vxlan,
+        vni,
+        port: 8472,
+        our_mac: [2, 0, 0, 0, 0, 1],
+        own: a_own,
+    };
+    let b = Forwarder {
+        backend: BackendKind::Vxlan,
+        vni,
+        port: 8472,
+        our_mac: [2, 0, 0, 0, 0, 2],
+        own: b_own,
+    };
+    let a_routes = RouteTable::build(
+        network,
+        24,
+        peers().into_iter().filter(|p| p.subnet != subnet("10.244.1.0/24")),
+    );
+    let b_routes = RouteTable::build(
+        network,
+        24,
+        peers().into_iter().filter(|p| p.subnet != subnet("10.244.2.0/24")),
+    );
     let packet = udp_packet(Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2), 1372);
     let mut buf = vec![0u8; HEADROOM + 65536];
     let mut reply = vec![0u8; 1500];
@@ -96,7 +116,9 @@ fn the_per_packet_path_allocates_nothing() {
         let mut delivered = 0;
         for _ in 0..rounds {
             buf[HEADROOM..HEADROOM + packet.len()].copy_from_slice(&packet);
-            let Tx::Send { peer, range, .. } = a.encap(&a_routes, &mut buf, packet.len(), &mut reply) else {
+            let Tx::Send { peer, range, .. } =
+                a.encap(&a_routes, &mut buf, packet.len(), &mut reply)
+            else {
                 panic!("encap failed")
             };
             assert_eq!(peer, SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));

@@ -1,39 +1,41 @@
-//! The data plane's threads: they own the TUN device and the UDP sockets, and run the
-//! [`Forwarder`] on every packet.
+//! Owns the data plane's file descriptors and threads: one TUN queue, one receiving UDP socket
+//! and a small pool of sending sockets per worker, each worker on two threads
+//! ([`super::worker`]).
 //!
-//! - The TX thread reads a packet from TUN into the headroom-reserving buffer, loads the current
-//!   route table (wait-free), encapsulates, and sends. VXLAN datagrams leave from a small pool of
-//!   sockets on ephemeral ports, picked by the inner flow's hash, so the outer source port
-//!   varies per flow (RFC 7348 §5) and stays the same within one.
-//! - The RX thread receives on the backend port (8472 for vxlan, 8285 for udp), validates and
-//!   decapsulates, and writes the inner packet to TUN.
-//! - Both threads wake at least every 200 ms to notice a stop. Nothing on the per-packet path
-//!   allocates, locks or logs: drops are counted by reason.
+//! Start-up probes every offload once and logs what it found: TUN checksum/TSO/USO
+//! (`IFF_VNET_HDR` + `TUNSETOFFLOAD`), UDP GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`). Each can be
+//! switched off by a flag, and a GSO send that fails with `EIO` turns GSO off on that socket at
+//! run time (see [`super::udp`]). Workers share the port with `SO_REUSEPORT`; the kernel spreads
+//! flows over TUN queues and sockets by hash, so one flow stays on one worker.
+//!
+//! VXLAN datagrams leave from sockets on ephemeral ports chosen by the inner flow's hash, so the
+//! outer source port differs per flow (RFC 7348 §5) and receivers can spread flows too.
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
-use socket2::{Domain, Protocol, Socket, Type};
 use tracing::{info, warn};
 
-use super::pipeline::{Counters, Forwarder, HEADROOM, OwnSubnet, Rx, Tx};
+use super::pipeline::{Counters, Forwarder, OwnSubnet};
 use super::sys::{self, Tun, TunError, TunOptions};
+use super::udp::{BatchSocket, UdpConfig, UdpError};
 use super::wire::vxlan::Vni;
+use super::worker::{self, TunIo, WorkerConfig};
 use crate::config::BackendKind;
 use crate::lease::record::Subnet;
 use crate::route::Routes;
 
 /// How often the threads look at the stop flag.
 const WAKE: Duration = Duration::from_millis(200);
-/// Sockets in the VXLAN send pool.
-const TX_POOL: usize = 8;
-/// Socket buffers; the kernel caps them at net.core.{r,w}mem_max.
-const SOCKET_BUFFER: usize = 4 << 20;
+/// Sending sockets per worker.
+const TX_POOL: usize = 4;
+/// Socket buffers (wireguard-go's 7 MiB).
+const SOCKET_BUFFER: usize = 7 << 20;
 
 /// What the data plane needs to start.
 #[derive(Clone, Debug)]
@@ -54,8 +56,18 @@ pub struct DataplaneConfig {
     pub overhead: u32,
     /// The cluster network, routed through the TUN device.
     pub network: Ipv4Net,
-    /// Our public IP: VXLAN datagrams are sent from it when it is a local address.
+    /// Our public IP: datagrams are sent from it when it is a local address.
     pub public_ip: Ipv4Addr,
+    /// Workers (TUN queues); at least 1.
+    pub workers: usize,
+    /// TUN offloads (TSO, checksum, USO) with userspace split and GRO.
+    pub tun_offload: bool,
+    /// UDP GSO on send.
+    pub udp_gso: bool,
+    /// UDP GRO on receive.
+    pub udp_gro: bool,
+    /// recvmmsg/sendmmsg batches (off: one packet per syscall).
+    pub batching: bool,
 }
 
 /// Why the data plane could not start.
@@ -68,14 +80,26 @@ pub enum DataplaneError {
     #[error(transparent)]
     Tun(#[from] TunError),
     /// A UDP socket.
-    #[error("UDP socket on port {port}: {source}")]
-    Socket {
-        /// The port.
-        port: u16,
-        /// The error.
-        #[source]
-        source: io::Error,
-    },
+    #[error("UDP socket: {0}")]
+    Socket(#[from] UdpError),
+    /// A thread.
+    #[error("starting a worker thread: {0}")]
+    Thread(#[source] io::Error),
+}
+
+impl TunIo for Tun {
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        Tun::read(self, buf)
+    }
+    fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        Tun::write(self, buf)
+    }
+    fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+        Tun::wait_readable(self, timeout)
+    }
+    fn vnet_hdr(&self) -> bool {
+        Tun::vnet_hdr(self)
+    }
 }
 
 /// A running data plane. Stops its threads on [`Dataplane::stop`] or drop.
@@ -89,134 +113,97 @@ pub struct Dataplane {
     pub counters: Arc<Counters>,
 }
 
-fn udp_socket(addr: SocketAddrV4, reuse: bool) -> io::Result<UdpSocket> {
-    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-    if reuse {
-        s.set_reuse_address(true)?;
-    }
-    // Bigger buffers absorb bursts; failure only costs throughput.
-    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
-    let _ = s.set_send_buffer_size(SOCKET_BUFFER);
-    s.bind(&SocketAddr::V4(addr).into())?;
-    Ok(s.into())
-}
-
 impl Dataplane {
-    /// Creates the TUN device, binds the sockets and starts the threads. The TUN device gets
-    /// its address once [`Dataplane::set_subnet`] is called.
+    /// Creates the TUN device (one queue per worker), binds the sockets, probes offloads and
+    /// starts the workers. The TUN device gets its address once [`Dataplane::set_subnet`] is
+    /// called.
     pub fn start(cfg: DataplaneConfig, routes: Arc<Routes>) -> Result<Self, DataplaneError> {
-        let tun = Arc::new(Tun::open(&cfg.tun_name, TunOptions::default())?);
+        let workers = cfg.workers.max(1);
+        let vni = Vni::new(cfg.vni).map_err(|_| DataplaneError::BadVni(cfg.vni))?;
+        let opts = TunOptions { multi_queue: workers > 1, vnet_hdr: cfg.tun_offload };
+        let mut queues = Vec::with_capacity(workers);
+        let mut offloads = sys::TunOffloads::default();
+        for _ in 0..workers {
+            let q = Tun::open(&cfg.tun_name, opts)?;
+            if cfg.tun_offload {
+                // USO needs userspace UDP GRO on the way in to pay off; TSO is what TCP uses.
+                offloads = q.enable_offloads(false);
+            }
+            queues.push(Arc::new(q));
+        }
+        let name = queues[0].name().to_owned();
         let mtu = cfg.underlay_mtu.saturating_sub(cfg.overhead).max(576);
-        sys::set_mtu(tun.name(), mtu)?;
-        sys::set_up(tun.name())?;
-        let sock_err = |port| move |source| DataplaneError::Socket { port, source };
-        let rx_sock = udp_socket(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, cfg.port), true)
-            .map_err(sock_err(cfg.port))?;
-        rx_sock.set_read_timeout(Some(WAKE)).map_err(sock_err(cfg.port))?;
-        let rx_sock = Arc::new(rx_sock);
-        let tx_pool: Vec<Arc<UdpSocket>> = match cfg.backend {
-            // flannel's udp backend sends from its listening socket; peers expect that port.
-            BackendKind::Udp => vec![rx_sock.clone()],
-            BackendKind::Vxlan => (0..TX_POOL)
-                .map(|_| {
-                    udp_socket(SocketAddrV4::new(cfg.public_ip, 0), false)
-                        .or_else(|_| udp_socket(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), false))
-                        .map(Arc::new)
-                        .map_err(sock_err(0))
-                })
-                .collect::<Result<_, _>>()?,
-        };
-        info!(
-            tun = tun.name(),
-            mtu,
-            port = cfg.port,
-            backend = cfg.backend.as_str(),
-            "data plane up"
-        );
+        sys::set_mtu(&name, mtu)?;
+        sys::set_up(&name)?;
 
         let own = Arc::new(OwnSubnet::default());
         let counters = Arc::new(Counters::default());
         let stop = Arc::new(AtomicBool::new(false));
         let fwd = Forwarder {
             backend: cfg.backend,
-            vni: Vni::new(cfg.vni).map_err(|_| DataplaneError::BadVni(cfg.vni))?,
+            vni,
             port: cfg.port,
             our_mac: cfg.our_mac,
             own: own.clone(),
         };
-        let buf_len = HEADROOM + 65536;
-
-        let tx = {
-            let (tun, routes, fwd, counters, stop) =
-                (tun.clone(), routes.clone(), fwd.clone(), counters.clone(), stop.clone());
-            std::thread::Builder::new().name("weft-tx".into()).spawn(move || {
-                let mut buf = vec![0u8; buf_len];
-                let mut reply = vec![0u8; 1500];
-                while !stop.load(Ordering::Relaxed) {
-                    match tun.wait_readable(WAKE) {
-                        Ok(true) => {}
-                        Ok(false) => continue,
-                        Err(_) => {
-                            counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                            std::thread::sleep(WAKE);
-                            continue;
-                        }
-                    }
-                    let n = match tun.read(&mut buf[HEADROOM..]) {
-                        Ok(n) => n,
-                        Err(_) => continue,
-                    };
-                    let table = routes.load();
-                    match fwd.encap(&table, &mut buf, n, &mut reply) {
-                        Tx::Send { peer, range, flow } => {
-                            let sock = &tx_pool[flow as usize % tx_pool.len()];
-                            if sock.send_to(&buf[range], peer).is_ok() {
-                                counters.tx_packets.fetch_add(1, Ordering::Relaxed);
-                                counters.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                            } else {
-                                counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        Tx::Reply { len, reason } => {
-                            counters.count_drop(reason);
-                            let _ = tun.write(&reply[..len]);
-                        }
-                        Tx::Drop(reason) => counters.count_drop(reason),
-                    }
-                }
-            })
+        let wcfg = WorkerConfig {
+            batch: if cfg.batching { super::udp::MAX_BATCH } else { 1 },
+            wake: WAKE,
+            gro_tcp: cfg.tun_offload && offloads.tso,
         };
-        let rx = {
-            let (tun, routes, counters, stop) =
-                (tun.clone(), routes, counters.clone(), stop.clone());
-            std::thread::Builder::new().name("weft-rx".into()).spawn(move || {
-                let mut buf = vec![0u8; buf_len];
-                while !stop.load(Ordering::Relaxed) {
-                    let (n, from) = match rx_sock.recv_from(&mut buf) {
-                        Ok((n, SocketAddr::V4(from))) => (n, from),
-                        Ok(_) => continue,
-                        Err(_) => continue,
-                    };
-                    let table = routes.load();
-                    match fwd.decap(&table, from, &mut buf, n) {
-                        Rx::Deliver(range) => {
-                            let len = range.len();
-                            if tun.write(&buf[range]).is_ok() {
-                                counters.rx_packets.fetch_add(1, Ordering::Relaxed);
-                                counters.rx_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                            } else {
-                                counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        Rx::Drop(reason) => counters.count_drop(reason),
-                    }
-                }
-            })
+        let rx_cfg = UdpConfig {
+            bind: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, cfg.port),
+            reuse_port: workers > 1,
+            gso: false,
+            gro: cfg.udp_gro,
+            buffer_bytes: SOCKET_BUFFER,
         };
-        let threads = [tx, rx]
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| DataplaneError::Socket { port: cfg.port, source })?;
+        let tx_cfg = |ip| UdpConfig {
+            bind: SocketAddrV4::new(ip, 0),
+            reuse_port: false,
+            gso: cfg.udp_gso,
+            gro: false,
+            buffer_bytes: SOCKET_BUFFER,
+        };
+        let mut threads = Vec::with_capacity(workers * 2);
+        let mut caps_logged = false;
+        for (i, tun) in queues.into_iter().enumerate() {
+            let rx = BatchSocket::open(rx_cfg)?;
+            let pool = (0..TX_POOL)
+                .map(|_| {
+                    BatchSocket::open(tx_cfg(cfg.public_ip))
+                        .or_else(|_| BatchSocket::open(tx_cfg(Ipv4Addr::UNSPECIFIED)))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if !caps_logged {
+                caps_logged = true;
+                info!(
+                    tun = %name,
+                    mtu,
+                    workers,
+                    tun_vnet_hdr = cfg.tun_offload,
+                    tun_tso = offloads.tso,
+                    udp_gso = pool[0].capabilities().gso,
+                    udp_gro = rx.capabilities().gro,
+                    batch = wcfg.batch,
+                    port = cfg.port,
+                    backend = cfg.backend.as_str(),
+                    "data plane up"
+                );
+            }
+            let handles = worker::Worker {
+                tun,
+                tx_pool: pool,
+                rx,
+                fwd: fwd.clone(),
+                routes: routes.clone(),
+                counters: counters.clone(),
+                cfg: wcfg,
+            }
+            .spawn(&format!("weft-q{i}"), stop.clone())
+            .map_err(DataplaneError::Thread)?;
+            threads.extend(handles);
+        }
         Ok(Self { cfg, stop, threads: std::sync::Mutex::new(threads), own, counters })
     }
 
@@ -237,7 +224,7 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Stops the threads and waits for them; the device closes when the last handle goes (a
+    /// Stops the threads and waits for them; the device closes when the last queue goes (a
     /// non-persistent TUN device then disappears).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);

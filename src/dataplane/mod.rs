@@ -5,8 +5,10 @@
 //! touch file descriptors.
 
 pub mod driver;
+pub mod fake;
 pub mod offload;
 pub mod pipeline;
 pub mod sys;
 pub mod udp;
 pub mod wire;
+pub mod worker;

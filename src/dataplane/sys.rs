@@ -88,6 +88,7 @@ pub struct TunOptions {
 pub struct Tun {
     fd: OwnedFd,
     name: String,
+    vnet_hdr: bool,
 }
 
 impl Tun {
@@ -119,7 +120,13 @@ impl Tun {
         }
         // SAFETY: the kernel NUL-terminates ifr_name within IFNAMSIZ.
         let actual = unsafe { CStr::from_ptr(req.ifr_name.as_ptr()) };
-        let tun = Self { fd, name: actual.to_string_lossy().into_owned() };
+        let tun = Self { fd, name: actual.to_string_lossy().into_owned(), vnet_hdr: opts.vnet_hdr };
+        // Non-blocking, so a worker can drain a batch of queued packets and stop at the end.
+        // SAFETY: fcntl on an fd we own.
+        unsafe {
+            let flags = libc::fcntl(tun.fd.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(tun.fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
         if opts.vnet_hdr {
             // A persistent device keeps an old offload mask across opens; start from none.
             let _ = tun.set_offload(0);
@@ -130,6 +137,11 @@ impl Tun {
     /// The interface name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether packets carry a `virtio_net_hdr`.
+    pub fn vnet_hdr(&self) -> bool {
+        self.vnet_hdr
     }
 
     /// `TUNSETOFFLOAD` with `TUN_F_*` flags.

@@ -1,0 +1,196 @@
+//! In-memory fakes of both I/O edges — a TUN queue and a network of UDP sockets — so the whole
+//! forwarding path ([`super::worker`]) runs in an unprivileged test, the way wireguard-go's
+//! `tuntest` and `bindtest` do. They allocate freely; only the code under test must not.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddrV4;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::udp::{RecvMeta, Transmit, UdpError};
+use super::worker::{TunIo, UdpIo};
+
+#[derive(Default)]
+struct Queue {
+    packets: Mutex<VecDeque<Vec<u8>>>,
+    ready: Condvar,
+}
+
+impl Queue {
+    fn push(&self, p: Vec<u8>) {
+        self.packets.lock().unwrap_or_else(PoisonError::into_inner).push_back(p);
+        self.ready.notify_all();
+    }
+
+    fn pop_wait(&self, timeout: Duration) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.packets.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(p) = q.pop_front() {
+                return Some(p);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            q = self.ready.wait_timeout(q, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.packets.lock().unwrap_or_else(PoisonError::into_inner).is_empty()
+    }
+}
+
+/// A fake TUN queue: the test [`inject`](FakeTun::inject)s packets the "kernel" routes into
+/// the device, and [`take_written`](FakeTun::take_written) packets weft wrote to it.
+#[derive(Default)]
+pub struct FakeTun {
+    inbound: Queue,
+    written: Queue,
+}
+
+impl FakeTun {
+    /// A fake TUN queue without virtio headers.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// A packet for weft to read.
+    pub fn inject(&self, packet: &[u8]) {
+        self.inbound.push(packet.to_vec());
+    }
+
+    /// The next packet weft wrote, waiting up to `timeout`.
+    pub fn take_written(&self, timeout: Duration) -> Option<Vec<u8>> {
+        self.written.pop_wait(timeout)
+    }
+}
+
+impl TunIo for FakeTun {
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let p = self
+            .inbound
+            .packets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front()
+            .ok_or(io::ErrorKind::WouldBlock)?;
+        let n = p.len().min(buf.len());
+        buf[..n].copy_from_slice(&p[..n]);
+        Ok(n)
+    }
+
+    fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.written.push(buf.to_vec());
+        Ok(buf.len())
+    }
+
+    fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.inbound.packets.lock().unwrap_or_else(PoisonError::into_inner);
+        while q.is_empty() {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return Ok(false);
+            };
+            q = self.inbound.ready.wait_timeout(q, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        Ok(true)
+    }
+
+    fn vnet_hdr(&self) -> bool {
+        false
+    }
+}
+
+/// A fake underlay: datagrams sent to an address land in the socket bound to it.
+#[derive(Clone, Default)]
+pub struct FakeNet {
+    sockets: Arc<Mutex<HashMap<SocketAddrV4, Arc<Queue>>>>,
+}
+
+impl FakeNet {
+    /// An empty network.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A socket bound to `addr`.
+    pub fn bind(&self, addr: SocketAddrV4) -> FakeUdp {
+        let q = self
+            .sockets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(addr)
+            .or_default()
+            .clone();
+        FakeUdp { local: addr, net: self.clone(), inbox: q }
+    }
+
+    /// Sends a datagram from `from` to `to`, as any host (or attacker) on the underlay could.
+    pub fn send_raw(&self, from: SocketAddrV4, to: SocketAddrV4, datagram: &[u8]) {
+        let q = self.sockets.lock().unwrap_or_else(PoisonError::into_inner).get(&to).cloned();
+        if let Some(q) = q {
+            let mut framed = from.to_string().into_bytes();
+            framed.push(0);
+            framed.extend_from_slice(datagram);
+            q.push(framed);
+        }
+    }
+}
+
+/// A fake UDP socket on a [`FakeNet`]; GSO messages are split on send, no GRO on receive.
+pub struct FakeUdp {
+    local: SocketAddrV4,
+    net: FakeNet,
+    inbox: Arc<Queue>,
+}
+
+impl FakeUdp {
+    /// Whether nothing is waiting to be received.
+    pub fn is_idle(&self) -> bool {
+        self.inbox.is_empty()
+    }
+}
+
+impl UdpIo for FakeUdp {
+    fn send_batch(&mut self, msgs: &[Transmit<'_>]) -> Result<usize, UdpError> {
+        for m in msgs {
+            let seg = m.segment_size.map_or(m.contents.len(), usize::from).max(1);
+            for d in m.contents.chunks(seg) {
+                self.net.send_raw(self.local, m.dst, d);
+            }
+        }
+        Ok(msgs.len())
+    }
+
+    fn recv_batch(
+        &mut self,
+        bufs: &mut [Vec<u8>],
+        metas: &mut [RecvMeta],
+        timeout: Duration,
+    ) -> Result<usize, UdpError> {
+        let mut n = 0;
+        let mut wait = timeout;
+        while n < bufs.len().min(metas.len()) {
+            let Some(framed) = self.inbox.pop_wait(wait) else { break };
+            wait = Duration::ZERO;
+            let Some(split) = framed.iter().position(|b| *b == 0) else { continue };
+            let Ok(src) = std::str::from_utf8(&framed[..split]).unwrap_or("").parse() else {
+                continue;
+            };
+            let d = &framed[split + 1..];
+            let len = d.len().min(bufs[n].len());
+            bufs[n][..len].copy_from_slice(&d[..len]);
+            metas[n] = RecvMeta { src, len, segment_size: None, truncated: len < d.len() };
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn max_gso_segments(&self) -> usize {
+        64
+    }
+
+    fn gro(&self) -> bool {
+        false
+    }
+}
