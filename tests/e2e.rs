@@ -86,10 +86,64 @@ fn vtep_mac(lab: &Lab, subnet: &str) -> String {
 
 // --- 1, 2: multi-host forwarding -----------------------------------------------------------
 
-fn three_hosts(network: &str, label: &str) {
+/// weft0 as DESIGN.md has it: `<subnet>.0/32`, MTU = underlay (1500) − `overhead`, the whole
+/// Network routed through it, and the same MTU in subnet.env.
+fn assert_tun_configured(lab: &Lab, w: &Weft, overhead: u32) {
+    let host = lab.host(w.n);
+    let subnet = w.subnet().expect("subnet");
+    let link: serde_json::Value =
+        serde_json::from_str(&run(&["ip", "-n", &host, "-j", "addr", "show", "weft0"]))
+            .expect("ip -j addr");
+    let mtu = link[0]["mtu"].as_u64().expect("weft0 mtu");
+    assert_eq!(mtu, u64::from(1500 - overhead), "weft0 MTU on host {}", w.n);
+    let addrs: Vec<String> = link[0]["addr_info"]
+        .as_array()
+        .expect("addr_info")
+        .iter()
+        .filter(|a| a["family"] == "inet")
+        .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or("?"), a["prefixlen"]))
+        .collect();
+    let want = format!("{}/32", subnet.split('/').next().expect("subnet address"));
+    assert_eq!(addrs, vec![want], "weft0 addresses on host {}", w.n);
+    let routes = run(&["ip", "-n", &host, "route", "show", "10.244.0.0/16"]);
+    assert!(routes.contains("dev weft0"), "no Network route via weft0 on host {}: {routes}", w.n);
+    let env = std::fs::read_to_string(w.subnet_file()).expect("subnet.env");
+    assert!(env.contains(&format!("FLANNEL_MTU={mtu}\n")), "subnet.env vs weft0 MTU {mtu}:\n{env}");
+}
+
+fn three_hosts(network: &str, label: &str, overhead: u32) {
     let lab = Lab::new(network);
-    let (_wefts, pods) = up(&lab, &[1, 2, 3], &[]);
+    let (wefts, pods) = up(&lab, &[1, 2, 3], &[]);
+    for w in &wefts {
+        assert_tun_configured(&lab, w, overhead);
+    }
     ping_all_pairs(&pods);
+    // A full-MTU packet with DF set crosses without fragmentation.
+    let size = (1500 - overhead - 28).to_string();
+    let big = ns_output(
+        &pods[0].ns,
+        &[
+            "ping",
+            "-n",
+            "-c",
+            "2",
+            "-i",
+            "0.2",
+            "-W",
+            "1",
+            "-M",
+            "do",
+            "-s",
+            &size,
+            &pods[2].ip.to_string(),
+        ],
+    );
+    assert!(
+        big.status.success(),
+        "full-MTU ping ({size}-byte payload, DF) failed:\n{}{}",
+        String::from_utf8_lossy(&big.stdout),
+        String::from_utf8_lossy(&big.stderr)
+    );
     let _server = Iperf3Server::start(&pods[1].ns);
     let bps = iperf3_bps(&pods[0].ns, ip_of(&pods[1]), 3);
     eprintln!("iperf3 {label} pod1 -> pod2: {:.3} Gbit/s", bps / 1e9);
@@ -98,12 +152,12 @@ fn three_hosts(network: &str, label: &str) {
 
 #[test]
 fn vxlan_three_hosts_ping_every_pair_and_carry_iperf3() {
-    three_hosts(VXLAN, "vxlan");
+    three_hosts(VXLAN, "vxlan", 50);
 }
 
 #[test]
 fn udp_three_hosts_ping_every_pair_and_carry_iperf3() {
-    three_hosts(UDP, "udp");
+    three_hosts(UDP, "udp", 28);
 }
 
 // --- 3: a host joining later ---------------------------------------------------------------
@@ -177,12 +231,15 @@ fn restarted_host_keeps_its_subnet_and_traffic_resumes() {
     ping_ok(&pods[0].ns, pods[1].ip, 2);
     let env_before = std::fs::read(wefts[1].subnet_file()).expect("subnet.env");
     let subnet = wefts[1].subnet().expect("subnet");
+    let mac_before = vtep_mac(&lab, &subnet);
     assert_eq!(wefts[1].stop(), Some(0), "weft 2 exit code after SIGTERM");
     wefts[1].start();
     let again = wefts[1].wait_ready(READY);
     assert_eq!(again, subnet, "host 2 changed subnet across a restart");
     let env_after = std::fs::read(wefts[1].subnet_file()).expect("subnet.env");
     assert_eq!(env_before, env_after, "subnet.env changed across a restart");
+    // Kernel peers hold the VtepMAC in permanent neighbour entries: it must survive a restart.
+    assert_eq!(vtep_mac(&lab, &subnet), mac_before, "VtepMAC changed across a restart");
     let first = first_reply(&pods[0].ns, pods[1].ip, Duration::from_secs(5));
     eprintln!("restart: first reply {first:?} after ready");
     assert!(first.is_some(), "traffic did not resume after the restart");

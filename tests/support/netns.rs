@@ -182,8 +182,7 @@ pub fn ns_output(ns: &str, args: &[&str]) -> Output {
     output(&all)
 }
 
-/// Starts `ip netns exec NS ARGS...` in the background (stdout piped, stderr to stdout's
-/// pipe is not merged: both piped).
+/// Starts `ip netns exec NS ARGS...` in the background, stdout and stderr piped.
 pub fn ns_spawn(ns: &str, args: &[&str]) -> Child {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns]).args(args);
@@ -342,21 +341,21 @@ impl Lab {
     /// as the network config.
     pub fn new(network_json: &str) -> Self {
         require_root_and_tools();
-        let prefix = loop {
-            let p = format!("wt{:04x}", rand::random::<u16>());
-            if !Path::new(&format!("/run/netns/{p}hub")).exists() {
-                break p;
-            }
-        };
         let dir = tempfile::Builder::new().prefix("weft-e2e-").tempdir().expect("tempdir");
         // Readable by the non-root weft (its own files live in subdirectories).
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .expect("chmod lab dir");
+        // `ip netns add` fails on an existing name: that claims the prefix atomically.
+        let prefix = (0..100)
+            .map(|_| format!("wt{:04x}", rand::random::<u16>()))
+            .find(|p| output(&["ip", "netns", "add", &format!("{p}hub")]).status.success())
+            .expect("could not create a hub namespace with a fresh prefix");
         let lab =
             Self { prefix, namespaces: Mutex::default(), etcd: Mutex::default(), dir: Some(dir) };
         // From here on, a panic drops `lab` and cleans up whatever exists so far.
         let hub = lab.hub();
-        lab.add_ns(&hub);
+        lab.namespaces.lock().expect("ns list").push(hub.clone());
+        run(&["ip", "-n", &hub, "link", "set", "lo", "up"]);
         run(&["ip", "-n", &hub, "link", "add", "br0", "type", "bridge"]);
         run(&["ip", "-n", &hub, "addr", "add", "192.0.2.254/24", "dev", "br0"]);
         run(&["ip", "-n", &hub, "link", "set", "br0", "up"]);
