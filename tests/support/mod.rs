@@ -3,4 +3,5 @@
 #![allow(dead_code)]
 
 pub mod etcd;
+pub mod netns;
 pub mod weft;

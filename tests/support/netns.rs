@@ -1,0 +1,877 @@
+//! A network-namespace lab for end-to-end tests: an underlay bridge with etcd on it, hosts
+//! running real `weft run` processes with a TUN data plane, and pods behind each host.
+//!
+//! ```text
+//!   <p>hub  bridge br0 192.0.2.254/24, etcd on 192.0.2.254:2379
+//!   <p>hN   a host: eth0 192.0.2.N/24 (veth to the hub's bridge), default route via .254
+//!   <p>pN   a pod behind bridge cni0 in <p>hN, addressed from the host's subnet.env
+//! ```
+//!
+//! Contract:
+//! - Needs root and the tools in [`REQUIRED_TOOLS`]; [`Lab::new`] panics loudly when either is
+//!   missing. A test never skips silently.
+//! - Every namespace is named with the lab's own short random prefix (`wt<4 hex>`). Veth pairs
+//!   are created from inside the hub with the peer moved straight into its namespace, so no
+//!   link, address or route ever appears in (or is taken from) the root namespace.
+//! - Dropping the [`Lab`] — also while a test panics — SIGKILLs every process inside its
+//!   namespaces, reaps etcd and deletes the namespaces. Every process the lab starts also gets
+//!   `PR_SET_PDEATHSIG`, so it dies with the test's thread even if `Drop` never runs.
+//! - Sockets in a namespace are opened from a short-lived thread that entered it with
+//!   `setns` ([`in_netns`]); a socket keeps its namespace after the thread is gone.
+//! - A [`Weft`] keeps its log file; when it is dropped during a panic it prints the log's tail,
+//!   and the lab's temp dir (etcd's and every weft's log) is kept and its path printed. Set
+//!   `WEFT_E2E_KEEP_LOGS=1` to keep it after passing tests too.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// etcd's client URL on the underlay (inside the hub namespace).
+pub const ETCD: &str = "http://192.0.2.254:2379";
+/// The key prefix (flannel's default).
+pub const PREFIX: &str = "/coreos.com/network";
+/// weft's health port inside each host namespace (every host has its own loopback).
+pub const HEALTH_PORT: u16 = 9797;
+/// Lease TTL for every weft in the lab.
+pub const TTL: &str = "4s";
+/// Tools the lab runs; each must be on `PATH`.
+pub const REQUIRED_TOOLS: &[&str] =
+    &["ip", "bridge", "ping", "iperf3", "etcd", "etcdctl", "setpriv", "unshare", "mknod", "sh"];
+
+/// Panics unless the test runs as root with every tool in [`REQUIRED_TOOLS`].
+pub fn require_root_and_tools() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "the end-to-end tests must run as root (they create network namespaces); euid is {euid}"
+    );
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .collect();
+    let missing: Vec<&str> = REQUIRED_TOOLS
+        .iter()
+        .copied()
+        .filter(|t| !dirs.iter().any(|d| d.join(t).is_file()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "tools missing for the end-to-end tests: {missing:?} (Debian: iproute2 iputils-ping \
+         iperf3 util-linux etcd-server etcd-client; or run scripts/setup.sh)"
+    );
+}
+
+/// Runs `f` on a fresh thread inside the network namespace `ns` (`/run/netns/<ns>`).
+/// Sockets it opens stay in that namespace.
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    let path = format!("/run/netns/{ns}");
+    std::thread::scope(|s| {
+        let handle = s.spawn(|| {
+            let fd = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+            // SAFETY: setns on a valid namespace fd; it changes only this thread's namespace.
+            let rc = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns into {ns}: {}", std::io::Error::last_os_error());
+            f()
+        });
+        handle.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// Turns transmit checksum offload of `dev` in namespace `ns` on or off (`ethtool -K DEV tx
+/// off`, through the legacy `ETHTOOL_STXCSUM` ioctl, so no ethtool binary is needed).
+///
+/// Why a lab needs it: a packet that crosses veth pairs keeps `CHECKSUM_PARTIAL`, so a UDP
+/// socket on the far side receives a kernel VXLAN peer's inner TCP segments with only the
+/// pseudo-header sum in their checksum field. A physical NIC completes those checksums on the
+/// wire; turning offload off on the kernel peer's underlay veth does the same in software.
+pub fn set_tx_checksum(ns: &str, dev: &str, on: bool) {
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    const ETHTOOL_STXCSUM: u32 = 0x17;
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    #[repr(C)]
+    struct IfReq {
+        name: [libc::c_char; libc::IFNAMSIZ],
+        data: *mut EthtoolValue,
+        _pad: [u8; 16],
+    }
+    assert!(dev.len() < libc::IFNAMSIZ, "interface name too long: {dev}");
+    in_netns(ns, || {
+        let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).expect("ioctl socket");
+        let mut value = EthtoolValue { cmd: ETHTOOL_STXCSUM, data: u32::from(on) };
+        let mut req = IfReq { name: [0; libc::IFNAMSIZ], data: &mut value, _pad: [0; 16] };
+        for (d, s) in req.name.iter_mut().zip(dev.bytes()) {
+            *d = s as libc::c_char;
+        }
+        // SAFETY: SIOCETHTOOL with a valid ifreq whose data points at a live ethtool_value.
+        let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL, &mut req) };
+        assert_eq!(rc, 0, "ETHTOOL_STXCSUM {dev} in {ns}: {}", std::io::Error::last_os_error());
+    });
+}
+
+/// A minimal HTTP/1.0 GET: (status, body); status 0 when nothing answers.
+pub fn http_get_addr(addr: SocketAddr, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", addr.ip());
+    if s.write_all(req.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    let status = resp.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// Sets `PR_SET_PDEATHSIG` (SIGKILL) in the child before exec.
+fn die_with_parent(cmd: &mut Command) -> &mut Command {
+    // SAFETY: prctl is async-signal-safe; the closure makes only that call.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        })
+    }
+}
+
+/// Runs a command to completion (stdin null) and returns its output, whatever the status.
+pub fn output(args: &[&str]) -> Output {
+    let mut cmd = Command::new(args[0]);
+    cmd.args(&args[1..]).stdin(Stdio::null());
+    die_with_parent(&mut cmd).output().unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"))
+}
+
+/// Runs a command that must succeed; returns its stdout.
+pub fn run(args: &[&str]) -> String {
+    let out = output(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ip netns exec NS ARGS...`: must succeed; returns stdout.
+pub fn ns_run(ns: &str, args: &[&str]) -> String {
+    let mut all = vec!["ip", "netns", "exec", ns];
+    all.extend_from_slice(args);
+    run(&all)
+}
+
+/// `ip netns exec NS ARGS...` to completion, whatever the status.
+pub fn ns_output(ns: &str, args: &[&str]) -> Output {
+    let mut all = vec!["ip", "netns", "exec", ns];
+    all.extend_from_slice(args);
+    output(&all)
+}
+
+/// Starts `ip netns exec NS ARGS...` in the background, stdout and stderr piped.
+pub fn ns_spawn(ns: &str, args: &[&str]) -> Child {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns]).args(args);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    die_with_parent(&mut cmd)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {args:?} in {ns}: {e}"))
+}
+
+/// The outcome of a `ping` run.
+#[derive(Clone, Debug)]
+pub struct PingResult {
+    /// Echo requests sent.
+    pub transmitted: u32,
+    /// Replies received.
+    pub received: u32,
+    /// ping's whole output.
+    pub text: String,
+}
+
+impl PingResult {
+    /// Parses ping's summary line (`N packets transmitted, M received`).
+    pub fn parse(text: String) -> Self {
+        let line = text.lines().find(|l| l.contains("packets transmitted")).unwrap_or("");
+        let num = |word: &str| -> u32 {
+            line.split(',')
+                .find(|p| p.contains(word))
+                .and_then(|p| p.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        Self { transmitted: num("transmitted"), received: num("received"), text }
+    }
+
+    /// Fraction of requests lost (1.0 when nothing was sent).
+    pub fn loss(&self) -> f64 {
+        if self.transmitted == 0 {
+            return 1.0;
+        }
+        1.0 - f64::from(self.received) / f64::from(self.transmitted)
+    }
+}
+
+/// `ping -c COUNT -i INTERVAL -W 1 DST` from namespace `ns`, to completion.
+pub fn ping_lossy(ns: &str, dst: Ipv4Addr, count: u32, interval: f64) -> PingResult {
+    let (c, i, d) = (count.to_string(), format!("{interval}"), dst.to_string());
+    let out = ns_output(ns, &["ping", "-n", "-c", &c, "-i", &i, "-W", "1", &d]);
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    PingResult::parse(text)
+}
+
+/// `ping -c COUNT -i 0.2 -W 1`; panics unless every reply came back.
+pub fn ping_ok(ns: &str, dst: Ipv4Addr, count: u32) -> PingResult {
+    let r = ping_lossy(ns, dst, count, 0.2);
+    assert!(
+        r.transmitted == count && r.received == count,
+        "ping {ns} -> {dst}: {}/{} replies\n{}",
+        r.received,
+        r.transmitted,
+        r.text
+    );
+    r
+}
+
+/// Starts a ping in the background; finish it with [`finish_ping`].
+pub fn spawn_ping(ns: &str, dst: Ipv4Addr, count: u32, interval: f64) -> Child {
+    let (c, i, d) = (count.to_string(), format!("{interval}"), dst.to_string());
+    ns_spawn(ns, &["ping", "-n", "-c", &c, "-i", &i, "-W", "1", &d])
+}
+
+/// Waits for a background ping and parses its summary.
+pub fn finish_ping(child: Child) -> PingResult {
+    let out = child.wait_with_output().expect("wait for ping");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    PingResult::parse(text)
+}
+
+/// An iperf3 server for one test (`-s -1`), killed on drop.
+pub struct Iperf3Server {
+    child: Option<Child>,
+}
+
+impl Iperf3Server {
+    /// Starts `iperf3 -s -1` in `ns`.
+    pub fn start(ns: &str) -> Self {
+        Self { child: Some(ns_spawn(ns, &["iperf3", "-s", "-1"])) }
+    }
+}
+
+impl Drop for Iperf3Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs an iperf3 TCP test for `secs` from `client_ns` to `server_ip` (an iperf3 server must
+/// be started there, see [`Iperf3Server`]); returns the receiver's bits per second.
+pub fn iperf3_bps(client_ns: &str, server_ip: Ipv4Addr, secs: u32) -> f64 {
+    let (ip, t) = (server_ip.to_string(), secs.to_string());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = ns_output(
+            client_ns,
+            &["iperf3", "-c", &ip, "-t", &t, "-J", "--connect-timeout", "3000"],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        if let Some(bps) = json["end"]["sum_received"]["bits_per_second"].as_f64() {
+            return bps;
+        }
+        let err = json["error"].as_str().unwrap_or("").to_owned();
+        // The server may not listen yet: retry "connection refused" for a few seconds.
+        if err.contains("refused") && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        panic!(
+            "iperf3 {client_ns} -> {server_ip} failed ({}): {err}\n{text}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A pod: a namespace behind the host's `cni0` bridge.
+#[derive(Clone, Debug)]
+pub struct Pod {
+    /// The namespace.
+    pub ns: String,
+    /// Its address (the subnet's `.2`).
+    pub ip: Ipv4Addr,
+}
+
+/// The network lab. See the module docs.
+pub struct Lab {
+    /// The namespace name prefix (`wt<4 hex>`).
+    pub prefix: String,
+    /// Namespaces created, in order.
+    namespaces: Mutex<Vec<String>>,
+    etcd: Mutex<Option<Child>>,
+    // Taken in `Drop` after every process is dead; kept on disk when a test fails.
+    dir: Option<tempfile::TempDir>,
+}
+
+fn weft_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_weft")
+}
+
+impl Lab {
+    /// A hub with etcd on 192.0.2.254:2379 (inside the hub namespace) and `network_json` set
+    /// as the network config.
+    pub fn new(network_json: &str) -> Self {
+        require_root_and_tools();
+        let dir = tempfile::Builder::new().prefix("weft-e2e-").tempdir().expect("tempdir");
+        // Readable by the non-root weft (its own files live in subdirectories).
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod lab dir");
+        // `ip netns add` fails on an existing name: that claims the prefix atomically.
+        let prefix = (0..100)
+            .map(|_| format!("wt{:04x}", rand::random::<u16>()))
+            .find(|p| output(&["ip", "netns", "add", &format!("{p}hub")]).status.success())
+            .expect("could not create a hub namespace with a fresh prefix");
+        let lab =
+            Self { prefix, namespaces: Mutex::default(), etcd: Mutex::default(), dir: Some(dir) };
+        // From here on, a panic drops `lab` and cleans up whatever exists so far.
+        let hub = lab.hub();
+        lab.namespaces.lock().expect("ns list").push(hub.clone());
+        run(&["ip", "-n", &hub, "link", "set", "lo", "up"]);
+        run(&["ip", "-n", &hub, "link", "add", "br0", "type", "bridge"]);
+        run(&["ip", "-n", &hub, "addr", "add", "192.0.2.254/24", "dev", "br0"]);
+        run(&["ip", "-n", &hub, "link", "set", "br0", "up"]);
+        lab.start_etcd();
+        let cfg = lab.dir().join("network.json");
+        std::fs::write(&cfg, network_json).expect("write network config");
+        lab.admin(&["network", "set", &cfg.to_string_lossy()]);
+        lab
+    }
+
+    /// The lab's temp dir.
+    pub fn dir(&self) -> &Path {
+        self.dir.as_ref().expect("lab dir").path()
+    }
+
+    /// A namespace name with this lab's prefix.
+    pub fn ns(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// The hub namespace.
+    pub fn hub(&self) -> String {
+        self.ns("hub")
+    }
+
+    fn add_ns(&self, ns: &str) {
+        run(&["ip", "netns", "add", ns]);
+        self.namespaces.lock().expect("ns list").push(ns.to_owned());
+        run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+    }
+
+    fn has_ns(&self, ns: &str) -> bool {
+        self.namespaces.lock().expect("ns list").iter().any(|n| n == ns)
+    }
+
+    fn start_etcd(&self) {
+        let hub = self.hub();
+        let data = self.dir().join("etcd");
+        let log = File::create(self.dir().join("etcd.log")).expect("etcd log");
+        let peer = "http://127.0.0.1:2380";
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &hub, "etcd", "--name", "e2e", "--data-dir"])
+            .arg(&data)
+            .args(["--listen-client-urls", ETCD, "--advertise-client-urls", ETCD])
+            .args(["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer])
+            .args(["--initial-cluster", &format!("e2e={peer}")])
+            .args(["--logger", "zap", "--log-level", "error"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log);
+        let child = die_with_parent(&mut cmd).spawn().expect("start etcd in the hub");
+        *self.etcd.lock().expect("etcd") = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, body) = in_netns(&hub, || {
+                http_get_addr(SocketAddr::from(([192, 0, 2, 254], 2379)), "/health")
+            });
+            if body.contains("\"health\":\"true\"") {
+                return;
+            }
+            let exited = self
+                .etcd
+                .lock()
+                .expect("etcd")
+                .as_mut()
+                .is_none_or(|c| !matches!(c.try_wait(), Ok(None)));
+            assert!(
+                !exited && Instant::now() < deadline,
+                "etcd in {hub} did not become healthy:\n{}",
+                std::fs::read_to_string(self.dir().join("etcd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `weft ARGS --etcd-endpoints ETCD --etcd-prefix PREFIX` from the hub; must succeed.
+    pub fn admin(&self, args: &[&str]) -> String {
+        let mut all = vec![weft_bin()];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--etcd-endpoints", ETCD, "--etcd-prefix", PREFIX]);
+        ns_run(&self.hub(), &all)
+    }
+
+    /// `etcdctl --endpoints ETCD ARGS` from the hub; must succeed.
+    pub fn etcdctl(&self, args: &[&str]) -> String {
+        let mut all = vec!["env", "ETCDCTL_API=3", "etcdctl", "--endpoints", ETCD];
+        all.extend_from_slice(args);
+        ns_run(&self.hub(), &all)
+    }
+
+    /// The value of one etcd key, if present.
+    pub fn etcd_get(&self, key: &str) -> Option<String> {
+        let out = self.etcdctl(&["get", key, "--print-value-only"]);
+        let v = out.trim_end_matches('\n');
+        (!v.is_empty()).then(|| v.to_owned())
+    }
+
+    /// The lease value (flannel's JSON) for `subnet` (`10.244.3.0/24`), if leased.
+    pub fn lease_value(&self, subnet: &str) -> Option<serde_json::Value> {
+        let key = format!("{PREFIX}/subnets/{}", subnet.replace('/', "-"));
+        self.etcd_get(&key).map(|v| serde_json::from_str(&v).expect("lease value is JSON"))
+    }
+
+    /// Host `n` (created on first use): eth0 192.0.2.n/24 on the hub's bridge.
+    pub fn host(&self, n: u8) -> String {
+        let host = self.ns(&format!("h{n}"));
+        if self.has_ns(&host) {
+            return host;
+        }
+        let hub = self.hub();
+        let veth = format!("h{n}");
+        self.add_ns(&host);
+        run(&[
+            "ip", "-n", &hub, "link", "add", &veth, "type", "veth", "peer", "name", "eth0",
+            "netns", &host,
+        ]);
+        run(&["ip", "-n", &hub, "link", "set", &veth, "master", "br0", "up"]);
+        run(&["ip", "-n", &host, "addr", "add", &format!("192.0.2.{n}/24"), "dev", "eth0"]);
+        run(&["ip", "-n", &host, "link", "set", "eth0", "up"]);
+        run(&["ip", "-n", &host, "route", "add", "default", "via", "192.0.2.254"]);
+        host
+    }
+
+    /// Starts `weft run` (TUN data plane) in host `n`'s namespace, with a fresh state dir.
+    pub fn start_weft(&self, n: u8, extra: &[&str]) -> Weft {
+        self.start_weft_as(n, extra, false)
+    }
+
+    /// Starts `weft run` as uid/gid 65534 with only CAP_NET_ADMIN, in a private mount namespace
+    /// whose `/dev/net/tun` is a 0666 node of the lab's own (the host's node is left alone).
+    pub fn start_weft_nonroot(&self, n: u8, extra: &[&str]) -> Weft {
+        self.start_weft_as(n, extra, true)
+    }
+
+    fn start_weft_as(&self, n: u8, extra: &[&str], nonroot: bool) -> Weft {
+        let ns = self.host(n);
+        let dir = self.dir().join(format!("h{n}"));
+        std::fs::create_dir_all(&dir).expect("host dir");
+        let tun_node = self.dir().join("tun");
+        if nonroot {
+            // SAFETY: chown on a path we just created.
+            let c = std::ffi::CString::new(dir.to_string_lossy().as_bytes()).expect("path");
+            assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0, "chown host dir");
+            if !tun_node.exists() {
+                run(&["mknod", &tun_node.to_string_lossy(), "c", "10", "200"]);
+                std::fs::set_permissions(&tun_node, std::fs::Permissions::from_mode(0o666))
+                    .expect("chmod the lab's tun node");
+            }
+        }
+        let mut w = Weft {
+            n,
+            ns,
+            dir: dir.clone(),
+            log: dir.join("weft.log"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            nonroot: nonroot.then_some(tun_node),
+            child: None,
+        };
+        w.start();
+        w
+    }
+
+    /// A pod behind host `n`, addressed from that host's `subnet.env` (as the CNI flannel plugin
+    /// does): cni0 = FLANNEL_SUBNET (the subnet's .1), pod = .2, MTU = FLANNEL_MTU.
+    pub fn pod(&self, n: u8, subnet_env: &Path) -> Pod {
+        let text = std::fs::read_to_string(subnet_env)
+            .unwrap_or_else(|e| panic!("read {}: {e}", subnet_env.display()));
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")).map(str::to_owned))
+                .unwrap_or_else(|| panic!("{k} missing from {}:\n{text}", subnet_env.display()))
+        };
+        let mtu: u32 = field("FLANNEL_MTU").parse().expect("FLANNEL_MTU is a number");
+        self.pod_with(n, &field("FLANNEL_SUBNET"), mtu)
+    }
+
+    /// A pod behind host `n` with the bridge address `cni` (`10.244.200.1/24`); the pod is .2.
+    pub fn pod_with(&self, n: u8, cni: &str, mtu: u32) -> Pod {
+        let host = self.host(n);
+        let pod = self.ns(&format!("p{n}"));
+        let (gw, len) = cni.split_once('/').expect("cni address has a prefix length");
+        let gw: Ipv4Addr = gw.parse().expect("cni address");
+        let ip = Ipv4Addr::from(u32::from(gw) + 1);
+        let mtu = mtu.to_string();
+        ns_run(&host, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        run(&["ip", "-n", &host, "link", "add", "cni0", "type", "bridge"]);
+        run(&["ip", "-n", &host, "addr", "add", cni, "dev", "cni0"]);
+        run(&["ip", "-n", &host, "link", "set", "cni0", "up"]);
+        self.add_ns(&pod);
+        run(&[
+            "ip", "-n", &host, "link", "add", "vethp", "mtu", &mtu, "type", "veth", "peer", "name",
+            "eth0", "mtu", &mtu, "netns", &pod,
+        ]);
+        run(&["ip", "-n", &host, "link", "set", "vethp", "master", "cni0", "up"]);
+        run(&["ip", "-n", &pod, "addr", "add", &format!("{ip}/{len}"), "dev", "eth0"]);
+        run(&["ip", "-n", &pod, "link", "set", "eth0", "up"]);
+        run(&["ip", "-n", &pod, "route", "add", "default", "via", &gw.to_string()]);
+        Pod { ns: pod, ip }
+    }
+
+    /// `ip netns exec NS ARGS...` to completion, whatever the status.
+    pub fn exec(&self, ns: &str, args: &[&str]) -> Output {
+        ns_output(ns, args)
+    }
+
+    /// The tail of etcd's log.
+    pub fn etcd_log(&self) -> String {
+        std::fs::read_to_string(self.dir().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let namespaces =
+            std::mem::take(&mut *self.namespaces.lock().unwrap_or_else(|p| p.into_inner()));
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        for ns in namespaces.iter().rev() {
+            let pids = output(&["ip", "netns", "pids", ns]);
+            for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+                if let Ok(pid) = pid.parse::<i32>()
+                    && pid != me
+                {
+                    // SIGCONT first: a stopped process must run to die promptly.
+                    // SAFETY: kill(2) on a process inside the lab's own namespace.
+                    unsafe {
+                        libc::kill(pid, libc::SIGCONT);
+                        libc::kill(pid, libc::SIGKILL);
+                    }
+                }
+            }
+        }
+        if let Some(mut c) = self.etcd.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in namespaces.iter().rev() {
+            let mut ok = false;
+            for _ in 0..50 {
+                if output(&["ip", "netns", "del", ns]).status.success() {
+                    ok = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if !ok {
+                eprintln!("lab cleanup: could not delete namespace {ns}");
+            }
+        }
+        let keep = std::env::var_os("WEFT_E2E_KEEP_LOGS").is_some();
+        if keep
+            && !std::thread::panicking()
+            && let Some(dir) = self.dir.take()
+        {
+            eprintln!("lab {}: logs kept in {}", self.prefix, dir.keep().display());
+        }
+        if std::thread::panicking() {
+            let log = self.etcd_log();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            eprintln!(
+                "--- etcd log ({}), last lines ---\n{}",
+                self.prefix,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+            if let Some(dir) = self.dir.take() {
+                eprintln!("lab {}: logs kept in {}", self.prefix, dir.keep().display());
+            }
+        }
+    }
+}
+
+/// One `weft run` process with the TUN data plane, inside a host namespace.
+pub struct Weft {
+    /// The host number (public IP 192.0.2.n).
+    pub n: u8,
+    /// The host namespace.
+    pub ns: String,
+    dir: PathBuf,
+    log: PathBuf,
+    extra: Vec<String>,
+    /// `Some(tun node)` when run as uid 65534 with only CAP_NET_ADMIN.
+    nonroot: Option<PathBuf>,
+    child: Option<Child>,
+}
+
+impl Weft {
+    /// Starts the process (again), with the same state dir and subnet file.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "weft {} already running", self.n);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open weft log");
+        let state = self.dir.join("state").to_string_lossy().into_owned();
+        let subnet_file = self.subnet_file().to_string_lossy().into_owned();
+        let (public_ip, port) = (format!("192.0.2.{}", self.n), HEALTH_PORT.to_string());
+        let mut weft: Vec<&str> = vec![weft_bin(), "run"];
+        weft.extend_from_slice(&["--etcd-endpoints", ETCD, "--etcd-prefix", PREFIX]);
+        weft.extend_from_slice(&["--etcd-timeout", "1s", "--public-ip", &public_ip]);
+        weft.extend_from_slice(&["--iface", "eth0", "--state-dir", &state]);
+        weft.extend_from_slice(&["--subnet-file", &subnet_file, "--subnet-lease-ttl", TTL]);
+        weft.extend_from_slice(&["--healthz-ip", "127.0.0.1", "--healthz-port", &port]);
+        weft.extend_from_slice(&["--dataplane", "tun"]);
+        weft.extend(self.extra.iter().map(String::as_str));
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns]);
+        match &self.nonroot {
+            None => {
+                cmd.args(&weft);
+            }
+            Some(tun) => {
+                // unshare -m without --fork execs; sh execs setpriv, which execs weft: the
+                // child's PID is weft's, so signals reach it directly.
+                cmd.args(["unshare", "-m", "--propagation", "private", "--", "sh", "-c"])
+                    .arg(
+                        "mount --bind \"$0\" /dev/net/tun && exec setpriv --reuid 65534 \
+                         --regid 65534 --clear-groups --inh-caps -all,+net_admin \
+                         --ambient-caps -all,+net_admin --bounding-set -all,+net_admin \
+                         --pdeathsig KILL -- \"$@\"",
+                    )
+                    .arg(tun)
+                    .args(&weft);
+            }
+        }
+        cmd.env("WEFT_LOG", "weft=debug,info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log);
+        self.child = Some(die_with_parent(&mut cmd).spawn().expect("start weft"));
+    }
+
+    /// The subnet file.
+    pub fn subnet_file(&self) -> PathBuf {
+        self.dir.join("subnet.env")
+    }
+
+    /// The host's directory (state dir, subnet file, log).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The whole log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last `n` lines of the log, without the per-renewal debug chatter.
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| !l.contains("store call action=") && !l.contains("lease renewed"))
+            .collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// The process ID.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).expect("weft running")
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// SIGSTOP.
+    pub fn suspend(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait (up to 10 s) for the exit; returns the exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = c.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!(
+                    "weft {} did not exit within 10 s of SIGTERM:\n{}",
+                    self.n,
+                    self.log_tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// GET a health path inside the host namespace: (status, body); 0 when nothing answers.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        in_netns(&self.ns, || {
+            http_get_addr(SocketAddr::from((Ipv4Addr::LOCALHOST, HEALTH_PORT)), path)
+        })
+    }
+
+    /// The subnet (`10.244.3.0/24`) from subnet.env, if written.
+    pub fn subnet(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.subnet_file()).ok()?;
+        let line = text.lines().find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))?;
+        let (ip, len) = line.split_once('/')?;
+        let ip: Ipv4Addr = ip.parse().ok()?;
+        Some(format!("{}/{len}", Ipv4Addr::from(u32::from(ip) - 1)))
+    }
+
+    /// Whether `/readyz` answers 200 and subnet.env names a subnet.
+    pub fn ready(&self) -> bool {
+        self.get("/readyz").0 == 200 && self.subnet().is_some()
+    }
+
+    /// Waits until ready; returns the subnet. Panics with the log tail on timeout.
+    pub fn wait_ready(&mut self, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            if self.ready() {
+                return self.subnet().expect("subnet after ready");
+            }
+            let running = self.running();
+            if !running || Instant::now() > deadline {
+                panic!(
+                    "weft {} not ready in {within:?} (running: {running}): {:?}\n--- log ---\n{}",
+                    self.n,
+                    self.get("/readyz"),
+                    self.log_tail(60)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the log contains `needle`.
+    pub fn wait_log(&self, needle: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "weft {}: {needle:?} not logged in {within:?}\n--- log ---\n{}",
+                self.n,
+                self.log_tail(60)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A sample from `/metrics` whose name (with labels, if given) is exactly `name`, e.g.
+    /// `weft_routes` or `weft_dataplane_drops_total{dir="rx",reason="wrong_vni"}`.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics");
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| l.rsplit_once(' ').filter(|(k, _)| *k == name).map(|(_, v)| v))
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// An RX drop counter by reason (0 when absent).
+    pub fn rx_drops(&self, reason: &str) -> f64 {
+        self.metric(&format!("weft_dataplane_drops_total{{dir=\"rx\",reason=\"{reason}\"}}"))
+            .unwrap_or(0.0)
+    }
+
+    /// Waits until `metric(name)` satisfies `pred`; returns the value.
+    pub fn wait_metric(&self, name: &str, within: Duration, pred: impl Fn(f64) -> bool) -> f64 {
+        let deadline = Instant::now() + within;
+        loop {
+            let v = self.metric(name);
+            if let Some(v) = v.filter(|v| pred(*v)) {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "weft {}: {name} = {v:?} did not reach the expected value in {within:?}\n\
+                 --- log ---\n{}",
+                self.n,
+                self.log_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Weft {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- weft {} ({}) log, last lines ---\n{}",
+                self.n,
+                self.ns,
+                self.log_tail(40)
+            );
+        }
+    }
+}
