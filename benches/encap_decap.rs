@@ -37,6 +37,7 @@ fn forwarder(i: u32) -> Forwarder {
         port: 8472,
         our_mac: mac(i),
         own,
+        icmp_source: std::net::Ipv4Addr::new(10, 0, 0, 0),
     }
 }
 

@@ -91,6 +91,7 @@ fn the_per_packet_path_allocates_nothing() {
         port: 8472,
         our_mac: [2, 0, 0, 0, 0, 1],
         own: a_own,
+        icmp_source: Ipv4Addr::new(10, 244, 0, 0),
     };
     let b = Forwarder {
         backend: BackendKind::Vxlan,
@@ -98,6 +99,7 @@ fn the_per_packet_path_allocates_nothing() {
         port: 8472,
         our_mac: [2, 0, 0, 0, 0, 2],
         own: b_own,
+        icmp_source: Ipv4Addr::new(10, 244, 0, 0),
     };
     let a_routes = RouteTable::build(
         network,

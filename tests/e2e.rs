@@ -574,8 +574,6 @@ fn etcd_partition_of_three_ttls_keeps_traffic_and_the_subnet() {
 /// flannel's udp backend answers a destination outside every lease with ICMP net unreachable
 /// written back into the TUN device; weft does the same (pipeline.rs), and the pod must see it.
 #[test]
-#[ignore = "daemon bug: the ICMP error's source is the TUN's own address (<subnet>.0), so the \
-            host drops it as a martian (local source) and the pod never sees it"]
 fn unleased_destination_gets_icmp_net_unreachable_at_the_pod() {
     let lab = Lab::new(VXLAN);
     let (wefts, pods) = up(&lab, &[1, 2], &[]);

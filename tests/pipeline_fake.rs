@@ -60,7 +60,14 @@ fn start(
     )));
     let own = Arc::new(OwnSubnet::default());
     own.set(Some(subnet(&format!("10.244.{n}.0/24"))));
-    let fwd = Forwarder { backend, vni: Vni::new(1).unwrap(), port, our_mac: mac(n), own };
+    let fwd = Forwarder {
+        backend,
+        vni: Vni::new(1).unwrap(),
+        port,
+        our_mac: mac(n),
+        own,
+        icmp_source: Ipv4Addr::new(10, 244, 0, 0),
+    };
     let tun = FakeTun::new();
     let counters = Arc::new(Counters::default());
     let addr = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, n), port);
@@ -141,7 +148,8 @@ fn a_destination_outside_every_lease_is_answered_with_net_unreachable() {
     let reply = a.tun.take_written(WAIT).expect("an ICMP error back into TUN");
     let ip = ipv4::Packet::new_checked(&reply[..]).unwrap();
     assert_eq!(ip.dst_addr(), Ipv4Addr::new(10, 244, 1, 2));
-    assert_eq!(ip.src_addr(), Ipv4Addr::new(10, 244, 1, 0));
+    // Not our own TUN address: the kernel would drop that as a martian source.
+    assert_eq!(ip.src_addr(), Ipv4Addr::new(10, 244, 0, 0));
     assert_eq!(ip.payload()[0], icmpv4::TYPE_DEST_UNREACHABLE);
     assert_eq!(ip.payload()[1], icmpv4::code::NET_UNREACHABLE);
     assert_eq!(a.counters.drops(DropReason::TxNoRoute), 1);

@@ -145,6 +145,7 @@ impl Dataplane {
             port: cfg.port,
             our_mac: cfg.our_mac,
             own: own.clone(),
+            icmp_source: cfg.network.network(),
         };
         let wcfg = WorkerConfig {
             batch: if cfg.batching { super::udp::MAX_BATCH } else { 1 },

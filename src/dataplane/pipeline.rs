@@ -176,6 +176,11 @@ pub struct Forwarder {
     pub our_mac: [u8; 6],
     /// Our subnet.
     pub own: Arc<OwnSubnet>,
+    /// The source address of the ICMP errors weft answers with: the cluster network's base
+    /// address. It is routed through the TUN device but is no local address — a packet
+    /// arriving on the TUN with a local source (such as the TUN's own `<subnet>.0`) is dropped
+    /// by the kernel as a martian.
+    pub icmp_source: Ipv4Addr,
 }
 
 impl Forwarder {
@@ -202,7 +207,7 @@ impl Forwarder {
             return Tx::Drop(DropReason::TxOwnSubnet);
         }
         let Some(peer) = routes.lookup(dst) else {
-            return match icmpv4::emit_dest_unreachable(packet, 0, own.network(), reply) {
+            return match icmpv4::emit_dest_unreachable(packet, 0, self.icmp_source, reply) {
                 Ok(len) => Tx::Reply { len, reason: DropReason::TxNoRoute },
                 Err(_) => Tx::Drop(DropReason::TxNoRoute),
             };
