@@ -153,6 +153,25 @@ impl OwnSubnet {
         self.0.store(v, Ordering::Release);
     }
 
+    /// Whether a subnet is set and contains `addr`: two loads and a mask, no validation,
+    /// because this runs for every packet.
+    #[inline]
+    pub fn contains(&self, addr: Ipv4Addr) -> bool {
+        let v = self.0.load(Ordering::Acquire);
+        if v == 0 {
+            return false;
+        }
+        let len = (v & 0xff) as u32;
+        let mask = if len == 0 { 0 } else { u32::MAX << (32 - len.min(32)) };
+        u32::from(addr) & mask == (v >> 8) as u32
+    }
+
+    /// Whether a subnet is set.
+    #[inline]
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire) != 0
+    }
+
     /// The subnet.
     pub fn get(&self) -> Option<Subnet> {
         let v = self.0.load(Ordering::Acquire);
@@ -200,10 +219,10 @@ impl Forwarder {
             return Tx::Drop(DropReason::TxMalformed);
         };
         let dst = ip.dst_addr();
-        let Some(own) = self.own.get() else {
+        if !self.own.is_set() {
             return Tx::Drop(DropReason::TxNoSubnet);
-        };
-        if own.contains(dst) {
+        }
+        if self.own.contains(dst) {
             return Tx::Drop(DropReason::TxOwnSubnet);
         }
         let Some(peer) = routes.lookup(dst) else {
@@ -279,7 +298,7 @@ impl Forwarder {
             _ if routes.is_known_peer(*from.ip()) => return Rx::Drop(DropReason::RxSpoofedSource),
             _ => return Rx::Drop(DropReason::RxUnknownSender),
         }
-        if !self.own.get().is_some_and(|own| own.contains(dst)) {
+        if !self.own.contains(dst) {
             return Rx::Drop(DropReason::RxNotForUs);
         }
         if self.backend == BackendKind::Udp {
@@ -361,5 +380,24 @@ impl Counters {
             let _ = writeln!(out, "# TYPE {name} counter");
             let _ = writeln!(out, "{name} {}", v.load(Ordering::Relaxed));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_subnet_contains_matches_the_subnet() {
+        let own = OwnSubnet::default();
+        assert!(!own.is_set());
+        assert!(!own.contains(Ipv4Addr::new(10, 244, 3, 7)));
+        own.set(Some("10.244.3.0/24".parse().unwrap()));
+        assert!(own.contains(Ipv4Addr::new(10, 244, 3, 7)));
+        assert!(own.contains(Ipv4Addr::new(10, 244, 3, 0)));
+        assert!(!own.contains(Ipv4Addr::new(10, 244, 4, 7)));
+        assert_eq!(own.get(), Some("10.244.3.0/24".parse().unwrap()));
+        own.set(None);
+        assert!(!own.contains(Ipv4Addr::new(10, 244, 3, 7)));
     }
 }
