@@ -54,6 +54,7 @@ ip netns exec "$H1" etcd --name bench --data-dir "$WORK/etcd" \
     --listen-client-urls http://192.0.2.1:2379 --advertise-client-urls http://192.0.2.1:2379 \
     --listen-peer-urls http://127.0.0.1:23801 --initial-advertise-peer-urls http://127.0.0.1:23801 \
     --initial-cluster bench=http://127.0.0.1:23801 --log-level error >"$WORK/etcd.log" 2>&1 &
+disown
 for _ in $(seq 1 50); do
     ip netns exec "$H2" bash -c "exec 3<>/dev/tcp/192.0.2.1/2379" 2>/dev/null && break
     sleep 0.2

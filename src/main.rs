@@ -360,7 +360,11 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
             "holder": h.record.node.to_string(),
             "backend": serde_json::Value::Null,
             "ttl_seconds": serde_json::Value::Null,
-            "history": match h.record.state { HistoryState::Held => "expired", HistoryState::Relinquished => "relinquished" },
+            "history": match h.record.state {
+                HistoryState::Held => "expired",
+                HistoryState::Relinquished => "relinquished",
+                HistoryState::Revoked => "revoked",
+            },
             "live": false,
         }));
     }
@@ -403,5 +407,6 @@ fn history_text(s: HistoryState) -> &'static str {
     match s {
         HistoryState::Held => "held",
         HistoryState::Relinquished => "relinquished",
+        HistoryState::Revoked => "revoked",
     }
 }

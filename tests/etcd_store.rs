@@ -253,6 +253,24 @@ async fn release_deletes_at_once_and_records_relinquished() {
 }
 
 #[tokio::test]
+async fn revoke_deletes_whoever_holds_it_and_records_revoked() {
+    let etcd = EtcdServer::start();
+    let store = store(&etcd, &unique_prefix()).await;
+    let s = subnet("10.244.9.0/24");
+    let held = created(
+        store.create(s, &attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 9]), LONG_TTL).await.unwrap(),
+    );
+    assert!(store.revoke(s).await.expect("revoke"));
+    assert!(store.get(s).await.expect("get").is_none());
+    let listing = store.list().await.expect("list");
+    let h = listing.history.iter().find(|h| h.subnet == s).expect("history");
+    assert_eq!(h.record.state, HistoryState::Revoked);
+    assert_eq!(h.record.node, node("node-aaaa"));
+    assert!(h.mod_revision > held.mod_revision);
+    assert!(!store.revoke(s).await.expect("revoke again"), "nothing left to revoke");
+}
+
+#[tokio::test]
 async fn list_reads_one_revision_and_skips_garbage() {
     let etcd = EtcdServer::start();
     let prefix = unique_prefix();

@@ -636,8 +636,28 @@ impl Store for EtcdStore {
 
     async fn revoke(&self, subnet: Subnet) -> Result<bool, StoreError> {
         let mut c = self.client().await?;
-        let resp = self.call(c.delete(self.subnet_key(subnet), None)).await?;
-        Ok(resp.deleted() > 0)
+        let key = self.subnet_key(subnet);
+        let resp = self.call(c.get(key.clone(), None)).await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(false);
+        };
+        // A weft lease names its holder: record the revoke in history in the same transaction,
+        // so peers unroute the subnet (an expiry writes nothing, and its route is kept). The
+        // compare makes sure the value read is the value deleted.
+        let mut ops = vec![TxnOp::delete(key.clone(), None)];
+        if let Ok(attrs) = LeaseAttrs::from_json(kv.value())
+            && let Some(node) = attrs.node_id
+        {
+            let record =
+                HistoryRecord { state: HistoryState::Revoked, node, public_ip: attrs.public_ip };
+            ops.push(TxnOp::put(self.history_key(subnet), record.to_json(), None));
+        }
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision())])
+            .and_then(ops);
+        let resp = self.call(c.txn(txn)).await?;
+        // Lost a race with a renewal: the key is still there and was not deleted; say so.
+        Ok(resp.succeeded())
     }
 
     async fn claim_presence(

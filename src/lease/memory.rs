@@ -842,8 +842,21 @@ impl Store for MemoryClient {
 
     async fn revoke(&self, subnet: Subnet) -> Result<bool, StoreError> {
         self.call(|w, client| {
-            let op = Op::Delete { key: w.subnet_key(subnet) };
-            Ok(w.client_commit(client, WriteKind::Revoke, vec![op])?.is_some())
+            let key = w.subnet_key(subnet);
+            // Name the holder in history when the value says who it is (a weft lease).
+            let holder = w.kv.get(&key).and_then(|kv| LeaseAttrs::from_json(&kv.value).ok());
+            let mut ops = vec![Op::Delete { key }];
+            if let Some(attrs) = holder
+                && let Some(node) = attrs.node_id.clone()
+            {
+                let record = HistoryRecord {
+                    state: HistoryState::Revoked,
+                    node,
+                    public_ip: attrs.public_ip,
+                };
+                ops.push(Op::Put { key: w.history_key(subnet), value: record.to_json(), lease: 0 });
+            }
+            Ok(w.client_commit(client, WriteKind::Revoke, ops)?.is_some())
         })
     }
 
@@ -1246,6 +1259,10 @@ mod tests {
         let last = store.write_log().pop().unwrap();
         assert_eq!((last.client.as_str(), last.kind), ("operator", WriteKind::Revoke));
         assert_eq!(last.previous_node, Some(node("node-aaaa")));
+        // History records the revoke (peers unroute it), naming the holder.
+        let h = block_on(op.list()).unwrap().history.into_iter().find(|h| h.subnet == s).unwrap();
+        assert_eq!(h.record.state, HistoryState::Revoked);
+        assert_eq!(h.record.node, node("node-aaaa"));
     }
 
     #[test]

@@ -316,6 +316,9 @@ pub enum HistoryState {
     Held,
     /// Released by a clean shutdown with `--relinquish-on-exit`.
     Relinquished,
+    /// Deleted by an operator (`weft lease revoke`): peers unroute it; the allocation policy
+    /// treats it like an expired subnet, and a holder that still runs reclaims it.
+    Revoked,
 }
 
 /// The JSON value of a history key.

@@ -121,15 +121,18 @@ impl RouteSet {
         let relinquished: BTreeMap<Subnet, Revision> = listing
             .history
             .iter()
-            .filter(|h| h.record.state == HistoryState::Relinquished)
+            .filter(|h| {
+                matches!(h.record.state, HistoryState::Relinquished | HistoryState::Revoked)
+            })
             .map(|h| (h.subnet, h.mod_revision))
             .collect();
         for (subnet, old) in &self.entries {
             if next.contains_key(subnet) {
                 continue;
             }
-            // A release deletes the key and writes the history in one transaction, after the
-            // holder's last write: an older `Relinquished` is about an earlier holder.
+            // A release (or an operator's revoke) deletes the key and writes the history in one
+            // transaction, after the holder's last write: an older record is about an earlier
+            // holder. An expiry writes nothing, so an expired peer's route stays (stale).
             let left_cleanly = !unreadable.contains(subnet)
                 && relinquished.get(subnet).is_some_and(|rev| *rev > old.mod_revision);
             if !left_cleanly {
@@ -403,6 +406,16 @@ mod tests {
         assert!(routes(&s).is_empty());
         assert!(!s.needs_relist());
         assert_eq!(s.resume_revision(), Revision(12));
+    }
+
+    #[test]
+    fn listing_drops_a_revoked_route() {
+        let mut s = set();
+        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
+        s.apply_batch(&delete("10.244.1.0/24", 11));
+        let l = listing(11, vec![], vec![history("10.244.1.0/24", HistoryState::Revoked, 11)]);
+        assert!(s.apply_listing(&l));
+        assert!(routes(&s).is_empty());
     }
 
     #[test]
