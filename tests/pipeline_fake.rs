@@ -73,7 +73,8 @@ fn start(
     let addr = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, n), port);
     let rx = net.bind(addr);
     let pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, n), 40000 + u16::from(n)))];
-    let cfg = WorkerConfig { batch: 16, wake: Duration::from_millis(20), gro_tcp: false };
+    let cfg =
+        WorkerConfig { batch: 16, wake: Duration::from_millis(20), gro_tcp: false, gro_udp: false };
     worker::Worker {
         tun: tun.clone(),
         tx_pool: pool,

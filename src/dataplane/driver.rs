@@ -126,8 +126,7 @@ impl Dataplane {
         for _ in 0..workers {
             let q = Tun::open(&cfg.tun_name, opts)?;
             if cfg.tun_offload {
-                // USO needs userspace UDP GRO on the way in to pay off; TSO is what TCP uses.
-                offloads = q.enable_offloads(false);
+                offloads = q.enable_offloads(true);
             }
             queues.push(Arc::new(q));
         }
@@ -151,6 +150,7 @@ impl Dataplane {
             batch: if cfg.batching { super::udp::MAX_BATCH } else { 1 },
             wake: WAKE,
             gro_tcp: cfg.tun_offload && offloads.tso,
+            gro_udp: cfg.tun_offload && offloads.uso,
         };
         let rx_cfg = UdpConfig {
             bind: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, cfg.port),
@@ -184,6 +184,7 @@ impl Dataplane {
                     workers,
                     tun_vnet_hdr = cfg.tun_offload,
                     tun_tso = offloads.tso,
+                    tun_uso = offloads.uso,
                     udp_gso = pool[0].capabilities().gso,
                     udp_gro = rx.capabilities().gro,
                     batch = wcfg.batch,

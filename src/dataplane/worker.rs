@@ -88,8 +88,10 @@ pub struct WorkerConfig {
     pub batch: usize,
     /// How often loops look at the stop flag.
     pub wake: Duration,
-    /// Coalesce received TCP segments into super-packets (needs TUN offloads).
+    /// Coalesce received TCP segments into super-packets (needs TUN TSO).
     pub gro_tcp: bool,
+    /// Coalesce received UDP datagrams of one flow into super-packets (needs TUN USO).
+    pub gro_udp: bool,
 }
 
 /// The largest packet a TUN read returns with offloads (64 KiB super-packet) plus its header.
@@ -363,7 +365,7 @@ pub fn run_rx<T: TunIo, U: UdpIo>(
     let mut gro_bufs: Vec<Vec<u8>> =
         (0..gro_slots).map(|_| vec![0u8; VIRTIO_HEADROOM + 65535]).collect();
     let mut gro_lens = vec![0usize; gro_slots];
-    let mut gro = GroTable::new(GroConfig { tcp: cfg.gro_tcp, udp: false }, gro_slots.max(1));
+    let mut gro = GroTable::new(GroConfig { tcp: cfg.gro_tcp, udp: cfg.gro_udp }, gro_slots.max(1));
     let mut k = 0;
     let flush =
         |gro: &mut GroTable, gro_bufs: &mut [Vec<u8>], gro_lens: &mut [usize], k: &mut usize| {
