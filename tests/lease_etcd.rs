@@ -24,6 +24,15 @@ fn sleep(secs: f64) {
     std::thread::sleep(Duration::from_secs_f64(secs));
 }
 
+/// A hook's output file, once it exists (hooks run asynchronously), waiting up to 5 s.
+fn read_when_written(path: &std::path::Path) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !path.exists() && Instant::now() < deadline {
+        sleep(0.1);
+    }
+    std::fs::read_to_string(path).ok()
+}
+
 /// Writes the network config with `weft network set` (so the CLI is exercised too).
 fn set_network(endpoints: &str, prefix: &str, json: &str) {
     let dir = tempfile::tempdir().unwrap();
@@ -148,11 +157,7 @@ async fn s2_suspended_host_finds_its_subnet_taken_reports_loudly_and_moves() {
     assert!(body.contains("exhausted"), "{body}");
     assert_eq!(a.metric("weft_lease_losses_total"), Some(1.0));
     // The hook ran with the old subnet, the reason and the new holder.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !lost.exists() && Instant::now() < deadline {
-        sleep(0.1);
-    }
-    let hook = std::fs::read_to_string(&lost).expect("on-lease-lost ran");
+    let hook = read_when_written(&lost).expect("on-lease-lost ran");
     assert_eq!(hook.trim(), format!("{s} taken-by-another-node 192.0.2.2"));
     // B keeps S untouched.
     let (v, rev) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
@@ -163,12 +168,8 @@ async fn s2_suspended_host_finds_its_subnet_taken_reports_loudly_and_moves() {
     assert_eq!(cnode.stop(), Some(0));
     let news = a.wait_ready(READY);
     assert_eq!(news, other);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !changed.exists() && Instant::now() < deadline {
-        sleep(0.1);
-    }
     assert_eq!(
-        std::fs::read_to_string(&changed).expect("on-subnet-change ran").trim(),
+        read_when_written(&changed).expect("on-subnet-change ran").trim(),
         format!("{s} {other}")
     );
     // B never saw a write from A.
