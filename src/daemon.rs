@@ -69,6 +69,8 @@ pub struct RunOptions {
     pub udp_gro: bool,
     /// Not `--no-batching`.
     pub batching: bool,
+    /// `--worker-threads 1`.
+    pub one_thread: bool,
 }
 
 /// The node's persistent identity, from `<state-dir>/node-id` (created on first start).
@@ -406,6 +408,7 @@ fn start_dataplane(
                 udp_gso: opts.udp_gso,
                 udp_gro: opts.udp_gro,
                 batching: opts.batching,
+                one_thread: opts.one_thread,
             },
             routes.clone(),
         )

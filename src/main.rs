@@ -175,6 +175,10 @@ struct RunArgs {
     /// Turn off recvmmsg/sendmmsg batching: one packet per syscall.
     #[arg(long, env = "WEFT_NO_BATCHING")]
     no_batching: bool,
+    /// Threads per worker: 1 runs both directions on one thread (fewer wake-ups), 2 gives
+    /// each direction its own.
+    #[arg(long, env = "WEFT_WORKER_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    worker_threads: u8,
     /// Log format.
     #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -280,6 +284,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 udp_gso: !args.no_udp_gso,
                 udp_gro: !args.no_udp_gro,
                 batching: !args.no_batching,
+                one_thread: args.worker_threads == 1,
             };
             daemon::run(opts, Arc::new(store)).await
         }

@@ -51,6 +51,7 @@ fn start(
     backend: BackendKind,
     port: u16,
     stop: &Arc<AtomicBool>,
+    one_thread: bool,
 ) -> Host {
     let pb = if backend == BackendKind::Vxlan { PeerBackend::Vxlan } else { PeerBackend::Udp };
     let routes = Arc::new(Routes::new(RouteTable::build(
@@ -73,8 +74,13 @@ fn start(
     let addr = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, n), port);
     let rx = net.bind(addr);
     let pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, n), 40000 + u16::from(n)))];
-    let cfg =
-        WorkerConfig { batch: 16, wake: Duration::from_millis(20), gro_tcp: false, gro_udp: false };
+    let cfg = WorkerConfig {
+        batch: 16,
+        wake: Duration::from_millis(20),
+        gro_tcp: false,
+        gro_udp: false,
+        one_thread,
+    };
     worker::Worker {
         tun: tun.clone(),
         tx_pool: pool,
@@ -110,10 +116,18 @@ fn echo(src: Ipv4Addr, dst: Ipv4Addr, ttl: u8) -> Vec<u8> {
 }
 
 fn two_hosts(backend: BackendKind, port: u16) -> (FakeNet, Host, Host, Arc<AtomicBool>) {
+    two_hosts_with(backend, port, false)
+}
+
+fn two_hosts_with(
+    backend: BackendKind,
+    port: u16,
+    one_thread: bool,
+) -> (FakeNet, Host, Host, Arc<AtomicBool>) {
     let net = FakeNet::new();
     let stop = Arc::new(AtomicBool::new(false));
-    let a = start(&net, 1, &[2], backend, port, &stop);
-    let b = start(&net, 2, &[1], backend, port, &stop);
+    let a = start(&net, 1, &[2], backend, port, &stop, one_thread);
+    let b = start(&net, 2, &[1], backend, port, &stop, one_thread);
     (net, a, b, stop)
 }
 
@@ -123,6 +137,20 @@ fn vxlan_packet_crosses_from_one_fake_host_to_the_other_unchanged() {
     let p = echo(Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2), 63);
     a.tun.inject(&p);
     assert_eq!(b.tun.take_written(WAIT).expect("delivered to host 2"), p);
+    assert_eq!(a.counters.tx_packets.load(Ordering::Relaxed), 1);
+    assert_eq!(b.counters.rx_packets.load(Ordering::Relaxed), 1);
+    stop.store(true, Ordering::Relaxed);
+}
+
+#[test]
+fn one_thread_workers_carry_packets_both_ways() {
+    let (_net, a, b, stop) = two_hosts_with(BackendKind::Vxlan, 8472, true);
+    let there = echo(Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2), 63);
+    let back = echo(Ipv4Addr::new(10, 244, 2, 2), Ipv4Addr::new(10, 244, 1, 2), 63);
+    a.tun.inject(&there);
+    assert_eq!(b.tun.take_written(WAIT).expect("delivered to host 2"), there);
+    b.tun.inject(&back);
+    assert_eq!(a.tun.take_written(WAIT).expect("delivered back to host 1"), back);
     assert_eq!(a.counters.tx_packets.load(Ordering::Relaxed), 1);
     assert_eq!(b.counters.rx_packets.load(Ordering::Relaxed), 1);
     stop.store(true, Ordering::Relaxed);

@@ -1,6 +1,6 @@
 //! Owns the data plane's file descriptors and threads: one TUN queue, one receiving UDP socket
-//! and a small pool of sending sockets per worker, each worker on two threads
-//! ([`super::worker`]).
+//! and a small pool of sending sockets per worker, each worker on one thread for both
+//! directions, or one per direction ([`super::worker`]).
 //!
 //! Start-up probes every offload once and logs what it found: TUN checksum/TSO/USO
 //! (`IFF_VNET_HDR` + `TUNSETOFFLOAD`), UDP GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`). Each can be
@@ -68,6 +68,8 @@ pub struct DataplaneConfig {
     pub udp_gro: bool,
     /// recvmmsg/sendmmsg batches (off: one packet per syscall).
     pub batching: bool,
+    /// One thread per worker for both directions (else one per direction).
+    pub one_thread: bool,
 }
 
 /// Why the data plane could not start.
@@ -99,6 +101,9 @@ impl TunIo for Tun {
     }
     fn vnet_hdr(&self) -> bool {
         Tun::vnet_hdr(self)
+    }
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(self))
     }
 }
 
@@ -151,6 +156,7 @@ impl Dataplane {
             wake: WAKE,
             gro_tcp: cfg.tun_offload && offloads.tso,
             gro_udp: cfg.tun_offload && offloads.uso,
+            one_thread: cfg.one_thread,
         };
         let rx_cfg = UdpConfig {
             bind: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, cfg.port),

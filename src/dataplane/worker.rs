@@ -42,6 +42,10 @@ pub trait TunIo: Send + Sync {
     fn wait_readable(&self, timeout: Duration) -> io::Result<bool>;
     /// Whether packets carry a `virtio_net_hdr` (TUN offloads on).
     fn vnet_hdr(&self) -> bool;
+    /// The file descriptor to `poll(2)` for readability, if the queue has one.
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// One UDP socket, as the loops need it (see [`udp::BatchSocket`]).
@@ -59,6 +63,10 @@ pub trait UdpIo: Send {
     fn max_gso_segments(&self) -> usize;
     /// Whether received buffers may hold several datagrams (UDP GRO).
     fn gro(&self) -> bool;
+    /// The file descriptor to `poll(2)` for readability, if the socket has one.
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 impl UdpIo for udp::BatchSocket {
@@ -79,6 +87,9 @@ impl UdpIo for udp::BatchSocket {
     fn gro(&self) -> bool {
         self.capabilities().gro
     }
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(self))
+    }
 }
 
 /// How one worker runs.
@@ -92,6 +103,8 @@ pub struct WorkerConfig {
     pub gro_tcp: bool,
     /// Coalesce received UDP datagrams of one flow into super-packets (needs TUN USO).
     pub gro_udp: bool,
+    /// Run TX and RX on one thread ([`run_both`]) instead of two.
+    pub one_thread: bool,
 }
 
 /// The largest packet a TUN read returns with offloads (64 KiB super-packet) plus its header.
@@ -104,41 +117,59 @@ fn zero_vnet_hdr(buf: &mut [u8]) {
     buf[..virtio_net::LEN].fill(0);
 }
 
-/// The TX loop: TUN → encapsulation → UDP. `pool` holds the sockets datagrams leave from;
-/// the inner flow's hash picks one, so the outer source port is stable per flow.
-pub fn run_tx<T: TunIo, U: UdpIo>(
-    tun: &T,
-    pool: &mut [U],
-    fwd: &Forwarder,
-    routes: &Routes,
-    counters: &Counters,
-    cfg: WorkerConfig,
-    stop: &AtomicBool,
-) {
-    let batch = cfg.batch.clamp(1, MAX_BATCH);
-    let vnet = tun.vnet_hdr();
-    let hdr_room = if vnet { virtio_net::LEN } else { 0 };
-    // Slot i: [HEADROOM - hdr_room free][vnet hdr?][packet ...]; the packet starts at HEADROOM.
-    let mut slots: Vec<Vec<u8>> = (0..batch).map(|_| vec![0u8; HEADROOM + READ_LEN]).collect();
-    let mut split_out = vec![0u8; if vnet { SPLIT_LEN } else { 0 }];
-    let mut reply = vec![0u8; virtio_net::LEN + 1500];
-    let mut pending: Vec<(usize, SocketAddrV4, std::ops::Range<usize>, u32)> =
-        Vec::with_capacity(batch);
-    if pool.is_empty() {
-        return;
+/// The TX path's buffers, allocated once: TUN → encapsulation → UDP.
+pub struct TxPath {
+    slots: Vec<Vec<u8>>,
+    split_out: Vec<u8>,
+    reply: Vec<u8>,
+    pending: Vec<(usize, SocketAddrV4, std::ops::Range<usize>, u32)>,
+    vnet: bool,
+}
+
+impl TxPath {
+    /// Buffers for batches of `cfg.batch` packets from `tun`.
+    pub fn new<T: TunIo>(tun: &T, cfg: &WorkerConfig) -> Self {
+        let batch = cfg.batch.clamp(1, MAX_BATCH);
+        let vnet = tun.vnet_hdr();
+        Self {
+            // Slot i: [HEADROOM - hdr room][vnet hdr?][packet ...]; the packet at HEADROOM.
+            slots: (0..batch).map(|_| vec![0u8; HEADROOM + READ_LEN]).collect(),
+            split_out: vec![0u8; if vnet { SPLIT_LEN } else { 0 }],
+            reply: vec![0u8; virtio_net::LEN + 1500],
+            pending: Vec::with_capacity(batch),
+            vnet,
+        }
     }
-    while !stop.load(Ordering::Relaxed) {
-        match tun.wait_readable(cfg.wake) {
+
+    /// Waits up to `wait` for TUN, then reads what is queued (one batch), encapsulates and
+    /// sends it. `pool` holds the sockets datagrams leave from; the inner flow's hash picks
+    /// one, so the outer source port is stable per flow. Returns whether anything was read.
+    pub fn step<T: TunIo, U: UdpIo>(
+        &mut self,
+        tun: &T,
+        pool: &mut [U],
+        fwd: &Forwarder,
+        routes: &Routes,
+        counters: &Counters,
+        wait: Duration,
+    ) -> bool {
+        if pool.is_empty() {
+            return false;
+        }
+        let (vnet, hdr_room) = (self.vnet, if self.vnet { virtio_net::LEN } else { 0 });
+        match tun.wait_readable(wait) {
             Ok(true) => {}
-            Ok(false) => continue,
+            Ok(false) => return false,
             Err(_) => {
                 counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(cfg.wake);
-                continue;
+                std::thread::sleep(wait.max(Duration::from_millis(1)));
+                return false;
             }
         }
+        let Self { slots, split_out, reply, pending, .. } = self;
         let table = routes.load();
         pending.clear();
+        let mut read_any = false;
         for (i, slot) in slots.iter_mut().enumerate() {
             let n = match tun.read(&mut slot[HEADROOM - hdr_room..]) {
                 Ok(0) => break,
@@ -149,6 +180,7 @@ pub fn run_tx<T: TunIo, U: UdpIo>(
                     break;
                 }
             };
+            read_any = true;
             let Some(len) = n.checked_sub(hdr_room) else {
                 counters.count_drop(DropReason::TxMalformed);
                 continue;
@@ -168,13 +200,13 @@ pub fn run_tx<T: TunIo, U: UdpIo>(
                 send_super_packet(
                     &hdr,
                     &slot[HEADROOM..HEADROOM + len],
-                    &mut split_out,
+                    split_out,
                     pool,
                     fwd,
                     &table,
                     counters,
                     tun,
-                    &mut reply,
+                    reply,
                 );
                 continue;
             }
@@ -186,13 +218,13 @@ pub fn run_tx<T: TunIo, U: UdpIo>(
                 Tx::Send { peer, range, flow } => pending.push((i, peer, range, flow)),
                 Tx::Reply { len: r, reason } => {
                     counters.count_drop(reason);
-                    write_reply(tun, &mut reply, r, vnet);
+                    write_reply(tun, reply, r, vnet);
                 }
                 Tx::Drop(reason) => counters.count_drop(reason),
             }
         }
         if pending.is_empty() {
-            continue;
+            return read_any;
         }
         // One sendmmsg per socket used; in practice one flow, one socket.
         let mut txs = [Transmit {
@@ -202,16 +234,10 @@ pub fn run_tx<T: TunIo, U: UdpIo>(
         }; MAX_BATCH];
         let mut which = usize::MAX;
         let mut k = 0;
-        let flush = |txs: &[Transmit<'_>], sock: usize, pool: &mut [U]| {
-            if txs.is_empty() {
-                return;
-            }
-            account(pool[sock].send_batch(txs), txs, counters);
-        };
-        for (slot, peer, range, flow) in &pending {
+        for (slot, peer, range, flow) in pending.iter() {
             let sock = *flow as usize % pool.len();
             if sock != which && k > 0 {
-                flush(&txs[..k], which, pool);
+                account(pool[which].send_batch(&txs[..k]), &txs[..k], counters);
                 k = 0;
             }
             which = sock;
@@ -219,7 +245,26 @@ pub fn run_tx<T: TunIo, U: UdpIo>(
                 Transmit { dst: *peer, contents: &slots[*slot][range.clone()], segment_size: None };
             k += 1;
         }
-        flush(&txs[..k], which, pool);
+        if k > 0 {
+            account(pool[which].send_batch(&txs[..k]), &txs[..k], counters);
+        }
+        true
+    }
+}
+
+/// The TX loop on its own thread: [`TxPath::step`] until `stop`.
+pub fn run_tx<T: TunIo, U: UdpIo>(
+    tun: &T,
+    pool: &mut [U],
+    fwd: &Forwarder,
+    routes: &Routes,
+    counters: &Counters,
+    cfg: WorkerConfig,
+    stop: &AtomicBool,
+) {
+    let mut tx = TxPath::new(tun, &cfg);
+    while !stop.load(Ordering::Relaxed) {
+        tx.step(tun, pool, fwd, routes, counters, cfg.wake);
     }
 }
 
@@ -344,55 +389,72 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
     }
 }
 
-/// The RX loop: UDP → validation and decapsulation → (GRO) → TUN.
-pub fn run_rx<T: TunIo, U: UdpIo>(
-    tun: &T,
-    sock: &mut U,
-    fwd: &Forwarder,
-    routes: &Routes,
-    counters: &Counters,
-    cfg: WorkerConfig,
-    stop: &AtomicBool,
-) {
-    let batch = cfg.batch.clamp(1, MAX_BATCH);
-    let vnet = tun.vnet_hdr();
-    let buf_len = if sock.gro() { udp::GRO_BUFFER_LEN } else { 65536 };
-    let mut bufs: Vec<Vec<u8>> = (0..batch).map(|_| vec![0u8; buf_len]).collect();
-    let mut metas = vec![RecvMeta::default(); batch];
-    // With TUN offloads every write carries a virtio header, so inner packets are copied into
-    // slots with room for it, where GRO can also grow them into super-packets.
-    let gro_slots = if vnet { 128 } else { 0 };
-    let mut gro_bufs: Vec<Vec<u8>> =
-        (0..gro_slots).map(|_| vec![0u8; VIRTIO_HEADROOM + 65535]).collect();
-    let mut gro_lens = vec![0usize; gro_slots];
-    let mut gro = GroTable::new(GroConfig { tcp: cfg.gro_tcp, udp: cfg.gro_udp }, gro_slots.max(1));
-    let mut k = 0;
-    let flush =
-        |gro: &mut GroTable, gro_bufs: &mut [Vec<u8>], gro_lens: &mut [usize], k: &mut usize| {
-            if *k == 0 {
-                return;
-            }
-            for &j in gro.coalesce(&mut gro_bufs[..*k], &mut gro_lens[..*k]) {
-                if tun.write(&gro_bufs[j][..gro_lens[j]]).is_err() {
-                    counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            *k = 0;
-        };
-    while !stop.load(Ordering::Relaxed) {
-        let n = match sock.recv_batch(&mut bufs, &mut metas, cfg.wake) {
+/// The RX path's buffers, allocated once: UDP → validation and decapsulation → (GRO) → TUN.
+pub struct RxPath {
+    bufs: Vec<Vec<u8>>,
+    metas: Vec<RecvMeta>,
+    gro_bufs: Vec<Vec<u8>>,
+    gro_lens: Vec<usize>,
+    gro: GroTable,
+    vnet: bool,
+}
+
+impl RxPath {
+    /// Buffers for batches of `cfg.batch` messages from `sock` to `tun`.
+    pub fn new<T: TunIo, U: UdpIo>(tun: &T, sock: &U, cfg: &WorkerConfig) -> Self {
+        let batch = cfg.batch.clamp(1, MAX_BATCH);
+        let vnet = tun.vnet_hdr();
+        let buf_len = if sock.gro() { udp::GRO_BUFFER_LEN } else { 65536 };
+        // With TUN offloads every write carries a virtio header, so inner packets are copied
+        // into slots with room for it, where GRO can also grow them into super-packets.
+        let gro_slots = if vnet { 128 } else { 0 };
+        Self {
+            bufs: (0..batch).map(|_| vec![0u8; buf_len]).collect(),
+            metas: vec![RecvMeta::default(); batch],
+            gro_bufs: (0..gro_slots).map(|_| vec![0u8; VIRTIO_HEADROOM + 65535]).collect(),
+            gro_lens: vec![0usize; gro_slots],
+            gro: GroTable::new(GroConfig { tcp: cfg.gro_tcp, udp: cfg.gro_udp }, gro_slots.max(1)),
+            vnet,
+        }
+    }
+
+    /// Waits up to `wait` for datagrams, then receives a batch, validates, decapsulates and
+    /// writes the inner packets to TUN. Returns whether anything was received.
+    pub fn step<T: TunIo, U: UdpIo>(
+        &mut self,
+        tun: &T,
+        sock: &mut U,
+        fwd: &Forwarder,
+        routes: &Routes,
+        counters: &Counters,
+        wait: Duration,
+    ) -> bool {
+        let Self { bufs, metas, gro_bufs, gro_lens, gro, vnet } = self;
+        let n = match sock.recv_batch(bufs, metas, wait) {
             Ok(n) => n,
             Err(_) => {
                 counters.io_errors.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(10));
-                continue;
+                return false;
             }
         };
         if n == 0 {
-            continue;
+            return false;
         }
+        let flush =
+            |gro: &mut GroTable, gro_bufs: &mut [Vec<u8>], gro_lens: &mut [usize], k: usize| {
+                if k == 0 {
+                    return;
+                }
+                for &j in gro.coalesce(&mut gro_bufs[..k], &mut gro_lens[..k]) {
+                    if tun.write(&gro_bufs[j][..gro_lens[j]]).is_err() {
+                        counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            };
         let table = routes.load();
-        for (buf, meta) in bufs.iter_mut().zip(&metas).take(n) {
+        let mut k = 0;
+        for (buf, meta) in bufs.iter_mut().zip(metas.iter()).take(n) {
             if meta.truncated {
                 counters.count_drop(DropReason::RxMalformed);
                 continue;
@@ -409,14 +471,14 @@ pub fn run_rx<T: TunIo, U: UdpIo>(
                         let inner = &datagram[r];
                         counters.rx_packets.fetch_add(1, Ordering::Relaxed);
                         counters.rx_bytes.fetch_add(inner.len() as u64, Ordering::Relaxed);
-                        if vnet {
-                            let slot = &mut gro_bufs[k];
-                            slot[VIRTIO_HEADROOM..VIRTIO_HEADROOM + inner.len()]
+                        if *vnet {
+                            gro_bufs[k][VIRTIO_HEADROOM..VIRTIO_HEADROOM + inner.len()]
                                 .copy_from_slice(inner);
                             gro_lens[k] = inner.len();
                             k += 1;
-                            if k == gro_slots {
-                                flush(&mut gro, &mut gro_bufs, &mut gro_lens, &mut k);
+                            if k == gro_bufs.len() {
+                                flush(gro, gro_bufs, gro_lens, k);
+                                k = 0;
                             }
                         } else if tun.write(inner).is_err() {
                             counters.io_errors.fetch_add(1, Ordering::Relaxed);
@@ -427,7 +489,69 @@ pub fn run_rx<T: TunIo, U: UdpIo>(
                 off = end;
             }
         }
-        flush(&mut gro, &mut gro_bufs, &mut gro_lens, &mut k);
+        flush(gro, gro_bufs, gro_lens, k);
+        true
+    }
+}
+
+/// The RX loop on its own thread: [`RxPath::step`] until `stop`.
+pub fn run_rx<T: TunIo, U: UdpIo>(
+    tun: &T,
+    sock: &mut U,
+    fwd: &Forwarder,
+    routes: &Routes,
+    counters: &Counters,
+    cfg: WorkerConfig,
+    stop: &AtomicBool,
+) {
+    let mut rx = RxPath::new(tun, sock, &cfg);
+    while !stop.load(Ordering::Relaxed) {
+        rx.step(tun, sock, fwd, routes, counters, cfg.wake);
+    }
+}
+
+/// Both directions on one thread: drain TX and RX without waiting, and sleep on both file
+/// descriptors only when both are idle. A reply the kernel generates inside our TUN write (an
+/// ICMP echo reply, a TCP ACK) is then picked up by the same thread without a wake-up, which
+/// on a VM costs tens of microseconds.
+#[allow(clippy::too_many_arguments)]
+pub fn run_both<T: TunIo, U: UdpIo>(
+    tun: &T,
+    pool: &mut [U],
+    sock: &mut U,
+    fwd: &Forwarder,
+    routes: &Routes,
+    counters: &Counters,
+    cfg: WorkerConfig,
+    stop: &AtomicBool,
+) {
+    let mut tx = TxPath::new(tun, &cfg);
+    let mut rx = RxPath::new(tun, sock, &cfg);
+    while !stop.load(Ordering::Relaxed) {
+        let sent = tx.step(tun, pool, fwd, routes, counters, Duration::ZERO);
+        let received = rx.step(tun, sock, fwd, routes, counters, Duration::ZERO);
+        if !sent && !received {
+            wait_either(tun, sock, cfg.wake);
+        }
+    }
+}
+
+/// Sleeps until TUN or the socket is readable, or `wake` passes.
+fn wait_either<T: TunIo, U: UdpIo>(tun: &T, sock: &U, wake: Duration) {
+    match (tun.poll_fd(), sock.poll_fd()) {
+        (Some(a), Some(b)) => {
+            let mut fds = [
+                libc::pollfd { fd: a, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: b, events: libc::POLLIN, revents: 0 },
+            ];
+            let ms = libc::c_int::try_from(wake.as_millis()).unwrap_or(libc::c_int::MAX);
+            // SAFETY: two valid pollfds; an error or EINTR just ends the wait early.
+            unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        }
+        // Fakes have no file descriptors: wait on TUN briefly, then look at both again.
+        _ => {
+            let _ = tun.wait_readable(wake.min(Duration::from_millis(1)));
+        }
     }
 }
 
@@ -450,14 +574,20 @@ pub struct Worker<T, U> {
 }
 
 impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
-    /// Runs [`run_tx`] and [`run_rx`] on two threads named `<name>-tx` and `<name>-rx`, until
-    /// `stop` is set.
+    /// Runs the worker until `stop` is set: [`run_both`] on one thread named `<name>`, or
+    /// [`run_tx`] and [`run_rx`] on two named `<name>-tx` and `<name>-rx`.
     pub fn spawn(
         self,
         name: &str,
         stop: Arc<AtomicBool>,
-    ) -> io::Result<[std::thread::JoinHandle<()>; 2]> {
+    ) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
         let Self { tun, mut tx_pool, mut rx, fwd, routes, counters, cfg } = self;
+        if cfg.one_thread {
+            let t = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+                run_both(&*tun, &mut tx_pool, &mut rx, &fwd, &routes, &counters, cfg, &stop)
+            })?;
+            return Ok(vec![t]);
+        }
         let tx = {
             let (tun, fwd, routes, counters, stop) =
                 (tun.clone(), fwd.clone(), routes.clone(), counters.clone(), stop.clone());
@@ -468,6 +598,6 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
         let rx = std::thread::Builder::new()
             .name(format!("{name}-rx"))
             .spawn(move || run_rx(&*tun, &mut rx, &fwd, &routes, &counters, cfg, &stop))?;
-        Ok([tx, rx])
+        Ok(vec![tx, rx])
     }
 }
