@@ -7,7 +7,13 @@
 //!   against a [`lease::store::Store`] (etcd, or in memory for the simulation), a clock, hooks
 //!   and the health server.
 //! - Config ([`config`]): flannel's network config schema.
-//! - Data plane: TUN <-> route lookup <-> VXLAN/UDP (later issues).
+//! - Routes ([`route`]): every peer's lease as an immutable, wait-free route table; the
+//!   lease-to-route rules ([`route::set`]) are pure, [`route::watcher`] feeds them from etcd.
+//! - Data plane ([`dataplane`]): TUN -> route lookup -> VXLAN/UDP and back. Packet views
+//!   ([`dataplane::wire`]), forwarding decisions ([`dataplane::pipeline`]) and offload
+//!   split/coalesce ([`dataplane::offload`]) are pure; [`dataplane::sys`] and
+//!   [`dataplane::udp`] are the syscall layers, [`dataplane::driver`] owns the threads.
+//! - [`daemon`] wires them into `weft run`; [`health`] serves `/healthz`, `/readyz`, `/metrics`.
 //!
 //! Time comes from [`time`]: a boot-time clock for drivers, a manual clock for tests.
 
