@@ -159,7 +159,7 @@ struct RunArgs {
     /// subnet.env, hooks, health) and needs no privilege.
     #[arg(long, env = "WEFT_DATAPLANE", default_value = "tun", value_parser = ["tun", "none"])]
     dataplane: String,
-    /// Data plane workers (TUN queues, each with its own socket and two threads).
+    /// Data plane workers (TUN queues, each with its own sockets and thread).
     /// Default: the number of CPUs.
     #[arg(long, env = "WEFT_WORKERS")]
     workers: Option<usize>,
