@@ -18,12 +18,14 @@ use tracing::{error, info, warn};
 
 use crate::config::{BackendKind, NetworkConfig};
 use crate::dataplane::driver::{Dataplane, DataplaneConfig};
+use crate::dataplane::wire::ethernet::MacAddr;
 use crate::health::{self, Health};
 use crate::lease::driver::{DriverConfig, LeaseDriver};
 use crate::lease::keeper::{Keeper, KeeperConfig};
 use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Subnet};
 use crate::lease::store::Store;
 use crate::lease::subnet_env::{self, ReadOutcome};
+use crate::route::parse_mac;
 use crate::route::watcher::RouteStats;
 use crate::route::{RouteTable, Routes};
 use crate::time::{BootClock, Clock};
@@ -105,27 +107,8 @@ pub fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<[u8; 6]> {
     }
     let mut mac: [u8; 6] = rand::random();
     mac[0] = (mac[0] & 0xfe) | 0x02;
-    write_state_file(state_dir, "vtep-mac", &format_mac(mac))?;
+    write_state_file(state_dir, "vtep-mac", &MacAddr(mac).to_string())?;
     Ok(mac)
-}
-
-/// `aa:bb:cc:dd:ee:ff`, as Go's `net.HardwareAddr` prints it (flannel's VtepMAC form).
-pub fn format_mac(mac: [u8; 6]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
-
-/// Parses `aa:bb:cc:dd:ee:ff` (or with `-`).
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let mut out = [0u8; 6];
-    let mut parts = s.split([':', '-']);
-    for b in &mut out {
-        let p = parts.next()?;
-        if p.len() != 2 {
-            return None;
-        }
-        *b = u8::from_str_radix(p, 16).ok()?;
-    }
-    parts.next().is_none().then_some(out)
 }
 
 fn write_state_file(dir: &Path, name: &str, contents: &str) -> anyhow::Result<()> {
@@ -206,7 +189,7 @@ pub fn lease_attrs(network: &NetworkConfig, public_ip: Ipv4Addr, vtep_mac: [u8; 
         BackendKind::Vxlan => (
             Some("vxlan".to_string()),
             Some(
-                serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": format_mac(vtep_mac) }),
+                serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": MacAddr(vtep_mac).to_string() }),
             ),
         ),
         // flannel's udp backend writes no BackendType; weft does the same so flannel peers
@@ -470,16 +453,6 @@ async fn signal_shutdown(tx: watch::Sender<bool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mac_round_trips() {
-        let m = [0x02, 0xab, 0, 1, 0xfe, 0x10];
-        assert_eq!(format_mac(m), "02:ab:00:01:fe:10");
-        assert_eq!(parse_mac("02:ab:00:01:fe:10"), Some(m));
-        assert_eq!(parse_mac("02:ab:00:01:fe"), None);
-        assert_eq!(parse_mac("02:ab:00:01:fe:10:11"), None);
-        assert_eq!(parse_mac("zz:ab:00:01:fe:10"), None);
-    }
 
     #[test]
     fn node_id_is_generated_once_and_kept() {

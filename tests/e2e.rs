@@ -74,11 +74,6 @@ fn dot2(subnet: &str) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(net) + 2)
 }
 
-fn parse_mac(s: &str) -> [u8; 6] {
-    let v: Vec<u8> = s.split(':').map(|b| u8::from_str_radix(b, 16).expect("mac byte")).collect();
-    v.try_into().expect("6-byte MAC")
-}
-
 fn vtep_mac(lab: &Lab, subnet: &str) -> String {
     let v = lab.lease_value(subnet).unwrap_or_else(|| panic!("no lease for {subnet}"));
     v["BackendData"]["VtepMAC"].as_str().unwrap_or_else(|| panic!("no VtepMAC in {v}")).to_owned()
@@ -428,7 +423,7 @@ fn garbage_at_the_vxlan_port_is_dropped_and_counted_while_traffic_flows() {
         wefts[1].subnet().expect("s2"),
         wefts[2].subnet().expect("s3"),
     );
-    let mac2 = parse_mac(&vtep_mac(&lab, &s2));
+    let mac2 = weft::route::parse_mac(&vtep_mac(&lab, &s2)).expect("a VtepMAC");
     let pod2 = pods[1].ip;
 
     // A listener in pod 2: it must get the legitimate datagrams and none of the garbage.

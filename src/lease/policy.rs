@@ -93,12 +93,8 @@ pub fn choose(
     let live: BTreeMap<Subnet, &StoredLease> =
         listing.leases.iter().map(|l| (l.subnet, l)).collect();
     // A subnet key whose value does not parse is still a live key: occupied, never taken.
-    let unreadable: BTreeSet<Subnet> = listing
-        .skipped
-        .iter()
-        .filter(|b| b.key.contains("/subnets/"))
-        .filter_map(|b| b.key.rsplit('/').next().and_then(|n| Subnet::parse_key_name(n).ok()))
-        .collect();
+    let unreadable: BTreeSet<Subnet> =
+        listing.skipped.iter().filter_map(|b| b.subnet_key().flatten()).collect();
     let occupied: BTreeSet<Subnet> = live.keys().chain(unreadable.iter()).copied().collect();
     let overlaps_live = |s: Subnet| {
         occupied.iter().any(|l| l.net().contains(&s.network()) || s.net().contains(&l.network()))

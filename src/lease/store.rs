@@ -84,6 +84,15 @@ pub struct BadEntry {
     pub problem: String,
 }
 
+impl BadEntry {
+    /// `Some` if this is a key under `<prefix>/subnets/` — still a live key, whatever its value
+    /// — holding the subnet its name parses to, if it does.
+    pub fn subnet_key(&self) -> Option<Option<Subnet>> {
+        let (dir, name) = self.key.rsplit_once('/')?;
+        dir.ends_with("/subnets").then(|| Subnet::parse_key_name(name).ok())
+    }
+}
+
 /// Every subnet lease and history record, read at one revision.
 #[derive(Clone, Debug, Default)]
 pub struct Listing {

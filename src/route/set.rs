@@ -27,7 +27,7 @@ use ipnet::Ipv4Net;
 
 use super::table::{Peer, RouteTable};
 use crate::lease::record::{HistoryState, Revision, Subnet};
-use crate::lease::store::{BadEntry, Listing, WatchBatch, WatchEvent};
+use crate::lease::store::{Listing, WatchBatch, WatchEvent};
 
 /// The latest known route of one subnet and the key revision it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,7 +111,7 @@ impl RouteSet {
             }
         }
         for bad in &listing.skipped {
-            if let Some(subnet) = bad_subnet_key(bad) {
+            if let Some(subnet) = bad.subnet_key() {
                 self.bad_entries += 1;
                 if let Some(subnet) = subnet {
                     unreadable.insert(subnet);
@@ -202,7 +202,7 @@ impl RouteSet {
                 self.needs_relist |= self.is_visible(*subnet);
                 changed
             }
-            WatchEvent::Bad(bad) => match bad_subnet_key(bad) {
+            WatchEvent::Bad(bad) => match bad.subnet_key() {
                 Some(subnet) => {
                     self.bad_entries += 1;
                     subnet.is_some_and(|s| self.mark_stale(s))
@@ -273,11 +273,6 @@ impl RouteSet {
 
 /// Whether a bad entry is a subnet key (`Some`), with its subnet if the key name parses;
 /// `None` for history and other keys, which are not routes.
-fn bad_subnet_key(bad: &BadEntry) -> Option<Option<Subnet>> {
-    let (dir, name) = bad.key.rsplit_once('/')?;
-    (dir == "subnets" || dir.ends_with("/subnets")).then(|| Subnet::parse_key_name(name).ok())
-}
-
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -286,6 +281,7 @@ mod tests {
     use crate::lease::record::{
         HistoryEntry, HistoryRecord, LeaseAttrs, NodeId, StoreLeaseId, StoredLease,
     };
+    use crate::lease::store::BadEntry;
 
     const PREFIX: &str = "/coreos.com/network";
 
