@@ -327,7 +327,7 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
     // Every segment of one super-packet belongs to one flow: one peer, one socket.
     let mut dst = None;
     let mut flow = 0;
-    let mut first_payload_off = 0;
+    let mut contiguous = true;
     for i in 0..segs.count() {
         let slot = segs.slot(i);
         match fwd.encap(
@@ -340,7 +340,8 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
                 if i == 0 {
                     dst = Some(peer);
                     flow = f;
-                    first_payload_off = range.start;
+                    // VXLAN datagrams fill their whole slot; udp ones start HEADROOM into it.
+                    contiguous = range.start == 0;
                 }
             }
             Tx::Reply { len, reason } => {
@@ -357,10 +358,9 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
         }
     }
     let Some(dst) = dst else { return };
-    // The udp backend encapsulates nothing: each datagram starts HEADROOM into its slot, so
-    // datagrams are not back to back and go out one by one; VXLAN slots are contiguous.
+    // Only back-to-back datagrams can share a GSO message; udp ones go out one by one.
     let sock = flow as usize % pool.len();
-    if first_payload_off != 0 {
+    if !contiguous {
         let mut txs = [Transmit { dst, contents: &[], segment_size: None }; MAX_BATCH];
         let mut k = 0;
         for i in 0..segs.count() {
