@@ -46,12 +46,19 @@ impl Queue {
 pub struct FakeTun {
     inbound: Queue,
     written: Queue,
+    vnet_hdr: bool,
 }
 
 impl FakeTun {
     /// A fake TUN queue without virtio headers.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// A fake TUN queue with offloads: every packet read or written carries a
+    /// `virtio_net_hdr`, which the test writes (and reads) itself.
+    pub fn with_vnet_hdr() -> Arc<Self> {
+        Arc::new(Self { vnet_hdr: true, ..Self::default() })
     }
 
     /// A packet for weft to read.
@@ -97,7 +104,7 @@ impl TunIo for FakeTun {
     }
 
     fn vnet_hdr(&self) -> bool {
-        false
+        self.vnet_hdr
     }
 }
 

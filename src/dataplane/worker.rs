@@ -122,7 +122,7 @@ pub struct TxPath {
     slots: Vec<Vec<u8>>,
     split_out: Vec<u8>,
     reply: Vec<u8>,
-    pending: Vec<(usize, SocketAddrV4, std::ops::Range<usize>, u32)>,
+    pending: Vec<Pending>,
     vnet: bool,
 }
 
@@ -170,8 +170,8 @@ impl TxPath {
         let table = routes.load();
         pending.clear();
         let mut read_any = false;
-        for (i, slot) in slots.iter_mut().enumerate() {
-            let n = match tun.read(&mut slot[HEADROOM - hdr_room..]) {
+        for i in 0..slots.len() {
+            let n = match tun.read(&mut slots[i][HEADROOM - hdr_room..]) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -186,7 +186,7 @@ impl TxPath {
                 continue;
             };
             let hdr = if vnet {
-                match Header::parse(&slot[HEADROOM - hdr_room..HEADROOM]) {
+                match Header::parse(&slots[i][HEADROOM - hdr_room..HEADROOM]) {
                     Ok(h) => h,
                     Err(_) => {
                         counters.count_drop(DropReason::TxMalformed);
@@ -197,9 +197,14 @@ impl TxPath {
                 Header::NONE
             };
             if hdr.gso_type & !virtio_net::GSO_ECN != virtio_net::GSO_NONE {
+                // Packets read before this one leave before it: a flow's short segments
+                // (GSO_NONE) and super-packets interleave, and reordering them would make TCP
+                // see losses that never happened.
+                send_pending(slots, pending, pool, counters);
+                pending.clear();
                 send_super_packet(
                     &hdr,
-                    &slot[HEADROOM..HEADROOM + len],
+                    &slots[i][HEADROOM..HEADROOM + len],
                     split_out,
                     pool,
                     fwd,
@@ -210,6 +215,7 @@ impl TxPath {
                 );
                 continue;
             }
+            let slot = &mut slots[i];
             if offload::finish_checksum(&hdr, &mut slot[HEADROOM..HEADROOM + len]).is_err() {
                 counters.count_drop(DropReason::TxMalformed);
                 continue;
@@ -223,32 +229,43 @@ impl TxPath {
                 Tx::Drop(reason) => counters.count_drop(reason),
             }
         }
-        if pending.is_empty() {
-            return read_any;
-        }
-        // One sendmmsg per socket used; in practice one flow, one socket.
-        let mut txs = [Transmit {
-            dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-            contents: &[],
-            segment_size: None,
-        }; MAX_BATCH];
-        let mut which = usize::MAX;
-        let mut k = 0;
-        for (slot, peer, range, flow) in pending.iter() {
-            let sock = *flow as usize % pool.len();
-            if sock != which && k > 0 {
-                account(pool[which].send_batch(&txs[..k]), &txs[..k], counters);
-                k = 0;
-            }
-            which = sock;
-            txs[k] =
-                Transmit { dst: *peer, contents: &slots[*slot][range.clone()], segment_size: None };
-            k += 1;
-        }
-        if k > 0 {
+        send_pending(slots, pending, pool, counters);
+        read_any
+    }
+}
+
+/// A packet encapsulated in its read slot, waiting to be sent: (slot, peer, datagram range in
+/// the slot, flow hash).
+type Pending = (usize, SocketAddrV4, std::ops::Range<usize>, u32);
+
+/// Sends the pending datagrams in order: one `sendmmsg` per run of datagrams leaving from the
+/// same socket (in practice one flow, one socket).
+fn send_pending<U: UdpIo>(
+    slots: &[Vec<u8>],
+    pending: &[Pending],
+    pool: &mut [U],
+    counters: &Counters,
+) {
+    let mut txs = [Transmit {
+        dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+        contents: &[],
+        segment_size: None,
+    }; MAX_BATCH];
+    let mut which = usize::MAX;
+    let mut k = 0;
+    for (slot, peer, range, flow) in pending {
+        let sock = *flow as usize % pool.len();
+        if (sock != which || k == MAX_BATCH) && k > 0 {
             account(pool[which].send_batch(&txs[..k]), &txs[..k], counters);
+            k = 0;
         }
-        true
+        which = sock;
+        txs[k] =
+            Transmit { dst: *peer, contents: &slots[*slot][range.clone()], segment_size: None };
+        k += 1;
+    }
+    if k > 0 {
+        account(pool[which].send_batch(&txs[..k]), &txs[..k], counters);
     }
 }
 
@@ -599,5 +616,100 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
             .name(format!("{name}-rx"))
             .spawn(move || run_rx(&*tun, &mut rx, &fwd, &routes, &counters, cfg, &stop))?;
         Ok(vec![tx, rx])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::config::BackendKind;
+    use crate::dataplane::fake::{FakeNet, FakeTun};
+    use crate::dataplane::offload::testutil::Pkt;
+    use crate::dataplane::pipeline::OwnSubnet;
+    use crate::dataplane::wire::{read_u32, vxlan::Vni};
+    use crate::route::{Peer, PeerBackend, RouteTable};
+
+    /// A TSO super-packet read after a short segment of the same flow (which the kernel hands
+    /// over as GSO_NONE) must not overtake it: TCP reads reordering as loss.
+    #[test]
+    fn short_segments_and_super_packets_leave_in_the_order_read() {
+        let net = FakeNet::new();
+        let tun = FakeTun::with_vnet_hdr();
+        let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
+        let mut peer_sock = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+        let routes = Routes::new(RouteTable::build(
+            "10.244.0.0/16".parse().unwrap(),
+            24,
+            [Peer {
+                subnet: "10.244.2.0/24".parse().unwrap(),
+                public_ip: Ipv4Addr::new(192, 0, 2, 2),
+                backend: PeerBackend::Vxlan,
+                vtep_mac: Some([2, 0, 0, 0, 0, 2]),
+                vni: Some(1),
+                node: None,
+                stale: false,
+            }],
+        ));
+        let own = Arc::new(OwnSubnet::default());
+        own.set(Some("10.244.1.0/24".parse().unwrap()));
+        let fwd = Forwarder {
+            backend: BackendKind::Vxlan,
+            vni: Vni::new(1).unwrap(),
+            port: 8472,
+            our_mac: [2, 0, 0, 0, 0, 1],
+            own,
+            icmp_source: Ipv4Addr::new(10, 244, 0, 0),
+        };
+        let counters = Counters::default();
+
+        // seq 1000..1500 alone, then 1500..4500 as a TSO super-packet of 1000-byte segments,
+        // then 4500..4600 alone again.
+        let mut read = Vec::new();
+        let mut short = Pkt::tcp4(500);
+        short.seq = 1000;
+        let mut frame = vec![0u8; virtio_net::LEN];
+        frame.extend(short.build());
+        read.push(frame);
+        let mut tso = Pkt::tcp4(3000);
+        tso.seq = 1500;
+        let hdr = Header {
+            flags: 0,
+            gso_type: virtio_net::GSO_TCPV4,
+            hdr_len: 40,
+            gso_size: 1000,
+            csum_start: 20,
+            csum_offset: 16,
+        };
+        let mut frame = vec![0u8; virtio_net::LEN];
+        hdr.emit(&mut frame).unwrap();
+        frame.extend(tso.build());
+        read.push(frame);
+        let mut tail = Pkt::tcp4(100);
+        tail.seq = 4500;
+        let mut frame = vec![0u8; virtio_net::LEN];
+        frame.extend(tail.build());
+        read.push(frame);
+        for f in &read {
+            tun.inject(f);
+        }
+
+        let cfg = WorkerConfig {
+            batch: 16,
+            wake: Duration::from_millis(10),
+            gro_tcp: true,
+            gro_udp: false,
+            one_thread: true,
+        };
+        let mut tx = TxPath::new(&*tun, &cfg);
+        assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
+
+        let mut bufs = vec![vec![0u8; 2048]; 16];
+        let mut metas = vec![RecvMeta::default(); 16];
+        let n = peer_sock.recv_batch(&mut bufs, &mut metas, Duration::from_secs(1)).unwrap();
+        // VXLAN (8) + inner Ethernet (14) + IPv4 (20), then the TCP sequence number at 4.
+        let seqs: Vec<u32> = bufs[..n].iter().map(|b| read_u32(b, 8 + 14 + 20 + 4)).collect();
+        assert_eq!(seqs, [1000, 1500, 2500, 3500, 4500]);
     }
 }

@@ -55,7 +55,7 @@ mod gro;
 mod split;
 
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 pub use gro::{GroConfig, GroTable, VIRTIO_HEADROOM};
 pub use split::{Segments, finish_checksum, plan, split};
