@@ -131,6 +131,17 @@ pub enum Tx {
     Drop(DropReason),
 }
 
+/// Where a TUN packet goes, from [`Forwarder::route`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxRoute {
+    /// The peer's address and backend port.
+    pub to: SocketAddrV4,
+    /// The inner flow's hash (picks the outer source port).
+    pub flow: u32,
+    /// The peer's VTEP MAC (vxlan only).
+    pub peer_mac: Option<[u8; 6]>,
+}
+
 /// What to do with a received datagram.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rx {
@@ -209,54 +220,82 @@ impl Forwarder {
         let Some(end) = HEADROOM.checked_add(len).filter(|e| *e <= buf.len()) else {
             return Tx::Drop(DropReason::TxMalformed);
         };
-        let packet = &buf[HEADROOM..end];
+        let route = match self.route(routes, &buf[HEADROOM..end], reply) {
+            Ok(r) => r,
+            Err(tx) => return tx,
+        };
+        let start = HEADROOM - self.headroom();
+        self.emit_encap(&route, &mut buf[start..HEADROOM]);
+        Tx::Send { peer: route.to, range: start..end, flow: route.flow }
+    }
+
+    /// The bytes of encapsulation in front of each packet in a datagram: [`HEADROOM`] for
+    /// vxlan, none for udp (flannel's udp backend sends the bare IP packet).
+    pub fn headroom(&self) -> usize {
+        match self.backend {
+            BackendKind::Vxlan => HEADROOM,
+            BackendKind::Udp => 0,
+        }
+    }
+
+    /// Where the TUN packet `packet` goes: the peer and the flow hash, or (as `Err`) the
+    /// [`Tx::Drop`] or [`Tx::Reply`] (an ICMP error written into `reply`) to act on instead.
+    /// Every segment of a TSO super-packet goes where the super-packet goes, so one call
+    /// routes them all.
+    pub fn route(
+        &self,
+        routes: &RouteTable,
+        packet: &[u8],
+        reply: &mut [u8],
+    ) -> Result<TxRoute, Tx> {
         match wire::ip::version(packet) {
             Some(4) => {}
-            Some(6) => return Tx::Drop(DropReason::TxIpv6),
-            _ => return Tx::Drop(DropReason::TxMalformed),
+            Some(6) => return Err(Tx::Drop(DropReason::TxIpv6)),
+            _ => return Err(Tx::Drop(DropReason::TxMalformed)),
         }
         let Ok(ip) = ipv4::Packet::new_checked(packet) else {
-            return Tx::Drop(DropReason::TxMalformed);
+            return Err(Tx::Drop(DropReason::TxMalformed));
         };
         let dst = ip.dst_addr();
         if !self.own.is_set() {
-            return Tx::Drop(DropReason::TxNoSubnet);
+            return Err(Tx::Drop(DropReason::TxNoSubnet));
         }
         if self.own.contains(dst) {
-            return Tx::Drop(DropReason::TxOwnSubnet);
+            return Err(Tx::Drop(DropReason::TxOwnSubnet));
         }
         let Some(peer) = routes.lookup(dst) else {
-            return match icmpv4::emit_dest_unreachable(packet, 0, self.icmp_source, reply) {
+            return Err(match icmpv4::emit_dest_unreachable(packet, 0, self.icmp_source, reply) {
                 Ok(len) => Tx::Reply { len, reason: DropReason::TxNoRoute },
                 Err(_) => Tx::Drop(DropReason::TxNoRoute),
-            };
+            });
         };
         let flow = wire::flow_hash(packet);
         let to = SocketAddrV4::new(peer.public_ip, self.port);
-        match self.backend {
-            BackendKind::Udp => {
-                if peer.backend != PeerBackend::Udp {
-                    return Tx::Drop(DropReason::TxBackendMismatch);
-                }
-                Tx::Send { peer: to, range: HEADROOM..end, flow }
-            }
-            BackendKind::Vxlan => {
-                let (PeerBackend::Vxlan, Some(peer_mac)) = (peer.backend, peer.vtep_mac) else {
-                    return Tx::Drop(DropReason::TxBackendMismatch);
-                };
-                let (vx, eth) = buf[..HEADROOM].split_at_mut(vxlan::HEADER_LEN);
-                // Both emits write into headroom of exactly their header length: they cannot
-                // fail, and the VNI was validated when the forwarder was built.
-                let _ = vxlan::Repr { vni: self.vni }.emit(vx);
-                let _ = ethernet::Repr {
-                    src_addr: MacAddr(self.our_mac),
-                    dst_addr: MacAddr(peer_mac),
-                    ethertype: ethernet::EtherType::IPV4,
-                }
-                .emit(eth);
-                Tx::Send { peer: to, range: 0..end, flow }
-            }
+        let peer_mac = match (self.backend, peer.backend, peer.vtep_mac) {
+            (BackendKind::Udp, PeerBackend::Udp, _) => None,
+            (BackendKind::Vxlan, PeerBackend::Vxlan, Some(mac)) => Some(mac),
+            _ => return Err(Tx::Drop(DropReason::TxBackendMismatch)),
+        };
+        Ok(TxRoute { to, flow, peer_mac })
+    }
+
+    /// Writes the encapsulation for `route` into `head`, which is [`Self::headroom`] bytes
+    /// long (nothing for udp; the VXLAN and inner Ethernet headers for vxlan).
+    pub fn emit_encap(&self, route: &TxRoute, head: &mut [u8]) {
+        let (Some(peer_mac), Some((vx, eth))) =
+            (route.peer_mac, head.split_at_mut_checked(vxlan::HEADER_LEN))
+        else {
+            return;
+        };
+        // Both emits write into room of at least their header length: they cannot fail, and
+        // the VNI was validated when the forwarder was built.
+        let _ = vxlan::Repr { vni: self.vni }.emit(vx);
+        let _ = ethernet::Repr {
+            src_addr: MacAddr(self.our_mac),
+            dst_addr: MacAddr(peer_mac),
+            ethertype: ethernet::EtherType::IPV4,
         }
+        .emit(eth);
     }
 
     /// Validates and decapsulates the datagram at `buf[..len]`, received from `from`.

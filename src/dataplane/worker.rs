@@ -320,8 +320,9 @@ fn write_reply<T: TunIo>(tun: &T, reply: &mut [u8], len: usize, vnet: bool) {
     let _ = tun.write(&reply[start..virtio_net::LEN + len]);
 }
 
-/// Splits a TSO/USO super-packet, encapsulates each segment in place, and sends the run as GSO
-/// messages (or single datagrams without GSO).
+/// Routes a TSO/USO super-packet once (every segment goes where it goes), splits it into
+/// segments laid out back to back with the backend's encapsulation in front of each, and sends
+/// the run as GSO messages (or single datagrams without GSO).
 #[allow(clippy::too_many_arguments)]
 fn send_super_packet<T: TunIo, U: UdpIo>(
     hdr: &Header,
@@ -334,75 +335,53 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
     tun: &T,
     reply: &mut [u8],
 ) {
-    let segs = match offload::split(hdr, packet, out, HEADROOM) {
+    let route = match fwd.route(table, packet, &mut reply[virtio_net::LEN..]) {
+        Ok(r) => r,
+        Err(Tx::Reply { len, reason }) => {
+            counters.count_drop(reason);
+            write_reply(tun, reply, len, tun.vnet_hdr());
+            return;
+        }
+        Err(Tx::Drop(reason)) => {
+            counters.count_drop(reason);
+            return;
+        }
+        // `route` refuses with a drop or a reply only.
+        Err(Tx::Send { .. }) => return,
+    };
+    let headroom = fwd.headroom();
+    let segs = match offload::split(hdr, packet, out, headroom) {
         Ok(s) => s,
         Err(_) => {
             counters.count_drop(DropReason::TxMalformed);
             return;
         }
     };
-    // Every segment of one super-packet belongs to one flow: one peer, one socket.
-    let mut dst = None;
-    let mut flow = 0;
-    let mut contiguous = true;
     for i in 0..segs.count() {
         let slot = segs.slot(i);
-        match fwd.encap(
-            table,
-            &mut out[slot.clone()],
-            segs.seg_len(i),
-            &mut reply[virtio_net::LEN..],
-        ) {
-            Tx::Send { peer, range, flow: f } => {
-                if i == 0 {
-                    dst = Some(peer);
-                    flow = f;
-                    // VXLAN datagrams fill their whole slot; udp ones start HEADROOM into it.
-                    contiguous = range.start == 0;
-                }
-            }
-            Tx::Reply { len, reason } => {
-                counters.count_drop(reason);
-                if i == 0 {
-                    write_reply(tun, reply, len, tun.vnet_hdr());
-                }
-                return;
-            }
-            Tx::Drop(reason) => {
-                counters.count_drop(reason);
-                return;
-            }
-        }
+        fwd.emit_encap(&route, &mut out[slot.start..slot.start + headroom]);
     }
-    let Some(dst) = dst else { return };
-    // Only back-to-back datagrams can share a GSO message; udp ones go out one by one.
-    let sock = flow as usize % pool.len();
-    if !contiguous {
-        let mut txs = [Transmit { dst, contents: &[], segment_size: None }; MAX_BATCH];
-        let mut k = 0;
-        for i in 0..segs.count() {
-            txs[k] = Transmit { dst, contents: &out[segs.packet(i)], segment_size: None };
-            k += 1;
-            if k == MAX_BATCH || i + 1 == segs.count() {
-                account(pool[sock].send_batch(&txs[..k]), &txs[..k], counters);
-                k = 0;
-            }
-        }
-        return;
-    }
+    // The datagrams are back to back, each `stride` long but the last: GSO messages of as
+    // many as the socket takes.
+    let sock = route.flow as usize % pool.len();
     let stride = segs.stride();
     let per_msg = pool[sock].max_gso_segments().min(MAX_GSO_BYTES / stride.max(1)).max(1);
+    let mut txs = [Transmit { dst: route.to, contents: &[], segment_size: None }; MAX_BATCH];
+    let mut k = 0;
     let mut i = 0;
     while i < segs.count() {
         let end = (i + per_msg).min(segs.count());
-        let contents = &out[segs.slot(i).start..segs.slot(end - 1).end];
-        let t = [Transmit {
-            dst,
-            contents,
+        txs[k] = Transmit {
+            dst: route.to,
+            contents: &out[segs.slot(i).start..segs.slot(end - 1).end],
             segment_size: if end - i > 1 { u16::try_from(stride).ok() } else { None },
-        }];
-        account(pool[sock].send_batch(&t), &t, counters);
+        };
+        k += 1;
         i = end;
+        if k == MAX_BATCH || i == segs.count() {
+            account(pool[sock].send_batch(&txs[..k]), &txs[..k], counters);
+            k = 0;
+        }
     }
 }
 
@@ -635,6 +614,14 @@ mod tests {
     /// over as GSO_NONE) must not overtake it: TCP reads reordering as loss.
     #[test]
     fn short_segments_and_super_packets_leave_in_the_order_read() {
+        for backend in [BackendKind::Vxlan, BackendKind::Udp] {
+            segments_leave_in_order(backend);
+        }
+    }
+
+    fn segments_leave_in_order(backend: BackendKind) {
+        let peer_backend =
+            if backend == BackendKind::Vxlan { PeerBackend::Vxlan } else { PeerBackend::Udp };
         let net = FakeNet::new();
         let tun = FakeTun::with_vnet_hdr();
         let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
@@ -645,7 +632,7 @@ mod tests {
             [Peer {
                 subnet: "10.244.2.0/24".parse().unwrap(),
                 public_ip: Ipv4Addr::new(192, 0, 2, 2),
-                backend: PeerBackend::Vxlan,
+                backend: peer_backend,
                 vtep_mac: Some([2, 0, 0, 0, 0, 2]),
                 vni: Some(1),
                 node: None,
@@ -655,7 +642,7 @@ mod tests {
         let own = Arc::new(OwnSubnet::default());
         own.set(Some("10.244.1.0/24".parse().unwrap()));
         let fwd = Forwarder {
-            backend: BackendKind::Vxlan,
+            backend,
             vni: Vni::new(1).unwrap(),
             port: 8472,
             our_mac: [2, 0, 0, 0, 0, 1],
@@ -708,8 +695,13 @@ mod tests {
         let mut bufs = vec![vec![0u8; 2048]; 16];
         let mut metas = vec![RecvMeta::default(); 16];
         let n = peer_sock.recv_batch(&mut bufs, &mut metas, Duration::from_secs(1)).unwrap();
-        // VXLAN (8) + inner Ethernet (14) + IPv4 (20), then the TCP sequence number at 4.
-        let seqs: Vec<u32> = bufs[..n].iter().map(|b| read_u32(b, 8 + 14 + 20 + 4)).collect();
-        assert_eq!(seqs, [1000, 1500, 2500, 3500, 4500]);
+        // The encapsulation (VXLAN and inner Ethernet, or nothing), IPv4 (20), then the TCP
+        // sequence number at 4.
+        let at = fwd.headroom() + 20 + 4;
+        let seqs: Vec<u32> = bufs[..n].iter().map(|b| read_u32(b, at)).collect();
+        assert_eq!(seqs, [1000, 1500, 2500, 3500, 4500], "{backend:?}");
+        let lens: Vec<usize> = metas[..n].iter().map(|m| m.len - fwd.headroom()).collect();
+        assert_eq!(lens, [540, 1040, 1040, 1040, 140], "{backend:?}");
+        assert_eq!(counters.tx_packets.load(Ordering::Relaxed), 5);
     }
 }
