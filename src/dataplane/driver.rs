@@ -96,6 +96,9 @@ impl TunIo for Tun {
     fn write(&self, buf: &[u8]) -> io::Result<usize> {
         Tun::write(self, buf)
     }
+    fn write_vectored(&self, parts: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        Tun::write_vectored(self, parts)
+    }
     fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
         Tun::wait_readable(self, timeout)
     }

@@ -91,6 +91,13 @@ impl TunIo for FakeTun {
         Ok(buf.len())
     }
 
+    fn write_vectored(&self, parts: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let packet: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+        let n = packet.len();
+        self.written.push(packet);
+        Ok(n)
+    }
+
     fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
         let deadline = Instant::now() + timeout;
         let mut q = self.inbound.packets.lock().unwrap_or_else(PoisonError::into_inner);

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::offload::{self, GroConfig, GroTable, VIRTIO_HEADROOM};
+use super::offload::{self, GroConfig, GroTable, MAX_CHAIN, PacketRef};
 use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, Rx, Tx};
 use super::udp::{self, MAX_BATCH, MAX_GSO_BYTES, RecvMeta, Transmit, UdpError};
 use super::wire::virtio_net::{self, Header};
@@ -38,6 +38,9 @@ pub trait TunIo: Send + Sync {
     fn read(&self, buf: &mut [u8]) -> io::Result<usize>;
     /// Writes one packet (behind a `virtio_net_hdr` when [`TunIo::vnet_hdr`]).
     fn write(&self, buf: &[u8]) -> io::Result<usize>;
+    /// Writes one packet gathered from `parts`, as [`TunIo::write`] would write their
+    /// concatenation.
+    fn write_vectored(&self, parts: &[io::IoSlice<'_>]) -> io::Result<usize>;
     /// Waits until a packet can be read or `timeout` passes.
     fn wait_readable(&self, timeout: Duration) -> io::Result<bool>;
     /// Whether packets carry a `virtio_net_hdr` (TUN offloads on).
@@ -389,11 +392,15 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
 pub struct RxPath {
     bufs: Vec<Vec<u8>>,
     metas: Vec<RecvMeta>,
-    gro_bufs: Vec<Vec<u8>>,
-    gro_lens: Vec<usize>,
+    /// Where the decapsulated packets of a batch lie in `bufs`, for GRO.
+    refs: Vec<PacketRef>,
     gro: GroTable,
     vnet: bool,
 }
+
+/// The most packets one GRO pass takes: a full batch of receive buffers, each holding as many
+/// datagrams as UDP GRO coalesces (64).
+const GRO_PASS: usize = MAX_BATCH * 64;
 
 impl RxPath {
     /// Buffers for batches of `cfg.batch` messages from `sock` to `tun`.
@@ -401,15 +408,14 @@ impl RxPath {
         let batch = cfg.batch.clamp(1, MAX_BATCH);
         let vnet = tun.vnet_hdr();
         let buf_len = if sock.gro() { udp::GRO_BUFFER_LEN } else { 65536 };
-        // With TUN offloads every write carries a virtio header, so inner packets are copied
-        // into slots with room for it, where GRO can also grow them into super-packets.
-        let gro_slots = if vnet { 128 } else { 0 };
+        // With TUN offloads every write carries a virtio header, and GRO coalesces inner
+        // packets where they lie in the receive buffers.
+        let pass = if vnet { GRO_PASS } else { 0 };
         Self {
             bufs: (0..batch).map(|_| vec![0u8; buf_len]).collect(),
             metas: vec![RecvMeta::default(); batch],
-            gro_bufs: (0..gro_slots).map(|_| vec![0u8; VIRTIO_HEADROOM + 65535]).collect(),
-            gro_lens: vec![0usize; gro_slots],
-            gro: GroTable::new(GroConfig { tcp: cfg.gro_tcp, udp: cfg.gro_udp }, gro_slots.max(1)),
+            refs: Vec::with_capacity(pass),
+            gro: GroTable::new(GroConfig { tcp: cfg.gro_tcp, udp: cfg.gro_udp }, pass.max(1)),
             vnet,
         }
     }
@@ -425,7 +431,7 @@ impl RxPath {
         counters: &Counters,
         wait: Duration,
     ) -> bool {
-        let Self { bufs, metas, gro_bufs, gro_lens, gro, vnet } = self;
+        let Self { bufs, metas, refs, gro, vnet } = self;
         let n = match sock.recv_batch(bufs, metas, wait) {
             Ok(n) => n,
             Err(_) => {
@@ -437,46 +443,27 @@ impl RxPath {
         if n == 0 {
             return false;
         }
-        let flush =
-            |gro: &mut GroTable, gro_bufs: &mut [Vec<u8>], gro_lens: &mut [usize], k: usize| {
-                if k == 0 {
-                    return;
-                }
-                for &j in gro.coalesce(&mut gro_bufs[..k], &mut gro_lens[..k]) {
-                    if tun.write(&gro_bufs[j][..gro_lens[j]]).is_err() {
-                        counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            };
         let table = routes.load();
-        let mut k = 0;
-        for (buf, meta) in bufs.iter_mut().zip(metas.iter()).take(n) {
+        refs.clear();
+        for (b, meta) in metas.iter().enumerate().take(n) {
             if meta.truncated {
                 counters.count_drop(DropReason::RxMalformed);
                 continue;
             }
-            let len = meta.len.min(buf.len());
+            let len = meta.len.min(bufs[b].len());
             let seg = meta.segment_size.filter(|s| *s > 0).unwrap_or(len).max(1);
             let mut off = 0;
             while off < len {
                 let end = (off + seg).min(len);
-                let datagram = &mut buf[off..end];
+                let datagram = &mut bufs[b][off..end];
                 let dlen = datagram.len();
                 match fwd.decap(&table, meta.src, datagram, dlen) {
                     Rx::Deliver(r) => {
-                        let inner = &datagram[r];
                         counters.rx_packets.fetch_add(1, Ordering::Relaxed);
-                        counters.rx_bytes.fetch_add(inner.len() as u64, Ordering::Relaxed);
+                        counters.rx_bytes.fetch_add(r.len() as u64, Ordering::Relaxed);
                         if *vnet {
-                            gro_bufs[k][VIRTIO_HEADROOM..VIRTIO_HEADROOM + inner.len()]
-                                .copy_from_slice(inner);
-                            gro_lens[k] = inner.len();
-                            k += 1;
-                            if k == gro_bufs.len() {
-                                flush(gro, gro_bufs, gro_lens, k);
-                                k = 0;
-                            }
-                        } else if tun.write(inner).is_err() {
+                            refs.push(PacketRef { buf: b, start: off + r.start, len: r.len() });
+                        } else if tun.write(&datagram[r]).is_err() {
                             counters.io_errors.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -484,9 +471,44 @@ impl RxPath {
                 }
                 off = end;
             }
+            // Room for the next buffer's datagrams, or write what is gathered so far.
+            if refs.len() + 64 > refs.capacity() {
+                write_coalesced(tun, gro, bufs, refs, counters);
+                refs.clear();
+            }
         }
-        flush(gro, gro_bufs, gro_lens, k);
+        write_coalesced(tun, gro, bufs, refs, counters);
         true
+    }
+}
+
+/// Coalesces the packets at `refs` (TCP/UDP GRO) and writes each result to TUN with one
+/// vectored write, straight from the receive buffers.
+fn write_coalesced<T: TunIo>(
+    tun: &T,
+    gro: &mut GroTable,
+    bufs: &mut [Vec<u8>],
+    refs: &[PacketRef],
+    counters: &Counters,
+) {
+    if refs.is_empty() {
+        return;
+    }
+    gro.coalesce_refs(bufs, refs);
+    let bufs = &*bufs;
+    let mut parts = [io::IoSlice::new(&[]); MAX_CHAIN + 1];
+    for w in gro.writes() {
+        let head = &bufs[w.head.buf][w.head.start..w.head.start + w.head.len];
+        parts[0] = io::IoSlice::new(&w.hdr);
+        parts[1] = io::IoSlice::new(head);
+        let mut k = 2;
+        for r in gro.appended(w, refs) {
+            parts[k] = io::IoSlice::new(&bufs[r.buf][r.start..r.start + r.len]);
+            k += 1;
+        }
+        if tun.write_vectored(&parts[..k]).is_err() {
+            counters.io_errors.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -619,46 +641,55 @@ mod tests {
         }
     }
 
-    fn segments_leave_in_order(backend: BackendKind) {
+    /// Host `n` (10.244.n.0/24 behind 192.0.2.n) knowing host `peer`: its forwarder and routes.
+    fn host(backend: BackendKind, n: u8, peer: u8) -> (Forwarder, Routes) {
         let peer_backend =
             if backend == BackendKind::Vxlan { PeerBackend::Vxlan } else { PeerBackend::Udp };
-        let net = FakeNet::new();
-        let tun = FakeTun::with_vnet_hdr();
-        let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
-        let mut peer_sock = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
         let routes = Routes::new(RouteTable::build(
             "10.244.0.0/16".parse().unwrap(),
             24,
             [Peer {
-                subnet: "10.244.2.0/24".parse().unwrap(),
-                public_ip: Ipv4Addr::new(192, 0, 2, 2),
+                subnet: format!("10.244.{peer}.0/24").parse().unwrap(),
+                public_ip: Ipv4Addr::new(192, 0, 2, peer),
                 backend: peer_backend,
-                vtep_mac: Some([2, 0, 0, 0, 0, 2]),
+                vtep_mac: Some([2, 0, 0, 0, 0, peer]),
                 vni: Some(1),
                 node: None,
                 stale: false,
             }],
         ));
         let own = Arc::new(OwnSubnet::default());
-        own.set(Some("10.244.1.0/24".parse().unwrap()));
+        own.set(Some(format!("10.244.{n}.0/24").parse().unwrap()));
         let fwd = Forwarder {
             backend,
             vni: Vni::new(1).unwrap(),
             port: 8472,
-            our_mac: [2, 0, 0, 0, 0, 1],
+            our_mac: [2, 0, 0, 0, 0, n],
             own,
             icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         };
-        let counters = Counters::default();
+        (fwd, routes)
+    }
 
-        // seq 1000..1500 alone, then 1500..4500 as a TSO super-packet of 1000-byte segments,
-        // then 4500..4600 alone again.
-        let mut read = Vec::new();
+    const CFG: WorkerConfig = WorkerConfig {
+        batch: 16,
+        wake: Duration::from_millis(10),
+        gro_tcp: true,
+        gro_udp: false,
+        one_thread: true,
+    };
+
+    /// Reads into host 1's TUN (with offloads) one flow's seq 1000..1500 alone, then
+    /// 1500..4500 as a TSO super-packet of 1000-byte segments, then 4500..4600 alone; and
+    /// returns the bytes of the stream.
+    fn inject_stream(tun: &FakeTun) -> Vec<u8> {
+        let mut stream = Vec::new();
         let mut short = Pkt::tcp4(500);
         short.seq = 1000;
         let mut frame = vec![0u8; virtio_net::LEN];
         frame.extend(short.build());
-        read.push(frame);
+        tun.inject(&frame);
+        stream.extend(&short.payload);
         let mut tso = Pkt::tcp4(3000);
         tso.seq = 1500;
         let hdr = Header {
@@ -672,24 +703,58 @@ mod tests {
         let mut frame = vec![0u8; virtio_net::LEN];
         hdr.emit(&mut frame).unwrap();
         frame.extend(tso.build());
-        read.push(frame);
+        tun.inject(&frame);
+        stream.extend(&tso.payload);
         let mut tail = Pkt::tcp4(100);
         tail.seq = 4500;
         let mut frame = vec![0u8; virtio_net::LEN];
         frame.extend(tail.build());
-        read.push(frame);
-        for f in &read {
-            tun.inject(f);
-        }
+        tun.inject(&frame);
+        stream.extend(&tail.payload);
+        stream
+    }
 
-        let cfg = WorkerConfig {
-            batch: 16,
-            wake: Duration::from_millis(10),
-            gro_tcp: true,
-            gro_udp: false,
-            one_thread: true,
-        };
-        let mut tx = TxPath::new(&*tun, &cfg);
+    /// Datagrams from host 1 reach host 2's RX path, which coalesces the segments where they
+    /// lie and writes each run to TUN with one vectored write.
+    #[test]
+    fn received_segments_are_coalesced_into_one_write() {
+        let net = FakeNet::new();
+        let (tun1, tun2) = (FakeTun::with_vnet_hdr(), FakeTun::with_vnet_hdr());
+        let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
+        let mut sock2 = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+        let ((fwd1, routes1), (fwd2, routes2)) =
+            (host(BackendKind::Vxlan, 1, 2), host(BackendKind::Vxlan, 2, 1));
+        let (c1, c2) = (Counters::default(), Counters::default());
+        let stream = inject_stream(&tun1);
+        let mut tx = TxPath::new(&*tun1, &CFG);
+        assert!(tx.step(&*tun1, &mut pool, &fwd1, &routes1, &c1, Duration::from_secs(1)));
+        let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
+        assert!(rx.step(&*tun2, &mut sock2, &fwd2, &routes2, &c2, Duration::from_secs(1)));
+        assert_eq!(c2.rx_packets.load(Ordering::Relaxed), 5);
+
+        // The 500-byte segment alone (a larger one cannot follow it), then the rest merged.
+        let alone = tun2.take_written(Duration::ZERO).expect("first write");
+        assert_eq!(Header::parse(&alone).unwrap(), Header::NONE);
+        let merged = tun2.take_written(Duration::ZERO).expect("second write");
+        assert!(tun2.take_written(Duration::ZERO).is_none());
+        let hdr = Header::parse(&merged).unwrap();
+        assert_eq!((hdr.gso_type, hdr.gso_size), (virtio_net::GSO_TCPV4, 1000));
+        let (p1, p2) = (&alone[virtio_net::LEN..], &merged[virtio_net::LEN..]);
+        assert_eq!(usize::from(u16::from_be_bytes([p2[2], p2[3]])), p2.len());
+        let mut got = p1[40..].to_vec();
+        got.extend_from_slice(&p2[40..]);
+        assert_eq!(got, stream);
+    }
+
+    fn segments_leave_in_order(backend: BackendKind) {
+        let net = FakeNet::new();
+        let tun = FakeTun::with_vnet_hdr();
+        let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
+        let mut peer_sock = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+        let (fwd, routes) = host(backend, 1, 2);
+        let counters = Counters::default();
+        inject_stream(&tun);
+        let mut tx = TxPath::new(&*tun, &CFG);
         assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
 
         let mut bufs = vec![vec![0u8; 2048]; 16];

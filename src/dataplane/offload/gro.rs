@@ -1,7 +1,15 @@
 //! Receive-side coalescing (GRO) of a batch of IP packets into TUN super-packets: the kernel's
 //! `tcp_gro_receive`/`udp_gro_receive` rules, as wireguard-go's `handleGRO` applies them.
 //!
-//! # Buffer contract of [`GroTable::coalesce`]
+//! # In place: [`GroTable::coalesce_refs`]
+//! The data path's form. Packets are [`PacketRef`]s into the caller's buffers, anywhere (many
+//! may share one buffer, as the datagrams of a UDP GRO receive do). Nothing is copied: each
+//! [`GroWrite`] is a `virtio_net_hdr`, the chain's first packet (its IP and L4 headers fixed up
+//! in place for the merged length) and the payloads of the packets appended to it
+//! ([`GroTable::appended`]), for one vectored write. Headers and rules are as below; a chain
+//! holds at most [`MAX_CHAIN`] packets.
+//!
+//! # By copying: buffer contract of [`GroTable::coalesce`]
 //! Before: for each `i < min(bufs.len(), lens.len())`, `bufs[i][VIRTIO_HEADROOM..][..lens[i]]`
 //! is one IP packet (a decapsulated inner packet). `bufs[i][..VIRTIO_HEADROOM]` is free, and
 //! every byte of `bufs[i]` after the packet is spare capacity: the whole slice is usable (for a
@@ -138,25 +146,76 @@ enum Outcome {
     Alone,
 }
 
-/// A chain being built: the first packet's buffer, growing.
+/// Where one packet lies: `bufs[buf][start..start + len]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacketRef {
+    /// The buffer's index.
+    pub buf: usize,
+    /// The packet's first byte in that buffer.
+    pub start: usize,
+    /// The packet's length.
+    pub len: usize,
+}
+
+impl PacketRef {
+    /// The bytes, or `None` if the reference lies outside `bufs`.
+    fn bytes<'a, B: AsRef<[u8]>>(&self, bufs: &'a [B]) -> Option<&'a [u8]> {
+        let end = self.start.checked_add(self.len)?;
+        bufs.get(self.buf)?.as_ref().get(self.start..end)
+    }
+}
+
+/// One write to TUN from [`GroTable::coalesce_refs`]: [`hdr`](Self::hdr), then the head packet
+/// `bufs[head.buf][head.start..][..head.len]` (its headers fixed up in place), then the payload
+/// of every packet appended to it, in order ([`GroTable::appended`]).
+#[derive(Clone, Copy, Debug)]
+pub struct GroWrite {
+    /// The `virtio_net_hdr`.
+    pub hdr: [u8; VIRTIO_HEADROOM],
+    /// The chain's first packet (or a packet written alone).
+    pub head: PacketRef,
+    /// The merged packet's length: the head packet plus every appended payload.
+    pub len: usize,
+    /// The first appended packet's index in the batch, or [`NONE`].
+    first: usize,
+    /// Header plus L4 header length of the chain: what is skipped of each appended packet.
+    hdrs: usize,
+}
+
+/// "No packet" in the per-packet links.
+const NONE: usize = usize::MAX;
+
+/// The most packets one chain holds: bounds a write's iovecs, as the kernel bounds GRO
+/// segments (`UDP_GRO`'s 64).
+pub const MAX_CHAIN: usize = 64;
+
+/// A chain being built.
 #[derive(Clone, Copy, Debug)]
 struct Item {
     key: FlowKey,
     hash: u32,
-    /// The buffer index of the chain's first packet, where everything is appended.
+    /// The batch index of the chain's first packet.
     head: usize,
+    /// The batch index of the last appended packet ([`NONE`]: none yet).
+    tail: usize,
+    /// The batch index of the first appended packet ([`NONE`]: none yet).
+    first: usize,
     ip_len: usize,
     l4_len: usize,
     /// The first packet's payload length.
     gso_size: usize,
     /// The merged IP packet's length so far.
     len: usize,
+    /// The most the merged packet may grow to.
+    room: usize,
     /// The TCP sequence number the next appended segment must carry.
     next_seq: u32,
     /// The IPv4 identification the next segment must carry (unless DF).
     next_id: u16,
     /// How many packets are in the chain.
     count: usize,
+    /// An appended segment carried PSH (set on the merged packet when finished).
+    psh: bool,
     /// A smaller or PSH segment ended the chain.
     closed: bool,
     /// The first packet's checksums have been verified.
@@ -166,12 +225,20 @@ struct Item {
 }
 
 /// Reusable state for coalescing batches: create once per worker, call
-/// [`coalesce`](Self::coalesce) per batch. See the module docs for the buffer contract and
-/// the rules.
+/// [`coalesce_refs`](Self::coalesce_refs) (or [`coalesce`](Self::coalesce)) per batch. See the
+/// module docs for the buffer contract and the rules.
 #[derive(Debug)]
 pub struct GroTable {
     config: GroConfig,
     items: Vec<Item>,
+    /// Per batch index: the next packet of its chain ([`NONE`]: the last).
+    next: Vec<usize>,
+    /// Per batch index: the item it heads ([`NONE`]: none).
+    item_of: Vec<usize>,
+    /// Batch indices to write, ascending.
+    order: Vec<usize>,
+    writes: Vec<GroWrite>,
+    refs: Vec<PacketRef>,
     out: Vec<usize>,
     merged: usize,
     invalid: usize,
@@ -183,6 +250,11 @@ impl GroTable {
         Self {
             config,
             items: Vec::with_capacity(batch),
+            next: Vec::with_capacity(batch),
+            item_of: Vec::with_capacity(batch),
+            order: Vec::with_capacity(batch),
+            writes: Vec::with_capacity(batch),
+            refs: Vec::with_capacity(batch),
             out: Vec::with_capacity(batch),
             merged: 0,
             invalid: 0,
@@ -194,67 +266,164 @@ impl GroTable {
         self.config
     }
 
-    /// Packets that the last [`coalesce`](Self::coalesce) appended to another (no write of
-    /// their own).
+    /// Packets that the last coalesce appended to another (no write of their own).
     pub fn merged(&self) -> usize {
         self.merged
     }
 
-    /// Packets that the last [`coalesce`](Self::coalesce) dropped because `lens[i]` did not fit
-    /// their buffer.
+    /// Packets that the last coalesce dropped because they lay outside their buffer.
     pub fn invalid(&self) -> usize {
         self.invalid
     }
 
-    /// Coalesces the batch in place and returns the indices of the buffers to write to TUN,
-    /// ascending; `lens` is rewritten to the bytes to write from each buffer's start (0 for
-    /// the rest). See the module docs for the exact contract. Never panics, whatever the bytes;
-    /// indices past `min(bufs.len(), lens.len())` are ignored (and untouched).
-    pub fn coalesce<B: AsMut<[u8]>>(&mut self, bufs: &mut [B], lens: &mut [usize]) -> &[usize] {
-        self.items.clear();
+    /// Coalesces the packets `pkts` where they lie, copying nothing, and returns the writes
+    /// in batch order (each write's head comes before its appended packets, and writes are
+    /// ordered by head). A chain's head packet gets its headers fixed up in place; no other
+    /// byte changes. Never panics, whatever the bytes or references; a reference outside
+    /// `bufs` is dropped (counted in [`invalid`](Self::invalid)).
+    pub fn coalesce_refs<B: AsRef<[u8]> + AsMut<[u8]>>(
+        &mut self,
+        bufs: &mut [B],
+        pkts: &[PacketRef],
+    ) -> &[GroWrite] {
+        self.run(bufs, pkts, |_, _| MAX_MERGED);
+        &self.writes
+    }
+
+    /// The writes of the last [`coalesce_refs`](Self::coalesce_refs).
+    pub fn writes(&self) -> &[GroWrite] {
+        &self.writes
+    }
+
+    /// The payloads appended to `w`'s head, in order, as references into the batch's
+    /// buffers: the bytes to write after the head packet.
+    pub fn appended<'a>(
+        &'a self,
+        w: &GroWrite,
+        pkts: &'a [PacketRef],
+    ) -> impl Iterator<Item = PacketRef> + 'a {
+        let hdrs = w.hdrs;
+        let mut at = w.first;
+        std::iter::from_fn(move || {
+            let p = *pkts.get(at)?;
+            at = self.next.get(at).copied().unwrap_or(NONE);
+            Some(PacketRef { buf: p.buf, start: p.start + hdrs, len: p.len - hdrs })
+        })
+    }
+
+    /// Coalesces the batch by copying: packet `i` is `bufs[i][VIRTIO_HEADROOM..][..lens[i]]`
+    /// and chains grow in their first packet's buffer. Returns the indices of the buffers to
+    /// write to TUN, ascending; `lens` is rewritten to the bytes to write from each buffer's
+    /// start (0 for the rest). See the module docs for the exact contract. Never panics,
+    /// whatever the bytes; indices past `min(bufs.len(), lens.len())` are ignored (and
+    /// untouched).
+    pub fn coalesce<B: AsRef<[u8]> + AsMut<[u8]>>(
+        &mut self,
+        bufs: &mut [B],
+        lens: &mut [usize],
+    ) -> &[usize] {
+        let n = bufs.len().min(lens.len());
+        let mut refs = std::mem::take(&mut self.refs);
+        refs.clear();
+        for (i, len) in lens.iter_mut().enumerate().take(n) {
+            let r = PacketRef { buf: i, start: VIRTIO_HEADROOM, len: *len };
+            if r.bytes(bufs).is_none() {
+                *len = 0;
+                continue;
+            }
+            refs.push(r);
+        }
+        let dropped = n - refs.len();
+        // A chain may grow to what its first packet's buffer holds.
+        self.run(bufs, &refs, |bufs, head| {
+            bufs_len(bufs, head.buf).saturating_sub(VIRTIO_HEADROOM).min(MAX_MERGED)
+        });
+        self.invalid += dropped;
         self.out.clear();
+        for w in &self.writes {
+            let head = w.head.buf;
+            // Appended packets come later in the batch, so from later buffers.
+            let (left, right) = bufs.split_at_mut(head + 1);
+            let dst = left[head].as_mut();
+            let mut at = VIRTIO_HEADROOM + w.head.len;
+            let mut k = w.first;
+            while let Some(p) = refs.get(k) {
+                let src = &right[p.buf - head - 1].as_ref()[p.start + w.hdrs..p.start + p.len];
+                dst[at..at + src.len()].copy_from_slice(src);
+                at += src.len();
+                lens[p.buf] = 0;
+                k = self.next[k];
+            }
+            dst[..VIRTIO_HEADROOM].copy_from_slice(&w.hdr);
+            lens[head] = VIRTIO_HEADROOM + w.len;
+            self.out.push(head);
+        }
+        self.refs = refs;
+        &self.out
+    }
+
+    /// The shared core: decides every merge (copying nothing), fixes up chain heads in place
+    /// and fills `self.writes`. `room(bufs, head)` is the most a chain headed by `head` may grow to.
+    fn run<B, F>(&mut self, bufs: &mut [B], pkts: &[PacketRef], room: F)
+    where
+        B: AsRef<[u8]> + AsMut<[u8]>,
+        F: Fn(&[B], &PacketRef) -> usize,
+    {
+        self.items.clear();
+        self.order.clear();
+        self.writes.clear();
+        self.next.clear();
+        self.next.resize(pkts.len(), NONE);
+        self.item_of.clear();
+        self.item_of.resize(pkts.len(), NONE);
         self.merged = 0;
         self.invalid = 0;
-        let n = bufs.len().min(lens.len());
-        for i in 0..n {
-            let len = lens[i];
-            let candidate = {
-                let buf = bufs[i].as_mut();
-                let Some(packet) =
-                    VIRTIO_HEADROOM.checked_add(len).and_then(|end| buf.get(VIRTIO_HEADROOM..end))
-                else {
-                    lens[i] = 0;
-                    self.invalid += 1;
-                    continue;
-                };
-                self.candidate(packet)
+        for (i, r) in pkts.iter().enumerate() {
+            let Some(packet) = r.bytes(bufs) else {
+                self.invalid += 1;
+                continue;
             };
+            let candidate = self.candidate(packet);
             let outcome = match candidate {
-                Some(c) => self.try_merge(bufs, i, &c),
+                Some(c) => self.try_merge(bufs, pkts, i, &c, room(bufs, r)),
                 None => Outcome::Alone,
             };
             match outcome {
-                Outcome::Merged => {
-                    lens[i] = 0;
-                    self.merged += 1;
-                }
-                // Header and length are written once the batch is done.
-                Outcome::Chain => self.out.push(i),
-                Outcome::Alone => {
-                    // Written unchanged; the buffer holds the header (checked above).
-                    let _ = Header::NONE.emit(bufs[i].as_mut());
-                    lens[i] = VIRTIO_HEADROOM + len;
-                    self.out.push(i);
-                }
+                Outcome::Merged => self.merged += 1,
+                Outcome::Chain | Outcome::Alone => self.order.push(i),
             }
         }
-        for it in &self.items {
-            // Item heads are < n and their buffers hold VIRTIO_HEADROOM + it.len bytes
-            // (checked when the head arrived, and on every append).
-            finish(bufs[it.head].as_mut(), it);
-            lens[it.head] = VIRTIO_HEADROOM + it.len;
+        for &i in &self.order {
+            let r = pkts[i];
+            let write = match self.item_of[i] {
+                NONE => GroWrite {
+                    hdr: [0; VIRTIO_HEADROOM],
+                    head: r,
+                    len: r.len,
+                    first: NONE,
+                    hdrs: 0,
+                },
+                k => {
+                    let it = self.items[k];
+                    let mut hdr = [0; VIRTIO_HEADROOM];
+                    // Heads were checked to lie inside their buffer when they arrived.
+                    if let Some(p) = bufs
+                        .get_mut(r.buf)
+                        .and_then(|b| b.as_mut().get_mut(r.start..r.start + r.len))
+                    {
+                        finish(&mut hdr, p, &it);
+                    }
+                    GroWrite {
+                        hdr,
+                        head: r,
+                        len: it.len,
+                        first: it.first,
+                        hdrs: it.ip_len + it.l4_len,
+                    }
+                }
+            };
+            self.writes.push(write);
         }
-        &self.out
     }
 
     /// Parses `p` as a packet that may merge (see the module rules that concern one packet),
@@ -343,8 +512,15 @@ impl GroTable {
     }
 
     /// Appends packet `i` (described by `c`) to a chain of its flow if the rules allow, or
-    /// starts a chain with it.
-    fn try_merge<B: AsMut<[u8]>>(&mut self, bufs: &mut [B], i: usize, c: &Candidate) -> Outcome {
+    /// starts a chain with it (which may grow to `room` bytes).
+    fn try_merge<B: AsRef<[u8]>>(
+        &mut self,
+        bufs: &[B],
+        pkts: &[PacketRef],
+        i: usize,
+        c: &Candidate,
+        room: usize,
+    ) -> Outcome {
         let hash = c.key.hash();
         let is_tcp = c.key.proto == ip::proto::TCP;
         for k in (0..self.items.len()).rev() {
@@ -352,11 +528,10 @@ impl GroTable {
             if it.hash != hash || it.key != c.key || it.dead {
                 continue;
             }
-            // Items have head < i (they were created by earlier packets).
-            let (before, rest) = bufs.split_at_mut(i);
-            let head_buf = before[it.head].as_mut();
-            let pkt = &rest[0].as_mut()[VIRTIO_HEADROOM..][..c.len];
-            let head = &head_buf[VIRTIO_HEADROOM..][..it.len];
+            // Both lie inside their buffers (checked when they arrived).
+            let (Some(head), Some(pkt)) = (pkts[it.head].bytes(bufs), pkts[i].bytes(bufs)) else {
+                continue;
+            };
             if !can_append(&it, head, pkt, c) {
                 if is_tcp {
                     continue;
@@ -364,9 +539,7 @@ impl GroTable {
                 // UDP: only the newest chain of a flow, or datagrams would be reordered.
                 break;
             }
-            if it.len + c.payload() > MAX_MERGED
-                || VIRTIO_HEADROOM + it.len + c.payload() > head_buf.len()
-            {
+            if it.len + c.payload() > it.room || it.count >= MAX_CHAIN {
                 if is_tcp {
                     continue;
                 }
@@ -379,43 +552,53 @@ impl GroTable {
                 }
                 self.items[k].head_checked = true;
             }
-            // Checked once: from here on the append cannot fail.
             if !checksums_ok(pkt, c.ip_len) {
                 // Not mergeable, and not worth a chain: written alone for the kernel to drop.
                 return Outcome::Alone;
             }
-            let payload = &pkt[c.ip_len + c.l4_len..];
-            let at = VIRTIO_HEADROOM + it.len;
-            head_buf[at..at + payload.len()].copy_from_slice(payload);
-            if c.psh {
-                head_buf[VIRTIO_HEADROOM + it.ip_len + 13] |= tcp::PSH;
-            }
+            let payload = c.payload();
             let item = &mut self.items[k];
-            item.len += payload.len();
-            item.next_seq = item.next_seq.wrapping_add(payload.len() as u32);
+            if item.tail == NONE {
+                item.first = i;
+            } else {
+                self.next[item.tail] = i;
+            }
+            item.tail = i;
+            item.len += payload;
+            item.next_seq = item.next_seq.wrapping_add(payload as u32);
             item.next_id = item.next_id.wrapping_add(1);
             item.count += 1;
-            item.closed = c.psh || payload.len() < item.gso_size;
+            item.psh |= c.psh;
+            item.closed = c.psh || payload < item.gso_size;
             return Outcome::Merged;
         }
         let payload = c.payload();
+        self.item_of[i] = self.items.len();
         self.items.push(Item {
             key: c.key,
             hash,
             head: i,
+            tail: NONE,
+            first: NONE,
             ip_len: c.ip_len,
             l4_len: c.l4_len,
             gso_size: payload,
             len: c.len,
+            room: room.max(c.len),
             next_seq: c.seq.wrapping_add(payload as u32),
             next_id: c.id.wrapping_add(1),
             count: 1,
+            psh: false,
             closed: c.psh,
             head_checked: false,
             dead: false,
         });
         Outcome::Chain
     }
+}
+
+fn bufs_len<B: AsRef<[u8]>>(bufs: &[B], i: usize) -> usize {
+    bufs.get(i).map_or(0, |b| b.as_ref().len())
 }
 
 /// Whether `pkt` (described by `c`) may follow the chain `it`, whose merged packet so far is
@@ -465,16 +648,18 @@ fn checksums_ok(p: &[u8], ip_len: usize) -> bool {
     checksum::combine(&[ph, checksum::data(l4)]) == 0xffff
 }
 
-/// Writes the `virtio_net_hdr` and fixes the headers of a chain's head buffer.
-fn finish(buf: &mut [u8], it: &Item) {
-    let (hdr, p) = buf.split_at_mut(VIRTIO_HEADROOM);
+/// Writes the `virtio_net_hdr` into `hdr` and fixes the headers of a chain's head packet `p`
+/// (its own bytes; the appended payloads follow it in the write) for the merged length.
+fn finish(hdr: &mut [u8; VIRTIO_HEADROOM], p: &mut [u8], it: &Item) {
     if it.count == 1 {
         // Alone (or abandoned): the packet is unchanged and complete.
         let _ = Header::NONE.emit(hdr);
         return;
     }
-    let p = &mut p[..it.len];
     let is_tcp = it.key.proto == ip::proto::TCP;
+    if is_tcp && it.psh {
+        p[it.ip_len + 13] |= tcp::PSH;
+    }
     let l4_len = it.len - it.ip_len;
     // Merged lengths are <= MAX_MERGED, so the casts are exact.
     let ph = if it.key.version == 4 {
@@ -810,6 +995,38 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_holds_at_most_max_chain_packets() {
+        let mut p = Pkt::tcp4(10);
+        let pkts: Vec<Vec<u8>> = (0..MAX_CHAIN + 5)
+            .map(|_| {
+                let b = p.build();
+                p.seq = p.seq.wrapping_add(10);
+                p.id = p.id.wrapping_add(1);
+                b
+            })
+            .collect();
+        let outs = gro(&pkts, 65_535, BOTH);
+        assert_eq!(shapes(&outs), [(virtio_net::GSO_TCPV4, MAX_CHAIN), (virtio_net::GSO_TCPV4, 5)]);
+    }
+
+    #[test]
+    fn references_outside_the_buffers_are_dropped() {
+        let p = Pkt::tcp4(100).build();
+        let mut bufs = [p.clone()];
+        let refs = [
+            PacketRef { buf: 0, start: 0, len: p.len() },
+            PacketRef { buf: 1, start: 0, len: 10 },
+            PacketRef { buf: 0, start: 1, len: p.len() },
+            PacketRef { buf: 0, start: usize::MAX, len: 2 },
+        ];
+        let mut t = GroTable::new(BOTH, 4);
+        let writes = t.coalesce_refs(&mut bufs, &refs);
+        assert_eq!(writes.len(), 1);
+        assert_eq!(writes[0].head, refs[0]);
+        assert_eq!(t.invalid(), 3);
+    }
+
+    #[test]
     fn table_is_reusable() {
         let mut t = GroTable::new(GroConfig::default(), 8);
         for _ in 0..3 {
@@ -933,6 +1150,52 @@ mod tests {
             merged_into_fewer &= resplit.len() == pkts.len();
             prop_assert!(merged_into_fewer);
             prop_assert_eq!(per_flow(resplit), per_flow(pkts));
+        }
+
+        /// Coalescing in place (the packets back to back in one receive buffer, as UDP GRO
+        /// leaves them) writes exactly the bytes that coalescing by copying builds.
+        #[test]
+        fn coalesce_refs_writes_what_coalesce_builds(
+            flows in proptest::collection::vec(0u16..4, 1..4)
+                .prop_flat_map(|ids| ids.into_iter().enumerate()
+                    .map(|(i, _)| flow(i as u16)).collect::<Vec<_>>()),
+            order in proptest::collection::vec(0usize..4, 1..40),
+            gap in 0usize..30,
+        ) {
+            let pkts = interleave(&flows, &order);
+            let (mut bufs, mut lens) = batch(&pkts, 65_535);
+            let mut copying = GroTable::new(BOTH, 4);
+            let want: Vec<Vec<u8>> = copying
+                .coalesce(&mut bufs, &mut lens)
+                .to_vec()
+                .into_iter()
+                .map(|i| bufs[i][..lens[i]].to_vec())
+                .collect();
+
+            let mut one = vec![0x5au8; gap];
+            let mut refs = Vec::new();
+            for p in &pkts {
+                refs.push(PacketRef { buf: 0, start: one.len(), len: p.len() });
+                one.extend_from_slice(p);
+                one.extend(std::iter::repeat_n(0x5a, gap));
+            }
+            let mut bufs = [one];
+            let mut t = GroTable::new(BOTH, 4);
+            let writes = t.coalesce_refs(&mut bufs, &refs).to_vec();
+            let got: Vec<Vec<u8>> = writes
+                .iter()
+                .map(|w| {
+                    let mut b = w.hdr.to_vec();
+                    b.extend_from_slice(&bufs[0][w.head.start..][..w.head.len]);
+                    for r in t.appended(w, &refs) {
+                        b.extend_from_slice(&bufs[0][r.start..][..r.len]);
+                    }
+                    assert_eq!(b.len(), VIRTIO_HEADROOM + w.len);
+                    b
+                })
+                .collect();
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(t.merged(), copying.merged());
         }
 
         /// (c) Arbitrary bytes never panic, and the output invariants hold.

@@ -57,7 +57,7 @@ mod split;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-pub use gro::{GroConfig, GroTable, VIRTIO_HEADROOM};
+pub use gro::{GroConfig, GroTable, GroWrite, MAX_CHAIN, PacketRef, VIRTIO_HEADROOM};
 pub use split::{Segments, finish_checksum, plan, split};
 
 /// Why a packet could not be split (or its checksum finished).
