@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use weft::config::BackendKind;
 use weft::dataplane::offload::{GroConfig, GroTable, PacketRef, split};
 use weft::dataplane::pipeline::{Forwarder, HEADROOM, OwnSubnet, Rx, Tx};
-use weft::dataplane::wire::virtio_net;
 use weft::dataplane::wire::vxlan::Vni;
+use weft::dataplane::wire::{ipv4, virtio_net};
 use weft::lease::record::Subnet;
 use weft::route::{Peer, PeerBackend, RouteTable};
 
@@ -48,18 +48,19 @@ fn subnet(s: &str) -> Subnet {
     s.parse().unwrap()
 }
 
+/// An IPv4 packet from `src` to `dst` carrying `l4_len` bytes of `protocol`, header filled in
+/// (checksum too), the rest zero.
+fn ipv4_packet(protocol: u8, src: Ipv4Addr, dst: Ipv4Addr, l4_len: usize) -> Vec<u8> {
+    let mut p = vec![0u8; 20 + l4_len];
+    ipv4::Repr { src_addr: src, dst_addr: dst, protocol, payload_len: l4_len, ttl: 64 }
+        .emit(&mut p)
+        .expect("fits");
+    p
+}
+
 /// An IPv4/UDP packet from `src` to `dst` with `payload` bytes, checksums filled.
 fn udp_packet(src: Ipv4Addr, dst: Ipv4Addr, payload: usize) -> Vec<u8> {
-    let total = 20 + 8 + payload;
-    let mut p = vec![0u8; total];
-    p[0] = 0x45;
-    p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-    p[8] = 64;
-    p[9] = 17;
-    p[12..16].copy_from_slice(&src.octets());
-    p[16..20].copy_from_slice(&dst.octets());
-    let mut ip = weft::dataplane::wire::ipv4::Packet::new_unchecked(&mut p[..]);
-    ip.fill_checksum();
+    let mut p = ipv4_packet(17, src, dst, 8 + payload);
     p[20..22].copy_from_slice(&5000u16.to_be_bytes());
     p[22..24].copy_from_slice(&5001u16.to_be_bytes());
     p[24..26].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
@@ -137,10 +138,9 @@ fn the_per_packet_path_allocates_nothing() {
         delivered
     };
     assert_eq!(run(100), 100, "warm-up");
-    let before = ALLOCS.load(Ordering::Relaxed);
-    assert_eq!(run(10_000), 10_000);
-    let after = ALLOCS.load(Ordering::Relaxed);
-    assert_eq!(after - before, 0, "allocations on the per-packet path");
+    let (delivered, allocs) = allocations_during(|| run(10_000));
+    assert_eq!(delivered, 10_000);
+    assert_eq!(allocs, 0, "allocations on the per-packet path");
 
     // The offload path: a TSO super-packet split into segments behind VXLAN headroom (TX),
     // and the segments coalesced back where they lie (RX GRO), as the workers do them.
@@ -166,23 +166,22 @@ fn the_per_packet_path_allocates_nothing() {
         merged
     };
     assert_eq!(offload(10), 400, "warm-up");
+    let (segments, allocs) = allocations_during(|| offload(1_000));
+    assert_eq!(segments, 40_000);
+    assert_eq!(allocs, 0, "allocations on the offload path");
+}
+
+/// What `f` returns, and how many allocations it made.
+fn allocations_during<R>(f: impl FnOnce() -> R) -> (R, u64) {
     let before = ALLOCS.load(Ordering::Relaxed);
-    assert_eq!(offload(1_000), 40_000);
-    let after = ALLOCS.load(Ordering::Relaxed);
-    assert_eq!(after - before, 0, "allocations on the offload path");
+    let r = f();
+    (r, ALLOCS.load(Ordering::Relaxed) - before)
 }
 
 /// A TCPv4 super-packet of `payload` bytes as TUN hands it over with TSO, and its header.
 fn tso_super_packet(payload: usize, mss: u16) -> (virtio_net::Header, Vec<u8>) {
-    let total = 20 + 20 + payload;
-    let mut p = vec![0u8; total];
-    p[0] = 0x45;
-    p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-    p[6] = 0x40;
-    p[8] = 64;
-    p[9] = 6;
-    p[12..16].copy_from_slice(&[10, 244, 1, 2]);
-    p[16..20].copy_from_slice(&[10, 244, 2, 2]);
+    let (src, dst) = (Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2));
+    let mut p = ipv4_packet(6, src, dst, 20 + payload);
     p[20..22].copy_from_slice(&40000u16.to_be_bytes());
     p[22..24].copy_from_slice(&5201u16.to_be_bytes());
     p[24..28].copy_from_slice(&1u32.to_be_bytes());

@@ -683,16 +683,7 @@ mod tests {
     /// 1500..4500 as a TSO super-packet of 1000-byte segments, then 4500..4600 alone; and
     /// returns the bytes of the stream.
     fn inject_stream(tun: &FakeTun) -> Vec<u8> {
-        let mut stream = Vec::new();
-        let mut short = Pkt::tcp4(500);
-        short.seq = 1000;
-        let mut frame = vec![0u8; virtio_net::LEN];
-        frame.extend(short.build());
-        tun.inject(&frame);
-        stream.extend(&short.payload);
-        let mut tso = Pkt::tcp4(3000);
-        tso.seq = 1500;
-        let hdr = Header {
+        let tso = Header {
             flags: 0,
             gso_type: virtio_net::GSO_TCPV4,
             hdr_len: 40,
@@ -700,17 +691,18 @@ mod tests {
             csum_start: 20,
             csum_offset: 16,
         };
-        let mut frame = vec![0u8; virtio_net::LEN];
-        hdr.emit(&mut frame).unwrap();
-        frame.extend(tso.build());
-        tun.inject(&frame);
-        stream.extend(&tso.payload);
-        let mut tail = Pkt::tcp4(100);
-        tail.seq = 4500;
-        let mut frame = vec![0u8; virtio_net::LEN];
-        frame.extend(tail.build());
-        tun.inject(&frame);
-        stream.extend(&tail.payload);
+        let mut stream = Vec::new();
+        for (seq, len, hdr) in
+            [(1000, 500, Header::NONE), (1500, 3000, tso), (4500, 100, Header::NONE)]
+        {
+            let mut p = Pkt::tcp4(len);
+            p.seq = seq;
+            let mut frame = vec![0u8; virtio_net::LEN];
+            hdr.emit(&mut frame).unwrap();
+            frame.extend(p.build());
+            tun.inject(&frame);
+            stream.extend(&p.payload);
+        }
         stream
     }
 
