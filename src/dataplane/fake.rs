@@ -136,7 +136,7 @@ impl FakeNet {
             .entry(addr)
             .or_default()
             .clone();
-        FakeUdp { local: addr, net: self.clone(), inbox: q }
+        FakeUdp { local: addr, net: self.clone(), inbox: q, messages: 0 }
     }
 
     /// Sends a datagram from `from` to `to`, as any host (or attacker) on the underlay could.
@@ -156,9 +156,15 @@ pub struct FakeUdp {
     local: SocketAddrV4,
     net: FakeNet,
     inbox: Arc<Queue>,
+    messages: usize,
 }
 
 impl FakeUdp {
+    /// How many messages (a GSO message counts once) were sent from this socket.
+    pub fn messages_sent(&self) -> usize {
+        self.messages
+    }
+
     /// Whether nothing is waiting to be received.
     pub fn is_idle(&self) -> bool {
         self.inbox.is_empty()
@@ -168,6 +174,7 @@ impl FakeUdp {
 impl UdpIo for FakeUdp {
     fn send_batch(&mut self, msgs: &[Transmit<'_>]) -> Result<usize, UdpError> {
         for m in msgs {
+            self.messages += 1;
             let seg = m.segment_size.map_or(m.contents.len(), usize::from).max(1);
             for d in m.contents.chunks(seg) {
                 self.net.send_raw(self.local, m.dst, d);

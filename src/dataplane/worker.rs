@@ -137,7 +137,8 @@ impl TxPath {
         Self {
             // Slot i: [HEADROOM - hdr room][vnet hdr?][packet ...]; the packet at HEADROOM.
             slots: (0..batch).map(|_| vec![0u8; HEADROOM + READ_LEN]).collect(),
-            split_out: vec![0u8; if vnet { SPLIT_LEN } else { 0 }],
+            // Split super-packets, and GSO runs of single datagrams.
+            split_out: vec![0u8; SPLIT_LEN],
             reply: vec![0u8; virtio_net::LEN + 1500],
             pending: Vec::with_capacity(batch),
             vnet,
@@ -203,7 +204,7 @@ impl TxPath {
                 // Packets read before this one leave before it: a flow's short segments
                 // (GSO_NONE) and super-packets interleave, and reordering them would make TCP
                 // see losses that never happened.
-                send_pending(slots, pending, pool, counters);
+                send_pending(slots, pending, pool, split_out, counters);
                 pending.clear();
                 send_super_packet(
                     &hdr,
@@ -232,7 +233,7 @@ impl TxPath {
                 Tx::Drop(reason) => counters.count_drop(reason),
             }
         }
-        send_pending(slots, pending, pool, counters);
+        send_pending(slots, pending, pool, split_out, counters);
         read_any
     }
 }
@@ -241,11 +242,78 @@ impl TxPath {
 /// the slot, flow hash).
 type Pending = (usize, SocketAddrV4, std::ops::Range<usize>, u32);
 
-/// Sends the pending datagrams in order: one `sendmmsg` per run of datagrams leaving from the
-/// same socket (in practice one flow, one socket).
+/// Where one message of [`send_pending`] lies.
+#[derive(Clone, Copy)]
+enum Message {
+    /// One datagram, in its read slot: `slots[slot][start..end]`.
+    Slot(usize, usize, usize),
+    /// A GSO run copied back to back into the coalescing buffer: `buf[start..end]`.
+    Run(usize, usize, u16),
+}
+
+/// Sends the pending datagrams in order. Consecutive datagrams to one peer from one socket go
+/// out as one GSO message when the socket has GSO ([`udp::coalesce_plan`]'s runs, copied back
+/// to back into `buf`): the kernel then builds, forwards and (with UDP GRO at the peer)
+/// receives one packet where it would handle dozens. One `sendmmsg` per stretch of messages
+/// leaving from the same socket (in practice one flow, one socket).
 fn send_pending<U: UdpIo>(
     slots: &[Vec<u8>],
     pending: &[Pending],
+    pool: &mut [U],
+    buf: &mut [u8],
+    counters: &Counters,
+) {
+    let sockets = pool.len();
+    let sock_of = |p: &Pending| p.3 as usize % sockets;
+    let mut msgs =
+        [(0usize, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), Message::Slot(0, 0, 0)); MAX_BATCH];
+    let mut i = 0;
+    while i < pending.len() {
+        // Plan messages until the batch, the buffer or the datagrams run out.
+        let (mut n, mut used) = (0, 0);
+        while i < pending.len() && n < MAX_BATCH {
+            let sock = sock_of(&pending[i]);
+            let stretch = pending[i..].iter().take_while(|p| sock_of(p) == sock).count();
+            let max_segments = pool[sock].max_gso_segments();
+            let Some(run) =
+                udp::coalesce_plan(&pending[i..i + stretch], max_segments, |p| (p.1, p.2.len()))
+                    .next()
+            else {
+                break;
+            };
+            let first = &pending[i];
+            let message = match run.segment_size {
+                Some(seg) if used + run.bytes <= buf.len() => {
+                    let mut at = used;
+                    for (slot, _, range, _) in &pending[i..i + run.count] {
+                        buf[at..at + range.len()].copy_from_slice(&slots[*slot][range.clone()]);
+                        at += range.len();
+                    }
+                    used = at;
+                    Message::Run(at - run.bytes, at, seg)
+                }
+                // No room left for the run: send what is planned first.
+                Some(_) if n > 0 => break,
+                _ => {
+                    i += 1;
+                    msgs[n] = (sock, first.1, Message::Slot(first.0, first.2.start, first.2.end));
+                    n += 1;
+                    continue;
+                }
+            };
+            i += run.count;
+            msgs[n] = (sock, first.1, message);
+            n += 1;
+        }
+        send_messages(&msgs[..n], slots, buf, pool, counters);
+    }
+}
+
+/// Sends planned messages, one `sendmmsg` per stretch leaving from the same socket.
+fn send_messages<U: UdpIo>(
+    msgs: &[(usize, SocketAddrV4, Message)],
+    slots: &[Vec<u8>],
+    buf: &[u8],
     pool: &mut [U],
     counters: &Counters,
 ) {
@@ -256,15 +324,20 @@ fn send_pending<U: UdpIo>(
     }; MAX_BATCH];
     let mut which = usize::MAX;
     let mut k = 0;
-    for (slot, peer, range, flow) in pending {
-        let sock = *flow as usize % pool.len();
+    for &(sock, dst, message) in msgs {
         if (sock != which || k == MAX_BATCH) && k > 0 {
             account(pool[which].send_batch(&txs[..k]), &txs[..k], counters);
             k = 0;
         }
         which = sock;
-        txs[k] =
-            Transmit { dst: *peer, contents: &slots[*slot][range.clone()], segment_size: None };
+        txs[k] = match message {
+            Message::Slot(slot, start, end) => {
+                Transmit { dst, contents: &slots[slot][start..end], segment_size: None }
+            }
+            Message::Run(start, end, seg) => {
+                Transmit { dst, contents: &buf[start..end], segment_size: Some(seg) }
+            }
+        };
         k += 1;
     }
     if k > 0 {
@@ -736,6 +809,41 @@ mod tests {
         let mut got = p1[40..].to_vec();
         got.extend_from_slice(&p2[40..]);
         assert_eq!(got, stream);
+    }
+
+    /// Single datagrams to one peer leave as one GSO message: equal sizes, the last one
+    /// shorter; a longer one starts the next message.
+    #[test]
+    fn single_datagrams_to_one_peer_share_a_gso_message() {
+        let net = FakeNet::new();
+        let tun = FakeTun::with_vnet_hdr();
+        let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
+        let mut peer_sock = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+        let (fwd, routes) = host(BackendKind::Vxlan, 1, 2);
+        let counters = Counters::default();
+        let sizes = [1000, 1000, 1000, 1000, 600, 1200, 1200];
+        for (i, size) in sizes.into_iter().enumerate() {
+            let mut p = Pkt::tcp4(size);
+            p.seq = i as u32;
+            let mut frame = vec![0u8; virtio_net::LEN];
+            frame.extend(p.build());
+            tun.inject(&frame);
+        }
+        let mut tx = TxPath::new(&*tun, &CFG);
+        assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
+        assert_eq!(pool[0].messages_sent(), 2);
+        let mut bufs = vec![vec![0u8; 2048]; 16];
+        let mut metas = vec![RecvMeta::default(); 16];
+        let n = peer_sock.recv_batch(&mut bufs, &mut metas, Duration::from_secs(1)).unwrap();
+        let got: Vec<(u32, usize)> = bufs[..n]
+            .iter()
+            .zip(&metas)
+            .map(|(b, m)| (read_u32(b, HEADROOM + 20 + 4), m.len - HEADROOM - 40))
+            .collect();
+        let want: Vec<(u32, usize)> =
+            sizes.into_iter().enumerate().map(|(i, s)| (i as u32, s)).collect();
+        assert_eq!(got, want);
+        assert_eq!(counters.tx_packets.load(Ordering::Relaxed), 7);
     }
 
     fn segments_leave_in_order(backend: BackendKind) {
