@@ -4,15 +4,18 @@
 //!
 //! # TX: TUN → peers
 //! Read up to a batch of packets from one TUN queue. A TSO/USO super-packet (behind a
-//! `virtio_net_hdr`) is split into wire-sized segments laid out back to back with encapsulation
-//! headroom in front of each ([`offload::split`]), every segment is encapsulated in place, and
-//! the run goes out as few `UDP_SEGMENT` (GSO) messages as the kernel allows. Single packets are
-//! encapsulated in place in their read buffer and sent together in one `sendmmsg`.
+//! `virtio_net_hdr`) is routed once, split into wire-sized segments laid out back to back
+//! with the backend's encapsulation in front of each ([`offload::split`]), and goes out as few
+//! `UDP_SEGMENT` (GSO) messages as the kernel allows. Single packets are encapsulated in place
+//! in their read buffer; runs of them to one peer are copied back to back into GSO messages
+//! ([`udp::coalesce_plan`]), and all go out in one `sendmmsg`. Packets leave in the order they
+//! were read: TCP takes reordering for loss.
 //!
 //! # RX: peers → TUN
 //! Receive a batch (`recvmmsg`; with UDP GRO each buffer may hold many datagrams), validate and
 //! decapsulate every datagram ([`Forwarder::decap`]), and write the inner packets to TUN: with
-//! TUN offloads, after TCP GRO coalescing into super-packets ([`GroTable`]), one write each.
+//! TUN offloads, after TCP/UDP GRO ([`GroTable::coalesce_refs`]) coalesces them into
+//! super-packets where they lie, one vectored write each, straight from the receive buffers.
 //!
 //! # Contract
 //! Buffers are allocated once per worker; the per-packet path allocates nothing, takes no lock

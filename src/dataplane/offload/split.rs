@@ -271,6 +271,18 @@ pub fn split(
     let is_tcp = l.kind != virtio_net::GSO_UDP_L4;
     let first_id = if l.version == 4 { read_u16(packet, 4) } else { 0 };
     let first_seq = if is_tcp { read_u32(packet, l.l4_start + 4) } else { 0 };
+    // The IPv4 header checksum of each segment is the sum of the header's constant words plus
+    // its own length and identification: sum the constant part once (ones' complement sums
+    // are linear), not the whole header per segment.
+    let v4_base = (l.version == 4).then(|| {
+        let mut h = [0u8; 60];
+        let h = &mut h[..l.l4_start.min(60)];
+        h.copy_from_slice(&packet[..h.len()]);
+        for field in [2, 4, 10] {
+            write_u16(h, field, 0);
+        }
+        checksum::data(h)
+    });
     for i in 0..segs.count {
         let from = (i * l.gso_size).min(payload.len());
         let chunk = &payload[from..(from + l.gso_size).min(payload.len())];
@@ -281,11 +293,12 @@ pub fn split(
         let last = i + 1 == segs.count;
 
         // layout() proved: the IP header lies within hdr_len, and seg_len fits 16 bits.
-        let addrs = if l.version == 4 {
+        let addrs = if let Some(base) = v4_base {
             let mut ip = ipv4::Packet::new_unchecked(&mut seg[..]);
+            let ident = first_id.wrapping_add(i as u16);
             ip.set_total_len(seg_len as u16);
-            ip.set_ident(first_id.wrapping_add(i as u16));
-            ip.fill_checksum();
+            ip.set_ident(ident);
+            ip.set_checksum(!checksum::combine(&[base, seg_len as u16, ident]));
             Addrs::V4(ip.src_addr(), ip.dst_addr())
         } else {
             let mut ip = ipv6::Packet::new_unchecked(&mut seg[..]);
