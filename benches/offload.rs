@@ -1,11 +1,12 @@
 //! Offload cost: TSO split of a 64 KiB TCPv4 super-packet (MSS 1398) into segments behind
-//! VXLAN headroom, and GRO coalescing of those segments back into one super-packet.
+//! VXLAN headroom, and GRO coalescing of those segments back into one super-packet: by copying
+//! into the first segment's buffer, and in place (what the RX path does).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use weft::dataplane::offload::{GroConfig, GroTable, VIRTIO_HEADROOM, split};
+use weft::dataplane::offload::{GroConfig, GroTable, PacketRef, VIRTIO_HEADROOM, split};
 use weft::dataplane::pipeline::HEADROOM;
 use weft::dataplane::wire::{tcp, virtio_net};
 
@@ -80,6 +81,34 @@ fn bench(c: &mut Criterion) {
                 refill(&mut bufs, &mut lens);
                 let start = Instant::now();
                 black_box(table.coalesce(&mut bufs, &mut lens));
+                total += start.elapsed();
+            }
+            total
+        })
+    });
+
+    // In place, as the RX path does it: the segments back to back in one receive buffer
+    // (VXLAN headroom between them, as UDP GRO leaves the datagrams), nothing copied.
+    let mut ring = vec![0u8; n * (HEADROOM + HDRS + MSS)];
+    let mut refs = Vec::with_capacity(n);
+    let mut at = 0;
+    for s in &segments {
+        at += HEADROOM;
+        ring[at..at + s.len()].copy_from_slice(s);
+        refs.push(PacketRef { buf: 0, start: at, len: s.len() });
+        at += s.len();
+    }
+    let pristine = ring.clone();
+    let mut bufs = [ring];
+    assert_eq!(table.coalesce_refs(&mut bufs, &refs).len(), 1, "one super-packet comes back");
+    group.bench_function(format!("gro_coalesce_in_place_{n}_segs"), |b| {
+        // Coalescing fixes up the head's headers, so restore them before each run (untimed).
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                bufs[0][..HEADROOM + HDRS].copy_from_slice(&pristine[..HEADROOM + HDRS]);
+                let start = Instant::now();
+                black_box(table.coalesce_refs(&mut bufs, &refs));
                 total += start.elapsed();
             }
             total
