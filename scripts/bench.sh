@@ -13,7 +13,8 @@
 #              the flannel-udp-like baseline (one packet per syscall)
 #
 # For each: TCP 1 stream, TCP 4 streams, UDP 1400 B and 64 B packet rates (iperf3 -u -b 0),
-# ping RTT; each figure is the median of RUNS runs. Overlay traffic goes host to host between
+# ping RTT, and the TCP 1-stream retransmits (a healthy path shows none: they betray drops or
+# reordering); each figure is the median of RUNS runs. Overlay traffic goes host to host between
 # the overlay addresses (10.244.1.0 -> 10.244.2.0), so every path carries the same hops.
 # Prints a table with each figure's ratio to kernel VXLAN and CPU seconds per GB forwarded
 # (whole-machine busy time from /proc/stat during the TCP 1-stream runs), and writes it as JSON
@@ -83,6 +84,7 @@ try:
     cpu = (j1 - j0) / tck
     print(json.dumps({"path": name, "run": run, "metric": "tcp1_gbps", "value": bps / 1e9}))
     print(json.dumps({"path": name, "run": run, "metric": "cpu_s_per_gb", "value": cpu / (nbytes / 1e9)}))
+    print(json.dumps({"path": name, "run": run, "metric": "tcp1_retr", "value": d["end"]["sum_sent"].get("retransmits", 0)}))
 except Exception as e:
     print(json.dumps({"path": name, "run": run, "metric": "tcp1_gbps", "value": None, "error": str(e)}))
 PY
@@ -175,7 +177,7 @@ done
 python3 - "$WORK/raw.jsonl" "$OUT" "$RUNS" "$DURATION" <<'PY'
 import json, statistics, sys, platform
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-metrics = ["tcp1_gbps", "tcp4_gbps", "udp1400_kpps", "udp64_kpps", "ping_us", "cpu_s_per_gb"]
+metrics = ["tcp1_gbps", "tcp4_gbps", "udp1400_kpps", "udp64_kpps", "ping_us", "cpu_s_per_gb", "tcp1_retr"]
 paths = []
 for r in rows:
     if r["path"] not in paths:
@@ -187,8 +189,8 @@ for p in paths:
         med[(p, m)] = statistics.median(vals) if vals else None
 def fmt(v, m):
     if v is None: return "-"
-    return f"{v:.0f}" if m in ("udp1400_kpps", "udp64_kpps", "ping_us") else f"{v:.2f}"
-hdr = ["path", "TCP 1 (Gb/s)", "TCP 4 (Gb/s)", "UDP 1400 (kpps)", "UDP 64 (kpps)", "ping (us)", "CPU s/GB"]
+    return f"{v:.0f}" if m in ("udp1400_kpps", "udp64_kpps", "ping_us", "tcp1_retr") else f"{v:.2f}"
+hdr = ["path", "TCP 1 (Gb/s)", "TCP 4 (Gb/s)", "UDP 1400 (kpps)", "UDP 64 (kpps)", "ping (us)", "CPU s/GB", "TCP 1 retr"]
 print("| " + " | ".join(hdr) + " |")
 print("|" + "|".join("---" for _ in hdr) + "|")
 for p in paths:
@@ -197,7 +199,7 @@ for p in paths:
         v = med[(p, m)]
         k = med.get(("kernel", m))
         cell = fmt(v, m)
-        if v is not None and k and p != "kernel" and m != "cpu_s_per_gb":
+        if v is not None and k and p != "kernel" and m not in ("cpu_s_per_gb", "tcp1_retr"):
             cell += f" ({v / k:.2f}x)" if m != "ping_us" else f" ({v - k:+.0f})"
         cells.append(cell)
     print("| " + " | ".join(cells) + " |")
