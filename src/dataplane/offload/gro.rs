@@ -1216,6 +1216,40 @@ mod tests {
             check_invariants(&out, &bufs, &lens);
         }
 
+        /// (c) In place, arbitrary references (overlapping, out of range) over arbitrary bytes
+        /// or mangled real flows never panic, and every write stays inside the buffers with its
+        /// length adding up.
+        #[test]
+        fn coalesce_refs_never_panics(
+            f in flow(0),
+            junk in proptest::collection::vec(any::<u8>(), 0..400),
+            refs in proptest::collection::vec((0usize..3, 0usize..3000, 0usize..1600), 0..24),
+            flips in proptest::collection::vec((any::<u16>(), any::<u8>()), 0..6),
+        ) {
+            let mut real: Vec<u8> = interleave(&[f], &[0, 0]).concat();
+            for (at, v) in flips {
+                if !real.is_empty() {
+                    let at = usize::from(at) % real.len();
+                    real[at] ^= v;
+                }
+            }
+            let mut bufs = [real, junk];
+            let refs: Vec<PacketRef> =
+                refs.into_iter().map(|(buf, start, len)| PacketRef { buf, start, len }).collect();
+            let mut t = GroTable::new(BOTH, 8);
+            let writes = t.coalesce_refs(&mut bufs, &refs).to_vec();
+            for w in &writes {
+                let mut total = w.head.len;
+                prop_assert!(w.head.bytes(&bufs).is_some());
+                for r in t.appended(w, &refs) {
+                    prop_assert!(r.bytes(&bufs).is_some());
+                    total += r.len;
+                }
+                prop_assert_eq!(total, w.len);
+            }
+            prop_assert_eq!(writes.len() + t.merged() + t.invalid(), refs.len());
+        }
+
         /// (c) Near-valid batches (real flows with bytes flipped) never panic either.
         #[test]
         fn coalesce_never_panics_near_valid(
