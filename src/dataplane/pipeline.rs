@@ -131,6 +131,30 @@ pub enum Tx {
     Drop(DropReason),
 }
 
+/// Why a TUN packet is not sent, from [`Forwarder::route`]: the [`Tx::Drop`] and [`Tx::Reply`]
+/// cases of [`Tx`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Drop it.
+    Drop(DropReason),
+    /// Write `reply[..len]` (an ICMP error) back to TUN, and count the drop.
+    Reply {
+        /// Bytes of the reply.
+        len: usize,
+        /// Why the original was dropped.
+        reason: DropReason,
+    },
+}
+
+impl From<Refusal> for Tx {
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::Drop(reason) => Tx::Drop(reason),
+            Refusal::Reply { len, reason } => Tx::Reply { len, reason },
+        }
+    }
+}
+
 /// Where a TUN packet goes, from [`Forwarder::route`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TxRoute {
@@ -222,7 +246,7 @@ impl Forwarder {
         };
         let route = match self.route(routes, &buf[HEADROOM..end], reply) {
             Ok(r) => r,
-            Err(tx) => return tx,
+            Err(refusal) => return refusal.into(),
         };
         let start = HEADROOM - self.headroom();
         self.emit_encap(&route, &mut buf[start..HEADROOM]);
@@ -238,8 +262,8 @@ impl Forwarder {
         }
     }
 
-    /// Where the TUN packet `packet` goes: the peer and the flow hash, or (as `Err`) the
-    /// [`Tx::Drop`] or [`Tx::Reply`] (an ICMP error written into `reply`) to act on instead.
+    /// Where the TUN packet `packet` goes: the peer and the flow hash, or why it does not go
+    /// (a drop, or an ICMP error written into `reply`).
     /// Every segment of a TSO super-packet goes where the super-packet goes, so one call
     /// routes them all.
     pub fn route(
@@ -247,26 +271,26 @@ impl Forwarder {
         routes: &RouteTable,
         packet: &[u8],
         reply: &mut [u8],
-    ) -> Result<TxRoute, Tx> {
+    ) -> Result<TxRoute, Refusal> {
         match wire::ip::version(packet) {
             Some(4) => {}
-            Some(6) => return Err(Tx::Drop(DropReason::TxIpv6)),
-            _ => return Err(Tx::Drop(DropReason::TxMalformed)),
+            Some(6) => return Err(Refusal::Drop(DropReason::TxIpv6)),
+            _ => return Err(Refusal::Drop(DropReason::TxMalformed)),
         }
         let Ok(ip) = ipv4::Packet::new_checked(packet) else {
-            return Err(Tx::Drop(DropReason::TxMalformed));
+            return Err(Refusal::Drop(DropReason::TxMalformed));
         };
         let dst = ip.dst_addr();
         if !self.own.is_set() {
-            return Err(Tx::Drop(DropReason::TxNoSubnet));
+            return Err(Refusal::Drop(DropReason::TxNoSubnet));
         }
         if self.own.contains(dst) {
-            return Err(Tx::Drop(DropReason::TxOwnSubnet));
+            return Err(Refusal::Drop(DropReason::TxOwnSubnet));
         }
         let Some(peer) = routes.lookup(dst) else {
             return Err(match icmpv4::emit_dest_unreachable(packet, 0, self.icmp_source, reply) {
-                Ok(len) => Tx::Reply { len, reason: DropReason::TxNoRoute },
-                Err(_) => Tx::Drop(DropReason::TxNoRoute),
+                Ok(len) => Refusal::Reply { len, reason: DropReason::TxNoRoute },
+                Err(_) => Refusal::Drop(DropReason::TxNoRoute),
             });
         };
         let flow = wire::flow_hash(packet);
@@ -274,7 +298,7 @@ impl Forwarder {
         let peer_mac = match (self.backend, peer.backend, peer.vtep_mac) {
             (BackendKind::Udp, PeerBackend::Udp, _) => None,
             (BackendKind::Vxlan, PeerBackend::Vxlan, Some(mac)) => Some(mac),
-            _ => return Err(Tx::Drop(DropReason::TxBackendMismatch)),
+            _ => return Err(Refusal::Drop(DropReason::TxBackendMismatch)),
         };
         Ok(TxRoute { to, flow, peer_mac })
     }

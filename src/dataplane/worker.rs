@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::offload::{self, GroConfig, GroTable, MAX_CHAIN, PacketRef};
-use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, Rx, Tx};
+use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, Refusal, Rx, Tx};
 use super::udp::{self, MAX_BATCH, MAX_GSO_BYTES, RecvMeta, Transmit, UdpError};
 use super::wire::virtio_net::{self, Header};
 use crate::route::Routes;
@@ -416,17 +416,15 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
 ) {
     let route = match fwd.route(table, packet, &mut reply[virtio_net::LEN..]) {
         Ok(r) => r,
-        Err(Tx::Reply { len, reason }) => {
+        Err(Refusal::Reply { len, reason }) => {
             counters.count_drop(reason);
             write_reply(tun, reply, len, tun.vnet_hdr());
             return;
         }
-        Err(Tx::Drop(reason)) => {
+        Err(Refusal::Drop(reason)) => {
             counters.count_drop(reason);
             return;
         }
-        // `route` refuses with a drop or a reply only.
-        Err(Tx::Send { .. }) => return,
     };
     let headroom = fwd.headroom();
     let segs = match offload::split(hdr, packet, out, headroom) {
