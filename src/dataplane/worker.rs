@@ -869,5 +869,7 @@ mod tests {
         let lens: Vec<usize> = metas[..n].iter().map(|m| m.len - fwd.headroom()).collect();
         assert_eq!(lens, [540, 1040, 1040, 1040, 140], "{backend:?}");
         assert_eq!(counters.tx_packets.load(Ordering::Relaxed), 5);
+        // The short segment, the super-packet's three segments as one GSO message, the tail.
+        assert_eq!(pool[0].messages_sent(), 3, "{backend:?}");
     }
 }
