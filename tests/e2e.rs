@@ -143,6 +143,12 @@ fn three_hosts(network: &str, label: &str, overhead: u32) {
     let bps = iperf3_bps(&pods[0].ns, ip_of(&pods[1]), 3);
     eprintln!("iperf3 {label} pod1 -> pod2: {:.3} Gbit/s", bps / 1e9);
     assert!(bps > 0.0, "iperf3 {label} reported {bps} bits/s");
+    // The kernels these tests run on (Linux 6.x, veth underlay) take every offload but USO,
+    // which is optional; /metrics says which are in use.
+    for kind in ["tun_tso", "udp_gso", "udp_gro"] {
+        let name = format!("weft_dataplane_offload{{kind=\"{kind}\"}}");
+        assert_eq!(wefts[0].metric(&name), Some(1.0), "{name} on host 1 ({label})");
+    }
 }
 
 #[test]

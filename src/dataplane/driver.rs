@@ -21,7 +21,7 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 use tracing::{info, warn};
 
-use super::pipeline::{Counters, Forwarder, OwnSubnet};
+use super::pipeline::{Counters, Forwarder, Offload, OwnSubnet};
 use super::sys::{self, Tun, TunError, TunOptions};
 use super::udp::{BatchSocket, UdpConfig, UdpError};
 use super::wire::vxlan::Vni;
@@ -187,6 +187,14 @@ impl Dataplane {
                 .collect::<Result<Vec<_>, _>>()?;
             if !caps_logged {
                 caps_logged = true;
+                for (offload, on) in [
+                    (Offload::TunTso, cfg.tun_offload && offloads.tso),
+                    (Offload::TunUso, cfg.tun_offload && offloads.uso),
+                    (Offload::UdpGso, pool[0].gso_enabled()),
+                    (Offload::UdpGro, rx.capabilities().gro),
+                ] {
+                    counters.set_offload(offload, on);
+                }
                 info!(
                     tun = %name,
                     mtu,

@@ -136,7 +136,7 @@ impl FakeNet {
             .entry(addr)
             .or_default()
             .clone();
-        FakeUdp { local: addr, net: self.clone(), inbox: q, messages: 0 }
+        FakeUdp { local: addr, net: self.clone(), inbox: q, messages: 0, no_gso: false }
     }
 
     /// Sends a datagram from `from` to `to`, as any host (or attacker) on the underlay could.
@@ -157,9 +157,15 @@ pub struct FakeUdp {
     net: FakeNet,
     inbox: Arc<Queue>,
     messages: usize,
+    no_gso: bool,
 }
 
 impl FakeUdp {
+    /// Turns GSO off (or back on), as a socket does after a GSO send failed with `EIO`.
+    pub fn set_gso(&mut self, on: bool) {
+        self.no_gso = !on;
+    }
+
     /// How many messages (a GSO message counts once) were sent from this socket.
     pub fn messages_sent(&self) -> usize {
         self.messages
@@ -208,7 +214,7 @@ impl UdpIo for FakeUdp {
     }
 
     fn max_gso_segments(&self) -> usize {
-        64
+        if self.no_gso { 1 } else { 64 }
     }
 
     fn gro(&self) -> bool {

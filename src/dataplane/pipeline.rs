@@ -19,7 +19,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::wire::ethernet::MacAddr;
 use super::wire::{self, ethernet, icmpv4, ipv4, vxlan};
@@ -391,12 +391,54 @@ pub struct Counters {
     pub rx_bytes: AtomicU64,
     /// Send or write errors from the kernel.
     pub io_errors: AtomicU64,
+    /// Which offloads are in use (gauges, one per [`Offload`]): set when the data plane
+    /// starts, and UDP GSO cleared if a socket turns it off at run time.
+    offloads: [AtomicBool; Offload::ALL.len()],
+}
+
+/// An offload the data plane may use; each is a gauge on `/metrics`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Offload {
+    /// TUN TSO with user-space segmentation (and TCP GRO on write).
+    TunTso,
+    /// TUN USO (UDP segmentation offload, Linux 6.2+; UDP GRO on write).
+    TunUso,
+    /// `UDP_SEGMENT` on send.
+    UdpGso,
+    /// `UDP_GRO` on receive.
+    UdpGro,
+}
+
+impl Offload {
+    /// Every offload, in metric order.
+    pub const ALL: [Self; 4] = [Self::TunTso, Self::TunUso, Self::UdpGso, Self::UdpGro];
+
+    /// The `kind` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::TunTso => "tun_tso",
+            Self::TunUso => "tun_uso",
+            Self::UdpGso => "udp_gso",
+            Self::UdpGro => "udp_gro",
+        }
+    }
 }
 
 impl Counters {
     /// Counts a drop.
     pub fn count_drop(&self, reason: DropReason) {
         self.drops[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records whether `offload` is in use.
+    pub fn set_offload(&self, offload: Offload, on: bool) {
+        self.offloads[offload as usize].store(on, Ordering::Relaxed);
+    }
+
+    /// Whether `offload` is in use.
+    pub fn offload(&self, offload: Offload) -> bool {
+        self.offloads[offload as usize].load(Ordering::Relaxed)
     }
 
     /// The count for one reason.
@@ -418,6 +460,19 @@ impl Counters {
                 out,
                 "weft_dataplane_drops_total{{dir=\"{dir}\",reason=\"{reason}\"}} {}",
                 self.drops(r)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP weft_dataplane_offload Whether an offload is in use (1) or not (0), by kind."
+        );
+        let _ = writeln!(out, "# TYPE weft_dataplane_offload gauge");
+        for o in Offload::ALL {
+            let _ = writeln!(
+                out,
+                "weft_dataplane_offload{{kind=\"{}\"}} {}",
+                o.label(),
+                u8::from(self.offload(o))
             );
         }
         for (name, help, v) in [
@@ -449,6 +504,21 @@ impl Counters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn offloads_are_gauges_on_metrics() {
+        let c = Counters::default();
+        c.set_offload(Offload::TunTso, true);
+        c.set_offload(Offload::UdpGso, true);
+        c.set_offload(Offload::UdpGso, false);
+        let mut out = String::new();
+        c.render(&mut out);
+        assert!(out.contains("# TYPE weft_dataplane_offload gauge\n"));
+        for (kind, v) in [("tun_tso", 1), ("tun_uso", 0), ("udp_gso", 0), ("udp_gro", 0)] {
+            let line = format!("weft_dataplane_offload{{kind=\"{kind}\"}} {v}\n");
+            assert!(out.contains(&line), "{line} missing from\n{out}");
+        }
+    }
 
     #[test]
     fn own_subnet_contains_matches_the_subnet() {
