@@ -115,9 +115,10 @@ pub struct WorkerConfig {
 
 /// The largest packet a TUN read returns with offloads (64 KiB super-packet) plus its header.
 const READ_LEN: usize = virtio_net::LEN + 65535;
-/// Output space for one split super-packet: 64 KiB of payload cut into segments as small as
-/// 536 bytes, each with its headers and encapsulation headroom.
-const SPLIT_LEN: usize = 256 * 1024;
+/// Room for what is laid out for sending: one split super-packet (64 KiB of payload cut into
+/// segments as small as 536 bytes, each with its headers and encapsulation headroom), or the
+/// GSO runs of a batch of single datagrams.
+const SEND_BUF_LEN: usize = 256 * 1024;
 
 fn zero_vnet_hdr(buf: &mut [u8]) {
     buf[..virtio_net::LEN].fill(0);
@@ -126,7 +127,8 @@ fn zero_vnet_hdr(buf: &mut [u8]) {
 /// The TX path's buffers, allocated once: TUN → encapsulation → UDP.
 pub struct TxPath {
     slots: Vec<Vec<u8>>,
-    split_out: Vec<u8>,
+    /// Where super-packets are split and GSO runs laid out back to back.
+    send_buf: Vec<u8>,
     reply: Vec<u8>,
     pending: Vec<Pending>,
     vnet: bool,
@@ -140,8 +142,7 @@ impl TxPath {
         Self {
             // Slot i: [HEADROOM - hdr room][vnet hdr?][packet ...]; the packet at HEADROOM.
             slots: (0..batch).map(|_| vec![0u8; HEADROOM + READ_LEN]).collect(),
-            // Split super-packets, and GSO runs of single datagrams.
-            split_out: vec![0u8; SPLIT_LEN],
+            send_buf: vec![0u8; SEND_BUF_LEN],
             reply: vec![0u8; virtio_net::LEN + 1500],
             pending: Vec::with_capacity(batch),
             vnet,
@@ -173,7 +174,7 @@ impl TxPath {
                 return false;
             }
         }
-        let Self { slots, split_out, reply, pending, .. } = self;
+        let Self { slots, send_buf, reply, pending, .. } = self;
         let table = routes.load();
         pending.clear();
         let mut read_any = false;
@@ -207,12 +208,12 @@ impl TxPath {
                 // Packets read before this one leave before it: a flow's short segments
                 // (GSO_NONE) and super-packets interleave, and reordering them would make TCP
                 // see losses that never happened.
-                send_pending(slots, pending, pool, split_out, counters);
+                send_pending(slots, pending, pool, send_buf, counters);
                 pending.clear();
                 send_super_packet(
                     &hdr,
                     &slots[i][HEADROOM..HEADROOM + len],
-                    split_out,
+                    send_buf,
                     pool,
                     fwd,
                     &table,
@@ -236,7 +237,7 @@ impl TxPath {
                 Tx::Drop(reason) => counters.count_drop(reason),
             }
         }
-        send_pending(slots, pending, pool, split_out, counters);
+        send_pending(slots, pending, pool, send_buf, counters);
         read_any
     }
 }
@@ -482,9 +483,12 @@ pub struct RxPath {
     vnet: bool,
 }
 
+/// The most datagrams UDP GRO puts in one receive buffer (the kernel's `UDP_GRO_CNT_MAX`).
+const GRO_SEGMENTS: usize = 64;
+
 /// The most packets one GRO pass takes: a full batch of receive buffers, each holding as many
-/// datagrams as UDP GRO coalesces (64).
-const GRO_PASS: usize = MAX_BATCH * 64;
+/// datagrams as UDP GRO coalesces.
+const GRO_PASS: usize = MAX_BATCH * GRO_SEGMENTS;
 
 impl RxPath {
     /// Buffers for batches of `cfg.batch` messages from `sock` to `tun`.
@@ -556,7 +560,7 @@ impl RxPath {
                 off = end;
             }
             // Room for the next buffer's datagrams, or write what is gathered so far.
-            if refs.len() + 64 > refs.capacity() {
+            if refs.len() + GRO_SEGMENTS > refs.capacity() {
                 write_coalesced(tun, gro, bufs, refs, counters);
                 refs.clear();
             }
