@@ -1,61 +1,92 @@
 #!/usr/bin/env bash
-# Installs what weft's build and tests need on a Debian/Ubuntu machine: etcd and etcdctl (the
-# store tests start real etcd), iperf3 (end-to-end throughput), protoc (etcd-client's build)
-# and ip (network namespaces). Idempotent: installs only what is missing, and runs apt-get
-# update at most once. Needs root for the installs; no TTY needed.
+# Installs what weft's build, tests and demo need, on a Debian/Ubuntu machine, from nothing but
+# a bare root and a Rust toolchain. The list below is the one home of that knowledge: the README
+# shows it, and `scripts/ci.sh` proves it on a freshly bootstrapped Debian root at every CI run.
+#
+# Idempotent: it asks dpkg which packages are missing (a command being on PATH is not enough:
+# protoc without libprotobuf-dev's well-known .proto files cannot build etcd-client), installs
+# those in one apt-get call, then checks every command and file the project uses. Needs root
+# (or passwordless sudo) only when something is missing; no TTY needed.
+#
+# On a machine without apt-get it installs nothing: it checks the same commands and files and
+# names each one that is missing (see the README for the equivalents on other systems).
 set -euo pipefail
 
 export DEBIAN_FRONTEND=noninteractive
 
-updated=0
-apt_install() {
-    if ! command -v apt-get >/dev/null 2>&1; then
-        echo "setup: apt-get not found; install these packages by hand: $*" >&2
-        exit 1
-    fi
-    local sudo=()
-    if [ "$(id -u)" -ne 0 ]; then
-        if command -v sudo >/dev/null 2>&1; then
-            sudo=(sudo -n)
-        else
-            echo "setup: need root (or sudo) to install: $*" >&2
-            exit 1
-        fi
-    fi
-    if [ "$updated" -eq 0 ]; then
-        "${sudo[@]}" apt-get update -q
-        updated=1
-    fi
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -q --no-install-recommends "$@"
-}
-
-# command  package
-tools=(
-    "etcd etcd-server"
-    "etcdctl etcd-client"
-    "iperf3 iperf3"
-    "protoc protobuf-compiler"
-    "ip iproute2"
-    "openssl openssl"
-    "ping iputils-ping"
+# package              what weft uses it for
+packages=(
+    gcc                 # C compiler and linker: rustc links with cc; ring builds C
+    libc6-dev           # C headers and crt files for that link
+    pkg-config          # build scripts that look for system libraries
+    ca-certificates     # cargo fetching crates over TLS
+    protobuf-compiler   # protoc, for etcd-client's generated gRPC code
+    libprotobuf-dev     # google/protobuf/*.proto, which etcd's .proto files import
+    etcd-server         # etcd: every store and end-to-end test starts a real one
+    etcd-client         # etcdctl: tests and the demo inspect and change the store
+    iproute2            # ip, bridge: network namespaces, veth, addresses, routes
+    iputils-ping        # ping across the overlay
+    iperf3              # throughput across the overlay (tests, demo, bench)
+    openssl             # test CA and certificates for etcd over TLS
+    procps              # sysctl (forwarding in namespace hosts), pgrep, ps
+    util-linux          # unshare, setpriv (the non-root test), mount namespaces
+    mount               # mount, for the non-root test's private /dev/net/tun
+    python3             # bench.sh's result tables
 )
 
-for entry in "${tools[@]}"; do
-    read -r cmd pkg <<<"$entry"
-    if ! command -v "$cmd" >/dev/null 2>&1; then
-        echo "setup: $cmd missing; installing $pkg"
-        apt_install "$pkg"
+# command or file      must exist after install
+checks=(
+    cc protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ping iperf3
+    openssl sysctl unshare setpriv mount python3
+)
+
+missing_checks() {
+    local c
+    for c in "${checks[@]}"; do
+        case "$c" in
+            /*) [ -e "$c" ] || echo "$c" ;;
+            *) command -v "$c" >/dev/null 2>&1 || echo "$c" ;;
+        esac
+    done
+}
+
+if command -v dpkg-query >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    # One dpkg-query for all of them; a package dpkg has never heard of prints nothing, so
+    # compare the names that came back installed against the list.
+    installed=$({ dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${packages[@]}" 2>/dev/null || true; } |
+        awk '$2 == "installed" { print $1 }')
+    need=()
+    for p in "${packages[@]}"; do
+        grep -qx "$p" <<<"$installed" || need+=("$p")
+    done
+    if [ ${#need[@]} -gt 0 ]; then
+        echo "setup: installing ${need[*]}"
+        sudo=()
+        if [ "$(id -u)" -ne 0 ]; then
+            command -v sudo >/dev/null 2>&1 || {
+                echo "setup: need root (or sudo) to install: ${need[*]}" >&2
+                exit 1
+            }
+            sudo=(sudo -n)
+        fi
+        "${sudo[@]}" apt-get update -q
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -q --no-install-recommends "${need[@]}"
     fi
-    if ! path=$(command -v "$cmd"); then
-        echo "setup: $cmd still missing after installing $pkg" >&2
-        exit 1
-    fi
-    echo "ok: $cmd ($path)"
-done
+else
+    echo "setup: no apt-get/dpkg here; checking for what the Debian packages would provide" >&2
+fi
+
+gone=$(missing_checks)
+if [ -n "$gone" ]; then
+    echo "setup: still missing after setup:" $gone >&2
+    echo "setup: see the README's 'What setup installs' for the packages that provide them" >&2
+    exit 1
+fi
+echo "setup: ok (${#packages[@]} packages; $(etcd --version 2>/dev/null | head -1))"
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo not found; install a Rust toolchain (https://rustup.rs), then re-run" >&2
     exit 1
 fi
-echo "ok: cargo ($(command -v cargo), $(cargo --version))"
+echo "setup: $(cargo --version)"
