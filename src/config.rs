@@ -33,7 +33,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use serde_json::{Map, Value};
 
-use crate::lease::record::Subnet;
+use crate::lease::record::{ForeignSubnet, Subnet};
 
 /// flannel's vxlan port: the Linux kernel's legacy VXLAN port, from before IANA assigned 4789.
 /// A peer on 4789 does not interoperate with a default flannel.
@@ -470,14 +470,67 @@ impl NetworkConfig {
         })
     }
 
+    /// Whether a subnet key names a lease of this network (inside it, exactly `SubnetLen`),
+    /// whether or not inside the allocation range: anything else under `subnets/` is ignored.
+    pub fn check_lease(&self, subnet: Subnet) -> Result<(), ForeignSubnet> {
+        subnet.check_lease_of(self.network, self.subnet_len)
+    }
+
     /// Whether `subnet` may be leased under this config (inside the network and the range, right
     /// length).
     pub fn fits(&self, subnet: Subnet) -> bool {
-        subnet.prefix_len() == self.subnet_len
-            && self.network.contains(&subnet.network())
+        self.check_lease(subnet).is_ok()
             && subnet.network() >= self.subnet_min
             && subnet.network() <= self.subnet_max
     }
+}
+
+/// An address the overlay must never swallow: traffic to it has to leave by the underlay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnderlayAddr {
+    /// What it is, for the error: "this host's public IP", "etcd endpoint http://…".
+    pub what: String,
+    /// The address.
+    pub addr: Ipv4Addr,
+}
+
+/// A Network that contains an underlay address: routing it into the TUN device would route the
+/// underlay (peers, etcd) into the overlay, and cut the host off.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the Network {network} contains {what} ({addr}): routing it into the overlay would cut the \
+     host off from its underlay; choose a Network that does not overlap the underlay"
+)]
+pub struct SwallowsUnderlay {
+    /// The configured network.
+    pub network: Ipv4Net,
+    /// What it contains.
+    pub what: String,
+    /// The address.
+    pub addr: Ipv4Addr,
+}
+
+impl NetworkConfig {
+    /// Refuses a Network that contains any of `underlay` (the host's public IP, the etcd
+    /// endpoints' addresses), naming the first overlap.
+    pub fn check_underlay(&self, underlay: &[UnderlayAddr]) -> Result<(), SwallowsUnderlay> {
+        match underlay.iter().find(|u| self.network.contains(&u.addr)) {
+            Some(u) => {
+                Err(SwallowsUnderlay { network: self.network, what: u.what.clone(), addr: u.addr })
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// The IPv4 address of an etcd endpoint URL (`http://10.0.0.5:2379`, `10.0.0.5:2379`), if it
+/// names one literally (a host name is resolved by the client, not checked here).
+pub fn endpoint_ipv4(endpoint: &str) -> Option<Ipv4Addr> {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let authority = rest.split('/').next()?;
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+    host.parse().ok()
 }
 
 /// Checks the backend values [`NetworkConfig::new`] may be handed directly.
@@ -946,6 +999,41 @@ mod tests {
         assert_eq!(BackendKind::Vxlan.to_string(), "vxlan");
         assert_eq!(Backend::new(BackendKind::Vxlan).encap_overhead(), 50);
         assert_eq!(Backend::new(BackendKind::Udp).encap_overhead(), 28);
+    }
+
+    #[test]
+    fn a_network_that_contains_the_underlay_is_refused_naming_the_overlap() {
+        let c = ok(r#"{"Network":"10.0.0.0/8"}"#);
+        let u = |what: &str, a: &str| UnderlayAddr { what: what.into(), addr: ip(a) };
+        assert_eq!(
+            c.check_underlay(&[u("public IP", "192.0.2.1"), u("etcd", "127.0.0.1")]),
+            Ok(())
+        );
+        let e = c
+            .check_underlay(&[
+                u("this host's public IP", "192.0.2.1"),
+                u("etcd endpoint x", "10.1.2.3"),
+            ])
+            .unwrap_err();
+        assert_eq!(e.addr, ip("10.1.2.3"));
+        let text = e.to_string();
+        assert!(
+            text.contains("10.0.0.0/8")
+                && text.contains("etcd endpoint x")
+                && text.contains("10.1.2.3"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn endpoint_addresses_are_read_from_urls() {
+        assert_eq!(endpoint_ipv4("http://10.0.0.5:2379"), Some(ip("10.0.0.5")));
+        assert_eq!(endpoint_ipv4("https://user@10.0.0.6:2379/x"), Some(ip("10.0.0.6")));
+        assert_eq!(endpoint_ipv4("10.0.0.7:2379"), Some(ip("10.0.0.7")));
+        assert_eq!(endpoint_ipv4("10.0.0.8"), Some(ip("10.0.0.8")));
+        assert_eq!(endpoint_ipv4("http://etcd.example:2379"), None);
+        assert_eq!(endpoint_ipv4("http://[2001:db8::1]:2379"), None);
+        assert_eq!(endpoint_ipv4(""), None);
     }
 
     #[test]

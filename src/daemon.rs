@@ -16,7 +16,7 @@ use anyhow::{Context, bail};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::config::{BackendKind, NetworkConfig};
+use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
 use crate::dataplane::driver::{Dataplane, DataplaneConfig};
 use crate::dataplane::wire::ethernet::MacAddr;
 use crate::health::{self, Health};
@@ -33,6 +33,8 @@ use crate::time::{BootClock, Clock};
 /// Everything `weft run` needs, after flag parsing.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
+    /// `--etcd-endpoints`, which the Network must not contain.
+    pub etcd_endpoints: Vec<String>,
     /// `--iface`: interface name or address for the underlay.
     pub iface: Option<String>,
     /// `--public-ip`.
@@ -206,6 +208,25 @@ pub fn lease_attrs(network: &NetworkConfig, public_ip: Ipv4Addr, vtep_mac: [u8; 
     }
 }
 
+/// The addresses the overlay must not contain: this host's public IP and every etcd endpoint
+/// given as an address.
+pub fn underlay_addrs(public_ip: Ipv4Addr, etcd_endpoints: &[String]) -> Vec<UnderlayAddr> {
+    let mut addrs = vec![UnderlayAddr { what: "this host's public IP".into(), addr: public_ip }];
+    addrs.extend(etcd_endpoint_addrs(etcd_endpoints));
+    addrs
+}
+
+/// The etcd endpoints given as IPv4 addresses (host names are not resolved here).
+pub fn etcd_endpoint_addrs(etcd_endpoints: &[String]) -> Vec<UnderlayAddr> {
+    etcd_endpoints
+        .iter()
+        .filter_map(|e| {
+            endpoint_ipv4(e)
+                .map(|addr| UnderlayAddr { what: format!("the etcd endpoint {e}"), addr })
+        })
+        .collect()
+}
+
 /// Reads the network config, retrying every second until it is present and valid (flanneld
 /// does the same), or until `shutdown`.
 pub async fn wait_for_config(
@@ -287,6 +308,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     info!(network = %network.network, subnet_len = network.subnet_len, backend = ?network.backend.kind, "network config");
     let underlay = find_underlay(opts.iface.as_deref(), opts.public_ip)?;
     info!(iface = underlay.iface.as_deref().unwrap_or("?"), public_ip = %underlay.public_ip, mtu = underlay.mtu, "underlay");
+    network.check_underlay(&underlay_addrs(underlay.public_ip, &opts.etcd_endpoints))?;
     if opts.ip_masq {
         warn!("--ip-masq is written to subnet.env only: weft installs no iptables rules");
     }
@@ -315,13 +337,15 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     );
     let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
     let (subnet_tx, subnet_rx) = watch::channel(None);
+    let (routes, route_watcher) =
+        start_route_watcher(&network, &store, &health, subnet_rx.clone(), &shutdown_rx);
     let dataplane = if opts.dataplane {
         Some(start_dataplane(
             &opts,
             &network,
             &underlay,
             vtep_mac,
-            &store,
+            routes,
             &health,
             subnet_rx,
             &shutdown_rx,
@@ -347,6 +371,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
         subnet_tx,
     );
     driver.run(shutdown_rx).await;
+    let _ = tokio::time::timeout(Duration::from_secs(3), route_watcher).await;
     if let Some((dp, tasks)) = dataplane {
         for t in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
@@ -360,20 +385,45 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Starts the data plane, the route watcher feeding it, and the task that re-addresses the
-/// TUN device when this node's subnet changes.
+/// Starts the route watcher, which publishes the routes the data plane forwards by. It runs in
+/// control-plane-only mode too: it is what watches every key under `subnets/`, so it is what
+/// warns about keys that are not leases of this network (`weft_route_ignored_keys`), and
+/// `/metrics` shows the routes a data plane would use.
+fn start_route_watcher(
+    network: &NetworkConfig,
+    store: &Arc<dyn Store>,
+    health: &Arc<Health>,
+    subnet_rx: watch::Receiver<Option<Subnet>>,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> (Arc<Routes>, tokio::task::JoinHandle<()>) {
+    let routes = Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
+    let stats = Arc::new(RouteStats::default());
+    let s = stats.clone();
+    health.add_source(Box::new(move |out| s.render(out)));
+    let watcher = tokio::spawn(crate::route::watcher::run(
+        store.clone(),
+        routes.clone(),
+        network.clone(),
+        subnet_rx,
+        stats,
+        shutdown_rx.clone(),
+    ));
+    (routes, watcher)
+}
+
+/// Starts the data plane on `routes` and the task that re-addresses the TUN device when this
+/// node's subnet changes.
 #[allow(clippy::too_many_arguments)]
 fn start_dataplane(
     opts: &RunOptions,
     network: &NetworkConfig,
     underlay: &Underlay,
     vtep_mac: [u8; 6],
-    store: &Arc<dyn Store>,
+    routes: Arc<Routes>,
     health: &Arc<Health>,
     mut subnet_rx: watch::Receiver<Option<Subnet>>,
     shutdown_rx: &watch::Receiver<bool>,
 ) -> anyhow::Result<(Arc<Dataplane>, Vec<tokio::task::JoinHandle<()>>)> {
-    let routes = Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
     let dp = Arc::new(
         Dataplane::start(
             DataplaneConfig {
@@ -397,22 +447,8 @@ fn start_dataplane(
         )
         .context("starting the data plane")?,
     );
-    let stats = Arc::new(RouteStats::default());
-    {
-        let (c, s) = (dp.counters.clone(), stats.clone());
-        health.add_source(Box::new(move |out| {
-            c.render(out);
-            s.render(out);
-        }));
-    }
-    let watcher = tokio::spawn(crate::route::watcher::run(
-        store.clone(),
-        routes,
-        network.clone(),
-        subnet_rx.clone(),
-        stats,
-        shutdown_rx.clone(),
-    ));
+    let c = dp.counters.clone();
+    health.add_source(Box::new(move |out| c.render(out)));
     let dp2 = dp.clone();
     let mut stop = shutdown_rx.clone();
     let addresser = tokio::spawn(async move {
@@ -432,7 +468,7 @@ fn start_dataplane(
             }
         }
     });
-    Ok((dp, vec![watcher, addresser]))
+    Ok((dp, vec![addresser]))
 }
 
 async fn signal_shutdown(tx: watch::Sender<bool>) {

@@ -263,6 +263,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             let store = args.etcd.connect().await?;
             let opts = RunOptions {
+                etcd_endpoints: args.etcd.etcd_endpoints.clone(),
                 iface: args.iface.clone(),
                 public_ip: args.public_ip,
                 subnet_file: args.subnet_file.clone(),
@@ -308,6 +309,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             let cfg =
                 NetworkConfig::parse(&raw).context("invalid network config; nothing written")?;
+            // Hosts check their own public IPs at start; here, the etcd endpoints in use.
+            cfg.check_underlay(&daemon::etcd_endpoint_addrs(&etcd.etcd_endpoints))
+                .context("nothing written")?;
             let store = etcd.connect().await?;
             store.set_config(&raw).await?;
             eprintln!(
@@ -337,8 +341,28 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
 
 async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
     let listing = store.list().await?;
+    // Which keys are leases depends on the network: without a valid config, show them all.
+    let config = store.config().await?.and_then(|raw| NetworkConfig::parse(&raw).ok());
     let mut rows = Vec::new();
+    // Keys under subnets/ that hosts ignore (not a lease of this network, or unreadable), and
+    // other skipped entries (history).
+    let mut ignored = Vec::new();
+    let mut skipped = Vec::new();
+    for b in &listing.skipped {
+        match b.subnet_key() {
+            Some(_) if b.is_ipv6_only_lease() => ignored.push((
+                b.key.clone(),
+                "an IPv6-only lease: not routed (weft is IPv4-only)".to_owned(),
+            )),
+            Some(_) => ignored.push((b.key.clone(), b.problem.clone())),
+            None => skipped.push((b.key.clone(), b.problem.clone())),
+        }
+    }
     for l in &listing.leases {
+        if let Some(Err(e)) = config.as_ref().map(|c| c.check_lease(l.subnet)) {
+            ignored.push((format!("subnets/{}", l.subnet.key_name()), e.to_string()));
+            continue;
+        }
         let ttl = store.lease_ttl(l.lease_id).await.ok().flatten();
         let history = listing
             .history
@@ -377,7 +401,8 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
         let out = serde_json::json!({
             "revision": listing.revision.0,
             "leases": rows,
-            "skipped": listing.skipped.iter().map(|b| serde_json::json!({"key": b.key, "problem": b.problem})).collect::<Vec<_>>(),
+            "ignored": ignored.iter().map(|(key, why)| serde_json::json!({"key": key, "reason": why})).collect::<Vec<_>>(),
+            "skipped": skipped.iter().map(|(key, why)| serde_json::json!({"key": key, "problem": why})).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -402,8 +427,11 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
             r["history"].as_str().unwrap_or(""),
         );
     }
-    for b in &listing.skipped {
-        eprintln!("weft: warning: skipped {}: {}", b.key, b.problem);
+    for (key, why) in &ignored {
+        println!("ignored: {key}: {why}");
+    }
+    for (key, why) in &skipped {
+        eprintln!("weft: warning: skipped {key}: {why}");
     }
     Ok(())
 }

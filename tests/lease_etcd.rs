@@ -472,7 +472,7 @@ async fn s12_bad_store_input_is_named_skipped_and_never_crashes() {
         .await
         .unwrap();
     a.wait_log("LEASE LOST", Duration::from_secs(5));
-    let (code, _, err) = weft_cli(&[
+    let (code, out, _) = weft_cli(&[
         "lease",
         "list",
         "--etcd-endpoints",
@@ -481,8 +481,206 @@ async fn s12_bad_store_input_is_named_skipped_and_never_crashes() {
         &prefix,
     ]);
     assert_eq!(code, 0);
-    assert!(err.contains("bogus") && err.contains("10.244.1.0-24"), "{err}");
+    let ignored: Vec<&str> = out.lines().filter(|l| l.starts_with("ignored: ")).collect();
+    assert!(ignored.iter().any(|l| l.contains("/subnets/bogus")), "{out}");
+    assert!(ignored.iter().any(|l| l.contains("/subnets/10.244.1.0-24")), "{out}");
     let mut a = a;
     let mut b = b;
     assert!(a.running() && b.running());
+}
+
+// ---- Hostile store content (issue: no store content can stop allocation or routing) ---------
+
+/// `n` puts in transactions of at most 128 operations (etcd's default `--max-txn-ops`).
+async fn put_many(c: &mut Client, kvs: impl IntoIterator<Item = (String, Vec<u8>)>) {
+    use etcd_client::{Txn, TxnOp};
+    let ops: Vec<TxnOp> = kvs.into_iter().map(|(k, v)| TxnOp::put(k, v, None)).collect();
+    for chunk in ops.chunks(128) {
+        c.txn(Txn::new().and_then(chunk.to_vec())).await.unwrap();
+    }
+}
+
+fn lease_json(host: u8) -> String {
+    format!(
+        r#"{{"PublicIP":"192.0.2.{host}","BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"02:00:00:00:00:{host:02x}"}}}}"#
+    )
+}
+
+/// How often `needle` occurs in the node's log.
+fn log_count(node: &WeftNode, needle: &str) -> usize {
+    node.log().matches(needle).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_that_are_not_leases_neither_block_joins_nor_become_routes() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let mut c = etcd.client().await;
+    set_network(&etcd.endpoint(), &prefix, &network_of(3));
+    // What an operator's typo or a buggy tool leaves behind. flannel ignores all of these; the
+    // first alone used to make every joining weft "network exhausted".
+    let strays = [
+        ("0.0.0.0-0", "anything".to_owned()),
+        ("10.244.1.7-32", lease_json(60)),
+        ("10.244.2.128-25", lease_json(61)),
+        ("10.9.1.0-24", lease_json(62)),
+        ("not-a-subnet", lease_json(63)),
+    ];
+    for (name, value) in &strays {
+        c.put(format!("{prefix}/subnets/{name}"), value.as_str(), None).await.unwrap();
+    }
+    // flannel's dual-stack and IPv6-only keys are leases: the first holds 10.244.3.0/24.
+    c.put(format!("{prefix}/subnets/10.244.3.0-24&fd00:0:0:3::-64"), lease_json(70), None)
+        .await
+        .unwrap();
+    c.put(format!("{prefix}/subnets/0.0.0.0-0&fd00:0:0:9::-64"), lease_json(71), None)
+        .await
+        .unwrap();
+
+    let a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
+    let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
+    let mut got = [a.wait_ready(READY), b.wait_ready(READY)];
+    got.sort();
+    assert_eq!(got, ["10.244.1.0/24", "10.244.2.0/24"], "the two free subnets, nothing else");
+
+    // Each node routes to the other and to the dual-stack flannel lease, and to nothing stray.
+    for node in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while node.metric("weft_routes") != Some(2.0) && Instant::now() < deadline {
+            sleep(0.1);
+        }
+        assert_eq!(node.metric("weft_routes"), Some(2.0), "{}", node.log());
+        assert_eq!(node.metric("weft_route_ignored_keys"), Some(strays.len() as f64));
+    }
+    // Renewals and re-lists come and go; each stray key is warned about once, by name.
+    sleep(5.0);
+    for (name, _) in &strays {
+        let needle = format!("key=subnets/{name} ");
+        assert_eq!(log_count(&a, &needle), 1, "{needle}\n{}", a.log());
+    }
+    assert_eq!(log_count(&a, "fd00:0:0:9::"), 0, "an IPv6-only lease is not garbage");
+
+    let (code, out, err) = weft_cli(&[
+        "lease",
+        "list",
+        "--json",
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+        "--etcd-prefix",
+        &prefix,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ignored: Vec<String> = v["ignored"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap().rsplit('/').next().unwrap().to_owned())
+        .collect();
+    for (name, _) in &strays {
+        assert!(ignored.iter().any(|k| k == name), "{name} not listed as ignored: {out}");
+    }
+    let leases: Vec<&str> =
+        v["leases"].as_array().unwrap().iter().filter_map(|l| l["subnet"].as_str()).collect();
+    for s in ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"] {
+        assert!(leases.contains(&s), "{s} missing from {out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_of_any_size_still_let_hosts_join_renew_and_route() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let mut c = etcd.client().await;
+    // A /8 of /24s: 65,535 leasable subnets. 100,000 keys under the prefix: 60,000 history
+    // records of subnets that expired, 30,000 live reservations of flannel hosts, 10,000 keys
+    // that are not leases, and three values of 1.4 MiB: together far over the 4 MiB a single
+    // gRPC reply may carry (one unpaginated range read used to fail with "decoded message
+    // length too large", and no host could join).
+    let net = r#"{"Network":"10.0.0.0/8","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
+    set_network(&etcd.endpoint(), &prefix, net);
+    let subnet = |i: u32| format!("10.{}.{}.0-24", (i >> 8) & 0xff, i & 0xff);
+    let history = r#"{"state":"held","node":"node-gone0","public_ip":"192.0.2.200"}"#;
+    put_many(
+        &mut c,
+        (1..=60_000u32).map(|i| (format!("{prefix}/weft/history/{}", subnet(i)), history.into())),
+    )
+    .await;
+    put_many(
+        &mut c,
+        (60_001..=90_000u32)
+            .map(|i| (format!("{prefix}/subnets/{}", subnet(i)), lease_json(100).into_bytes())),
+    )
+    .await;
+    put_many(
+        &mut c,
+        (0..10_000u32).map(|i| (format!("{prefix}/subnets/junk-{i:05}"), b"x".to_vec())),
+    )
+    .await;
+    for i in 0..3 {
+        let big = vec![b'j'; 1_400 * 1024];
+        c.put(format!("{prefix}/subnets/big-{i}"), big, None).await.unwrap();
+    }
+
+    let a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
+    let sa = a.wait_ready(Duration::from_secs(60));
+    let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
+    let sb = b.wait_ready(Duration::from_secs(60));
+    assert_ne!(sa, sb);
+    // Both route to every reservation and to each other (30,000 + 1).
+    for node in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while node.metric("weft_routes") != Some(30_001.0) && Instant::now() < deadline {
+            sleep(0.2);
+        }
+        assert_eq!(node.metric("weft_routes"), Some(30_001.0), "{}", node.log());
+        assert_eq!(node.metric("weft_route_ignored_keys"), Some(10_003.0));
+    }
+    // And keep renewing (TTL 4 s: renewals every 2 s) with listings this size around.
+    let renewed = a.metric("weft_lease_renewals_total").unwrap_or(0.0);
+    sleep(5.0);
+    assert!(a.metric("weft_lease_renewals_total").unwrap_or(0.0) >= renewed + 2.0, "{}", a.log());
+    assert_eq!(a.get("/readyz").0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_that_would_swallow_the_underlay_is_refused_naming_the_overlap() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    // etcd listens on 127.0.0.1: a Network of 127.0.0.0/8 would route it into the overlay.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("net.json");
+    std::fs::write(&f, r#"{"Network":"127.0.0.0/8","SubnetLen":24}"#).unwrap();
+    let (code, _, err) = weft_cli(&[
+        "network",
+        "set",
+        f.to_str().unwrap(),
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+        "--etcd-prefix",
+        &prefix,
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("127.0.0.0/8") && err.contains(&etcd.endpoint()), "{err}");
+    assert!(
+        etcd.client().await.get(format!("{prefix}/config"), None).await.unwrap().kvs().is_empty()
+    );
+
+    // A Network holding this host's public IP: the daemon refuses to start, naming both.
+    set_network(&etcd.endpoint(), &prefix, r#"{"Network":"192.0.0.0/8","SubnetLen":24}"#);
+    let mut a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.running() && Instant::now() < deadline {
+        sleep(0.1);
+    }
+    assert!(!a.running(), "weft kept running with the underlay inside its Network");
+    let log = a.log();
+    assert!(log.contains("192.0.0.0/8") && log.contains("public IP (192.0.2.1)"), "{log}");
+    let listing = etcd
+        .client()
+        .await
+        .get(format!("{prefix}/subnets/"), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(listing.kvs().is_empty(), "it leased nothing");
 }

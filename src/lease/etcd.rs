@@ -12,7 +12,7 @@
 //! | operation | etcd calls |
 //! |---|---|
 //! | [`Store::config`] / [`Store::set_config`] | `Range` / `Put` of `<prefix>/config` |
-//! | [`Store::list`] | one read-only `Txn` of two prefix ranges (subnets, history): one revision |
+//! | [`Store::list`] | paged `Range`s of the subnets, then the history prefix, every page after the first pinned to the first one's revision: one consistent view of any size |
 //! | [`Store::get`] | `Range` of one key |
 //! | [`Store::create`] | `LeaseGrant`; `Txn(version == 0 ? put key + history : get key)`; on a failed compare `LeaseRevoke` of the new lease |
 //! | [`Store::renew`] | `LeaseGrant`; `Txn(mod_revision == held ? put key + history : get key)`; then `LeaseRevoke` of the old lease (success) or of the new one (failed compare) |
@@ -475,6 +475,120 @@ impl EtcdStore {
     }
 }
 
+/// How many keys one page of a listing asks for. A page's reply must fit the client's 4 MiB
+/// message limit: 256 keys of flannel's ~200-byte values is about 50 KiB, and a page that is too
+/// large anyway (someone stored big values) is asked for again with half the limit.
+const PAGE_KEYS: i64 = 256;
+
+/// A listing read in pages: one prefix after another, all at the revision of the first page,
+/// so that however many round trips it takes, the listing is one consistent view (a page read
+/// after the store compacted past that revision fails as [`StoreError::Compacted`]: list again).
+#[derive(Default)]
+struct PagedRange {
+    /// The revision every page is read at, fixed by the first page.
+    revision: Option<i64>,
+    /// Keys whose value alone is larger than the client accepts: skipped, not fatal.
+    unreadable: Vec<BadEntry>,
+}
+
+impl PagedRange {
+    /// Every key under `dir` (which ends in `/`), in key order.
+    async fn read(
+        &mut self,
+        store: &EtcdStore,
+        c: &mut Client,
+        dir: &str,
+    ) -> Result<Vec<KeyValue>, StoreError> {
+        let end = prefix_end(dir.as_bytes());
+        let mut from = dir.as_bytes().to_vec();
+        let mut limit = PAGE_KEYS;
+        let mut kvs = Vec::new();
+        loop {
+            let mut opts = GetOptions::new().with_range(end.clone()).with_limit(limit);
+            if let Some(rev) = self.revision {
+                opts = opts.with_revision(rev);
+            }
+            let mut resp = match store.call(c.get(from.clone(), Some(opts))).await {
+                Ok(resp) => resp,
+                Err(e) if is_too_large(&e) && limit > 1 => {
+                    limit /= 2;
+                    continue;
+                }
+                Err(e) if is_too_large(&e) => {
+                    // One value alone is over the limit: name it, skip it, go on after it.
+                    let key = self.next_key(store, c, &from, &end).await?;
+                    let Some(key) = key else { return Ok(kvs) };
+                    self.unreadable.push(BadEntry {
+                        key: String::from_utf8_lossy(&key).into_owned(),
+                        problem: "value too large to read (over the 4 MiB message limit)".into(),
+                    });
+                    from = key_after(&key);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if self.revision.is_none() {
+                let rev = resp.header().map(|h| h.revision()).ok_or_else(|| {
+                    StoreError::Protocol(boxed("range response without a header"))
+                })?;
+                self.revision = Some(rev);
+            }
+            let more = resp.more();
+            let page = resp.take_kvs();
+            let Some(last) = page.last() else { return Ok(kvs) };
+            from = key_after(last.key());
+            kvs.extend(page);
+            if !more {
+                return Ok(kvs);
+            }
+            limit = (limit * 2).min(PAGE_KEYS);
+        }
+    }
+
+    /// The first key in `[from, end)`, keys only (at the pinned revision).
+    async fn next_key(
+        &self,
+        store: &EtcdStore,
+        c: &mut Client,
+        from: &[u8],
+        end: &[u8],
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut opts = GetOptions::new().with_range(end.to_vec()).with_limit(1).with_keys_only();
+        if let Some(rev) = self.revision {
+            opts = opts.with_revision(rev);
+        }
+        let resp = store.call(c.get(from.to_vec(), Some(opts))).await?;
+        Ok(resp.kvs().first().map(|kv| kv.key().to_vec()))
+    }
+}
+
+/// The end of the range of every key that starts with `prefix`: the prefix with its last byte
+/// that is not 0xff incremented (etcd's rule; `\0` means "to the end of the keyspace").
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// The smallest key after `key`.
+fn key_after(key: &[u8]) -> Vec<u8> {
+    let mut next = key.to_vec();
+    next.push(0);
+    next
+}
+
+/// Whether a reply was refused for being over the client's message size limit (tonic's
+/// "decoded message length too large").
+fn is_too_large(e: &StoreError) -> bool {
+    matches!(e, StoreError::Protocol(source) | StoreError::Unavailable(source)
+        if source.to_string().contains("message length too large"))
+}
+
 fn parse_presence(kv: &KeyValue) -> Option<PresenceRecord> {
     serde_json::from_slice(kv.value()).ok()
 }
@@ -501,23 +615,20 @@ impl Store for EtcdStore {
 
     async fn list(&self) -> Result<Listing, StoreError> {
         let mut c = self.client().await?;
-        // Both ranges in one read-only transaction: one revision, no torn view between a
-        // subnet key and its history.
-        let txn = Txn::new().and_then([
-            TxnOp::get(self.subnets_dir(), Some(GetOptions::new().with_prefix())),
-            TxnOp::get(self.history_dir(), Some(GetOptions::new().with_prefix())),
-        ]);
-        let resp = self.call(c.txn(txn)).await?;
-        let revision = header_revision(&resp)?;
-        let (subnets, history) = (nth_get(&resp, 0)?, nth_get(&resp, 1)?);
-        let mut listing = Listing { revision, ..Listing::default() };
-        for kv in subnets.kvs() {
+        // Both prefixes at one revision: no torn view between a subnet key and its history.
+        let mut pages = PagedRange::default();
+        let subnets = pages.read(self, &mut c, &self.subnets_dir()).await?;
+        let history = pages.read(self, &mut c, &self.history_dir()).await?;
+        let mut listing =
+            Listing { revision: Revision(pages.revision.unwrap_or(0)), ..Listing::default() };
+        listing.skipped = pages.unreadable;
+        for kv in &subnets {
             match self.parse_subnet_kv(kv) {
                 Ok(lease) => listing.leases.push(lease),
                 Err(bad) => listing.skipped.push(bad),
             }
         }
-        for kv in history.kvs() {
+        for kv in &history {
             match self.parse_history_kv(kv) {
                 Ok(entry) => listing.history.push(entry),
                 Err(bad) => listing.skipped.push(bad),
@@ -870,6 +981,14 @@ impl EtcdStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefix_ranges_end_after_the_last_key_with_the_prefix() {
+        assert_eq!(prefix_end(b"/p/subnets/"), b"/p/subnets0");
+        assert_eq!(prefix_end(b"a\xff\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), b"\0");
+        assert_eq!(key_after(b"/p/subnets/10.0.1.0-24"), b"/p/subnets/10.0.1.0-24\0");
+    }
 
     #[test]
     fn ttl_rounds_up_to_whole_seconds() {

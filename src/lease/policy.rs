@@ -90,15 +90,17 @@ pub fn choose(
         return Decision { choice: Choice::Adopt((*lease).clone()), previous_taken_by };
     }
 
+    // Only keys that name a lease of this network occupy a subnet. A stray `0.0.0.0-0`, a /25
+    // or a subnet of another network is ignored (the route watcher warns about it): since every
+    // occupying key is exactly one candidate, occupancy is set membership, O(log n) a test.
+    let is_lease = |s: &Subnet| config.check_lease(*s).is_ok();
     let live: BTreeMap<Subnet, &StoredLease> =
-        listing.leases.iter().map(|l| (l.subnet, l)).collect();
+        listing.leases.iter().filter(|l| is_lease(&l.subnet)).map(|l| (l.subnet, l)).collect();
     // A subnet key whose value does not parse is still a live key: occupied, never taken.
-    let unreadable: BTreeSet<Subnet> =
-        listing.skipped.iter().filter_map(|b| b.subnet_key().flatten()).collect();
-    let occupied: BTreeSet<Subnet> = live.keys().chain(unreadable.iter()).copied().collect();
-    let overlaps_live = |s: Subnet| {
-        occupied.iter().any(|l| l.net().contains(&s.network()) || s.net().contains(&l.network()))
-    };
+    let unreadable = listing.skipped.iter().filter_map(|b| b.subnet_key().flatten());
+    let occupied: BTreeSet<Subnet> =
+        live.keys().copied().chain(unreadable.filter(is_lease)).collect();
+    let is_occupied = |s: Subnet| occupied.contains(&s);
     let history: BTreeMap<Subnet, &HistoryEntry> =
         listing.history.iter().map(|h| (h.subnet, h)).collect();
 
@@ -114,7 +116,7 @@ pub fn choose(
     if let Some(prev) = previous.or_else(from_history).filter(|s| config.fits(*s)) {
         if let Some(holder) = live.get(&prev) {
             previous_taken_by = Some((prev, holder.attrs.public_ip));
-        } else if !overlaps_live(prev) {
+        } else if !is_occupied(prev) {
             return Decision {
                 choice: Choice::Create { subnet: prev, reason: CreateReason::Previous },
                 previous_taken_by,
@@ -126,7 +128,7 @@ pub fn choose(
     let mut fresh: Vec<(Subnet, CreateReason)> = Vec::new();
     let mut oldest_expired: Option<(Revision, Subnet)> = None;
     for subnet in config.subnets() {
-        if overlaps_live(subnet) {
+        if is_occupied(subnet) {
             continue;
         }
         match history.get(&subnet) {
@@ -336,6 +338,38 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(choose(&c, &l, &node("a"), None, &mut rng()).choice, Choice::Exhausted);
+    }
+
+    #[test]
+    fn keys_that_are_not_leases_of_the_network_occupy_nothing() {
+        // flannel ignores these; one of them once made every join "network exhausted".
+        let c = config(18);
+        let l = Listing {
+            leases: vec![
+                lease("0.0.0.0/0", "x", 1),
+                lease("10.244.64.0/24", "x", 2),
+                lease("10.244.0.0/17", "x", 3),
+                lease("10.0.0.0/8", "x", 4),
+                lease("10.244.192.7/32", "x", 5),
+            ],
+            skipped: vec![crate::lease::store::BadEntry {
+                key: "/coreos.com/network/subnets/10.244.128.0-17".into(),
+                problem: "not JSON".into(),
+            }],
+            ..Default::default()
+        };
+        let mut seen = BTreeSet::new();
+        for seed in 0..50 {
+            let choice = choose(&c, &l, &node("a"), None, &mut StdRng::seed_from_u64(seed)).choice;
+            let Choice::Create { subnet, reason: CreateReason::Fresh } = choice else {
+                panic!("{choice:?}")
+            };
+            seen.insert(subnet.to_string());
+        }
+        assert_eq!(
+            seen,
+            ["10.244.128.0/18", "10.244.192.0/18", "10.244.64.0/18"].map(String::from).into()
+        );
     }
 
     proptest! {

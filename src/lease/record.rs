@@ -9,7 +9,7 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 /// A subnet of the cluster network, always held by its network address (`10.244.3.0/24`).
@@ -27,9 +27,33 @@ pub enum SubnetError {
     /// The address has host bits set for its prefix length.
     #[error("address is not the network address of its prefix")]
     NotNetworkAddress,
-    /// flannel's dual-stack key form (`v4&v6`); weft leases IPv4 only.
-    #[error("dual-stack subnet keys are not supported")]
-    DualStack,
+    /// flannel's IPv6-only key form (`0.0.0.0-0&<v6>-<len>`): a lease, but with no IPv4
+    /// subnet, so nothing weft (IPv4 only so far) can route or must keep free.
+    #[error("an IPv6-only lease (no IPv4 subnet)")]
+    Ipv6Only,
+}
+
+/// Why a well-formed subnet key is not a lease of the configured network: such a key is
+/// ignored. It never makes another subnet look occupied, never becomes a route and never widens
+/// receive validation (a stray `0.0.0.0-0` would otherwise cover every subnet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ForeignSubnet {
+    /// Not inside the network (or wider than it).
+    #[error("{subnet} is not inside the network {network}")]
+    OutsideNetwork {
+        /// The key's subnet.
+        subnet: Subnet,
+        /// The configured network.
+        network: Ipv4Net,
+    },
+    /// Inside the network, but not of the configured `SubnetLen`.
+    #[error("{subnet} is not a /{subnet_len} (the network's SubnetLen)")]
+    WrongLength {
+        /// The key's subnet.
+        subnet: Subnet,
+        /// The configured subnet length.
+        subnet_len: u8,
+    },
 }
 
 impl Subnet {
@@ -77,28 +101,60 @@ impl Subnet {
         format!("{}-{}", self.network(), self.prefix_len())
     }
 
-    /// Parses a store key's last path element (`10.244.3.0-24`).
+    /// Parses a store key's last path element: `10.244.3.0-24`, or flannel's dual-stack form
+    /// `10.244.3.0-24&fd00:10:244:3::-64`, whose IPv4 half this returns (the IPv6 half must be
+    /// well-formed too). flannel's IPv6-only form `0.0.0.0-0&<v6>-<len>` is
+    /// [`SubnetError::Ipv6Only`].
     pub fn parse_key_name(name: &str) -> Result<Self, SubnetError> {
-        if name.contains('&') {
-            return Err(SubnetError::DualStack);
-        }
-        let (addr, len) = name.rsplit_once('-').ok_or(SubnetError::Malformed)?;
+        let v4 = match name.split_once('&') {
+            None => name,
+            Some((v4, v6)) => {
+                let (addr, len) = v6.rsplit_once('-').ok_or(SubnetError::Malformed)?;
+                let addr: Ipv6Addr = addr.parse().map_err(|_| SubnetError::Malformed)?;
+                let len = canonical_prefix_len(len, 128)?;
+                let net = Ipv6Net::new(addr, len).map_err(|_| SubnetError::Malformed)?;
+                if net.network() != addr {
+                    return Err(SubnetError::NotNetworkAddress);
+                }
+                if v4 == "0.0.0.0-0" {
+                    return Err(SubnetError::Ipv6Only);
+                }
+                v4
+            }
+        };
+        let (addr, len) = v4.rsplit_once('-').ok_or(SubnetError::Malformed)?;
         Self::parse_parts(addr, len)
+    }
+
+    /// Whether this subnet is a lease of `network` split into `/subnet_len`s: inside it and of
+    /// exactly that length. Anything else under `subnets/` is ignored ([`ForeignSubnet`]).
+    pub fn check_lease_of(self, network: Ipv4Net, subnet_len: u8) -> Result<(), ForeignSubnet> {
+        if !network.contains(&self.0) {
+            return Err(ForeignSubnet::OutsideNetwork { subnet: self, network });
+        }
+        if self.prefix_len() != subnet_len {
+            return Err(ForeignSubnet::WrongLength { subnet: self, subnet_len });
+        }
+        Ok(())
     }
 
     fn parse_parts(addr: &str, len: &str) -> Result<Self, SubnetError> {
         let addr: Ipv4Addr = addr.parse().map_err(|_| SubnetError::Malformed)?;
-        // Canonical digits only ("24", not "024" or "+24"): a key must name exactly one key.
-        if len.is_empty()
-            || len.len() > 2
-            || (len.len() == 2 && len.starts_with('0'))
-            || !len.bytes().all(|b| b.is_ascii_digit())
-        {
-            return Err(SubnetError::Malformed);
-        }
-        let len: u8 = len.parse().map_err(|_| SubnetError::Malformed)?;
-        Self::from_parts(addr, len)
+        Self::from_parts(addr, canonical_prefix_len(len, 32)?)
     }
+}
+
+/// A prefix length in canonical digits only ("24", not "024" or "+24"), so that a key names
+/// exactly one subnet; at most `max`.
+fn canonical_prefix_len(len: &str, max: u8) -> Result<u8, SubnetError> {
+    if len.is_empty()
+        || len.len() > 3
+        || (len.len() > 1 && len.starts_with('0'))
+        || !len.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(SubnetError::Malformed);
+    }
+    len.parse::<u8>().ok().filter(|l| *l <= max).ok_or(SubnetError::Malformed)
 }
 
 impl fmt::Display for Subnet {
@@ -378,10 +434,32 @@ mod tests {
         assert_eq!(Subnet::parse_key_name("10.244.3.0-+4"), Err(SubnetError::Malformed));
         assert_eq!(Subnet::parse_key_name("10.0.0.0-08"), Err(SubnetError::Malformed));
         assert_eq!(Subnet::parse_key_name("x-24"), Err(SubnetError::Malformed));
+        // flannel's dual-stack form is a lease of its IPv4 half; the IPv6-only form has none.
+        let sn = |t: &str| t.parse::<Subnet>().unwrap();
         assert_eq!(
             Subnet::parse_key_name("10.244.1.0-24&fc00:0:0:1::-64"),
-            Err(SubnetError::DualStack)
+            Ok(sn("10.244.1.0/24"))
         );
+        assert_eq!(Subnet::parse_key_name("0.0.0.0-0&fc00:0:0:1::-64"), Err(SubnetError::Ipv6Only));
+        for bad in [
+            "10.244.1.0-24&",
+            "10.244.1.0-24&fc00::",
+            "10.244.1.0-24&fc00::-129",
+            "10.244.1.0-24&fc00::1-64",
+            "10.244.1.0-24&x-64",
+            "10.244.1.0-24&fc00::-064",
+            "0.0.0.0-0&fc00::1-64",
+            "10.244.1.0-24&fc00::-64&fc01::-64",
+        ] {
+            assert!(Subnet::parse_key_name(bad).is_err(), "{bad}");
+        }
+        let net: Ipv4Net = "10.244.0.0/16".parse().unwrap();
+        assert_eq!(sn("10.244.1.0/24").check_lease_of(net, 24), Ok(()));
+        for foreign in
+            ["0.0.0.0/0", "10.244.1.7/32", "10.244.1.128/25", "10.0.0.0/8", "10.9.1.0/24"]
+        {
+            assert!(sn(foreign).check_lease_of(net, 24).is_err(), "{foreign}");
+        }
     }
 
     #[test]

@@ -91,6 +91,15 @@ impl BadEntry {
         let (dir, name) = self.key.rsplit_once('/')?;
         dir.ends_with("/subnets").then(|| Subnet::parse_key_name(name).ok())
     }
+
+    /// Whether this is flannel's IPv6-only lease (`<prefix>/subnets/0.0.0.0-0&<v6>-<len>`): a
+    /// lease with no IPv4 subnet, not garbage.
+    pub fn is_ipv6_only_lease(&self) -> bool {
+        self.key.rsplit_once('/').is_some_and(|(dir, name)| {
+            dir.ends_with("/subnets")
+                && Subnet::parse_key_name(name) == Err(super::record::SubnetError::Ipv6Only)
+        })
+    }
 }
 
 /// Every subnet lease and history record, read at one revision.

@@ -12,9 +12,16 @@
 //!   it whose history says `Relinquished` after the last write we saw (a clean leave) loses its
 //!   route; any other absent key keeps its route as stale — the host is most likely
 //!   partitioned, not gone — until that subnet is leased to someone else.
-//! - Entries that do not parse, and leases that cannot be routed to ([`PeerError`]), are
-//!   skipped and counted ([`RouteSet::bad_entries`]); an existing route for that subnet is kept
-//!   and marked stale (we cannot tell who holds it now).
+//! - Only a lease of this network becomes a route: a key inside the network of exactly its
+//!   `SubnetLen` ([`Subnet::check_lease_of`]). Any other key under `subnets/` (`0.0.0.0-0`, a
+//!   `/32`, a `/25` inside a lease, another network's subnet) is ignored, so it can neither
+//!   steal traffic nor widen what a sender may claim as an inner source.
+//! - Entries that do not parse, foreign keys, and leases that cannot be routed to
+//!   ([`PeerError`]) are skipped, counted ([`RouteSet::bad_entries`]) and kept by key in
+//!   [`RouteSet::ignored`] (for a warning and a gauge); an existing route for a subnet whose
+//!   key turned unreadable is kept and marked stale (we cannot tell who holds it now).
+//!   flannel's IPv6-only leases (`0.0.0.0-0&<v6>`) are leases, not garbage: they are neither
+//!   routed (no IPv4 subnet) nor reported.
 //! - Revisions: a listing at revision `r` makes the watch resume from `r + 1`, a batch at
 //!   revision `b` from `b + 1` ([`RouteSet::resume_revision`]). Events a listing already covers
 //!   (at or below its revision) are ignored, so a re-list may run while the old watch goes on.
@@ -26,8 +33,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use ipnet::Ipv4Net;
 
 use super::table::{Peer, RouteTable};
-use crate::lease::record::{HistoryState, Revision, Subnet};
-use crate::lease::store::{Listing, WatchBatch, WatchEvent};
+use crate::lease::record::{HistoryState, Revision, StoredLease, Subnet};
+use crate::lease::store::{BadEntry, Listing, WatchBatch, WatchEvent};
 
 /// The latest known route of one subnet and the key revision it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +57,9 @@ pub struct RouteSet {
     resume: Revision,
     needs_relist: bool,
     bad_entries: u64,
+    /// Keys under `subnets/` that are skipped, by key, with why: rebuilt by every listing,
+    /// added to by watch events (and removed by a delete of a key that parses).
+    ignored: BTreeMap<String, String>,
 }
 
 impl RouteSet {
@@ -64,6 +74,7 @@ impl RouteSet {
             resume: Revision(0),
             needs_relist: false,
             bad_entries: 0,
+            ignored: BTreeMap::new(),
         }
     }
 
@@ -99,23 +110,22 @@ impl RouteSet {
     pub fn apply_listing(&mut self, listing: &Listing) -> bool {
         let mut next: BTreeMap<Subnet, Entry> = BTreeMap::new();
         let mut unreadable: BTreeSet<Subnet> = BTreeSet::new();
+        self.ignored.clear();
         for lease in &listing.leases {
-            match Peer::from_lease(lease) {
+            match self.route_of(lease) {
                 Ok(peer) => {
                     next.insert(lease.subnet, Entry { peer, mod_revision: lease.mod_revision });
                 }
-                Err(_) => {
-                    self.bad_entries += 1;
+                Err(Skip::Foreign(why)) => self.ignore(lease_key(lease.subnet), why),
+                Err(Skip::Unroutable(why)) => {
+                    self.ignore(lease_key(lease.subnet), why);
                     unreadable.insert(lease.subnet);
                 }
             }
         }
         for bad in &listing.skipped {
-            if let Some(subnet) = bad.subnet_key() {
-                self.bad_entries += 1;
-                if let Some(subnet) = subnet {
-                    unreadable.insert(subnet);
-                }
+            if let Some(subnet) = self.ignore_bad(bad) {
+                unreadable.insert(subnet);
             }
         }
         let relinquished: BTreeMap<Subnet, Revision> = listing
@@ -178,20 +188,26 @@ impl RouteSet {
                 {
                     return false;
                 }
-                match Peer::from_lease(lease) {
+                match self.route_of(lease) {
                     Ok(peer) => {
+                        self.ignored.remove(&lease_key(lease.subnet));
                         let entry = Entry { peer, mod_revision: lease.mod_revision };
                         let old = self.entries.insert(lease.subnet, entry);
                         self.is_visible(lease.subnet)
                             && old.map(|e| e.peer).as_ref() != self.peer(lease.subnet)
                     }
-                    Err(_) => {
-                        self.bad_entries += 1;
+                    Err(Skip::Foreign(why)) => {
+                        self.ignore(lease_key(lease.subnet), why);
+                        false
+                    }
+                    Err(Skip::Unroutable(why)) => {
+                        self.ignore(lease_key(lease.subnet), why);
                         self.mark_stale(lease.subnet)
                     }
                 }
             }
             WatchEvent::Delete { subnet, revision } => {
+                self.ignored.remove(&lease_key(*subnet));
                 if self.covered(*revision)
                     || self.entries.get(subnet).is_none_or(|e| e.mod_revision >= *revision)
                 {
@@ -202,14 +218,35 @@ impl RouteSet {
                 self.needs_relist |= self.is_visible(*subnet);
                 changed
             }
-            WatchEvent::Bad(bad) => match bad.subnet_key() {
-                Some(subnet) => {
-                    self.bad_entries += 1;
-                    subnet.is_some_and(|s| self.mark_stale(s))
-                }
-                None => false,
-            },
+            WatchEvent::Bad(bad) => self.ignore_bad(bad).is_some_and(|s| self.mark_stale(s)),
         }
+    }
+
+    /// The route a lease gives, or why it gives none.
+    fn route_of(&self, lease: &StoredLease) -> Result<Peer, Skip> {
+        lease
+            .subnet
+            .check_lease_of(self.network, self.subnet_len)
+            .map_err(|e| Skip::Foreign(e.to_string()))?;
+        Peer::from_lease(lease).map_err(|e| Skip::Unroutable(format!("cannot route to it: {e}")))
+    }
+
+    fn ignore(&mut self, key: String, why: String) {
+        self.bad_entries += 1;
+        self.ignored.insert(key, why);
+    }
+
+    /// Records a skipped subnet key (history keys are not routes and are left to the lease
+    /// driver); returns its subnet if its name parses to a lease of this network, whose route
+    /// an unreadable value makes stale.
+    fn ignore_bad(&mut self, bad: &BadEntry) -> Option<Subnet> {
+        let subnet = bad.subnet_key()?;
+        if bad.is_ipv6_only_lease() {
+            return None;
+        }
+        let name = bad.key.rsplit('/').next().unwrap_or(&bad.key);
+        self.ignore(format!("subnets/{name}"), bad.problem.clone());
+        subnet.filter(|s| s.check_lease_of(self.network, self.subnet_len).is_ok())
     }
 
     /// Marks a subnet's route stale; whether the table changed.
@@ -257,6 +294,12 @@ impl RouteSet {
         self.bad_entries
     }
 
+    /// Keys under `subnets/` currently skipped (`subnets/<name>` → why), as of the last listing
+    /// and the watch events since.
+    pub fn ignored(&self) -> &BTreeMap<String, String> {
+        &self.ignored
+    }
+
     /// The route the set holds for `subnet`, including the own subnet's (which
     /// [`RouteSet::table`] leaves out).
     pub fn peer(&self, subnet: Subnet) -> Option<&Peer> {
@@ -271,8 +314,20 @@ impl RouteSet {
     }
 }
 
-/// Whether a bad entry is a subnet key (`Some`), with its subnet if the key name parses;
-/// `None` for history and other keys, which are not routes.
+/// Why a parsed lease gives no route.
+enum Skip {
+    /// Not a lease of this network: ignored, whatever happens to its subnet's routes.
+    Foreign(String),
+    /// A lease of this network whose value cannot be routed to (bad backend data): its
+    /// subnet's existing route goes stale.
+    Unroutable(String),
+}
+
+/// How [`RouteSet::ignored`] names the key of a parsed lease.
+fn lease_key(subnet: Subnet) -> String {
+    format!("subnets/{}", subnet.key_name())
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -612,19 +667,54 @@ mod tests {
     }
 
     #[test]
-    fn odd_leases_are_routed_too() {
-        // A hand-written reservation of another length and one outside the network.
+    fn keys_that_are_not_leases_of_the_network_are_ignored_and_never_routed() {
+        // A stray /0 would otherwise route the whole network (and every inner source a sender
+        // claims) to one peer; a /25 inside a peer's /24 would steal part of its traffic.
         let mut s = set();
-        s.apply_listing(&listing(
+        let mut l = listing(
             10,
-            vec![lease("10.244.8.0/22", 1, 5), lease("10.9.0.0/24", 2, 6)],
+            vec![
+                lease("10.244.1.0/24", 1, 3),
+                lease("0.0.0.0/0", 2, 4),
+                lease("10.244.1.128/25", 3, 5),
+                lease("10.244.8.7/32", 4, 6),
+                lease("10.244.8.0/22", 5, 7),
+                lease("10.9.0.0/24", 6, 8),
+            ],
             vec![],
-        ));
+        );
+        l.skipped = vec![bad("bogus"), bad("0.0.0.0-0&fd00:0:0:9::-64"), bad("10.244.2.0-24")];
+        s.apply_listing(&l);
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, false)]);
         let t = s.table();
         assert_eq!(
-            t.lookup(Ipv4Addr::new(10, 244, 11, 1)).map(|p| p.public_ip.octets()[3]),
+            t.lookup(Ipv4Addr::new(10, 244, 1, 200)).map(|p| p.public_ip.octets()[3]),
             Some(1)
         );
-        assert_eq!(t.lookup(Ipv4Addr::new(10, 9, 0, 1)).map(|p| p.public_ip.octets()[3]), Some(2));
+        for outside in
+            [Ipv4Addr::new(10, 244, 8, 7), Ipv4Addr::new(10, 9, 0, 1), Ipv4Addr::new(8, 8, 8, 8)]
+        {
+            assert!(t.lookup(outside).is_none(), "{outside}");
+        }
+        let ignored: Vec<&str> = s.ignored().keys().map(String::as_str).collect();
+        assert_eq!(
+            ignored,
+            [
+                "subnets/0.0.0.0-0",
+                "subnets/10.244.1.128-25",
+                "subnets/10.244.2.0-24",
+                "subnets/10.244.8.0-22",
+                "subnets/10.244.8.7-32",
+                "subnets/10.9.0.0-24",
+                "subnets/bogus",
+            ],
+            "an IPv6-only lease is a lease, not garbage"
+        );
+        // A watch brings another; its delete takes it off the list again.
+        s.apply_batch(&put("10.244.3.0/25", 7, 11));
+        assert!(s.ignored().contains_key("subnets/10.244.3.0-25"));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, false)]);
+        s.apply_batch(&delete("10.244.3.0/25", 12));
+        assert!(!s.ignored().contains_key("subnets/10.244.3.0-25"));
     }
 }

@@ -20,6 +20,7 @@
 //! [`RouteStats`] counts what happened; register [`RouteStats::render`] as a
 //! [`crate::health::MetricsSource`].
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,18 +61,27 @@ pub struct RouteStats {
     pub routes: AtomicU64,
     /// Stale routes in the published table (gauge).
     pub stale_routes: AtomicU64,
+    /// Keys under `subnets/` currently ignored: not a lease of this network, or unreadable
+    /// (gauge).
+    pub ignored_keys: AtomicU64,
 }
 
 impl RouteStats {
     /// Appends the Prometheus text exposition of these stats to `out`.
     pub fn render(&self, out: &mut String) {
-        let metrics: [(&str, &str, &str, &AtomicU64); 6] = [
+        let metrics: [(&str, &str, &str, &AtomicU64); 7] = [
             ("weft_routes", "gauge", "Routes to peers in the published table.", &self.routes),
             (
                 "weft_routes_stale",
                 "gauge",
                 "Published routes whose lease expired (peer presumed partitioned).",
                 &self.stale_routes,
+            ),
+            (
+                "weft_route_ignored_keys",
+                "gauge",
+                "Keys under subnets/ ignored: not a lease of this network, or unreadable.",
+                &self.ignored_keys,
             ),
             ("weft_route_updates_total", "counter", "Route tables published.", &self.updates),
             (
@@ -111,6 +121,27 @@ fn publish(routes: &Routes, set: &RouteSet, stats: &RouteStats) {
     routes.store(table);
 }
 
+/// Counts what the set skipped since the last call, and warns once about each key it newly
+/// ignores (a key that comes back after being deleted is warned about again).
+fn note_skipped(
+    set: &RouteSet,
+    stats: &RouteStats,
+    bad_seen: &mut u64,
+    warned: &mut BTreeSet<String>,
+) {
+    let new_bad = set.bad_entries();
+    stats.bad_entries.fetch_add(new_bad - *bad_seen, Ordering::Relaxed);
+    *bad_seen = new_bad;
+    let ignored = set.ignored();
+    stats.ignored_keys.store(ignored.len() as u64, Ordering::Relaxed);
+    warned.retain(|k| ignored.contains_key(k));
+    for (key, why) in ignored {
+        if warned.insert(key.clone()) {
+            warn!(%key, reason = %why, "ignoring a key under the subnets prefix: not a usable lease of this network");
+        }
+    }
+}
+
 /// The next item of the watch, or never if there is none (for `select!`).
 async fn next_batch(
     stream: &mut Option<WatchStream>,
@@ -139,6 +170,7 @@ pub async fn run(
     let mut list_at: Option<Instant> = Some(Instant::now());
     let mut backoff = BACKOFF_MIN;
     let mut bad_seen = 0u64;
+    let mut warned = BTreeSet::new();
 
     let debounced = |last_list: Option<Instant>| {
         let now = Instant::now();
@@ -175,9 +207,7 @@ pub async fn run(
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
-            let new_bad = set.bad_entries();
-            stats.bad_entries.fetch_add(new_bad - bad_seen, Ordering::Relaxed);
-            bad_seen = new_bad;
+            note_skipped(&set, &stats, &mut bad_seen, &mut warned);
             if list_at.is_none() && stream.is_none() {
                 match store.watch(set.resume_revision(), None).await {
                     Ok(s) => {
@@ -221,9 +251,7 @@ pub async fn run(
                     if set.apply_batch(&batch) {
                         publish(&routes, &set, &stats);
                     }
-                    let new_bad = set.bad_entries();
-                    stats.bad_entries.fetch_add(new_bad - bad_seen, Ordering::Relaxed);
-                    bad_seen = new_bad;
+                    note_skipped(&set, &stats, &mut bad_seen, &mut warned);
                     if set.needs_relist() && list_at.is_none() {
                         list_at = Some(debounced(last_list));
                     }
