@@ -1,8 +1,8 @@
 //! End to end in network namespaces (DESIGN.md, tests item 6): real etcd on an underlay
 //! bridge, real `weft run` processes with the TUN data plane in host namespaces, pods behind
 //! them, and ping / iperf3 across the overlay. Also a kernel VXLAN peer programmed the way
-//! flannel's vxlan backend programs one, a non-root run, garbage at the UDP port, and an etcd
-//! partition under traffic.
+//! flannel's vxlan backend programs one, a non-root run, garbage at the UDP port, an etcd
+//! partition under traffic, and an unprivileged local user after the VXLAN port.
 //!
 //! Needs root and the tools listed in `support::netns::REQUIRED_TOOLS`; without them every test
 //! fails loudly. Each test builds its own lab (namespaces `wt<4 hex>*`), removed on drop.
@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use support::netns::{
-    Iperf3Server, Lab, Pod, Weft, finish_ping, in_netns, iperf3_bps, ns_output, ping_lossy,
-    ping_ok, run, set_tx_checksum, spawn_ping,
+    Iperf3Server, Lab, Pod, Weft, finish_ping, in_netns, iperf3_bps, ns_output, ns_spawn_nobody,
+    ping_lossy, ping_ok, run, set_tx_checksum, spawn_ping,
 };
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
@@ -591,4 +591,79 @@ fn unleased_destination_gets_icmp_net_unreachable_at_the_pod() {
          unreachable:\n{}\nweft0 on host 1:\n{stats}",
         r.text
     );
+}
+
+// --- hostile neighbours: a local user after the VXLAN port -----------------------------------
+
+/// Binds UDP `argv[1]:8472` with `argv[2]` (`SO_REUSEADDR` or `SO_REUSEPORT`) and counts what
+/// it receives for `argv[3]` seconds: prints `refused <errno>`, or `bound` then `received <n>`.
+const PORT_THIEF: &str = r#"
+import socket, sys, time
+addr, opt, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, getattr(socket, opt), 1)
+try:
+    s.bind((addr, 8472))
+except OSError as e:
+    print("refused", e.errno, flush=True)
+    sys.exit(0)
+print("bound", flush=True)
+s.settimeout(0.1)
+n, end = 0, time.time() + secs
+while time.time() < end:
+    try:
+        s.recv(65536)
+        n += 1
+    except socket.timeout:
+        pass
+print("received", n, flush=True)
+"#;
+
+/// An unprivileged user on host 2 (uid 65534, no capabilities) tries to bind weft's VXLAN port
+/// beside it — on the wildcard and on the public IP, with `SO_REUSEADDR` and with
+/// `SO_REUSEPORT` — while pod traffic flows: every bind must fail or receive nothing, and no
+/// ping may be lost.
+#[test]
+fn an_unprivileged_local_user_cannot_take_the_vxlan_port() {
+    let lab = Lab::new(VXLAN);
+    let (wefts, pods) = up(&lab, &[1, 2], &[]);
+    let h2 = lab.host(2);
+    let ping = spawn_ping(&pods[0].ns, pods[1].ip, 50, 0.1);
+    std::thread::sleep(Duration::from_millis(500));
+    let tries: Vec<(String, std::process::Child)> = ["0.0.0.0", "192.0.2.2"]
+        .into_iter()
+        .flat_map(|addr| ["SO_REUSEADDR", "SO_REUSEPORT"].map(|opt| (addr, opt)))
+        .map(|(addr, opt)| {
+            let child = ns_spawn_nobody(&h2, &["python3", "-c", PORT_THIEF, addr, opt, "3"]);
+            (format!("{addr}:8472 with {opt}"), child)
+        })
+        .collect();
+    let outcomes: Vec<(String, String)> = tries
+        .into_iter()
+        .map(|(what, child)| {
+            let out = child.wait_with_output().expect("wait for the binder");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (what, text)
+        })
+        .collect();
+    let r = finish_ping(ping);
+    eprintln!("ping while a neighbour tries the port: {}/{} replies", r.received, r.transmitted);
+    for (what, text) in &outcomes {
+        eprintln!("neighbour binding {what}: {}", text.trim().replace('\n', "; "));
+        assert!(
+            text.starts_with("refused") || text.contains("received 0\n"),
+            "a neighbour bound {what} and received weft's traffic:\n{text}"
+        );
+    }
+    assert!(
+        r.transmitted == 50 && r.loss() < 0.05,
+        "ping lost {:.1}% while a neighbour tried the port:\n{}",
+        r.loss() * 100.0,
+        r.text
+    );
+    assert!(wefts.iter().all(|w| w.get("/healthz").0 == 200));
 }

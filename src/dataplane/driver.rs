@@ -6,7 +6,9 @@
 //! (`IFF_VNET_HDR` + `TUNSETOFFLOAD`), UDP GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`). Each can be
 //! switched off by a flag, and a GSO send that fails with `EIO` turns GSO off on that socket at
 //! run time (see [`super::udp`]). Workers share the port with `SO_REUSEPORT`; the kernel spreads
-//! flows over TUN queues and sockets by hash, so one flow stays on one worker.
+//! flows over TUN queues and sockets by hash, so one flow stays on one worker. The port is
+//! bound on the public IP (the wildcard only when that is no local address), without
+//! `SO_REUSEADDR`, so that no other user's socket can bind it beside ours.
 //!
 //! VXLAN datagrams leave from sockets on ephemeral ports chosen by the inner flow's hash, so the
 //! outer source port differs per flow (RFC 7348 §5) and receivers can spread flows too.
@@ -161,8 +163,22 @@ impl Dataplane {
             gro_udp: cfg.tun_offload && offloads.uso,
             one_thread: cfg.one_thread,
         };
+        // The backend port is bound on the public IP, where peers send, and only when that is
+        // no local address (behind NAT) on the wildcard. Without SO_REUSEADDR no other
+        // socket can bind the port beside ours; SO_REUSEPORT joins our workers' sockets into
+        // one group, which Linux opens only to sockets of the same effective UID (so run weft
+        // under a UID of its own; a root process can always take the port).
+        let rx_bind = match BatchSocket::open(UdpConfig::new(SocketAddrV4::new(cfg.public_ip, 0))) {
+            Err(UdpError::Bind { source, .. })
+                if source.kind() == io::ErrorKind::AddrNotAvailable =>
+            {
+                warn!(public_ip = %cfg.public_ip, port = cfg.port, "the public IP is no local address: receiving on every address");
+                Ipv4Addr::UNSPECIFIED
+            }
+            _ => cfg.public_ip,
+        };
         let rx_cfg = UdpConfig {
-            bind: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, cfg.port),
+            bind: SocketAddrV4::new(rx_bind, cfg.port),
             reuse_port: workers > 1,
             gso: false,
             gro: cfg.udp_gro,

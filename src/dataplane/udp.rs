@@ -74,7 +74,9 @@ const _: () = assert!(SEGMENT_CMSG_SPACE <= CMSG_BUF_LEN);
 pub struct UdpConfig {
     /// The local address; port 0 picks an ephemeral port.
     pub bind: SocketAddrV4,
-    /// `SO_REUSEPORT`: several sockets (one per worker) on the same port.
+    /// `SO_REUSEPORT`: several sockets (one per worker) on the same port. Only sockets of the
+    /// same effective UID can join the group; without it, no other socket can bind the port
+    /// (`SO_REUSEADDR` is never set; see [`BatchSocket::open`]).
     pub reuse_port: bool,
     /// Use UDP GSO (`UDP_SEGMENT`) for sends when the kernel supports it.
     pub gso: bool,
@@ -324,7 +326,11 @@ impl BatchSocket {
         let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
             .map_err(UdpError::Socket)?;
         let opt = |option: &'static str| move |source| UdpError::SetOption { option, source };
-        socket.set_reuse_address(true).map_err(opt("SO_REUSEADDR"))?;
+        // No SO_REUSEADDR, ever: on UDP it lets a socket of *any* user bind the same port
+        // beside ours (on the wildcard or a specific address), and the newest or most specific
+        // socket then receives the datagrams. SO_REUSEPORT only when asked (weft's own
+        // workers): Linux admits a socket to a reuseport group only if it has the same
+        // effective UID as the group's sockets, so another user still cannot join.
         if cfg.reuse_port {
             socket.set_reuse_port(true).map_err(opt("SO_REUSEPORT"))?;
         }
@@ -1025,8 +1031,7 @@ mod tests {
         let second = UdpConfig { bind: a.local_addr(), ..first };
         let mut b = BatchSocket::open(second).expect("second socket on the same port");
         assert_eq!(a.local_addr(), b.local_addr());
-        // A socket without SO_REUSEADDR/SO_REUSEPORT cannot join. (SO_REUSEADDR alone would let
-        // it bind, on UDP, but then it alone would receive: SO_REUSEPORT is what balances.)
+        // A socket without SO_REUSEPORT cannot join.
         assert!(std::net::UdpSocket::bind(a.local_addr()).is_err());
 
         for (s, byte) in [(&mut a, 1u8), (&mut b, 2u8)] {
@@ -1037,6 +1042,42 @@ mod tests {
         assert_eq!(got, [vec![1], vec![2]]);
         let srcs: HashSet<_> = metas.iter().map(|m| m.src).collect();
         assert_eq!(srcs, HashSet::from([a.local_addr()]));
+    }
+
+    /// Tries to bind `addr` as a neighbour would, with `SO_REUSEADDR` and/or `SO_REUSEPORT`.
+    fn neighbour_binds(addr: SocketAddrV4, reuse_addr: bool, reuse_port: bool) -> bool {
+        let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).expect("socket");
+        s.set_reuse_address(reuse_addr).expect("SO_REUSEADDR");
+        s.set_reuse_port(reuse_port).expect("SO_REUSEPORT");
+        s.bind(&SockAddr::from(SocketAddr::V4(addr))).is_ok()
+    }
+
+    /// The kernel's rules, as weft relies on them (checked on Linux 6.x): a socket without
+    /// `SO_REUSEADDR` shares its port with nobody's `SO_REUSEADDR` socket, whether that one
+    /// binds the wildcard or the specific address, and whatever its UID; `SO_REUSEPORT` joins
+    /// only a group that has it, and (not testable here, see tests/e2e.rs) only with the same
+    /// effective UID.
+    #[test]
+    fn no_neighbour_binds_our_port_with_so_reuseaddr() {
+        for ours in [LOOPBACK, Ipv4Addr::UNSPECIFIED] {
+            for reuse_port in [false, true] {
+                let cfg = UdpConfig { reuse_port, ..UdpConfig::new(SocketAddrV4::new(ours, 0)) };
+                let sock = BatchSocket::open(cfg).expect("open");
+                let port = sock.local_addr().port();
+                for theirs in [LOOPBACK, Ipv4Addr::UNSPECIFIED] {
+                    let at = SocketAddrV4::new(theirs, port);
+                    let case = format!("ours {ours} reuse_port={reuse_port}, theirs {at}");
+                    assert!(!neighbour_binds(at, false, false), "plain bind: {case}");
+                    assert!(!neighbour_binds(at, true, false), "SO_REUSEADDR: {case}");
+                    // Same UID: SO_REUSEPORT joins exactly when our sockets have it too.
+                    assert_eq!(
+                        neighbour_binds(at, false, true),
+                        reuse_port,
+                        "SO_REUSEPORT: {case}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

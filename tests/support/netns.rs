@@ -42,8 +42,10 @@ pub const HEALTH_PORT: u16 = 9797;
 /// Lease TTL for every weft in the lab.
 pub const TTL: &str = "4s";
 /// Tools the lab runs; each must be on `PATH`.
-pub const REQUIRED_TOOLS: &[&str] =
-    &["ip", "bridge", "ping", "iperf3", "etcd", "etcdctl", "setpriv", "unshare", "mknod", "sh"];
+pub const REQUIRED_TOOLS: &[&str] = &[
+    "ip", "bridge", "ping", "iperf3", "etcd", "etcdctl", "setpriv", "unshare", "mknod", "sh",
+    "python3",
+];
 
 /// Panics unless the test runs as root with every tool in [`REQUIRED_TOOLS`].
 pub fn require_root_and_tools() {
@@ -190,6 +192,17 @@ pub fn ns_spawn(ns: &str, args: &[&str]) -> Child {
     die_with_parent(&mut cmd)
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {args:?} in {ns}: {e}"))
+}
+
+/// Starts `ARGS...` in namespace `ns` in the background as an unprivileged local user: uid and
+/// gid 65534, no supplementary groups, no capabilities (effective, inheritable, ambient or
+/// bounding), and a `PATH` of system directories only. Stdout and stderr are piped.
+pub fn ns_spawn_nobody(ns: &str, args: &[&str]) -> Child {
+    let mut all = vec!["env", "PATH=/usr/bin:/bin", "setpriv", "--reuid", "65534", "--regid"];
+    all.extend_from_slice(&["65534", "--clear-groups", "--inh-caps", "-all", "--ambient-caps"]);
+    all.extend_from_slice(&["-all", "--bounding-set", "-all", "--pdeathsig", "KILL", "--"]);
+    all.extend_from_slice(args);
+    ns_spawn(ns, &all)
 }
 
 /// The outcome of a `ping` run.
