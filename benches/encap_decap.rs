@@ -15,6 +15,7 @@ use weft::dataplane::pipeline::{Forwarder, HEADROOM, OwnSubnet, Rx, Tx};
 use weft::dataplane::wire::{Vni, ipv4};
 use weft::lease::record::Subnet;
 use weft::route::{Peer, PeerBackend, RouteTable};
+use weft::time::Instant;
 
 fn subnet(i: u32) -> Subnet {
     Subnet::from_parts(Ipv4Addr::from(0x0a00_0000 | (i << 8)), 24).expect("a /24 of 10/8")
@@ -38,6 +39,7 @@ fn forwarder(i: u32) -> Forwarder {
         our_mac: mac(i),
         own,
         icmp_source: std::net::Ipv4Addr::new(10, 0, 0, 0),
+        icmp_limit: Arc::default(),
     }
 }
 
@@ -80,7 +82,8 @@ fn bench(c: &mut Criterion) {
     for len in [64usize, 1400] {
         group.throughput(Throughput::Bytes(len as u64));
         let mut buf = packet_buf(len);
-        let Tx::Send { range, .. } = tx.encap(&routes, &mut buf, len, &mut reply) else {
+        let Tx::Send { range, .. } = tx.encap(&routes, &mut buf, len, &mut reply, Instant::ZERO)
+        else {
             panic!("the bench packet must be sendable");
         };
         // The datagram as the receiver's socket hands it over.
@@ -90,7 +93,9 @@ fn bench(c: &mut Criterion) {
 
         // encap only rewrites the headroom, so the same buffer serves every iteration.
         group.bench_function(format!("encap_{len}B"), |b| {
-            b.iter(|| black_box(tx.encap(&routes, black_box(&mut buf), len, &mut reply)))
+            b.iter(|| {
+                black_box(tx.encap(&routes, black_box(&mut buf), len, &mut reply, Instant::ZERO))
+            })
         });
         // decap of a VXLAN datagram reads only (no TTL change on vxlan).
         group.bench_function(format!("decap_{len}B"), |b| {

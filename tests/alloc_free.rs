@@ -18,6 +18,7 @@ use weft::dataplane::wire::vxlan::Vni;
 use weft::dataplane::wire::{ipv4, virtio_net};
 use weft::lease::record::Subnet;
 use weft::route::{Peer, PeerBackend, RouteTable};
+use weft::time::Instant;
 
 struct Counting;
 
@@ -96,6 +97,7 @@ fn the_per_packet_path_allocates_nothing() {
         our_mac: [2, 0, 0, 0, 0, 1],
         own: a_own,
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
+        icmp_limit: Arc::default(),
     };
     let b = Forwarder {
         backend: BackendKind::Vxlan,
@@ -104,6 +106,7 @@ fn the_per_packet_path_allocates_nothing() {
         our_mac: [2, 0, 0, 0, 0, 2],
         own: b_own,
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
+        icmp_limit: Arc::default(),
     };
     let a_routes = RouteTable::build(
         network,
@@ -123,7 +126,7 @@ fn the_per_packet_path_allocates_nothing() {
         for _ in 0..rounds {
             buf[HEADROOM..HEADROOM + packet.len()].copy_from_slice(&packet);
             let Tx::Send { peer, range, .. } =
-                a.encap(&a_routes, &mut buf, packet.len(), &mut reply)
+                a.encap(&a_routes, &mut buf, packet.len(), &mut reply, Instant::ZERO)
             else {
                 panic!("encap failed")
             };
@@ -141,6 +144,27 @@ fn the_per_packet_path_allocates_nothing() {
     let (delivered, allocs) = allocations_during(|| run(10_000));
     assert_eq!(delivered, 10_000);
     assert_eq!(allocs, 0, "allocations on the per-packet path");
+
+    // A destination in no lease: ICMP net unreachable while the rate limit allows it, counted
+    // as suppressed once it does not.
+    let unroutable = udp_packet(Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 250, 2), 64);
+    let mut icmp = |rounds: u32| {
+        let (mut replies, mut suppressed) = (0, 0);
+        for i in 0..rounds {
+            buf[HEADROOM..HEADROOM + unroutable.len()].copy_from_slice(&unroutable);
+            let now = Instant::from_epoch(std::time::Duration::from_micros(u64::from(i) * 100));
+            match a.encap(&a_routes, &mut buf, unroutable.len(), &mut reply, now) {
+                Tx::Reply { .. } => replies += 1,
+                Tx::Suppressed(_) => suppressed += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        (replies, suppressed)
+    };
+    assert_eq!(icmp(10), (10, 0), "warm-up");
+    let ((replies, suppressed), allocs) = allocations_during(|| icmp(10_000));
+    assert!(replies > 0 && suppressed > 0, "{replies} replies, {suppressed} suppressed");
+    assert_eq!(allocs, 0, "allocations on the ICMP reply path");
 
     // The offload path: a TSO super-packet split into segments behind VXLAN headroom (TX),
     // and the segments coalesced back where they lie (RX GRO), as the workers do them.

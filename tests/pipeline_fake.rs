@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use weft::config::BackendKind;
 use weft::dataplane::fake::{FakeNet, FakeTun};
-use weft::dataplane::pipeline::{Counters, DropReason, Forwarder, OwnSubnet};
+use weft::dataplane::pipeline::{Counters, DropReason, Forwarder, IcmpLimit, OwnSubnet};
 use weft::dataplane::wire::{icmpv4, ipv4, vxlan::Vni};
 use weft::dataplane::worker::{self, WorkerConfig};
 use weft::lease::record::Subnet;
 use weft::route::{Peer, PeerBackend, RouteTable, Routes};
+use weft::time::ManualClock;
 
 const WAIT: Duration = Duration::from_secs(2);
 
@@ -43,7 +44,9 @@ fn peer(n: u8, backend: PeerBackend) -> Peer {
     }
 }
 
-/// Starts host `n` (subnet 10.244.n.0/24, underlay 192.0.2.n) knowing the other hosts.
+/// Starts host `n` (subnet 10.244.n.0/24, underlay 192.0.2.n) knowing the other hosts, its
+/// workers reading `clock`.
+#[allow(clippy::too_many_arguments)]
 fn start(
     net: &FakeNet,
     n: u8,
@@ -52,6 +55,7 @@ fn start(
     port: u16,
     stop: &Arc<AtomicBool>,
     one_thread: bool,
+    clock: ManualClock,
 ) -> Host {
     let pb = if backend == BackendKind::Vxlan { PeerBackend::Vxlan } else { PeerBackend::Udp };
     let routes = Arc::new(Routes::new(RouteTable::build(
@@ -68,6 +72,7 @@ fn start(
         our_mac: mac(n),
         own,
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
+        icmp_limit: Arc::default(),
     };
     let tun = FakeTun::new();
     let counters = Arc::new(Counters::default());
@@ -89,6 +94,7 @@ fn start(
         routes,
         counters: counters.clone(),
         cfg,
+        clock: Arc::new(clock),
     }
     .spawn(&format!("h{n}"), stop.clone())
     .unwrap();
@@ -126,8 +132,8 @@ fn two_hosts_with(
 ) -> (FakeNet, Host, Host, Arc<AtomicBool>) {
     let net = FakeNet::new();
     let stop = Arc::new(AtomicBool::new(false));
-    let a = start(&net, 1, &[2], backend, port, &stop, one_thread);
-    let b = start(&net, 2, &[1], backend, port, &stop, one_thread);
+    let a = start(&net, 1, &[2], backend, port, &stop, one_thread, ManualClock::new());
+    let b = start(&net, 2, &[1], backend, port, &stop, one_thread, ManualClock::new());
     (net, a, b, stop)
 }
 
@@ -230,5 +236,50 @@ fn garbage_datagrams_are_counted_by_reason_and_never_delivered() {
     for (_, _, reason) in &cases {
         assert_eq!(b.counters.drops(*reason), 3, "{reason:?}");
     }
+    stop.store(true, Ordering::Relaxed);
+}
+
+/// A pod flooding addresses in no lease: the first `IcmpLimit::BURST` packets are answered with
+/// net unreachable, the rest only counted (time stands still); once the clock moves on, the
+/// bucket has refilled and answers again — never more than a burst.
+#[test]
+fn a_flood_to_unleased_destinations_gets_at_most_a_burst_of_icmp_errors() {
+    const FLOOD: u64 = 300;
+    let burst = u64::from(IcmpLimit::BURST);
+    let net = FakeNet::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(1000));
+    let a = start(&net, 1, &[2], BackendKind::Vxlan, 8472, &stop, false, clock.clone());
+    let _b = start(&net, 2, &[1], BackendKind::Vxlan, 8472, &stop, false, ManualClock::new());
+    let flood = |round: u64| {
+        for i in 0..FLOOD {
+            let dst = Ipv4Addr::new(10, 244, 100 + (i % 100) as u8, 2);
+            a.tun.inject(&echo(Ipv4Addr::new(10, 244, 1, 2), dst, 63));
+        }
+        let deadline = std::time::Instant::now() + WAIT;
+        while a.counters.drops(DropReason::TxNoRoute) < round * FLOOD {
+            assert!(std::time::Instant::now() < deadline, "the flood was not all read");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut replies = 0;
+        while let Some(reply) = a.tun.take_written(Duration::from_millis(200)) {
+            let ip = ipv4::Packet::new_checked(&reply[..]).unwrap();
+            assert_eq!(ip.payload()[0], icmpv4::TYPE_DEST_UNREACHABLE);
+            replies += 1;
+        }
+        replies
+    };
+    assert_eq!(flood(1), burst, "replies to the first flood");
+    let suppressed = a.counters.icmp_suppressed.load(Ordering::Relaxed);
+    assert_eq!(suppressed, FLOOD - burst);
+    // A second later the bucket is full again: one more burst, no more.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(flood(2), burst, "replies to the second flood");
+    assert_eq!(a.counters.icmp_suppressed.load(Ordering::Relaxed), 2 * (FLOOD - burst));
+    let mut metrics = String::new();
+    a.counters.render(&mut metrics);
+    let line = format!("weft_dataplane_icmp_suppressed_total {}\n", 2 * (FLOOD - burst));
+    assert!(metrics.contains(&line), "{line} missing from\n{metrics}");
     stop.store(true, Ordering::Relaxed);
 }

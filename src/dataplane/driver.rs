@@ -31,6 +31,7 @@ use super::worker::{self, TunIo, WorkerConfig};
 use crate::config::BackendKind;
 use crate::lease::record::Subnet;
 use crate::route::Routes;
+use crate::time::BootClock;
 
 /// How often the threads look at the stop flag.
 const WAKE: Duration = Duration::from_millis(200);
@@ -155,6 +156,7 @@ impl Dataplane {
             our_mac: cfg.our_mac,
             own: own.clone(),
             icmp_source: cfg.network.network(),
+            icmp_limit: Arc::default(),
         };
         let wcfg = WorkerConfig {
             batch: if cfg.batching { super::udp::MAX_BATCH } else { 1 },
@@ -234,6 +236,7 @@ impl Dataplane {
                 routes: routes.clone(),
                 counters: counters.clone(),
                 cfg: wcfg,
+                clock: Arc::new(BootClock),
             }
             .spawn(&format!("weft-q{i}"), stop.clone())
             .map_err(DataplaneError::Thread)?;

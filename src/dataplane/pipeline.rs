@@ -14,7 +14,11 @@
 //!   the inner Ethernet destination must be our VTEP MAC; the inner source must lie inside the
 //!   sending peer's subnet; the inner destination must lie inside our own subnet.
 //! - A destination outside every lease is answered as flannel's udp backend does: an ICMP
-//!   destination-unreachable (net unreachable) written back to the TUN device.
+//!   destination-unreachable (net unreachable) written back to the TUN device, at most as
+//!   often as the [`IcmpLimit`] token bucket allows (a pod flooding unleased addresses gets
+//!   a burst of replies, then a steady trickle; the rest are counted, not answered).
+//! - No clock is read here: the caller passes `now` to [`Forwarder::encap`] and
+//!   [`Forwarder::route`].
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::Range;
@@ -26,6 +30,7 @@ use super::wire::{self, ethernet, icmpv4, ipv4, vxlan};
 use crate::config::BackendKind;
 use crate::lease::record::Subnet;
 use crate::route::{PeerBackend, RouteTable};
+use crate::time::Instant;
 
 /// Bytes reserved in front of a TUN packet for the VXLAN header and the inner Ethernet header.
 pub const HEADROOM: usize = vxlan::HEADER_LEN + ethernet::HEADER_LEN;
@@ -129,10 +134,13 @@ pub enum Tx {
     },
     /// Drop it.
     Drop(DropReason),
+    /// Drop it: it deserved an ICMP error, but the [`IcmpLimit`] bucket is empty. Count the
+    /// drop and the suppressed reply.
+    Suppressed(DropReason),
 }
 
-/// Why a TUN packet is not sent, from [`Forwarder::route`]: the [`Tx::Drop`] and [`Tx::Reply`]
-/// cases of [`Tx`].
+/// Why a TUN packet is not sent, from [`Forwarder::route`]: the [`Tx::Drop`], [`Tx::Reply`]
+/// and [`Tx::Suppressed`] cases of [`Tx`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// Drop it.
@@ -144,6 +152,9 @@ pub enum Refusal {
         /// Why the original was dropped.
         reason: DropReason,
     },
+    /// Drop it without the ICMP error it deserved (rate limit); count the drop and the
+    /// suppression.
+    Suppressed(DropReason),
 }
 
 impl From<Refusal> for Tx {
@@ -151,6 +162,86 @@ impl From<Refusal> for Tx {
         match r {
             Refusal::Drop(reason) => Tx::Drop(reason),
             Refusal::Reply { len, reason } => Tx::Reply { len, reason },
+            Refusal::Suppressed(reason) => Tx::Suppressed(reason),
+        }
+    }
+}
+
+/// A token bucket for the ICMP errors weft writes back to TUN, shared by every worker.
+///
+/// The defaults are the kernel's host-wide limit for ICMP errors, `net.ipv4.icmp_msgs_per_sec`
+/// = 1000 and `net.ipv4.icmp_msgs_burst` = 50 (Documentation/networking/ip-sysctl.rst): a
+/// burst of 50 replies, then one per millisecond. (The kernel also limits per destination,
+/// `icmp_ratelimit` = 1000 ms, in its peer cache; weft's replies all go to local pods, and one
+/// host-wide bucket bounds the work a flooding pod can cause without a table.)
+///
+/// It is the generic cell rate algorithm, which is a token bucket kept as one number, the
+/// "theoretical arrival time" `tat`: the bucket holds `(now + burst·interval − tat) / interval`
+/// tokens, at most `burst`. A reply is allowed while `tat + interval ≤ now + burst·interval`,
+/// and moves `tat` to `max(tat, now) + interval`. One atomic, no lock, no allocation.
+///
+/// Time is whatever `now` the caller passes (nanoseconds since its clock's epoch); nothing
+/// here reads a clock. A huge gap only fills the bucket (never past `burst`); time going
+/// backwards never adds tokens: the bucket counts as empty from the earlier `now` and refills
+/// from there (so a step back stalls replies for at most one bucket's refill). At the end of
+/// `u64` nanoseconds (584 years) nothing more is allowed rather than anything overflowing.
+#[derive(Debug)]
+pub struct IcmpLimit {
+    interval_ns: u64,
+    burst_ns: u64,
+    tat: AtomicU64,
+}
+
+impl Default for IcmpLimit {
+    /// [`IcmpLimit::PER_SEC`] replies a second, bursts of [`IcmpLimit::BURST`].
+    fn default() -> Self {
+        Self::new(Self::PER_SEC, Self::BURST)
+    }
+}
+
+impl IcmpLimit {
+    /// The default rate: the kernel's `icmp_msgs_per_sec`.
+    pub const PER_SEC: u32 = 1000;
+    /// The default burst: the kernel's `icmp_msgs_burst`.
+    pub const BURST: u32 = 50;
+
+    /// A full bucket of `burst` replies refilled at `per_sec` a second (both at least 1; at
+    /// most one a nanosecond).
+    pub fn new(per_sec: u32, burst: u32) -> Self {
+        let interval_ns = (1_000_000_000 / u64::from(per_sec.max(1))).max(1);
+        Self {
+            interval_ns,
+            burst_ns: interval_ns.saturating_mul(u64::from(burst.max(1))),
+            tat: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes a token at `now` if there is one: whether a reply may be sent.
+    pub fn allow(&self, now: Instant) -> bool {
+        let now = u64::try_from(now.since_epoch().as_nanos()).unwrap_or(u64::MAX);
+        // Past this, `tat` can only come from a later `now` than this one (time went back).
+        let ceiling = now.saturating_add(self.burst_ns);
+        let mut tat = self.tat.load(Ordering::Relaxed);
+        loop {
+            let next = match tat.max(now).checked_add(self.interval_ns) {
+                Some(next) if next <= ceiling && ceiling < u64::MAX => next,
+                _ => {
+                    if tat > ceiling {
+                        // Time went back: empty from here, not for as long as the step.
+                        let _ = self.tat.compare_exchange(
+                            tat,
+                            ceiling,
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
+                    }
+                    return false;
+                }
+            };
+            match self.tat.compare_exchange_weak(tat, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(seen) => tat = seen,
+            }
         }
     }
 }
@@ -235,16 +326,26 @@ pub struct Forwarder {
     /// arriving on the TUN with a local source (such as the TUN's own `<subnet>.0`) is dropped
     /// by the kernel as a martian.
     pub icmp_source: Ipv4Addr,
+    /// The bucket every ICMP error must take a token from (shared by the workers).
+    pub icmp_limit: Arc<IcmpLimit>,
 }
 
 impl Forwarder {
-    /// Decides what to do with the packet at `buf[HEADROOM..HEADROOM + len]`; may write the
-    /// encapsulation headers into `buf[..HEADROOM]`, or an ICMP error into `reply`.
-    pub fn encap(&self, routes: &RouteTable, buf: &mut [u8], len: usize, reply: &mut [u8]) -> Tx {
+    /// Decides what to do with the packet at `buf[HEADROOM..HEADROOM + len]`, read at `now`;
+    /// may write the encapsulation headers into `buf[..HEADROOM]`, or an ICMP error into
+    /// `reply`.
+    pub fn encap(
+        &self,
+        routes: &RouteTable,
+        buf: &mut [u8],
+        len: usize,
+        reply: &mut [u8],
+        now: Instant,
+    ) -> Tx {
         let Some(end) = HEADROOM.checked_add(len).filter(|e| *e <= buf.len()) else {
             return Tx::Drop(DropReason::TxMalformed);
         };
-        let route = match self.route(routes, &buf[HEADROOM..end], reply) {
+        let route = match self.route(routes, &buf[HEADROOM..end], reply, now) {
             Ok(r) => r,
             Err(refusal) => return refusal.into(),
         };
@@ -262,8 +363,9 @@ impl Forwarder {
         }
     }
 
-    /// Where the TUN packet `packet` goes: the peer and the flow hash, or why it does not go
-    /// (a drop, or an ICMP error written into `reply`).
+    /// Where the TUN packet `packet`, read at `now`, goes: the peer and the flow hash, or why
+    /// it does not go (a drop, or an ICMP error written into `reply` when [`IcmpLimit`]
+    /// allows one at `now`).
     /// Every segment of a TSO super-packet goes where the super-packet goes, so one call
     /// routes them all.
     pub fn route(
@@ -271,6 +373,7 @@ impl Forwarder {
         routes: &RouteTable,
         packet: &[u8],
         reply: &mut [u8],
+        now: Instant,
     ) -> Result<TxRoute, Refusal> {
         match wire::ip::version(packet) {
             Some(4) => {}
@@ -288,6 +391,9 @@ impl Forwarder {
             return Err(Refusal::Drop(DropReason::TxOwnSubnet));
         }
         let Some(peer) = routes.lookup(dst) else {
+            if !self.icmp_limit.allow(now) {
+                return Err(Refusal::Suppressed(DropReason::TxNoRoute));
+            }
             return Err(match icmpv4::emit_dest_unreachable(packet, 0, self.icmp_source, reply) {
                 Ok(len) => Refusal::Reply { len, reason: DropReason::TxNoRoute },
                 Err(_) => Refusal::Drop(DropReason::TxNoRoute),
@@ -391,6 +497,8 @@ pub struct Counters {
     pub rx_bytes: AtomicU64,
     /// Send or write errors from the kernel.
     pub io_errors: AtomicU64,
+    /// ICMP errors not sent because the [`IcmpLimit`] bucket was empty.
+    pub icmp_suppressed: AtomicU64,
     /// Which offloads are in use (gauges, one per [`Offload`]): set when the data plane
     /// starts, and UDP GSO cleared if a socket turns it off at run time.
     offloads: [AtomicBool; Offload::ALL.len()],
@@ -493,6 +601,11 @@ impl Counters {
             ),
             ("weft_dataplane_rx_bytes_total", "Bytes of inner packets delivered.", &self.rx_bytes),
             ("weft_dataplane_io_errors_total", "Send and write errors.", &self.io_errors),
+            (
+                "weft_dataplane_icmp_suppressed_total",
+                "ICMP errors not sent to pods because of the rate limit.",
+                &self.icmp_suppressed,
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} counter");
@@ -503,6 +616,8 @@ impl Counters {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -518,6 +633,107 @@ mod tests {
             let line = format!("weft_dataplane_offload{{kind=\"{kind}\"}} {v}\n");
             assert!(out.contains(&line), "{line} missing from\n{out}");
         }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn at(d: Duration) -> Instant {
+        Instant::from_epoch(d)
+    }
+
+    /// How many of `tries` replies the bucket allows at `now`.
+    fn allowed(limit: &IcmpLimit, now: Instant, tries: usize) -> usize {
+        (0..tries).filter(|_| limit.allow(now)).count()
+    }
+
+    #[test]
+    fn icmp_limit_allows_a_burst_then_one_per_interval() {
+        let limit = IcmpLimit::default();
+        let t0 = at(Duration::from_secs(100));
+        assert_eq!(allowed(&limit, t0, 500), 50, "the burst");
+        assert_eq!(allowed(&limit, t0 + MS / 2, 10), 0, "half an interval refills nothing");
+        assert_eq!(allowed(&limit, t0 + MS, 10), 1, "one interval refills one");
+        assert_eq!(allowed(&limit, t0 + 10 * MS, 10), 9, "ten intervals refill the other nine");
+        // Steady flood: one a millisecond.
+        let mut n = 0;
+        for i in 11..1011u32 {
+            n += allowed(&limit, t0 + i * MS, 3);
+        }
+        assert_eq!(n, 1000);
+    }
+
+    #[test]
+    fn icmp_limit_refills_to_the_burst_and_no_further() {
+        let limit = IcmpLimit::new(10, 5);
+        let t0 = at(Duration::from_secs(1));
+        assert_eq!(allowed(&limit, t0, 100), 5);
+        // 1 s refills 10 tokens' worth into a bucket of 5.
+        assert_eq!(allowed(&limit, t0 + Duration::from_secs(1), 100), 5);
+        // An hour, a century: still a bucket of 5.
+        let later = t0 + Duration::from_secs(3600);
+        assert_eq!(allowed(&limit, later, 100), 5);
+        let much_later = later + Duration::from_secs(100 * 365 * 86400);
+        assert_eq!(allowed(&limit, much_later, 100), 5);
+    }
+
+    #[test]
+    fn icmp_limit_gains_nothing_when_time_goes_backwards() {
+        let limit = IcmpLimit::new(1000, 50);
+        let t = at(Duration::from_secs(10_000));
+        assert_eq!(allowed(&limit, t, 100), 50);
+        // An hour back: no tokens, however often asked...
+        let back = t - Duration::from_secs(3600);
+        assert_eq!(allowed(&limit, back, 100), 0);
+        // ... and refilling from there, not stalled until the clock is back at `t`.
+        assert_eq!(allowed(&limit, back + MS, 100), 1);
+        assert_eq!(allowed(&limit, back + Duration::from_secs(1), 100), 50);
+        // A fresh bucket fed a clock that starts high and steps down to zero.
+        let limit = IcmpLimit::new(1000, 50);
+        assert_eq!(allowed(&limit, at(Duration::from_secs(5)), 10), 10);
+        assert_eq!(allowed(&limit, Instant::ZERO, 100), 0);
+        assert_eq!(allowed(&limit, Instant::ZERO + 50 * MS, 100), 50);
+    }
+
+    #[test]
+    fn icmp_limit_survives_the_ends_of_time_and_odd_settings() {
+        for limit in
+            [IcmpLimit::default(), IcmpLimit::new(0, 0), IcmpLimit::new(u32::MAX, u32::MAX)]
+        {
+            let end = at(Duration::MAX);
+            let near_end = at(Duration::from_nanos(u64::MAX - 1));
+            for now in [Instant::ZERO, near_end, end, Instant::ZERO, end] {
+                assert!(allowed(&limit, now, 1000) <= 1000);
+            }
+            // Nothing is allowed at the end of time (rather than everything).
+            assert_eq!(allowed(&limit, end, 10), 0, "{limit:?}");
+        }
+        // Zero rate and burst mean one a second, bursts of one.
+        let limit = IcmpLimit::new(0, 0);
+        assert_eq!(allowed(&limit, at(Duration::from_secs(10)), 10), 1);
+        assert_eq!(allowed(&limit, at(Duration::from_millis(10_999)), 10), 0);
+        assert_eq!(allowed(&limit, at(Duration::from_secs(11)), 10), 1);
+    }
+
+    #[test]
+    fn icmp_limit_is_shared_exactly_between_threads() {
+        let limit = IcmpLimit::new(1000, 50);
+        let now = at(Duration::from_secs(7));
+        let total: usize = std::thread::scope(|s| {
+            let handles: Vec<_> =
+                (0..4).map(|_| s.spawn(|| allowed(&limit, now, 10_000))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(total, 50);
+    }
+
+    #[test]
+    fn suppressed_icmp_errors_are_a_counter_on_metrics() {
+        let c = Counters::default();
+        c.icmp_suppressed.fetch_add(7, Ordering::Relaxed);
+        let mut out = String::new();
+        c.render(&mut out);
+        assert!(out.contains("# TYPE weft_dataplane_icmp_suppressed_total counter\n"), "{out}");
+        assert!(out.contains("\nweft_dataplane_icmp_suppressed_total 7\n"), "{out}");
     }
 
     #[test]

@@ -20,7 +20,9 @@
 //! # Contract
 //! Buffers are allocated once per worker; the per-packet path allocates nothing, takes no lock
 //! (the route table is loaded wait-free once per batch) and logs nothing: every drop is counted
-//! by reason in [`Counters`]. Loops return when `stop` is set (checked at least every `wake`).
+//! by reason in [`Counters`]. The TX path reads its [`Clock`] once per batch read and passes
+//! that `now` to the pipeline (for the ICMP rate limit). Loops return when `stop` is set
+//! (checked at least every `wake`).
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -33,6 +35,7 @@ use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, Offload, Refusa
 use super::udp::{self, MAX_BATCH, MAX_GSO_BYTES, RecvMeta, Transmit, UdpError};
 use super::wire::virtio_net::{self, Header};
 use crate::route::Routes;
+use crate::time::{Clock, Instant};
 
 /// One TUN queue, as the loops need it.
 pub trait TunIo: Send + Sync {
@@ -132,11 +135,12 @@ pub struct TxPath {
     reply: Vec<u8>,
     pending: Vec<Pending>,
     vnet: bool,
+    clock: Arc<dyn Clock>,
 }
 
 impl TxPath {
-    /// Buffers for batches of `cfg.batch` packets from `tun`.
-    pub fn new<T: TunIo>(tun: &T, cfg: &WorkerConfig) -> Self {
+    /// Buffers for batches of `cfg.batch` packets from `tun`; `clock` stamps each batch.
+    pub fn new<T: TunIo>(tun: &T, cfg: &WorkerConfig, clock: Arc<dyn Clock>) -> Self {
         let batch = cfg.batch.clamp(1, MAX_BATCH);
         let vnet = tun.vnet_hdr();
         Self {
@@ -146,6 +150,7 @@ impl TxPath {
             reply: vec![0u8; virtio_net::LEN + 1500],
             pending: Vec::with_capacity(batch),
             vnet,
+            clock,
         }
     }
 
@@ -174,7 +179,8 @@ impl TxPath {
                 return false;
             }
         }
-        let Self { slots, send_buf, reply, pending, .. } = self;
+        let Self { slots, send_buf, reply, pending, clock, .. } = self;
+        let now = clock.now();
         let table = routes.load();
         pending.clear();
         let mut read_any = false;
@@ -220,6 +226,7 @@ impl TxPath {
                     counters,
                     tun,
                     reply,
+                    now,
                 );
                 continue;
             }
@@ -228,11 +235,15 @@ impl TxPath {
                 counters.count_drop(DropReason::TxMalformed);
                 continue;
             }
-            match fwd.encap(&table, slot, len, &mut reply[virtio_net::LEN..]) {
+            match fwd.encap(&table, slot, len, &mut reply[virtio_net::LEN..], now) {
                 Tx::Send { peer, range, flow } => pending.push((i, peer, range, flow)),
                 Tx::Reply { len: r, reason } => {
                     counters.count_drop(reason);
                     write_reply(tun, reply, r, vnet);
+                }
+                Tx::Suppressed(reason) => {
+                    counters.count_drop(reason);
+                    counters.icmp_suppressed.fetch_add(1, Ordering::Relaxed);
                 }
                 Tx::Drop(reason) => counters.count_drop(reason),
             }
@@ -360,6 +371,7 @@ fn send_messages<U: UdpIo>(
 }
 
 /// The TX loop on its own thread: [`TxPath::step`] until `stop`.
+#[allow(clippy::too_many_arguments)]
 pub fn run_tx<T: TunIo, U: UdpIo>(
     tun: &T,
     pool: &mut [U],
@@ -367,9 +379,10 @@ pub fn run_tx<T: TunIo, U: UdpIo>(
     routes: &Routes,
     counters: &Counters,
     cfg: WorkerConfig,
+    clock: Arc<dyn Clock>,
     stop: &AtomicBool,
 ) {
-    let mut tx = TxPath::new(tun, &cfg);
+    let mut tx = TxPath::new(tun, &cfg, clock);
     while !stop.load(Ordering::Relaxed) {
         tx.step(tun, pool, fwd, routes, counters, cfg.wake);
     }
@@ -424,12 +437,18 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
     counters: &Counters,
     tun: &T,
     reply: &mut [u8],
+    now: Instant,
 ) {
-    let route = match fwd.route(table, packet, &mut reply[virtio_net::LEN..]) {
+    let route = match fwd.route(table, packet, &mut reply[virtio_net::LEN..], now) {
         Ok(r) => r,
         Err(Refusal::Reply { len, reason }) => {
             counters.count_drop(reason);
             write_reply(tun, reply, len, tun.vnet_hdr());
+            return;
+        }
+        Err(Refusal::Suppressed(reason)) => {
+            counters.count_drop(reason);
+            counters.icmp_suppressed.fetch_add(1, Ordering::Relaxed);
             return;
         }
         Err(Refusal::Drop(reason)) => {
@@ -629,9 +648,10 @@ pub fn run_both<T: TunIo, U: UdpIo>(
     routes: &Routes,
     counters: &Counters,
     cfg: WorkerConfig,
+    clock: Arc<dyn Clock>,
     stop: &AtomicBool,
 ) {
-    let mut tx = TxPath::new(tun, &cfg);
+    let mut tx = TxPath::new(tun, &cfg, clock);
     let mut rx = RxPath::new(tun, sock, &cfg);
     while !stop.load(Ordering::Relaxed) {
         let sent = tx.step(tun, pool, fwd, routes, counters, Duration::ZERO);
@@ -677,6 +697,8 @@ pub struct Worker<T, U> {
     pub counters: Arc<Counters>,
     /// Batch size and timing.
     pub cfg: WorkerConfig,
+    /// Where `now` comes from (the ICMP rate limit).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
@@ -687,19 +709,19 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
         name: &str,
         stop: Arc<AtomicBool>,
     ) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
-        let Self { tun, mut tx_pool, mut rx, fwd, routes, counters, cfg } = self;
+        let Self { tun, mut tx_pool, mut rx, fwd, routes, counters, cfg, clock } = self;
         if cfg.one_thread {
             let t = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
-                run_both(&*tun, &mut tx_pool, &mut rx, &fwd, &routes, &counters, cfg, &stop)
+                run_both(&*tun, &mut tx_pool, &mut rx, &fwd, &routes, &counters, cfg, clock, &stop)
             })?;
             return Ok(vec![t]);
         }
         let tx = {
             let (tun, fwd, routes, counters, stop) =
                 (tun.clone(), fwd.clone(), routes.clone(), counters.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name(format!("{name}-tx"))
-                .spawn(move || run_tx(&*tun, &mut tx_pool, &fwd, &routes, &counters, cfg, &stop))?
+            std::thread::Builder::new().name(format!("{name}-tx")).spawn(move || {
+                run_tx(&*tun, &mut tx_pool, &fwd, &routes, &counters, cfg, clock, &stop)
+            })?
         };
         let rx = std::thread::Builder::new()
             .name(format!("{name}-rx"))
@@ -755,8 +777,13 @@ mod tests {
             our_mac: [2, 0, 0, 0, 0, n],
             own,
             icmp_source: Ipv4Addr::new(10, 244, 0, 0),
+            icmp_limit: Arc::default(),
         };
         (fwd, routes)
+    }
+
+    fn clock() -> Arc<dyn Clock> {
+        Arc::new(crate::time::ManualClock::new())
     }
 
     const CFG: WorkerConfig = WorkerConfig {
@@ -806,7 +833,7 @@ mod tests {
             (host(BackendKind::Vxlan, 1, 2), host(BackendKind::Vxlan, 2, 1));
         let (c1, c2) = (Counters::default(), Counters::default());
         let stream = inject_stream(&tun1);
-        let mut tx = TxPath::new(&*tun1, &CFG);
+        let mut tx = TxPath::new(&*tun1, &CFG, clock());
         assert!(tx.step(&*tun1, &mut pool, &fwd1, &routes1, &c1, Duration::from_secs(1)));
         let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
         assert!(rx.step(&*tun2, &mut sock2, &fwd2, &routes2, &c2, Duration::from_secs(1)));
@@ -844,7 +871,7 @@ mod tests {
             frame.extend(p.build());
             tun.inject(&frame);
         }
-        let mut tx = TxPath::new(&*tun, &CFG);
+        let mut tx = TxPath::new(&*tun, &CFG, clock());
         assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
         assert_eq!(pool[0].messages_sent(), 2);
         let mut bufs = vec![vec![0u8; 2048]; 16];
@@ -874,7 +901,7 @@ mod tests {
         counters.set_offload(Offload::UdpGso, true);
         pool[0].set_gso(false);
         inject_stream(&tun);
-        let mut tx = TxPath::new(&*tun, &CFG);
+        let mut tx = TxPath::new(&*tun, &CFG, clock());
         assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
         assert_eq!(pool[0].messages_sent(), 5);
         assert!(!counters.offload(Offload::UdpGso));
@@ -888,7 +915,7 @@ mod tests {
         let (fwd, routes) = host(backend, 1, 2);
         let counters = Counters::default();
         inject_stream(&tun);
-        let mut tx = TxPath::new(&*tun, &CFG);
+        let mut tx = TxPath::new(&*tun, &CFG, clock());
         assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
 
         let mut bufs = vec![vec![0u8; 2048]; 16];
