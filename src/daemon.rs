@@ -1,9 +1,10 @@
 //! `weft run`: wires the lease keeper, the health server and (later) the data plane together.
 //!
-//! Start-up order follows flanneld's: flags, identity, store client, health server, network
-//! config (retried every second until it is present and valid), public IP, lease, then the lease
-//! driver runs until SIGTERM or SIGINT. On shutdown the lease is kept for a restart unless
-//! `--relinquish-on-exit` is given.
+//! Start-up order follows flanneld's: flags, store client, health server, the state dir's lock
+//! (waited for while another weft holds it, see [`crate::instance`]), identity, network config
+//! (retried every second until it is present and valid), public IP, the TUN device (waited for
+//! while another process has it attached), lease, then the lease driver runs until SIGTERM or
+//! SIGINT. On shutdown the lease is kept for a restart unless `--relinquish-on-exit` is given.
 
 use std::fs;
 use std::io::Write as _;
@@ -17,9 +18,11 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
-use crate::dataplane::driver::{Dataplane, DataplaneConfig};
+use crate::dataplane::driver::{Dataplane, DataplaneConfig, DataplaneError};
+use crate::dataplane::sys::{self, TunError, TunStatus};
 use crate::dataplane::wire::ethernet::MacAddr;
 use crate::health::{self, Health};
+use crate::instance::{self, Attempt, StateDirLock};
 use crate::lease::driver::{DriverConfig, LeaseDriver};
 use crate::lease::keeper::{Keeper, KeeperConfig};
 use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Subnet};
@@ -279,10 +282,6 @@ pub fn previous_subnet(path: &Path, network: &NetworkConfig) -> Option<Subnet> {
 /// Runs the daemon until SIGTERM/SIGINT.
 pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(BootClock);
-    let node = load_node_id(&opts.state_dir)?;
-    let incarnation = Incarnation::generate();
-    info!(node_id = %node, %incarnation, "weft starting");
-
     let (shutdown_tx, mut shutdown_rx) = watch::channel(false);
     tokio::spawn(signal_shutdown(shutdown_tx));
 
@@ -302,8 +301,27 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
         None
     };
 
+    // One weft per state dir: before the identity in it is read or anything is leased.
+    let mut lock = None;
+    let free = instance::wait_while_busy(&health, &mut shutdown_rx, || {
+        Ok(match StateDirLock::try_acquire(&opts.state_dir)? {
+            Attempt::Acquired(l) => {
+                lock = Some(l);
+                None
+            }
+            Attempt::Held { path, pid } => Some(instance::held_message(&path, pid)),
+        })
+    })
+    .await?;
+    let Some(_lock) = lock.filter(|_| free) else {
+        return stopped(health_task).await;
+    };
+    let node = load_node_id(&opts.state_dir)?;
+    let incarnation = Incarnation::generate();
+    info!(node_id = %node, %incarnation, "weft starting");
+
     let Some(network) = wait_for_config(&*store, &mut shutdown_rx).await? else {
-        return Ok(());
+        return stopped(health_task).await;
     };
     info!(network = %network.network, subnet_len = network.subnet_len, backend = ?network.backend.kind, "network config");
     let underlay = find_underlay(opts.iface.as_deref(), opts.public_ip)?;
@@ -340,16 +358,38 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     let (routes, route_watcher) =
         start_route_watcher(&network, &store, &health, subnet_rx.clone(), &shutdown_rx);
     let dataplane = if opts.dataplane {
-        Some(start_dataplane(
-            &opts,
-            &network,
-            &underlay,
-            vtep_mac,
-            routes,
-            &health,
-            subnet_rx,
-            &shutdown_rx,
-        )?)
+        // One weft per TUN device: wait while another process has it attached. Should one
+        // appear between the check and the start, the start refuses it and we wait again.
+        loop {
+            let free = instance::wait_while_busy(&health, &mut shutdown_rx, || {
+                Ok(match sys::tun_status(&opts.tun_name)? {
+                    TunStatus::Attached(queues) => Some(format!(
+                        "{}; waiting for it to be released",
+                        TunError::InUse { name: opts.tun_name.clone(), queues }
+                    )),
+                    _ => None,
+                })
+            })
+            .await?;
+            if !free {
+                return stopped(health_task).await;
+            }
+            match start_dataplane(
+                &opts,
+                &network,
+                &underlay,
+                vtep_mac,
+                routes.clone(),
+                &health,
+                subnet_rx.clone(),
+                &shutdown_rx,
+            ) {
+                Err(e) if is_tun_in_use(&e) => {
+                    warn!(error = %e, "the TUN device was taken while starting");
+                }
+                other => break Some(other?),
+            }
+        }
     } else {
         None
     };
@@ -378,11 +418,23 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
         }
         tokio::task::spawn_blocking(move || dp.stop()).await.ok();
     }
+    stopped(health_task).await
+}
+
+/// Waits (briefly) for the health server to stop, and says so.
+async fn stopped(
+    health_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+) -> anyhow::Result<()> {
     if let Some(t) = health_task {
         let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
     }
     info!("weft stopped");
     Ok(())
+}
+
+/// Whether starting the data plane failed because the TUN device is another process's.
+fn is_tun_in_use(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<DataplaneError>(), Some(DataplaneError::Tun(TunError::InUse { .. })))
 }
 
 /// Starts the route watcher, which publishes the routes the data plane forwards by. It runs in

@@ -13,7 +13,8 @@
 //!   ([`dataplane::wire`]), forwarding decisions ([`dataplane::pipeline`]) and offload
 //!   split/coalesce ([`dataplane::offload`]) are pure; [`dataplane::sys`] and
 //!   [`dataplane::udp`] are the syscall layers, [`dataplane::driver`] owns the threads.
-//! - [`daemon`] wires them into `weft run`; [`health`] serves `/healthz`, `/readyz`, `/metrics`.
+//! - [`daemon`] wires them into `weft run`; [`health`] serves `/healthz`, `/readyz`, `/metrics`;
+//!   [`instance`] keeps a second `weft run` on the same state dir or TUN device waiting.
 //!
 //! Time comes from [`time`]: a boot-time clock for drivers, a manual clock for tests.
 
@@ -23,6 +24,7 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod health;
+pub mod instance;
 pub mod lease;
 pub mod route;
 pub mod time;

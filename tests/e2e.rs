@@ -667,3 +667,75 @@ fn an_unprivileged_local_user_cannot_take_the_vxlan_port() {
     );
     assert!(wefts.iter().all(|w| w.get("/healthz").0 == 200));
 }
+
+// --- a second weft on the same host -----------------------------------------------------------
+
+/// A second `weft run` with the same flags (state dir, subnet file, TUN name) in the same
+/// namespace waits — says so in its log and on `/readyz` — without touching the TUN device or
+/// the port, so the first one's traffic loses nothing; when the first exits, it takes over.
+#[test]
+fn a_second_weft_on_the_same_state_dir_and_tun_waits_then_takes_over() {
+    let lab = Lab::new(VXLAN);
+    let (mut wefts, pods) = up(&lab, &[1, 2], &[]);
+    let subnet = wefts[0].subnet().expect("host 1's subnet");
+    let first_pid = wefts[0].pid();
+    let ping = spawn_ping(&pods[0].ns, pods[1].ip, 60, 0.1);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut twin = wefts[0].twin(9798);
+    twin.wait_log("waiting for it to exit", Duration::from_secs(10));
+    let waited_from = Instant::now();
+    let log = twin.log();
+    let line = log.lines().find(|l| l.contains("waiting for it to exit")).expect("the line");
+    assert!(line.contains(" WARN "), "not a warning: {line}");
+    assert!(line.contains(&format!("/state/lock (pid {first_pid})")), "{line}");
+    // Several seconds of waiting: not ready, saying why, and nothing of the data plane.
+    while waited_from.elapsed() < Duration::from_secs(4) {
+        let (status, body) = twin.get("/readyz");
+        assert_eq!(status, 503, "the second weft's /readyz: {body}");
+        assert!(body.contains("another weft holds") && body.contains("waiting"), "{body}");
+        assert!(twin.running(), "the second weft exited:\n{}", twin.log_tail(20));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let log = twin.log();
+    assert_eq!(log.matches("waiting for it to exit").count(), 1, "logged more than once:\n{log}");
+    assert!(!log.contains("data plane up"), "the second weft started a data plane:\n{log}");
+    let r = finish_ping(ping);
+    eprintln!("ping while a second weft waits: {}/{} replies", r.received, r.transmitted);
+    assert!(
+        r.transmitted == 60 && r.received == r.transmitted,
+        "the first weft's traffic lost packets while the second waited:\n{}",
+        r.text
+    );
+    assert!(wefts[0].ready(), "the first weft is no longer ready");
+
+    // The first exits: the second takes the state dir and the TUN device, with the lease.
+    assert_eq!(wefts[0].stop(), Some(0), "weft 1 exit code after SIGTERM");
+    let again = twin.wait_ready(READY);
+    assert_eq!(again, subnet, "the second weft took another subnet");
+    assert!(twin.log().contains("data plane up"));
+    ping_ok(&pods[0].ns, pods[1].ip, 3);
+    ping_ok(&pods[1].ns, pods[0].ip, 3);
+}
+
+/// A second weft with its own state dir but the TUN name of a running one waits for the TUN
+/// device instead of attaching queues to it.
+#[test]
+fn a_second_weft_on_the_same_tun_device_waits_for_it() {
+    let lab = Lab::new(VXLAN);
+    let (mut wefts, pods) = up(&lab, &[1, 2], &[]);
+    let ping = spawn_ping(&pods[0].ns, pods[1].ip, 40, 0.1);
+    // Same namespace and TUN name, another state dir and subnet file (a copy of host 1's
+    // identity would be a clone; a fresh one is another node).
+    let mut other = wefts[0].sibling_in(lab.dir().join("h1-other"), 9799);
+    other.wait_log("TUN device weft0 is in use by another process", Duration::from_secs(10));
+    let (status, body) = other.get("/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("TUN device weft0 is in use"), "{body}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!other.log().contains("data plane up"), "{}", other.log_tail(20));
+    let r = finish_ping(ping);
+    assert!(r.received == r.transmitted && r.transmitted == 40, "{}", r.text);
+    assert_eq!(wefts[0].stop(), Some(0));
+    other.wait_ready(READY);
+    assert!(other.log().contains("data plane up"));
+}

@@ -24,7 +24,7 @@ use ipnet::Ipv4Net;
 use tracing::{info, warn};
 
 use super::pipeline::{Counters, Forwarder, Offload, OwnSubnet};
-use super::sys::{self, Tun, TunError, TunOptions};
+use super::sys::{self, Tun, TunError, TunOptions, TunStatus};
 use super::udp::{BatchSocket, UdpConfig, UdpError};
 use super::wire::vxlan::Vni;
 use super::worker::{self, TunIo, WorkerConfig};
@@ -131,11 +131,29 @@ impl Dataplane {
     pub fn start(cfg: DataplaneConfig, routes: Arc<Routes>) -> Result<Self, DataplaneError> {
         let workers = cfg.workers.max(1);
         let vni = Vni::new(cfg.vni).map_err(|_| DataplaneError::BadVni(cfg.vni))?;
-        let opts = TunOptions { multi_queue: workers > 1, vnet_hdr: cfg.tun_offload };
+        // Never attach to a device another process has open (a second weft): create it, with
+        // IFF_TUN_EXCL so that one created in the meantime is refused too, or take a
+        // persistent one nobody holds.
+        let status = sys::tun_status(&cfg.tun_name)?;
+        match status {
+            TunStatus::Attached(queues) => {
+                return Err(TunError::InUse { name: cfg.tun_name.clone(), queues }.into());
+            }
+            TunStatus::NotTun => return Err(TunError::NotTun(cfg.tun_name.clone()).into()),
+            TunStatus::Absent | TunStatus::Detached => {}
+        }
+        let opts = TunOptions {
+            multi_queue: workers > 1,
+            vnet_hdr: cfg.tun_offload,
+            exclusive: status == TunStatus::Absent,
+        };
         let mut queues = Vec::with_capacity(workers);
         let mut offloads = sys::TunOffloads::default();
-        for _ in 0..workers {
-            let q = Tun::open(&cfg.tun_name, opts)?;
+        for i in 0..workers {
+            let q = Tun::open(
+                &cfg.tun_name,
+                TunOptions { exclusive: opts.exclusive && i == 0, ..opts },
+            )?;
             if cfg.tun_offload {
                 offloads = q.enable_offloads(true);
             }

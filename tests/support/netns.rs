@@ -525,6 +525,7 @@ impl Lab {
             log: dir.join("weft.log"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             nonroot: nonroot.then_some(tun_node),
+            health_port: HEALTH_PORT,
             child: None,
         };
         w.start();
@@ -651,6 +652,8 @@ pub struct Weft {
     extra: Vec<String>,
     /// `Some(tun node)` when run as uid 65534 with only CAP_NET_ADMIN.
     nonroot: Option<PathBuf>,
+    /// `--healthz-port` ([`HEALTH_PORT`] but for a [`Weft::twin`]).
+    health_port: u16,
     child: Option<Child>,
 }
 
@@ -665,7 +668,7 @@ impl Weft {
             .expect("open weft log");
         let state = self.dir.join("state").to_string_lossy().into_owned();
         let subnet_file = self.subnet_file().to_string_lossy().into_owned();
-        let (public_ip, port) = (format!("192.0.2.{}", self.n), HEALTH_PORT.to_string());
+        let (public_ip, port) = (format!("192.0.2.{}", self.n), self.health_port.to_string());
         let mut weft: Vec<&str> = vec![weft_bin(), "run"];
         weft.extend_from_slice(&["--etcd-endpoints", ETCD, "--etcd-prefix", PREFIX]);
         weft.extend_from_slice(&["--etcd-timeout", "1s", "--public-ip", &public_ip]);
@@ -699,6 +702,34 @@ impl Weft {
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
         self.child = Some(die_with_parent(&mut cmd).spawn().expect("start weft"));
+    }
+
+    /// Starts a second `weft run` with this one's flags — the same state dir, subnet file and
+    /// TUN name, in the same namespace — but its own health port and log (`weft-twin.log`).
+    pub fn twin(&self, health_port: u16) -> Weft {
+        self.sibling(self.dir.clone(), "weft-twin.log", health_port)
+    }
+
+    /// Starts another `weft run` in this one's namespace with its flags (TUN name included)
+    /// but the state dir, subnet file and log (`weft.log`) in `dir`, and its own health port.
+    pub fn sibling_in(&self, dir: PathBuf, health_port: u16) -> Weft {
+        std::fs::create_dir_all(&dir).expect("sibling dir");
+        self.sibling(dir, "weft.log", health_port)
+    }
+
+    fn sibling(&self, dir: PathBuf, log: &str, health_port: u16) -> Weft {
+        let mut w = Weft {
+            n: self.n,
+            ns: self.ns.clone(),
+            log: dir.join(log),
+            dir,
+            extra: self.extra.clone(),
+            nonroot: self.nonroot.clone(),
+            health_port,
+            child: None,
+        };
+        w.start();
+        w
     }
 
     /// The subnet file.
@@ -787,7 +818,7 @@ impl Weft {
     /// GET a health path inside the host namespace: (status, body); 0 when nothing answers.
     pub fn get(&self, path: &str) -> (u16, String) {
         in_netns(&self.ns, || {
-            http_get_addr(SocketAddr::from((Ipv4Addr::LOCALHOST, HEALTH_PORT)), path)
+            http_get_addr(SocketAddr::from((Ipv4Addr::LOCALHOST, self.health_port)), path)
         })
     }
 
