@@ -403,10 +403,13 @@ async fn presence_is_claimed_held_expired_and_dropped() {
         panic!("first claim refused");
     };
     // A second process of the same node finds the first alive.
-    assert_eq!(
-        store.claim_presence(&me, &second, SHORT_TTL).await.expect("claim 2"),
-        PresenceOutcome::HeldBy(first.clone())
-    );
+    let held_by = |o: PresenceOutcome| match o {
+        PresenceOutcome::HeldBy { record, mod_revision } => (record, mod_revision),
+        other => panic!("expected HeldBy, got {other:?}"),
+    };
+    let (record, _) =
+        held_by(store.claim_presence(&me, &second, SHORT_TTL).await.expect("claim 2"));
+    assert_eq!(record, first);
     // The first process claiming again (a retry) moves to a new lease, revoking the old one.
     let PresenceOutcome::Claimed(lease2) =
         store.claim_presence(&me, &first, SHORT_TTL).await.expect("reclaim")
@@ -414,12 +417,23 @@ async fn presence_is_claimed_held_expired_and_dropped() {
         panic!("our own claim refused");
     };
     assert_ne!(lease1, lease2);
-    assert!(!store.keep_presence(lease1).await.expect("keep old"));
-    assert!(store.keep_presence(lease2).await.expect("keep new"));
+    assert!(!store.keep_presence(&me, lease1, false).await.expect("keep old"));
+    assert!(!store.keep_presence(&me, lease1, true).await.expect("beat on the old lease"));
+    // A keep-alive leaves the key as it is; a beat moves its mod revision, value and lease kept.
+    let (_, before) = held_by(store.claim_presence(&me, &second, SHORT_TTL).await.expect("claim"));
+    assert!(store.keep_presence(&me, lease2, false).await.expect("keep new"));
+    let (_, kept) = held_by(store.claim_presence(&me, &second, SHORT_TTL).await.expect("claim"));
+    assert_eq!(kept, before);
+    assert!(store.keep_presence(&me, lease2, true).await.expect("beat"));
+    let (record, beat) =
+        held_by(store.claim_presence(&me, &second, SHORT_TTL).await.expect("claim"));
+    assert_eq!(record, first);
+    assert!(beat > before, "{beat:?} after {before:?}");
+    assert!(store.keep_presence(&me, lease2, false).await.expect("still on its lease"));
 
     // Without keep-alives it expires, and the second process gets in.
     tokio::time::sleep(SHORT_TTL + Duration::from_millis(1500)).await;
-    assert!(!store.keep_presence(lease2).await.expect("keep expired"));
+    assert!(!store.keep_presence(&me, lease2, false).await.expect("keep expired"));
     let PresenceOutcome::Claimed(lease3) =
         store.claim_presence(&me, &second, LONG_TTL).await.expect("claim after expiry")
     else {
@@ -428,10 +442,8 @@ async fn presence_is_claimed_held_expired_and_dropped() {
 
     // Dropping with someone else's lease deletes nothing; with ours, it frees the key at once.
     store.drop_presence(&me, lease2).await.expect("drop stale");
-    assert_eq!(
-        store.claim_presence(&me, &first, LONG_TTL).await.expect("claim"),
-        PresenceOutcome::HeldBy(second.clone())
-    );
+    let (record, _) = held_by(store.claim_presence(&me, &first, LONG_TTL).await.expect("claim"));
+    assert_eq!(record, second);
     store.drop_presence(&me, lease3).await.expect("drop");
     assert!(matches!(
         store.claim_presence(&me, &first, LONG_TTL).await.expect("claim after drop"),

@@ -235,6 +235,34 @@ async fn s4_cloned_host_does_not_hijack_and_the_clash_is_loud() {
     }
     assert_eq!(a.get("/readyz").0, 200);
     assert_eq!(subnet_keys(&mut c, &prefix).await.len(), 1, "never a second key for the clone");
+    // The clash is loud but not terminal: once the original is gone (crashed, its presence
+    // expired), the clone takes over the identity, and its subnet.
+    let mut a = a;
+    a.kill();
+    assert_eq!(b.wait_ready(READY), s);
+    b.wait_log("identity clash over", Duration::from_secs(1));
+    let (v, _) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+    assert_eq!(v["PublicIP"], "192.0.2.2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_restart_is_never_a_clash_even_below_etcds_minimum_ttl() {
+    // --subnet-lease-ttl 1s makes a 0.5 s presence TTL; etcd grants no lease under its minimum
+    // (about 2 s with its default timing) and revokes late, so a crashed process's presence key
+    // stands well past three presence TTLs, which used to count as proof of a clone.
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(20));
+    let mut opts = NodeOptions::new(etcd.endpoint(), &prefix, ip(1));
+    opts.ttl = "1s".into();
+    let mut a = WeftNode::spawn(opts);
+    let s = a.wait_ready(READY);
+    for round in 0..3 {
+        a.kill();
+        a.start();
+        assert_eq!(a.wait_ready(READY), s, "round {round}");
+        assert!(!a.log().contains("IDENTITY CLASH"), "round {round}: {}", a.log());
+    }
 }
 
 #[tokio::test]

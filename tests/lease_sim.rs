@@ -1049,7 +1049,8 @@ fn flannel_baseline_comparison() {
 /// etcd revokes an expired lease late (its expiry loop runs every 500 ms and the revoke goes
 /// through raft) and a new leader extends every lease by its TTL. Either way, the presence key
 /// of a process that was just killed can outlive the presence TTL. The restarted process must
-/// keep waiting for it, not conclude that a clone keeps it alive: `IdentityClash` is terminal.
+/// keep waiting for it, not conclude that a clone keeps it alive: only a key that beats (is
+/// rewritten by a live process) is a clone.
 #[test]
 fn restart_while_old_presence_outlives_its_ttl_is_not_taken_for_a_clone() {
     let mut w = World::new(21, network_of(8));
@@ -1062,9 +1063,63 @@ fn restart_while_old_presence_outlives_its_ttl_is_not_taken_for_a_clone() {
     w.advance(secs(0.3));
     let presence = format!("{PREFIX}/weft/nodes/{}", w.host("a").node);
     let lease = w.store.lease_of(&presence).expect("the old presence key is still there");
-    assert!(block_on(w.store.client("etcd-leader").keep_presence(lease)).unwrap());
+    let node = w.host("a").node.clone();
+    assert!(block_on(w.store.client("etcd-leader").keep_presence(&node, lease, false)).unwrap());
     w.advance(TTL * 3);
     assert!(!clashed(&w, "a"), "a plain restart was taken for a clone: {:?}", w.events("a"));
     assert_eq!(w.believed("a"), Some(s));
+    w.assert_clean();
+}
+
+/// Leader changes one after another keep extending a dead process's presence key, far past
+/// three presence TTLs (which used to be taken as proof of a clone). It never beats: the
+/// restart waits, unready, and gets its subnet back once the key goes; no clash.
+#[test]
+fn restart_is_never_a_clash_however_often_leaders_change() {
+    let mut w = World::new(22, network_of(8));
+    w.join("a");
+    let s = wait_hold(&mut w, "a", 5 * SEC);
+    w.advance(TTL);
+    w.kill("a");
+    w.start("a");
+    let presence = format!("{PREFIX}/weft/nodes/{}", w.host("a").node);
+    let node = w.host("a").node.clone();
+    let lease = w.store.lease_of(&presence).expect("the old presence key is still there");
+    for _ in 0..30 {
+        w.advance(secs(0.5));
+        assert!(
+            block_on(w.store.client("etcd-leader").keep_presence(&node, lease, false)).unwrap()
+        );
+    }
+    assert!(!clashed(&w, "a"), "a plain restart was taken for a clone: {:?}", w.events("a"));
+    assert_eq!(w.believed("a"), None, "it waits while the old key stands");
+    w.advance(TTL * 3);
+    assert!(!clashed(&w, "a"), "{:?}", w.events("a"));
+    assert_eq!(w.believed("a"), Some(s));
+    w.assert_clean();
+}
+
+/// An identity clash is loud but not terminal: the clone stays unready and writes no lease
+/// while the original lives, and takes over once the original is gone.
+#[test]
+fn identity_clash_ends_when_the_other_process_is_gone() {
+    let mut w = World::new(23, network_of(8));
+    w.join("a");
+    let s = wait_hold(&mut w, "a", 5 * SEC);
+    w.advance(TTL);
+    w.clone_host("a", "b", Ipv4Addr::new(192, 0, 2, 99));
+    let pos = w.log_len();
+    w.start("b");
+    w.advance(TTL * 4);
+    assert!(clashed(&w, "b"), "{:?}", w.events("b"));
+    assert!(w.writes_by("b", pos).is_empty(), "the clone wrote subnet keys");
+    assert_eq!(w.believed("a"), Some(s));
+    w.kill("a");
+    assert!(
+        w.advance_until(TTL * 20, |w| w.believed("b") == Some(s)),
+        "the clone never took over: {:?}",
+        w.events("b")
+    );
+    assert!(w.events("b").contains(&KeeperEvent::IdentityClashOver));
     w.assert_clean();
 }

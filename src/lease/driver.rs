@@ -30,8 +30,8 @@ pub async fn execute(store: &dyn Store, node: &NodeId, action: Action) -> Action
         Action::ClaimPresence { record, ttl } => {
             ActionResult::ClaimPresence(store.claim_presence(node, &record, ttl).await)
         }
-        Action::KeepPresence { lease } => {
-            ActionResult::KeepPresence(store.keep_presence(lease).await)
+        Action::KeepPresence { lease, beat } => {
+            ActionResult::KeepPresence(store.keep_presence(node, lease, beat).await)
         }
         Action::List => ActionResult::List(store.list().await),
         Action::Create { subnet, attrs, ttl } => {
@@ -303,6 +303,11 @@ impl LeaseDriver {
                         other_ip.map(|i| i.to_string()),
                     );
                 }
+            }
+            KeeperEvent::IdentityClashOver => {
+                warn!(
+                    "identity clash over: the other process of this node is gone; acquiring a lease"
+                );
             }
             KeeperEvent::WaitingForPreviousProcess { other, wait } => {
                 info!(%other, ?wait, "a previous process of this node may still be alive; waiting for its presence to expire");

@@ -19,7 +19,7 @@
 //! | [`Store::release`] | `Range` (for the holder's public IP); `Txn(mod_revision == held ? delete key + put history : -)`; `LeaseRevoke` of the old lease |
 //! | [`Store::revoke`] | `DeleteRange` of one key (operator action) |
 //! | [`Store::claim_presence`] | `LeaseGrant`; `Txn(version == 0 ? put : get)`; if the record is ours (or unreadable), `Txn(mod_revision == seen ? put : get)`; `LeaseRevoke` of whichever lease ends up unused |
-//! | [`Store::keep_presence`] | one `LeaseKeepAlive` round trip |
+//! | [`Store::keep_presence`] | with `beat`, `Txn(lease == ours ? put key, value and lease kept : -)`; one `LeaseKeepAlive` round trip |
 //! | [`Store::drop_presence`] | `Txn(lease == ours ? delete : -)`; `LeaseRevoke` |
 //! | [`Store::watch`] | `Watch` from a start revision (prefix, or one key) |
 //!
@@ -811,7 +811,10 @@ impl Store for EtcdStore {
             match parse_presence(kv) {
                 Some(seen) if seen.incarnation != record.incarnation => {
                     self.revoke_lease(&mut c, lease).await;
-                    return Ok(PresenceOutcome::HeldBy(seen));
+                    return Ok(PresenceOutcome::HeldBy {
+                        record: seen,
+                        mod_revision: Revision(kv.mod_revision()),
+                    });
                 }
                 Some(_) => {
                     // Our own earlier claim (a retry after a lost answer): move it to the new
@@ -851,8 +854,27 @@ impl Store for EtcdStore {
         ))))
     }
 
-    async fn keep_presence(&self, lease: StoreLeaseId) -> Result<bool, StoreError> {
+    async fn keep_presence(
+        &self,
+        node: &NodeId,
+        lease: StoreLeaseId,
+        beat: bool,
+    ) -> Result<bool, StoreError> {
         let mut c = self.client().await?;
+        if beat {
+            // Rewrite the key in place (value and lease kept) only while it is on our lease.
+            let key = self.node_key(node);
+            let txn = Txn::new()
+                .when([Compare::lease(key.clone(), CompareOp::Equal, lease.0)])
+                .and_then([TxnOp::put(
+                    key,
+                    Vec::new(),
+                    Some(PutOptions::new().with_ignore_value().with_ignore_lease()),
+                )]);
+            if !self.call(c.txn(txn)).await?.succeeded() {
+                return Ok(false);
+            }
+        }
         // etcd-client sends one keep-alive and reads the first answer; a TTL <= 0 in it (the
         // lease is gone) comes back as `LeaseKeepAliveError`. Dropping the keeper ends the
         // stream: the caller paces keep-alives itself.

@@ -21,7 +21,13 @@
 //!   subnet by [`super::policy`], then [`KeeperEvent::SubnetChanged`].
 //! - A key rewritten by this node's identity but another incarnation, or a presence key kept
 //!   alive by one, is a clone or a second daemon: [`KeeperEvent::IdentityClash`]; the keeper
-//!   stops writing and stays not ready.
+//!   writes no lease and stays not ready, but the clash is not terminal: it keeps trying to
+//!   claim presence with backoff, and once the other process is gone it acquires again
+//!   ([`KeeperEvent::IdentityClashOver`]).
+//! - "Kept alive" means the presence key *beats*: a live process rewrites it every presence
+//!   TTL, so its mod revision moves. A dead process's key can outlive its TTL (etcd raises a
+//!   short TTL to its minimum, and every leader change extends every lease), but it never
+//!   beats: a fast restart waits for it to go and is never a clash.
 //! - The lease is renewed at half the TTL and never later than `expiry − margin`; a failed
 //!   renewal is retried with backoff until the local expiry, and after it (then reclaimed).
 
@@ -33,7 +39,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::policy::{self, Choice, CreateReason};
-use super::record::{Incarnation, LeaseAttrs, NodeId, StoreLeaseId, StoredLease, Subnet};
+use super::record::{Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet};
 use super::store::{
     CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
     RenewOutcome, StoreError,
@@ -41,9 +47,14 @@ use super::store::{
 use crate::config::NetworkConfig;
 use crate::time::Instant;
 
-/// How many presence TTLs another incarnation's presence key must stay before it counts as a
-/// live process (a clone) rather than a dead one whose key has not been removed yet.
-pub const CLASH_AFTER_TTLS: u32 = 3;
+/// How long another incarnation's presence key may stand without beating before it counts as
+/// live anyway (a process that keeps the lease alive but never beats, such as an older weft),
+/// in presence TTLs, and at least [`CLASH_AFTER_MIN`]. A beat is proof at once.
+pub const CLASH_AFTER_TTLS: u32 = 10;
+
+/// The least wait before a presence key that never beats counts as live: long enough for etcd's
+/// minimum lease TTL and a few leader changes, each of which extends every lease.
+pub const CLASH_AFTER_MIN: Duration = Duration::from_secs(60);
 
 /// What the keeper needs to know, fixed for its lifetime.
 #[derive(Clone, Debug)]
@@ -97,6 +108,8 @@ pub enum Action {
     KeepPresence {
         /// The presence lease.
         lease: StoreLeaseId,
+        /// Also rewrite the key, so that a process waiting on it sees it beat.
+        beat: bool,
     },
     /// [`super::store::Store::list`].
     List,
@@ -223,6 +236,9 @@ pub enum KeeperEvent {
         /// Its public IP.
         other_ip: Option<Ipv4Addr>,
     },
+    /// The other process of an identity clash is gone (its presence key expired or was
+    /// dropped): this process claimed presence and acquires a lease again.
+    IdentityClashOver,
     /// A previous process of this node still has its presence key; waiting for it to expire.
     WaitingForPreviousProcess {
         /// Its incarnation.
@@ -263,8 +279,18 @@ pub enum Readiness {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Presence {
     Unclaimed,
-    Claimed { lease: StoreLeaseId, keep_at: Instant },
-    WaitingFor { other: Incarnation, since: Instant },
+    Claimed {
+        lease: StoreLeaseId,
+        keep_at: Instant,
+        beat_at: Instant,
+    },
+    /// Another incarnation's presence key stands; `seen` is its mod revision when first seen:
+    /// if it moves, that process is alive.
+    WaitingFor {
+        other: Incarnation,
+        since: Instant,
+        seen: Revision,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -279,7 +305,7 @@ enum Phase {
     Held,
     /// Our key vanished; create it again.
     Reclaim { subnet: Subnet },
-    /// Another process carries our identity. We write nothing more.
+    /// Another process carries our identity. We write no lease; we retry claiming presence.
     Clash { reason: String },
     /// No free subnet.
     Exhausted,
@@ -290,7 +316,7 @@ enum Phase {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum InFlight {
     ClaimPresence,
-    KeepPresence,
+    KeepPresence { beat: bool },
     List,
     Create,
     Renew,
@@ -446,7 +472,10 @@ impl Keeper {
         let kind = self.in_flight.take().map(|(k, _)| k);
         match result {
             ActionResult::ClaimPresence(r) => self.on_claim_presence(now, r),
-            ActionResult::KeepPresence(r) => self.on_keep_presence(now, r),
+            ActionResult::KeepPresence(r) => {
+                let beat = matches!(kind, Some(InFlight::KeepPresence { beat: true }));
+                self.on_keep_presence(now, r, beat)
+            }
             ActionResult::List(r) => self.on_list(now, r),
             ActionResult::Create(r) => self.on_create(issued, now, r),
             ActionResult::Renew(r) => self.on_renew(issued, now, r),
@@ -497,7 +526,7 @@ impl Keeper {
         let mut t: Option<Instant> = None;
         let mut at = |x: Instant| t = Some(t.map_or(x, |t| t.min(x)));
         match (&self.phase, &self.presence) {
-            (Phase::Clash { .. }, _) => {}
+            (Phase::Clash { .. }, _) => at(self.retry_at),
             (_, Presence::Unclaimed | Presence::WaitingFor { .. }) => at(self.retry_at),
             (_, Presence::Claimed { keep_at, .. }) => at(*keep_at),
         }
@@ -536,7 +565,18 @@ impl Keeper {
             return self.next_stop_action();
         }
         if matches!(self.phase, Phase::Clash { .. }) {
-            return None;
+            // Only presence, create-if-absent: it succeeds once the other process is gone.
+            if now < self.retry_at {
+                return None;
+            }
+            let record = PresenceRecord {
+                incarnation: self.cfg.incarnation.clone(),
+                public_ip: self.attrs.public_ip,
+            };
+            return Some((
+                InFlight::ClaimPresence,
+                Action::ClaimPresence { record, ttl: self.cfg.presence_ttl },
+            ));
         }
         match self.presence {
             Presence::Unclaimed | Presence::WaitingFor { .. } => {
@@ -552,8 +592,12 @@ impl Keeper {
                     Action::ClaimPresence { record, ttl: self.cfg.presence_ttl },
                 ));
             }
-            Presence::Claimed { lease, keep_at } if now >= keep_at => {
-                return Some((InFlight::KeepPresence, Action::KeepPresence { lease }));
+            Presence::Claimed { lease, keep_at, beat_at } if now >= keep_at => {
+                let beat = now >= beat_at;
+                return Some((
+                    InFlight::KeepPresence { beat },
+                    Action::KeepPresence { lease, beat },
+                ));
             }
             Presence::Claimed { .. } => {}
         }
@@ -636,12 +680,12 @@ impl Keeper {
         self.last_subnet = Some(held.subnet);
     }
 
-    fn clash(&mut self, other: Option<Incarnation>, other_ip: Option<Ipv4Addr>) {
+    fn clash(&mut self, now: Instant, other: Option<Incarnation>, other_ip: Option<Ipv4Addr>) {
         let reason = format!(
             "identity clash: another live process ({}, {}) carries node ID {}; this host looks \
              like a clone of it or runs a second weft with the same --state-dir. This process \
-             writes nothing more. Give one of them a fresh identity: stop it, delete \
-             <state-dir>/node-id, start it again",
+             writes no lease and takes over only once the other is gone. Give one of them a \
+             fresh identity: stop it, delete <state-dir>/node-id, start it again",
             other
                 .as_ref()
                 .map_or("unknown incarnation".to_string(), |i| format!("incarnation {i}")),
@@ -651,6 +695,11 @@ impl Keeper {
         self.events.push_back(KeeperEvent::IdentityClash { other, other_ip });
         self.held = None;
         self.phase = Phase::Clash { reason };
+        // Our presence, if any, lapses: the other process may keep or take it. Retry claiming
+        // it after one presence TTL, then with backoff.
+        self.presence = Presence::Unclaimed;
+        self.retry_delay = self.cfg.presence_ttl.max(self.cfg.retry_min);
+        self.backoff(now);
     }
 
     fn lost(&mut self, subnet: Subnet, current: Option<&StoredLease>, reason: LossReason) {
@@ -667,38 +716,54 @@ impl Keeper {
     fn on_claim_presence(&mut self, now: Instant, r: Result<PresenceOutcome, StoreError>) {
         match r {
             Ok(PresenceOutcome::Claimed(lease)) => {
-                self.presence =
-                    Presence::Claimed { lease, keep_at: now + self.cfg.presence_ttl / 3 };
+                self.presence = Presence::Claimed {
+                    lease,
+                    keep_at: now + self.cfg.presence_ttl / 3,
+                    beat_at: now + self.cfg.presence_ttl,
+                };
                 self.clear_backoff(now);
+                if matches!(self.phase, Phase::Clash { .. }) {
+                    self.events.push_back(KeeperEvent::IdentityClashOver);
+                    self.phase = Phase::Acquire;
+                }
             }
-            Ok(PresenceOutcome::HeldBy(other)) => match &self.presence {
-                // Seen before and still there several presence TTLs later: someone keeps it
-                // alive. One TTL is not enough evidence: etcd revokes expired leases late, and a
-                // new leader extends every lease by its TTL, so a dead process's key can
-                // outlive its TTL.
-                Presence::WaitingFor { other: o, since }
-                    if *o == other.incarnation
-                        && now.saturating_since(*since)
-                            >= self.cfg.presence_ttl * CLASH_AFTER_TTLS =>
+            // Still clashing: the other process is there. Retry with backoff.
+            Ok(PresenceOutcome::HeldBy { .. }) if matches!(self.phase, Phase::Clash { .. }) => {
+                self.backoff(now);
+            }
+            Ok(PresenceOutcome::HeldBy { record: other, mod_revision }) => match &self.presence {
+                // The key beat since we first saw it: its process is alive.
+                Presence::WaitingFor { other: o, seen, .. }
+                    if *o == other.incarnation && *seen != mod_revision =>
                 {
-                    self.clash(Some(other.incarnation), Some(other.public_ip));
+                    self.clash(now, Some(other.incarnation), Some(other.public_ip));
+                }
+                // It never beat, but stood far longer than etcd keeps a dead process's key.
+                Presence::WaitingFor { other: o, since, .. }
+                    if *o == other.incarnation
+                        && now.saturating_since(*since) >= self.clash_after() =>
+                {
+                    self.clash(now, Some(other.incarnation), Some(other.public_ip));
                 }
                 Presence::WaitingFor { other: o, .. } if *o == other.incarnation => {
                     self.retry_at = now + self.cfg.presence_ttl / 4;
                 }
                 _ => {
-                    let wait = self.cfg.presence_ttl * CLASH_AFTER_TTLS;
                     self.events.push_back(KeeperEvent::WaitingForPreviousProcess {
                         other: other.incarnation.clone(),
-                        wait,
+                        wait: self.clash_after(),
                     });
                     if self.phase == Phase::Held {
                         // We hold a lease and lost presence to another live process: a clone
                         // started while we were away. Do not fight.
-                        self.clash(Some(other.incarnation), Some(other.public_ip));
+                        self.clash(now, Some(other.incarnation), Some(other.public_ip));
                         return;
                     }
-                    self.presence = Presence::WaitingFor { other: other.incarnation, since: now };
+                    self.presence = Presence::WaitingFor {
+                        other: other.incarnation,
+                        since: now,
+                        seen: mod_revision,
+                    };
                     self.retry_at = now + self.cfg.presence_ttl / 4;
                 }
             },
@@ -709,12 +774,21 @@ impl Keeper {
         }
     }
 
-    fn on_keep_presence(&mut self, now: Instant, r: Result<bool, StoreError>) {
+    /// How long a presence key that never beats may stand before it counts as live.
+    fn clash_after(&self) -> Duration {
+        (self.cfg.presence_ttl * CLASH_AFTER_TTLS).max(CLASH_AFTER_MIN)
+    }
+
+    fn on_keep_presence(&mut self, now: Instant, r: Result<bool, StoreError>, beat: bool) {
         match r {
             Ok(true) => {
-                if let Presence::Claimed { lease, .. } = self.presence {
-                    self.presence =
-                        Presence::Claimed { lease, keep_at: now + self.cfg.presence_ttl / 3 };
+                if let Presence::Claimed { lease, beat_at, .. } = self.presence {
+                    let beat_at = if beat { now + self.cfg.presence_ttl } else { beat_at };
+                    self.presence = Presence::Claimed {
+                        lease,
+                        keep_at: now + self.cfg.presence_ttl / 3,
+                        beat_at,
+                    };
                 }
             }
             // Expired (suspend, partition): claim it again; a clone may have it by now.
@@ -724,9 +798,9 @@ impl Keeper {
             }
             Err(e) => {
                 self.trouble("keep presence", &e, now);
-                if let Presence::Claimed { lease, .. } = self.presence {
+                if let Presence::Claimed { lease, beat_at, .. } = self.presence {
                     let delay = self.cfg.retry_min.max(self.cfg.presence_ttl / 6);
-                    self.presence = Presence::Claimed { lease, keep_at: now + delay };
+                    self.presence = Presence::Claimed { lease, keep_at: now + delay, beat_at };
                 }
             }
         }
@@ -812,7 +886,7 @@ impl Keeper {
                 }
             }
             Ok(CreateOutcome::Exists(Some(current))) if current.attrs.is_node(&self.cfg.node) => {
-                self.clash(current.attrs.incarnation.clone(), Some(current.attrs.public_ip));
+                self.clash(now, current.attrs.incarnation.clone(), Some(current.attrs.public_ip));
             }
             Ok(CreateOutcome::Exists(current)) => {
                 if reclaim {
@@ -881,7 +955,7 @@ impl Keeper {
                 }
             }
             Ok(RenewOutcome::Changed(Some(current))) if current.attrs.is_node(&self.cfg.node) => {
-                self.clash(current.attrs.incarnation.clone(), Some(current.attrs.public_ip));
+                self.clash(now, current.attrs.incarnation.clone(), Some(current.attrs.public_ip));
             }
             Ok(RenewOutcome::Changed(_)) if adopting => {
                 // It changed between our listing and our adopt; look again.

@@ -872,7 +872,10 @@ impl Store for MemoryClient {
                 None => None,
                 Some(kv) => match serde_json::from_slice::<PresenceRecord>(&kv.value) {
                     Ok(other) if other.incarnation != record.incarnation => {
-                        return Ok(PresenceOutcome::HeldBy(other));
+                        return Ok(PresenceOutcome::HeldBy {
+                            record: other,
+                            mod_revision: Revision(kv.mod_revision),
+                        });
                     }
                     // Ours from an earlier claim; or garbage, which names no live process.
                     _ => Some(kv.lease),
@@ -890,8 +893,26 @@ impl Store for MemoryClient {
         })
     }
 
-    async fn keep_presence(&self, lease: StoreLeaseId) -> Result<bool, StoreError> {
-        self.call(|w, _| {
+    async fn keep_presence(
+        &self,
+        node: &NodeId,
+        lease: StoreLeaseId,
+        beat: bool,
+    ) -> Result<bool, StoreError> {
+        self.call(|w, client| {
+            if beat {
+                let key = w.node_key(node);
+                let Some(kv) = w.kv.get(&key).filter(|kv| kv.lease == lease.0) else {
+                    return Ok(false);
+                };
+                let value = kv.value.clone();
+                // Not a subnet key: the kind goes nowhere.
+                w.client_commit(
+                    client,
+                    WriteKind::Raw,
+                    vec![Op::Put { key, value, lease: lease.0 }],
+                )?;
+            }
             let now = w.clock.now();
             Ok(match w.leases.get_mut(&lease.0) {
                 Some(state) => {
@@ -1422,10 +1443,12 @@ mod tests {
         else {
             panic!("expected Claimed");
         };
-        assert_eq!(
-            block_on(clone.claim_presence(&n, &theirs, ttl)).unwrap(),
-            PresenceOutcome::HeldBy(mine.clone())
-        );
+        let held_by = |o: PresenceOutcome| match o {
+            PresenceOutcome::HeldBy { record, mod_revision } => (record, mod_revision),
+            other => panic!("expected HeldBy, got {other:?}"),
+        };
+        let (record, _) = held_by(block_on(clone.claim_presence(&n, &theirs, ttl)).unwrap());
+        assert_eq!(record, mine);
         // Claiming again with our own incarnation moves it to a new lease; the old one goes.
         let PresenceOutcome::Claimed(again) =
             block_on(first.claim_presence(&n, &mine, ttl)).unwrap()
@@ -1433,20 +1456,23 @@ mod tests {
             panic!("expected Claimed");
         };
         assert_ne!(again, lease);
-        assert!(!block_on(first.keep_presence(lease)).unwrap());
-        // Kept alive past its TTL.
+        assert!(!block_on(first.keep_presence(&n, lease, false)).unwrap());
+        assert!(!block_on(first.keep_presence(&n, lease, true)).unwrap(), "not on that lease");
+        // Kept alive past its TTL; a keep-alive alone leaves the key as it is, a beat moves it.
+        let (_, before) = held_by(block_on(clone.claim_presence(&n, &theirs, ttl)).unwrap());
         clock.advance(secs(1));
-        assert!(block_on(first.keep_presence(again)).unwrap());
+        assert!(block_on(first.keep_presence(&n, again, false)).unwrap());
+        let (_, kept) = held_by(block_on(clone.claim_presence(&n, &theirs, ttl)).unwrap());
+        assert_eq!(kept, before);
         clock.advance(secs(1));
-        assert!(block_on(first.keep_presence(again)).unwrap());
+        assert!(block_on(first.keep_presence(&n, again, true)).unwrap());
         clock.advance(secs(1));
-        assert!(matches!(
-            block_on(clone.claim_presence(&n, &theirs, ttl)).unwrap(),
-            PresenceOutcome::HeldBy(_)
-        ));
+        let (record, beat) = held_by(block_on(clone.claim_presence(&n, &theirs, ttl)).unwrap());
+        assert_eq!(record, mine, "a beat keeps the value");
+        assert!(beat > before, "a beat moves the mod revision");
         // Not kept: expires, and the clone may claim.
         clock.advance(secs(2));
-        assert!(!block_on(first.keep_presence(again)).unwrap());
+        assert!(!block_on(first.keep_presence(&n, again, false)).unwrap());
         let PresenceOutcome::Claimed(clone_lease) =
             block_on(clone.claim_presence(&n, &theirs, ttl)).unwrap()
         else {

@@ -170,8 +170,14 @@ pub struct PresenceRecord {
 pub enum PresenceOutcome {
     /// The presence key was absent (or ours) and now carries our record on this store lease.
     Claimed(StoreLeaseId),
-    /// Another live process of the same node holds it.
-    HeldBy(PresenceRecord),
+    /// Another process of the same node holds it (alive, or dead and not yet expired).
+    HeldBy {
+        /// Its record.
+        record: PresenceRecord,
+        /// The key's mod revision: it moves while that process lives (see
+        /// [`Store::keep_presence`]'s `beat`).
+        mod_revision: Revision,
+    },
 }
 
 /// One change seen by a watch.
@@ -254,8 +260,17 @@ pub trait Store: Send + Sync {
         ttl: Duration,
     ) -> Result<PresenceOutcome, StoreError>;
 
-    /// Keeps a presence lease alive. `Ok(false)` if it has expired (claim again).
-    async fn keep_presence(&self, lease: StoreLeaseId) -> Result<bool, StoreError>;
+    /// Keeps a presence lease alive. `Ok(false)` if it has expired (claim again). With `beat`,
+    /// first rewrites `<prefix>/weft/nodes/<node>` (same value, same lease) if it is still on
+    /// `lease`, so that its mod revision moves: the proof of life that a process waiting on
+    /// the key looks for, which a dead process's key never gives however long etcd keeps it
+    /// (its minimum TTL, leader changes). `Ok(false)` too if the key is no longer on `lease`.
+    async fn keep_presence(
+        &self,
+        node: &NodeId,
+        lease: StoreLeaseId,
+        beat: bool,
+    ) -> Result<bool, StoreError>;
 
     /// Deletes our presence (clean shutdown), so a restart need not wait for it to expire.
     async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError>;

@@ -661,9 +661,11 @@ mod tests {
         }
         async fn keep_presence(
             &self,
+            node: &NodeId,
             lease: crate::lease::record::StoreLeaseId,
+            beat: bool,
         ) -> Result<bool, StoreError> {
-            self.inner.keep_presence(lease).await
+            self.inner.keep_presence(node, lease, beat).await
         }
         async fn drop_presence(
             &self,
