@@ -712,3 +712,75 @@ async fn a_network_that_would_swallow_the_underlay_is_refused_naming_the_overlap
         .unwrap();
     assert!(listing.kvs().is_empty(), "it leased nothing");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_restored_from_a_snapshot_loses_no_host_and_makes_no_false_clash() {
+    let mut etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(20));
+    let mut a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
+    let sa = a.wait_ready(READY);
+    // The backup: A's lease and presence as its first process wrote them.
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("backup.db");
+    etcd.snapshot(&snap);
+    // A restarts (a new incarnation adopts its lease), B joins; both after the backup.
+    a.kill();
+    a.start();
+    assert_eq!(a.wait_ready(READY), sa);
+    let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
+    let sb = b.wait_ready(READY);
+    sleep(4.0);
+    // Other writers move the revision far past the backup's: etcd would make a watch resuming
+    // there wait for hundreds of revisions before it delivered anything.
+    let mut c = etcd.client().await;
+    for i in 0..500 {
+        c.put(format!("{prefix}/other/{i}"), "x", None).await.unwrap();
+    }
+    sleep(2.5); // a renewal after them: the watchers resume past them
+    let before = c.get("x", None).await.unwrap().header().unwrap().revision();
+
+    etcd.restore(&snap);
+    let mut c = etcd.client().await;
+    let after = c.get("x", None).await.unwrap().header().unwrap().revision();
+    assert!(after < before, "the restore took the revision back ({before} -> {after})");
+
+    // B's lease was lost by the restore: B reclaims it. A's key holds its previous process's
+    // write: A adopts it, and calls nobody a clone.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let a_key = read_key(&mut c, &key_of(&prefix, &sa)).await;
+        let b_key = read_key(&mut c, &key_of(&prefix, &sb)).await;
+        let ok = a_key.as_ref().is_some_and(|(v, _)| v["PublicIP"] == "192.0.2.1")
+            && b_key.as_ref().is_some_and(|(v, _)| v["PublicIP"] == "192.0.2.2")
+            && a.get("/readyz").0 == 200
+            && b.get("/readyz").0 == 200;
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not settled after the restore:\n{}\n---\n{}",
+            a.log(),
+            b.log()
+        );
+        sleep(0.2);
+    }
+    assert_eq!(subnet_keys(&mut c, &prefix).await.len(), 2, "no two holders, no extra key");
+    assert!(!a.log().contains("IDENTITY CLASH"), "{}", a.log());
+    assert!(!b.log().contains("IDENTITY CLASH"), "{}", b.log());
+    // The route watchers resume in the new timeline: every lease written since the restore is
+    // routed as live (none left stale), and a host joining now is routed at once.
+    let n = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(3)));
+    n.wait_ready(READY);
+    for node in [&a, &b] {
+        let settled = || {
+            node.metric("weft_routes") == Some(2.0) && node.metric("weft_routes_stale") == Some(0.0)
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !settled() && Instant::now() < deadline {
+            sleep(0.1);
+        }
+        assert!(settled(), "{}", node.get("/metrics").1);
+    }
+}

@@ -942,8 +942,19 @@ impl WatchState {
                         }
                     } else if resp.created() && resp.events().is_empty() {
                         // The creation answer's header is the store's current revision, not how
-                        // far this watch has caught up: it carries no progress.
-                        continue;
+                        // far this watch has caught up: it carries no progress. But a current
+                        // revision below the one we resume from means the store went back in
+                        // time (a snapshot restore): etcd would wait for the revision to come
+                        // round again and deliver nothing meanwhile.
+                        let current = resp.header().map_or(0, |h| h.revision());
+                        if current > 0 && current.saturating_add(1) < self.requested.0 {
+                            Err(StoreError::Rewound {
+                                requested: self.requested,
+                                current: Revision(current),
+                            })
+                        } else {
+                            continue;
+                        }
                     } else {
                         Ok(self.store.batch_of(&resp))
                     }

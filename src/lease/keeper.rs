@@ -702,6 +702,18 @@ impl Keeper {
         self.backoff(now);
     }
 
+    /// The key carries this node's identity but another incarnation: a clone's write, or a
+    /// write of our own previous process that an etcd restore from a snapshot brought back.
+    /// Presence tells which, so claim it again before anything else: a live clone holds it and
+    /// beats (then it is a clash); if it is ours, the writer is gone and the listing adopts
+    /// the key. Nothing is written meanwhile.
+    fn written_by_our_identity(&mut self, now: Instant) {
+        self.held = None;
+        self.phase = Phase::Acquire;
+        self.presence = Presence::Unclaimed;
+        self.retry_at = now;
+    }
+
     fn lost(&mut self, subnet: Subnet, current: Option<&StoredLease>, reason: LossReason) {
         self.events.push_back(KeeperEvent::Lost {
             subnet,
@@ -754,10 +766,12 @@ impl Keeper {
                         wait: self.clash_after(),
                     });
                     if self.phase == Phase::Held {
-                        // We hold a lease and lost presence to another live process: a clone
-                        // started while we were away. Do not fight.
-                        self.clash(now, Some(other.incarnation), Some(other.public_ip));
-                        return;
+                        // We hold a lease and lost presence to another process of our identity:
+                        // a clone that started while we were away, or our own previous process
+                        // brought back by an etcd restore. Write nothing until its key either
+                        // beats (a clone: clash) or goes (then adopt our lease again).
+                        self.held = None;
+                        self.phase = Phase::Acquire;
                     }
                     self.presence = Presence::WaitingFor {
                         other: other.incarnation,
@@ -886,7 +900,7 @@ impl Keeper {
                 }
             }
             Ok(CreateOutcome::Exists(Some(current))) if current.attrs.is_node(&self.cfg.node) => {
-                self.clash(now, current.attrs.incarnation.clone(), Some(current.attrs.public_ip));
+                self.written_by_our_identity(now);
             }
             Ok(CreateOutcome::Exists(current)) => {
                 if reclaim {
@@ -955,7 +969,7 @@ impl Keeper {
                 }
             }
             Ok(RenewOutcome::Changed(Some(current))) if current.attrs.is_node(&self.cfg.node) => {
-                self.clash(now, current.attrs.incarnation.clone(), Some(current.attrs.public_ip));
+                self.written_by_our_identity(now);
             }
             Ok(RenewOutcome::Changed(_)) if adopting => {
                 // It changed between our listing and our adopt; look again.

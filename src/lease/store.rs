@@ -57,6 +57,18 @@ pub enum StoreError {
         /// The store's compaction horizon.
         compact_revision: Revision,
     },
+    /// A watch asked to start at a revision the store has not reached, although the store
+    /// had reached it before: its revisions went backwards (etcd restored from a snapshot
+    /// without `--bump-revision`). Re-list, forgetting every revision seen, then watch again.
+    #[error(
+        "the store's revision went back to {current:?} (a watch asked for {requested:?}): restored from a snapshot?"
+    )]
+    Rewound {
+        /// The revision the watch asked for.
+        requested: Revision,
+        /// The store's current revision.
+        current: Revision,
+    },
     /// The store refused the credentials. Not transient.
     #[error("store refused the credentials: {0}")]
     Auth(#[source] BoxError),
@@ -71,7 +83,10 @@ pub enum StoreError {
 impl StoreError {
     /// Whether retrying the same call later may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::Timeout(_) | Self::Compacted { .. })
+        matches!(
+            self,
+            Self::Unavailable(_) | Self::Timeout(_) | Self::Compacted { .. } | Self::Rewound { .. }
+        )
     }
 }
 

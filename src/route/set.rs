@@ -276,6 +276,19 @@ impl RouteSet {
         !visible(&self.entries, self.own).eq(visible(next, self.own))
     }
 
+    /// Forgets every revision seen, for a store whose revisions went backwards (restored from
+    /// a snapshot): the next listing sets where the watch resumes, and its keys replace the
+    /// routes (those it lacks are kept stale, as for any listing).
+    pub fn forget_revisions(&mut self) {
+        // Revisions of the old timeline would make every new event look older than the route.
+        for e in self.entries.values_mut() {
+            e.mod_revision = Revision(0);
+        }
+        self.listed_at = None;
+        self.resume = Revision(0);
+        self.needs_relist = true;
+    }
+
     /// Whether a delete was seen whose cause only a listing can tell; cleared by
     /// [`RouteSet::apply_listing`].
     pub fn needs_relist(&self) -> bool {
@@ -664,6 +677,21 @@ mod tests {
             ]
         );
         assert_eq!(s.resume_revision(), Revision(15));
+    }
+
+    #[test]
+    fn after_the_store_went_back_in_time_new_events_count_again() {
+        let mut s = set();
+        s.apply_listing(&listing(500, vec![lease("10.244.1.0/24", 1, 400)], vec![]));
+        assert_eq!(s.resume_revision(), Revision(501));
+        // Restored from a snapshot at revision 100: host 2 takes .2 at 101, .1 moves at 102.
+        s.forget_revisions();
+        assert!(s.needs_relist());
+        s.apply_listing(&listing(100, vec![lease("10.244.1.0/24", 1, 90)], vec![]));
+        assert_eq!(s.resume_revision(), Revision(101), "the watch resumes in the new timeline");
+        s.apply_batch(&put("10.244.2.0/24", 2, 101));
+        s.apply_batch(&put("10.244.1.0/24", 3, 102));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 3, false), r("10.244.2.0/24", 2, false)]);
     }
 
     #[test]

@@ -261,6 +261,12 @@ pub async fn run(
                     stream = None;
                     list_at = Some(debounced(last_list));
                 }
+                Some(Err(e @ StoreError::Rewound { .. })) => {
+                    warn!(error = %e, "the store went back in time; forgetting its revisions and re-listing");
+                    set.forget_revisions();
+                    stream = None;
+                    list_at = Some(debounced(last_list));
+                }
                 Some(Err(e)) => {
                     stats.watch_errors.fetch_add(1, Ordering::Relaxed);
                     warn!(error = %e, retry_in = ?backoff, "lease watch failed; keeping the last routes");

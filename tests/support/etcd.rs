@@ -427,6 +427,42 @@ impl EtcdServer {
         wait_member_healthy(&mut self.member);
     }
 
+    /// Saves a snapshot of the store to `file` (`etcdctl snapshot save`).
+    pub fn snapshot(&self, file: &Path) {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint(), "snapshot", "save"])
+            .arg(file)
+            .output()
+            .expect("run etcdctl");
+        assert!(out.status.success(), "snapshot save: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Replaces the store with `file`, as an operator restoring a backup does: stops etcd,
+    /// `etcdctl snapshot restore` into a fresh data dir, starts etcd on it, same ports. The
+    /// store's revision goes back to the snapshot's (etcd 3.4 has no `--bump-revision`).
+    pub fn restore(&mut self, file: &Path) {
+        self.member.kill();
+        let data_dir =
+            self.member.data_dir.with_extension(format!("restored-{}", rand::random::<u32>()));
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["snapshot", "restore"])
+            .arg(file)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(["--name", &self.member.name])
+            .args(["--initial-cluster", &self.member.initial_cluster])
+            .args(["--initial-cluster-token", "weft-test"])
+            .args(["--initial-advertise-peer-urls", &url(self.member.peer_port)])
+            .output()
+            .expect("run etcdctl");
+        assert!(out.status.success(), "snapshot restore: {}", String::from_utf8_lossy(&out.stderr));
+        self.member.data_dir = data_dir;
+        self.member.spawn();
+        wait_member_healthy(&mut self.member);
+    }
+
     /// A raw etcd-client connection (plain servers only), for a test to write what weft never
     /// would.
     pub async fn client(&self) -> etcd_client::Client {
