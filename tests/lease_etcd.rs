@@ -784,3 +784,75 @@ async fn etcd_restored_from_a_snapshot_loses_no_host_and_makes_no_false_clash() 
         assert!(settled(), "{}", node.get("/metrics").1);
     }
 }
+
+/// `weft network set` with extra flags (TLS files, credentials).
+fn set_network_with(endpoint: &str, prefix: &str, json: &str, extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("net.json");
+    std::fs::write(&f, json).unwrap();
+    let mut args = vec!["network", "set", f.to_str().unwrap(), "--etcd-endpoints", endpoint];
+    args.extend(["--etcd-prefix", prefix]);
+    args.extend(extra);
+    let (code, out, err) = weft_cli(&args);
+    assert_eq!(code, 0, "network set failed: {out}{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_ca_file_alone_is_enough_and_a_wrong_ca_is_refused() {
+    // The README promises TLS with only --etcd-cafile: an etcd that asks no client certificate.
+    let dir = tempfile::tempdir().unwrap();
+    let files = support::etcd::TlsFiles::generate(dir.path());
+    let etcd = EtcdServer::start_tls_server_only(&files);
+    assert!(etcd.endpoint().starts_with("https://"));
+    let prefix = unique_prefix();
+    let ca = files.ca.to_str().unwrap().to_owned();
+    set_network_with(&etcd.endpoint(), &prefix, &network_of(20), &["--etcd-cafile", &ca]);
+    let mut o = NodeOptions::new(etcd.endpoint(), &prefix, ip(1));
+    o.extra = vec!["--etcd-cafile".into(), ca.clone()];
+    let a = WeftNode::spawn(o);
+    a.wait_ready(READY);
+    let mut o = NodeOptions::new(etcd.endpoint(), &prefix, ip(2));
+    o.extra = vec!["--etcd-cafile".into(), ca];
+    let b = WeftNode::spawn(o);
+    b.wait_ready(READY);
+    assert_eq!(a.metric("weft_routes"), Some(1.0), "the watch runs over TLS too");
+    // A CA that did not sign the server's certificate: never ready, and it says why.
+    let mut o = NodeOptions::new(etcd.endpoint(), &prefix, ip(3));
+    o.extra = vec!["--etcd-cafile".into(), files.other_ca.to_str().unwrap().to_owned()];
+    let mut c = WeftNode::spawn(o);
+    sleep(3.0);
+    assert_ne!(c.get("/readyz").0, 200);
+    let log = c.log().to_lowercase();
+    assert!(log.contains("certificate") || log.contains("tls") || !c.running(), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiring_auth_token_is_renewed_over_a_long_run() {
+    // Simple tokens that expire after 1 s unused: renewals every 2 s find them expired.
+    let etcd = EtcdServer::start_with_flags(&["--auth-token", "simple", "--auth-token-ttl", "1"]);
+    let mut raw = etcd.client().await;
+    raw.user_add("root", "rootpw", None).await.unwrap();
+    raw.user_grant_role("root", "root").await.unwrap();
+    raw.auth_enable().await.unwrap();
+    let prefix = unique_prefix();
+    let creds = ["--etcd-username", "root", "--etcd-password", "rootpw"];
+    set_network_with(&etcd.endpoint(), &prefix, &network_of(20), &creds);
+    let mut o = NodeOptions::new(etcd.endpoint(), &prefix, ip(1));
+    o.extra = creds.iter().map(|s| s.to_string()).collect();
+    let a = WeftNode::spawn(o.clone());
+    a.wait_ready(READY);
+    let renewed = a.metric("weft_lease_renewals_total").unwrap_or(0.0);
+    sleep(9.0); // many token lifetimes
+    assert!(a.metric("weft_lease_renewals_total").unwrap_or(0.0) >= renewed + 3.0, "{}", a.log());
+    assert_eq!(a.get("/readyz").0, 200, "{}", a.log());
+    // A host that joins now is watched, and routed, through a fresh token.
+    o.public_ip = ip(2);
+    let b = WeftNode::spawn(o);
+    b.wait_ready(READY);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.metric("weft_routes") != Some(1.0) && Instant::now() < deadline {
+        sleep(0.1);
+    }
+    assert_eq!(a.metric("weft_routes"), Some(1.0), "{}", a.log());
+    assert!(!a.log().contains("refused the credentials"), "{}", a.log());
+}

@@ -163,6 +163,8 @@ struct ServerTls {
     cert: PathBuf,
     key: PathBuf,
     ca: PathBuf,
+    /// `--client-cert-auth`: clients must show a certificate signed by `ca`.
+    client_auth: bool,
 }
 
 /// One etcd process and everything needed to start it again the same way.
@@ -178,6 +180,8 @@ struct Member {
     initial_cluster: String,
     /// Raft timing (heartbeat, election) in ms; `None` keeps etcd's defaults (100, 1000).
     timing: Option<(u32, u32)>,
+    /// More flags, e.g. `--auth-token-ttl`.
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
@@ -216,12 +220,13 @@ impl Member {
                 .arg(&tls.cert)
                 .arg("--key-file")
                 .arg(&tls.key)
-                .arg("--trusted-ca-file")
-                .arg(&tls.ca)
-                .arg("--client-cert-auth")
                 .arg("--listen-metrics-urls")
                 .arg(url(self.health_port));
+            if tls.client_auth {
+                cmd.arg("--trusted-ca-file").arg(&tls.ca).arg("--client-cert-auth");
+            }
         }
+        cmd.args(&self.extra);
         if let Some((heartbeat, election)) = self.timing {
             cmd.arg("--heartbeat-interval")
                 .arg(heartbeat.to_string())
@@ -340,7 +345,33 @@ impl EtcdServer {
     /// # Panics
     /// If etcd is not installed, or does not become healthy in time.
     pub fn start() -> Self {
-        Self::start_with(None)
+        Self::start_with(None, &[])
+    }
+
+    /// Starts a single-member etcd with more flags (e.g. `--auth-token-ttl 2`).
+    ///
+    /// # Panics
+    /// As [`EtcdServer::start`].
+    pub fn start_with_flags(flags: &[&str]) -> Self {
+        Self::start_with(None, flags)
+    }
+
+    /// Starts a single-member etcd whose client port speaks TLS only, with the server's
+    /// certificate, and takes any client (no client certificates): a client needs only the CA
+    /// file to trust it.
+    ///
+    /// # Panics
+    /// As [`EtcdServer::start`].
+    pub fn start_tls_server_only(files: &TlsFiles) -> Self {
+        Self::start_with(
+            Some(ServerTls {
+                cert: files.server_cert.clone(),
+                key: files.server_key.clone(),
+                ca: files.ca.clone(),
+                client_auth: false,
+            }),
+            &[],
+        )
     }
 
     /// Starts a single-member etcd whose client port speaks TLS only and requires a client
@@ -349,14 +380,18 @@ impl EtcdServer {
     /// # Panics
     /// As [`EtcdServer::start`].
     pub fn start_tls(files: &TlsFiles) -> Self {
-        Self::start_with(Some(ServerTls {
-            cert: files.server_cert.clone(),
-            key: files.server_key.clone(),
-            ca: files.ca.clone(),
-        }))
+        Self::start_with(
+            Some(ServerTls {
+                cert: files.server_cert.clone(),
+                key: files.server_key.clone(),
+                ca: files.ca.clone(),
+                client_auth: true,
+            }),
+            &[],
+        )
     }
 
-    fn start_with(tls: Option<ServerTls>) -> Self {
+    fn start_with(tls: Option<ServerTls>, flags: &[&str]) -> Self {
         let dir =
             tempfile::Builder::new().prefix("weft-etcd-").tempdir().expect("create a temp dir");
         let mut last_error = String::new();
@@ -375,6 +410,7 @@ impl EtcdServer {
                 log: dir.path().join("etcd.log"),
                 initial_cluster: format!("n0={}", url(peer_port)),
                 timing: None,
+                extra: flags.iter().map(|f| f.to_string()).collect(),
                 child: None,
             };
             member.spawn();
@@ -521,6 +557,7 @@ impl EtcdCluster {
                     initial_cluster: initial_cluster.clone(),
                     // Faster elections than the default 1 s keep failover tests short.
                     timing: Some((50, 500)),
+                    extra: Vec::new(),
                     child: None,
                 })
                 .collect();
