@@ -7,7 +7,6 @@
 //! SIGINT. On shutdown the lease is kept for a restart unless `--relinquish-on-exit` is given.
 
 use std::fs;
-use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,6 +16,7 @@ use anyhow::{Context, bail};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use crate::atomic_file;
 use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
 use crate::dataplane::driver::{Dataplane, DataplaneConfig, DataplaneError};
 use crate::dataplane::sys::{self, TunError, TunStatus};
@@ -80,35 +80,47 @@ pub struct RunOptions {
     pub one_thread: bool,
 }
 
+/// The longest state file weft reads (a node ID or a MAC is a few dozen bytes).
+const MAX_STATE_FILE_LEN: u64 = 4096;
+
 /// The node's persistent identity, from `<state-dir>/node-id` (created on first start).
 pub fn load_node_id(state_dir: &Path) -> anyhow::Result<NodeId> {
     let path = state_dir.join("node-id");
-    match fs::read_to_string(&path) {
-        Ok(text) => NodeId::parse(text.trim()).map_err(|e| {
-            anyhow::anyhow!(
-                "{}: not a valid node ID ({e}). It is this node's identity, so weft will not \
-                 guess: delete the file to give this node a new identity",
-                path.display()
-            )
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    match atomic_file::read(&path, MAX_STATE_FILE_LEN) {
+        Ok(Some(bytes)) => {
+            let text = String::from_utf8_lossy(&bytes);
+            NodeId::parse(text.trim()).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: not a valid node ID ({e}). It is this node's identity, so weft will \
+                     not guess: delete the file to give this node a new identity",
+                    path.display()
+                )
+            })
+        }
+        Ok(None) => {
             let id = NodeId::generate();
             write_state_file(state_dir, "node-id", id.as_str())?;
             info!(node_id = %id, path = %path.display(), "generated a new node identity");
             Ok(id)
         }
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        Err(e) => Err(e).context(
+            "reading this node's identity; weft will not guess it: fix or delete the file",
+        ),
     }
 }
 
 /// A stable, locally administered unicast MAC for the VTEP, kept in `<state-dir>/vtep-mac`.
 pub fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<[u8; 6]> {
     let path = state_dir.join("vtep-mac");
-    if let Ok(text) = fs::read_to_string(&path) {
-        if let Some(mac) = parse_mac(text.trim()) {
-            return Ok(mac);
+    match atomic_file::read(&path, MAX_STATE_FILE_LEN) {
+        Ok(Some(bytes)) => {
+            if let Some(mac) = std::str::from_utf8(&bytes).ok().and_then(|t| parse_mac(t.trim())) {
+                return Ok(mac);
+            }
+            warn!(path = %path.display(), "ignoring an unreadable VTEP MAC file; generating a new MAC");
         }
-        warn!(path = %path.display(), "ignoring an unreadable VTEP MAC file; generating a new MAC");
+        Ok(None) => {}
+        Err(e) => warn!(error = %e, "ignoring the VTEP MAC file; generating a new MAC"),
     }
     let mut mac: [u8; 6] = rand::random();
     mac[0] = (mac[0] & 0xfe) | 0x02;
@@ -116,14 +128,17 @@ pub fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<[u8; 6]> {
     Ok(mac)
 }
 
+/// Writes `<dir>/<name>` (a line) with [`atomic_file::write`], mode 0600; creates the state dir
+/// (0700) if missing.
 fn write_state_file(dir: &Path, name: &str, contents: &str) -> anyhow::Result<()> {
-    fs::create_dir_all(dir).with_context(|| format!("creating state dir {}", dir.display()))?;
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let mut f = fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(contents.as_bytes())?;
-    f.write_all(b"\n")?;
-    f.sync_all()?;
-    fs::rename(&tmp, dir.join(name)).with_context(|| format!("renaming into {}", dir.display()))?;
+    atomic_file::create_dir(dir, atomic_file::PRIVATE_DIR_MODE)
+        .context("creating the state dir")?;
+    atomic_file::write(
+        &dir.join(name),
+        format!("{contents}\n").as_bytes(),
+        atomic_file::PRIVATE_MODE,
+    )
+    .context("writing a state file")?;
     Ok(())
 }
 
@@ -551,5 +566,32 @@ mod tests {
         fs::write(dir.path().join("node-id"), "NOT AN ID!").unwrap();
         let e = load_node_id(dir.path()).unwrap_err().to_string();
         assert!(e.contains("node-id") && e.contains("delete the file"), "{e}");
+    }
+
+    #[test]
+    fn state_files_are_private_and_symlinks_are_not_followed() {
+        use std::os::unix::fs::{PermissionsExt as _, symlink};
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        load_vtep_mac(&state).unwrap();
+        assert_eq!(mode(&state), 0o700);
+        assert_eq!(mode(&state.join("vtep-mac")), 0o600);
+        load_node_id(&state).unwrap();
+        assert_eq!(mode(&state.join("node-id")), 0o600);
+
+        // A symlinked node-id is refused, naming it, not followed.
+        let outside = tmp.path().join("outside");
+        fs::write(&outside, b"precious").unwrap();
+        fs::remove_file(state.join("node-id")).unwrap();
+        symlink(&outside, state.join("node-id")).unwrap();
+        let e = format!("{:#}", load_node_id(&state).unwrap_err());
+        assert!(e.contains("node-id: is a symbolic link"), "{e}");
+        // A symlinked vtep-mac is replaced by a file of a new MAC; the target is untouched.
+        fs::remove_file(state.join("vtep-mac")).unwrap();
+        symlink(&outside, state.join("vtep-mac")).unwrap();
+        load_vtep_mac(&state).unwrap();
+        assert!(fs::symlink_metadata(state.join("vtep-mac")).unwrap().is_file());
+        assert_eq!(fs::read(&outside).unwrap(), b"precious");
     }
 }

@@ -17,7 +17,7 @@
 //! the kernel releases a `flock` and detaches a TUN queue when the file is closed, however the
 //! process ends.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
@@ -90,13 +90,16 @@ impl StateDirLock {
     pub fn try_acquire(state_dir: &Path) -> Result<Attempt, LockError> {
         let path = state_dir.join(LOCK_FILE);
         let open_err = |source| LockError::Open { path: path.clone(), source };
-        fs::create_dir_all(state_dir).map_err(open_err)?;
+        crate::atomic_file::create_dir(state_dir, crate::atomic_file::PRIVATE_DIR_MODE)
+            .map_err(|e| open_err(e.source))?;
+        // O_NOFOLLOW: the PID is written into it, never into a file a symlink points at.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .map_err(open_err)?;
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
@@ -174,6 +177,8 @@ pub async fn wait_while_busy(
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     /// `flock` locks belong to an open file description: a second open of the same file, in

@@ -16,10 +16,13 @@
 //! - [`daemon`] wires them into `weft run`; [`health`] serves `/healthz`, `/readyz`, `/metrics`;
 //!   [`instance`] keeps a second `weft run` on the same state dir or TUN device waiting.
 //!
+//! Files weft owns (`subnet.env`, the state dir) are written and read by [`atomic_file`].
+//!
 //! Time comes from [`time`]: a boot-time clock for drivers, a manual clock for tests.
 
 #![warn(missing_docs)]
 
+pub mod atomic_file;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;

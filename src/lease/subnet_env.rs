@@ -25,15 +25,15 @@
 //!   before its final newline loses a key or leaves an invalid value.
 //! - [`write_atomic`] replaces the file by renaming a complete, fsynced temp file over it (like
 //!   flannel's `renameio.WriteFile`), so a reader sees the old file or the new one, never a mix.
+//!   Both directions go through [`crate::atomic_file`]: a symlink is neither followed on read
+//!   nor written through.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
 use std::net::Ipv4Addr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
 
+use crate::atomic_file::{self, FileError, ReadError};
 use crate::config::MAX_SUBNET_LEN;
 use crate::lease::record::Subnet;
 
@@ -73,14 +73,12 @@ pub enum LineProblem {
 /// Why `subnet.env` could not be read, written or trusted. Messages name the path or the key.
 #[derive(Debug, thiserror::Error)]
 pub enum SubnetEnvError {
-    /// Reading or writing the file (or its directory) failed.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// The file or directory the operation was on.
-        path: PathBuf,
-        /// The error.
-        source: io::Error,
-    },
+    /// Writing the file (or creating its directory) failed.
+    #[error(transparent)]
+    Io(#[from] FileError),
+    /// The file exists but could not be read (a symlink, not a regular file, an I/O error).
+    #[error(transparent)]
+    Unreadable(ReadError),
     /// The file is larger than [`MAX_FILE_LEN`].
     #[error("{}: larger than {MAX_FILE_LEN} bytes", path.display())]
     TooLarge {
@@ -340,24 +338,16 @@ fn bad_value(key: &'static str, value: &str, expected: &'static str) -> SubnetEn
     SubnetEnvError::BadValue { key, value, expected }
 }
 
-fn io_error(path: &Path) -> impl FnOnce(io::Error) -> SubnetEnvError + '_ {
-    move |source| SubnetEnvError::Io { path: path.to_owned(), source }
-}
-
-/// Reads `subnet.env`. Never fails hard: see [`ReadOutcome`].
+/// Reads `subnet.env` (without following a symlink). Never fails hard: see [`ReadOutcome`].
 pub fn read(path: &Path) -> ReadOutcome {
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return ReadOutcome::Missing,
-        Err(e) => return ReadOutcome::Corrupt(io_error(path)(e)),
+    let bytes = match atomic_file::read(path, MAX_FILE_LEN) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return ReadOutcome::Missing,
+        Err(ReadError::TooLarge { path, .. }) => {
+            return ReadOutcome::Corrupt(SubnetEnvError::TooLarge { path });
+        }
+        Err(e) => return ReadOutcome::Corrupt(SubnetEnvError::Unreadable(e)),
     };
-    let mut bytes = Vec::new();
-    if let Err(e) = file.take(MAX_FILE_LEN + 1).read_to_end(&mut bytes) {
-        return ReadOutcome::Corrupt(io_error(path)(e));
-    }
-    if bytes.len() as u64 > MAX_FILE_LEN {
-        return ReadOutcome::Corrupt(SubnetEnvError::TooLarge { path: path.to_owned() });
-    }
     let Ok(text) = String::from_utf8(bytes) else {
         return ReadOutcome::Corrupt(SubnetEnvError::NotUtf8);
     };
@@ -367,9 +357,8 @@ pub fn read(path: &Path) -> ReadOutcome {
     }
 }
 
-/// Writes `subnet.env` atomically: creates missing parent directories (mode 0755, as flannel),
-/// writes a temp file in the same directory, fsyncs it, sets mode 0644 whatever the umask,
-/// renames it over `path`, and fsyncs the directory so that the rename survives a crash.
+/// Writes `subnet.env` with [`atomic_file::write`] (mode 0644, as flannel), creating missing
+/// parent directories (mode 0755, as flannel).
 ///
 /// On failure the old file, if any, is untouched and the temp file is removed.
 ///
@@ -378,51 +367,20 @@ pub fn read(path: &Path) -> ReadOutcome {
 /// value that would not read back is never written.
 pub fn write_atomic(path: &Path, env: &SubnetEnv) -> Result<(), SubnetEnvError> {
     env.validate()?;
-    let name = path.file_name().ok_or_else(|| SubnetEnvError::Io {
-        path: path.to_owned(),
-        source: io::Error::new(io::ErrorKind::InvalidInput, "not a file path"),
-    })?;
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
-    fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(io_error(dir))?;
-
-    let (tmp, mut file) = create_temp(dir, name)?;
-    let written = file
-        .write_all(env.render().as_bytes())
-        .and_then(|()| file.set_permissions(fs::Permissions::from_mode(0o644)))
-        .and_then(|()| file.sync_all())
-        .map_err(io_error(&tmp))
-        .and_then(|()| fs::rename(&tmp, path).map_err(io_error(path)));
-    drop(file);
-    if let Err(e) = written {
-        // Best effort: the error that matters is the one being returned.
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
-}
-
-/// Creates a new temp file next to the target. The name starts with `.` so that tools globbing
-/// the directory skip it, and is random so that two writers never share one.
-fn create_temp(dir: &Path, name: &std::ffi::OsStr) -> Result<(PathBuf, File), SubnetEnvError> {
-    let mut attempts = 0;
-    loop {
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".{:016x}.tmp", rand::random::<u64>()));
-        let tmp = dir.join(tmp_name);
-        match OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp) {
-            Ok(file) => return Ok((tmp, file)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempts < 8 => attempts += 1,
-            Err(e) => return Err(io_error(&tmp)(e)),
-        }
-    }
+    atomic_file::create_dir(dir, 0o755)?;
+    atomic_file::write(path, env.render().as_bytes(), atomic_file::PUBLIC_MODE)?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt as _;
+
     use proptest::prelude::*;
 
     use super::*;
@@ -592,13 +550,19 @@ mod tests {
         let e = write_atomic(&path, &example()).unwrap_err();
         assert!(e.to_string().contains("subnet.env"), "{e}");
         assert_eq!(names(tmp.path()), ["subnet.env"]);
-        assert!(matches!(read(&path), ReadOutcome::Corrupt(SubnetEnvError::Io { .. })));
+        assert!(matches!(read(&path), ReadOutcome::Corrupt(SubnetEnvError::Unreadable(_))));
 
         // A parent that is a file.
         let plain = tmp.path().join("plain");
         fs::write(&plain, b"").unwrap();
         let e = write_atomic(&plain.join("x/subnet.env"), &example()).unwrap_err();
-        assert!(matches!(&e, SubnetEnvError::Io { path, .. } if path.ends_with("plain/x")), "{e}");
+        assert!(matches!(&e, SubnetEnvError::Io(e) if e.path.ends_with("plain/x")), "{e}");
+        // A symlinked subnet.env is not followed: it reads as corrupt and is replaced.
+        let link = tmp.path().join("link.env");
+        std::os::unix::fs::symlink(&plain, &link).unwrap();
+        assert!(matches!(read(&link), ReadOutcome::Corrupt(SubnetEnvError::Unreadable(_))));
+        write_atomic(&link, &example()).unwrap();
+        assert_eq!(fs::read(&plain).unwrap(), b"");
     }
 
     #[test]
