@@ -58,6 +58,8 @@ pub struct RunOptions {
     pub on_subnet_change: Option<String>,
     /// `--on-lease-lost`.
     pub on_lease_lost: Option<String>,
+    /// `--hook-timeout`.
+    pub hook_timeout: Duration,
     /// `--relinquish-on-exit`.
     pub relinquish_on_exit: bool,
     /// `--ip-masq` (only written to subnet.env; weft installs no iptables rules).
@@ -421,6 +423,8 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
             ip_masq: opts.ip_masq,
             on_subnet_change: opts.on_subnet_change.clone(),
             on_lease_lost: opts.on_lease_lost.clone(),
+            hook_timeout: opts.hook_timeout,
+            state_dir: opts.state_dir.clone(),
             relinquish_on_exit: opts.relinquish_on_exit,
         },
         subnet_tx,

@@ -2,8 +2,9 @@
 //! server on `--healthz-port` that serves it.
 //!
 //! - `GET /healthz`: 200 while the process runs.
-//! - `GET /readyz`: 200 only while a lease is held and not past its local expiry; else 503 with
-//!   the reason in the body (lost to whom, exhausted, clash, store unreachable, ...).
+//! - `GET /readyz`: 200 only while a lease is held, not past its local expiry, and written to
+//!   `subnet.env`; else 503 with the reason in the body (lost to whom, exhausted, clash, store
+//!   unreachable, subnet.env not writable, ...).
 //! - `GET /metrics`: Prometheus text format.
 
 use std::fmt::Write as _;
@@ -51,8 +52,10 @@ pub struct Counters {
     pub identity_clashes: AtomicU64,
     /// Times the network was found exhausted.
     pub exhaustions: AtomicU64,
-    /// Hooks that failed or exited non-zero.
+    /// Hooks that failed, timed out or exited non-zero.
     pub hook_failures: AtomicU64,
+    /// Failed attempts to write `subnet.env`.
+    pub subnet_file_write_failures: AtomicU64,
 }
 
 impl Counters {
@@ -69,6 +72,7 @@ pub type MetricsSource = Box<dyn Fn(&mut String) + Send + Sync>;
 pub struct Health {
     clock: Arc<dyn Clock>,
     lease: Mutex<LeaseStatus>,
+    subnet_file_problem: Mutex<Option<String>>,
     /// Counters; the driver bumps them.
     pub counters: Counters,
     sources: Mutex<Vec<MetricsSource>>,
@@ -86,6 +90,7 @@ impl Health {
         Self {
             clock,
             lease: Mutex::new(LeaseStatus { state: "starting", ..Default::default() }),
+            subnet_file_problem: Mutex::new(None),
             counters: Counters::default(),
             sources: Mutex::new(Vec::new()),
         }
@@ -101,6 +106,12 @@ impl Health {
         self.lease.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
+    /// Records why `subnet.env` could not be written (`None`: it is up to date). While set,
+    /// weft is not ready: the CNI plugin would read a stale or missing file.
+    pub fn set_subnet_file_problem(&self, problem: Option<String>) {
+        *self.subnet_file_problem.lock().unwrap_or_else(PoisonError::into_inner) = problem;
+    }
+
     /// Adds a metrics source.
     pub fn add_source(&self, source: MetricsSource) {
         self.sources.lock().unwrap_or_else(PoisonError::into_inner).push(source);
@@ -111,6 +122,11 @@ impl Health {
         let l = self.lease();
         if let Some(reason) = l.not_ready {
             return Err(reason);
+        }
+        if let Some(problem) =
+            self.subnet_file_problem.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        {
+            return Err(problem);
         }
         match (l.subnet, l.expires_at) {
             (Some(s), Some(exp)) if self.clock.now() < exp => {
@@ -165,7 +181,7 @@ impl Health {
             let _ = writeln!(out, "# TYPE weft_lease_info gauge");
             let _ = writeln!(out, "weft_lease_info{{subnet=\"{s}\"}} 1");
         }
-        let counters: [(&str, &str, &AtomicU64); 9] = [
+        let counters: [(&str, &str, &AtomicU64); 10] = [
             ("weft_lease_acquisitions_total", "Subnets acquired or adopted.", &c.acquisitions),
             ("weft_lease_renewals_total", "Successful lease renewals.", &c.renewals),
             ("weft_lease_losses_total", "Leases found taken by another node.", &c.losses),
@@ -184,8 +200,13 @@ impl Health {
             ("weft_lease_exhaustions_total", "Times no free subnet was found.", &c.exhaustions),
             (
                 "weft_hook_failures_total",
-                "Hooks that failed to run or exited non-zero.",
+                "Hooks that failed to run, timed out or exited non-zero.",
                 &c.hook_failures,
+            ),
+            (
+                "weft_subnet_file_write_failures_total",
+                "Failed attempts to write subnet.env.",
+                &c.subnet_file_write_failures,
             ),
         ];
         for (name, help, v) in counters {
@@ -247,6 +268,9 @@ mod tests {
             expires_at: Some(Instant::from_epoch(Duration::from_secs(10))),
             not_ready: None,
         });
+        h.set_subnet_file_problem(Some("cannot write /x/subnet.env: EROFS".into()));
+        assert!(h.readiness().unwrap_err().contains("/x/subnet.env"));
+        h.set_subnet_file_problem(None);
         assert!(h.readiness().is_ok());
         clock.advance(Duration::from_secs(11));
         assert!(h.readiness().unwrap_err().contains("past its local expiry"));

@@ -149,6 +149,9 @@ struct RunArgs {
     /// Command run (by /bin/sh -c) when this node's lease is lost to another holder.
     #[arg(long, env = "WEFT_ON_LEASE_LOST")]
     on_lease_lost: Option<String>,
+    /// A hook still running after this is killed (its whole process group) and counted failed.
+    #[arg(long, env = "WEFT_HOOK_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    hook_timeout: Duration,
     /// Delete the lease on a clean shutdown so a new node can use the subnet at once.
     #[arg(long, env = "WEFT_RELINQUISH_ON_EXIT")]
     relinquish_on_exit: bool,
@@ -274,6 +277,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 healthz_port: args.healthz_port,
                 on_subnet_change: args.on_subnet_change.clone(),
                 on_lease_lost: args.on_lease_lost.clone(),
+                hook_timeout: args.hook_timeout,
                 relinquish_on_exit: args.relinquish_on_exit,
                 ip_masq: args.ip_masq,
                 dataplane: args.dataplane == "tun",

@@ -856,3 +856,221 @@ async fn an_expiring_auth_token_is_renewed_over_a_long_run() {
     assert_eq!(a.metric("weft_routes"), Some(1.0), "{}", a.log());
     assert!(!a.log().contains("refused the credentials"), "{}", a.log());
 }
+
+/// The subnet every node of [`spawn_changing_subnet`] starts from.
+const FOREIGN: &str = "10.244.1.0/24";
+
+/// A node whose subnet changes as it starts: its subnet.env names [`FOREIGN`], which a
+/// flannel host (192.0.2.9) holds, so it takes another subnet and its subnet-change hook runs
+/// with `$1` = [`FOREIGN`]. `dir` holds its state dir and subnet file.
+async fn spawn_changing_subnet(
+    etcd: &EtcdServer,
+    prefix: &str,
+    dir: &std::path::Path,
+    edit: impl FnOnce(&mut NodeOptions),
+) -> WeftNode {
+    set_network(&etcd.endpoint(), prefix, &network_of(3));
+    let mut c = etcd.client().await;
+    c.put(key_of(prefix, FOREIGN), lease_json(9), None).await.unwrap();
+    std::fs::write(
+        dir.join("subnet.env"),
+        "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_MTU=1450\n\
+         FLANNEL_IPMASQ=false\n",
+    )
+    .unwrap();
+    let mut opts = NodeOptions::new(etcd.endpoint(), prefix, ip(1));
+    opts.dir = Some(dir.to_path_buf());
+    edit(&mut opts);
+    WeftNode::spawn(opts)
+}
+
+/// Waits up to `secs` for `f` to hold.
+fn eventually(secs: f64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    while !f() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        sleep(0.1);
+    }
+    true
+}
+
+/// Whether a process is gone (or a zombie waiting to be reaped).
+fn process_gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_see_only_their_own_variables_path_and_home_never_the_etcd_password() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("hook-env");
+    let a = spawn_changing_subnet(&etcd, &prefix, dir.path(), |o| {
+        o.extra = vec!["--on-subnet-change".into(), format!("env > {}", out.display())];
+        // etcd here has auth off; weft then connects without the credentials.
+        o.env = vec![
+            ("WEFT_ETCD_USERNAME".into(), "root".into()),
+            ("WEFT_ETCD_PASSWORD".into(), "hunter2-do-not-leak".into()),
+            ("UNRELATED_SECRET".into(), "also-not".into()),
+            ("HOME".into(), "/weft-home".into()),
+        ];
+    })
+    .await;
+    let new = a.wait_ready(READY);
+    let env = read_when_written(&out).expect("the hook ran");
+    assert!(!env.contains("hunter2") && !env.contains("also-not"), "{env}");
+    let mut names: Vec<&str> =
+        env.lines().filter_map(|l| l.split_once('=')).map(|(k, _)| k).collect();
+    names.sort_unstable();
+    // PWD is the shell's own.
+    names.retain(|n| *n != "PWD");
+    assert_eq!(
+        names,
+        ["HOME", "PATH", "WEFT_HOLDER", "WEFT_NEW_SUBNET", "WEFT_OLD_SUBNET", "WEFT_REASON"],
+        "{env}"
+    );
+    for want in [
+        format!("WEFT_OLD_SUBNET={FOREIGN}"),
+        format!("WEFT_NEW_SUBNET={new}"),
+        "WEFT_REASON=subnet-changed".into(),
+        "HOME=/weft-home".into(),
+    ] {
+        assert!(env.lines().any(|l| l == want), "{want} missing:\n{env}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_past_its_timeout_is_killed_with_its_process_group_and_counted() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let dir = tempfile::tempdir().unwrap();
+    let pid = dir.path().join("sleep-pid");
+    let a = spawn_changing_subnet(&etcd, &prefix, dir.path(), |o| {
+        o.extra = vec![
+            "--hook-timeout".into(),
+            "1s".into(),
+            "--on-subnet-change".into(),
+            format!("sleep 1000 & echo $! > {}; wait", pid.display()),
+        ];
+    })
+    .await;
+    a.wait_ready(READY);
+    let pid = read_when_written(&pid).expect("the hook started");
+    let pid = pid.trim();
+    a.wait_log("hook timed out", Duration::from_secs(5));
+    assert!(eventually(2.0, || process_gone(pid)), "the hook's sleep {pid} is still running");
+    assert!(eventually(2.0, || a.metric("weft_hook_failures_total") == Some(1.0)));
+    // It ran, if not well: nothing is owed.
+    assert!(eventually(2.0, || !dir.path().join("state/hook-pending").exists()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_writing_ten_megabytes_neither_blocks_nor_floods_the_log() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let dir = tempfile::tempdir().unwrap();
+    let done = dir.path().join("done");
+    let a = spawn_changing_subnet(&etcd, &prefix, dir.path(), |o| {
+        o.extra = vec![
+            "--hook-timeout".into(),
+            "20s".into(),
+            "--on-subnet-change".into(),
+            format!(
+                "head -c 10000000 /dev/zero | tr '\\0' x; head -c 10000000 /dev/zero >&2; \
+                 echo finished > {}",
+                done.display()
+            ),
+        ];
+    })
+    .await;
+    a.wait_ready(READY);
+    assert_eq!(read_when_written(&done).as_deref(), Some("finished\n"), "the hook was blocked");
+    a.wait_log("hook ran", Duration::from_secs(5));
+    let log = a.log();
+    assert_eq!(log.matches("hook output truncated").count(), 2, "{}", &log[..log.len().min(4000)]);
+    assert!(log.len() < 1_000_000, "the log holds {} bytes", log.len());
+    assert_eq!(a.metric("weft_hook_failures_total"), Some(0.0));
+}
+
+/// "Hook never completed" counts as "hook never ran": weft killed while its subnet-change hook
+/// runs re-runs it on the next start, once, and a hook that completed is never run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subnet_change_hook_cut_short_by_a_crash_runs_again_on_the_next_start() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let dir = tempfile::tempdir().unwrap();
+    let (runs, pid, release) =
+        (dir.path().join("runs"), dir.path().join("pid"), dir.path().join("release"));
+    let mut a = spawn_changing_subnet(&etcd, &prefix, dir.path(), |o| {
+        o.extra = vec![
+            "--on-subnet-change".into(),
+            format!(
+                "echo \"$1 $2\" >> {runs}; echo $$ > {pid}; [ -e {release} ] || exec sleep 1000",
+                runs = runs.display(),
+                pid = pid.display(),
+                release = release.display()
+            ),
+        ];
+    })
+    .await;
+    let new = a.wait_ready(READY);
+    let count =
+        |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default().lines().count();
+    assert!(eventually(5.0, || count(&runs) == 1));
+    let pending = dir.path().join("state/hook-pending");
+    let journal = std::fs::read_to_string(&pending).expect("the running hook is recorded");
+    assert!(
+        journal.starts_with(&format!("on-subnet-change old={FOREIGN} new={new} ")),
+        "{journal}"
+    );
+    a.kill();
+    // The first run is not weft's child any more; end it.
+    let first = std::fs::read_to_string(&pid).unwrap();
+    let _ = std::process::Command::new("kill").arg(first.trim()).status();
+    std::fs::write(&release, b"").unwrap();
+    a.start();
+    assert_eq!(a.wait_ready(READY), new, "same subnet: no second change");
+    a.wait_log("re-running a hook", Duration::from_secs(5));
+    assert!(eventually(5.0, || count(&runs) == 2), "{}", a.log());
+    let text = std::fs::read_to_string(dir.path().join("runs")).unwrap();
+    assert!(text.lines().all(|l| l == format!("{FOREIGN} {new}")), "{text}");
+    assert!(eventually(2.0, || !pending.exists()));
+    // Completed: a clean restart runs nothing.
+    assert_eq!(a.stop(), Some(0));
+    a.start();
+    a.wait_ready(READY);
+    sleep(1.0);
+    assert_eq!(std::fs::read_to_string(dir.path().join("runs")).unwrap().lines().count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwritable_subnet_env_keeps_weft_unready_naming_it_and_is_retried_until_written() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, &network_of(3));
+    let dir = tempfile::tempdir().unwrap();
+    // A directory where subnet.env goes: renaming a file over it fails for root too (EISDIR),
+    // where a read-only directory would not.
+    let file = dir.path().join("subnet.env");
+    std::fs::create_dir(&file).unwrap();
+    let mut opts = NodeOptions::new(etcd.endpoint(), &prefix, ip(1));
+    opts.dir = Some(dir.path().to_path_buf());
+    let a = WeftNode::spawn(opts);
+    a.wait_log("could not write subnet.env", READY);
+    let (code, body) = a.get("/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains(&file.display().to_string()) && body.contains("Is a directory"),
+        "{body}"
+    );
+    assert!(eventually(5.0, || a.metric("weft_subnet_file_write_failures_total") >= Some(2.0)));
+    std::fs::remove_dir(&file).unwrap();
+    a.wait_ready(READY);
+    a.wait_log("subnet.env written after all", Duration::from_secs(1));
+    assert_eq!(a.get("/readyz").0, 200);
+}

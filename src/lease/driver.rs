@@ -1,6 +1,16 @@
 //! Runs the [`Keeper`] for real: store calls, the clock, the own-key watch, `subnet.env`,
 //! hooks, logs and health. This is the only lease code that does I/O besides the stores.
 //!
+//! `subnet.env` that cannot be written (read-only or full disk, a path that is not a directory)
+//! makes weft not ready, naming the file and the error, counts in
+//! `weft_subnet_file_write_failures_total`, and is retried after 1 s, doubling up to
+//! [`ENV_RETRY_MAX`], until it succeeds; readiness then recovers.
+//!
+//! A subnet change's hook is recorded in the hook journal ([`super::hooks`]) before
+//! `subnet.env` is rewritten and started after it was: a crash in between re-runs it on the next
+//! start, and the hook always finds the new `subnet.env`. While `subnet.env` cannot be written
+//! the hook waits for it.
+//!
 //! The loop follows the keeper's call protocol (see [`super::keeper`]). Sleeps are capped at one
 //! second and deadlines are read from the boot-time clock, so a host that was suspended acts on
 //! its lease as soon as it wakes.
@@ -13,6 +23,7 @@ use futures::StreamExt;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
+use super::hooks::{HookConfig, HookKind, HookRun, HookRunner};
 use super::keeper::{
     AcquireKind, Action, ActionResult, Keeper, KeeperEvent, LossReason, Readiness,
 };
@@ -62,8 +73,32 @@ pub struct DriverConfig {
     pub on_subnet_change: Option<String>,
     /// `--on-lease-lost`.
     pub on_lease_lost: Option<String>,
+    /// `--hook-timeout`.
+    pub hook_timeout: Duration,
+    /// `--state-dir` (for the hook journal).
+    pub state_dir: PathBuf,
     /// `--relinquish-on-exit`.
     pub relinquish_on_exit: bool,
+}
+
+/// The first retry of a failed `subnet.env` write comes after this; each next one after twice
+/// the previous delay, up to [`ENV_RETRY_MAX`].
+pub const ENV_RETRY_MIN: Duration = Duration::from_secs(1);
+/// The longest wait between two attempts to write `subnet.env`.
+pub const ENV_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// The delay before the retry after one of `delay`.
+pub fn next_env_retry(delay: Duration) -> Duration {
+    (delay * 2).clamp(ENV_RETRY_MIN, ENV_RETRY_MAX)
+}
+
+/// A `subnet.env` write that failed and is being retried.
+#[derive(Debug)]
+struct EnvRetry {
+    env: SubnetEnv,
+    at: Instant,
+    delay: Duration,
+    error: String,
 }
 
 /// Runs a keeper until shutdown.
@@ -77,10 +112,16 @@ pub struct LeaseDriver {
     subnet_tx: watch::Sender<Option<Subnet>>,
     own_watch: Option<(Subnet, WatchStream)>,
     watch_retry_at: Instant,
+    hooks: HookRunner,
+    env_retry: Option<EnvRetry>,
+    /// Subnet-change hooks waiting for `subnet.env` to be written.
+    hooks_after_env: Vec<HookRun>,
 }
 
 impl LeaseDriver {
-    /// A driver for `keeper`. `subnet_tx` carries the subnet in use to the data plane.
+    /// A driver for `keeper`. `subnet_tx` carries the subnet in use to the data plane. Starts
+    /// the hook runner, which re-runs the hooks the journal lists, so it must be called inside
+    /// a tokio runtime.
     pub fn new(
         store: Arc<dyn Store>,
         keeper: Keeper,
@@ -91,6 +132,15 @@ impl LeaseDriver {
         subnet_tx: watch::Sender<Option<Subnet>>,
     ) -> Self {
         let now = clock.now();
+        let hooks = HookRunner::start(
+            HookConfig {
+                on_subnet_change: cfg.on_subnet_change.clone(),
+                on_lease_lost: cfg.on_lease_lost.clone(),
+                timeout: cfg.hook_timeout,
+                journal: cfg.state_dir.join(super::hooks::PENDING_FILE),
+            },
+            health.clone(),
+        );
         Self {
             store,
             keeper,
@@ -101,6 +151,9 @@ impl LeaseDriver {
             subnet_tx,
             own_watch: None,
             watch_retry_at: now,
+            hooks,
+            env_retry: None,
+            hooks_after_env: Vec::new(),
         }
     }
 
@@ -113,6 +166,7 @@ impl LeaseDriver {
                 break;
             }
             let now = self.clock.now();
+            self.retry_subnet_env(now);
             if let Some(action) = self.keeper.poll_action(now) {
                 debug!(?action, "store call");
                 let result = execute(&*self.store, &self.node, action).await;
@@ -206,7 +260,18 @@ impl LeaseDriver {
     }
 
     fn drain_events(&mut self) {
+        let mut events = Vec::new();
         while let Some(ev) = self.keeper.poll_event() {
+            events.push(ev);
+        }
+        // The keeper reports `Acquired` (which rewrites subnet.env) before `SubnetChanged`: the
+        // hook is recorded first, so that no crash leaves a new subnet.env without it.
+        for ev in &events {
+            if let KeeperEvent::SubnetChanged { old, new } = ev {
+                self.hooks.record(&subnet_change(*old, *new));
+            }
+        }
+        for ev in events {
             self.on_event(ev);
         }
     }
@@ -228,15 +293,12 @@ impl LeaseDriver {
             KeeperEvent::SubnetChanged { old, new } => {
                 Counters::inc(&c.subnet_changes);
                 warn!(%old, %new, "this node's subnet changed; pods on the old subnet need new addresses");
-                if let Some(cmd) = self.cfg.on_subnet_change.clone() {
-                    self.run_hook(
-                        "on-subnet-change",
-                        cmd,
-                        Some(old),
-                        Some(new),
-                        "subnet-changed",
-                        None,
-                    );
+                // Recorded in drain_events; started once subnet.env names the new subnet.
+                let run = subnet_change(old, new);
+                if self.env_retry.is_some() {
+                    self.hooks_after_env.push(run);
+                } else {
+                    self.hooks.start_run(run);
                 }
             }
             KeeperEvent::Renewed { subnet } => {
@@ -263,16 +325,13 @@ impl LeaseDriver {
                     LossReason::TakenByAnotherNode => "taken-by-another-node",
                     LossReason::UnreadableValue => "unreadable-value",
                 };
-                if let Some(cmd) = self.cfg.on_lease_lost.clone() {
-                    self.run_hook(
-                        "on-lease-lost",
-                        cmd,
-                        Some(subnet),
-                        None,
-                        why,
-                        holder.map(|h| h.to_string()),
-                    );
-                }
+                self.hooks.run(HookRun {
+                    kind: HookKind::LeaseLost,
+                    old: Some(subnet),
+                    new: None,
+                    reason: why,
+                    holder,
+                });
             }
             KeeperEvent::PreviousTaken { subnet, holder } => {
                 warn!(%subnet, %holder, "the previous subnet (subnet.env or history) is held by another node; not taking it");
@@ -292,17 +351,14 @@ impl LeaseDriver {
                     other_ip = other_ip.map(|i| i.to_string()).unwrap_or_default(),
                     "IDENTITY CLASH: {reason}"
                 );
-                if let Some(cmd) = self.cfg.on_lease_lost.clone() {
-                    let old = self.subnet_tx.borrow().to_owned();
-                    self.run_hook(
-                        "on-lease-lost",
-                        cmd,
-                        old,
-                        None,
-                        "identity-clash",
-                        other_ip.map(|i| i.to_string()),
-                    );
-                }
+                let old = self.subnet_tx.borrow().to_owned();
+                self.hooks.run(HookRun {
+                    kind: HookKind::LeaseLost,
+                    old,
+                    new: None,
+                    reason: "identity-clash",
+                    holder: other_ip,
+                });
             }
             KeeperEvent::IdentityClashOver => {
                 warn!(
@@ -329,59 +385,72 @@ impl LeaseDriver {
         }
     }
 
-    fn write_subnet_env(&self, subnet: Subnet) {
+    fn write_subnet_env(&mut self, subnet: Subnet) {
         let env = SubnetEnv {
             network: self.cfg.network.network,
             subnet,
             mtu: self.cfg.mtu,
             ipmasq: self.cfg.ip_masq,
         };
-        if let Err(e) = subnet_env::write_atomic(&self.cfg.subnet_file, &env) {
-            error!(path = %self.cfg.subnet_file.display(), error = %e, "could not write subnet.env");
+        let retry = self.env_retry.take();
+        let delay = retry.as_ref().map_or(ENV_RETRY_MIN, |r| r.delay);
+        self.try_write_subnet_env(env, delay, retry.map(|r| r.error));
+    }
+
+    /// Retries a failed `subnet.env` write when it is due.
+    fn retry_subnet_env(&mut self, now: Instant) {
+        if self.env_retry.as_ref().is_some_and(|r| now >= r.at)
+            && let Some(r) = self.env_retry.take()
+        {
+            self.try_write_subnet_env(r.env, next_env_retry(r.delay), Some(r.error));
         }
     }
 
-    fn run_hook(
-        &self,
-        name: &'static str,
-        cmd: String,
-        old: Option<Subnet>,
-        new: Option<Subnet>,
-        reason: &'static str,
-        holder: Option<String>,
+    /// Writes `env`; on failure schedules a retry after `delay`. `last_error` is the previous
+    /// attempt's, if it failed: only a new error is logged at ERROR.
+    fn try_write_subnet_env(
+        &mut self,
+        env: SubnetEnv,
+        delay: Duration,
+        last_error: Option<String>,
     ) {
-        let health = self.health.clone();
-        let old = old.map(|s| s.to_string()).unwrap_or_default();
-        let new = new.map(|s| s.to_string()).unwrap_or_default();
-        // A slow hook must never block the keeper: it runs on its own task.
-        tokio::spawn(async move {
-            let out = tokio::process::Command::new("/bin/sh")
-                .arg("-c")
-                .arg(&cmd)
-                .arg(name)
-                .arg(&old)
-                .arg(&new)
-                .env("WEFT_OLD_SUBNET", &old)
-                .env("WEFT_NEW_SUBNET", &new)
-                .env("WEFT_REASON", reason)
-                .env("WEFT_HOLDER", holder.unwrap_or_default())
-                .stdin(std::process::Stdio::null())
-                .output()
-                .await;
-            match out {
-                Ok(o) if o.status.success() => {
-                    info!(hook = name, %cmd, stdout = %String::from_utf8_lossy(&o.stdout).trim(), "hook ran");
+        let path = &self.cfg.subnet_file;
+        match subnet_env::write_atomic(path, &env) {
+            Ok(()) => {
+                if last_error.is_some() {
+                    info!(path = %path.display(), subnet = %env.subnet, "subnet.env written after all");
                 }
-                Ok(o) => {
-                    Counters::inc(&health.counters.hook_failures);
-                    warn!(hook = name, %cmd, status = %o.status, stderr = %String::from_utf8_lossy(&o.stderr).trim(), "hook failed");
-                }
-                Err(e) => {
-                    Counters::inc(&health.counters.hook_failures);
-                    warn!(hook = name, %cmd, error = %e, "hook could not start");
+                self.health.set_subnet_file_problem(None);
+                for run in std::mem::take(&mut self.hooks_after_env) {
+                    self.hooks.start_run(run);
                 }
             }
-        });
+            Err(e) => {
+                Counters::inc(&self.health.counters.subnet_file_write_failures);
+                let error = e.to_string();
+                if last_error.as_deref() == Some(error.as_str()) {
+                    debug!(path = %path.display(), %error, ?delay, "subnet.env still cannot be written");
+                } else {
+                    error!(path = %path.display(), %error, ?delay, "could not write subnet.env; retrying");
+                }
+                self.health.set_subnet_file_problem(Some(format!(
+                    "cannot write the subnet file {}: {error}; retrying",
+                    path.display()
+                )));
+                let at = self.clock.now() + delay;
+                self.env_retry = Some(EnvRetry { env, at, delay, error });
+            }
+        }
+    }
+}
+
+fn subnet_change(old: Subnet, new: Subnet) -> HookRun {
+    HookRun {
+        kind: HookKind::SubnetChange,
+        old: Some(old),
+        new: Some(new),
+        reason: "subnet-changed",
+        holder: None,
     }
 }
 
@@ -391,5 +460,22 @@ async fn next_batch(
     match w {
         Some((_, s)) => s.next().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_retries_back_off_from_one_to_ten_seconds() {
+        let mut d = ENV_RETRY_MIN;
+        let mut seen = vec![d];
+        for _ in 0..6 {
+            d = next_env_retry(d);
+            seen.push(d);
+        }
+        let secs: Vec<u64> = seen.iter().map(Duration::as_secs).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 10, 10, 10]);
     }
 }

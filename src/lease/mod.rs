@@ -6,9 +6,12 @@
 //! - [`keeper`]: the lease lifecycle state machine (pure; `handle_*`/`poll_*`).
 //! - [`subnet_env`]: flannel's `subnet.env`, read and written atomically.
 //! - [`driver`]: runs the keeper against a store, a clock, hooks and health.
+//! - [`hooks`]: runs the hooks (scrubbed environment, timeout, bounded output) and keeps the
+//!   journal of hooks owed across a crash.
 
 pub mod driver;
 pub mod etcd;
+pub mod hooks;
 pub mod keeper;
 pub mod memory;
 pub mod policy;

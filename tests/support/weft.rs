@@ -108,6 +108,8 @@ pub struct NodeOptions {
     pub dir: Option<PathBuf>,
     /// More flags.
     pub extra: Vec<String>,
+    /// More environment variables.
+    pub env: Vec<(String, String)>,
 }
 
 impl NodeOptions {
@@ -120,6 +122,7 @@ impl NodeOptions {
             ttl: "4s".into(),
             dir: None,
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -179,6 +182,7 @@ impl WeftNode {
             .args(["--dataplane", "none"])
             .args(&self.opts.extra)
             .env("WEFT_LOG", "weft=debug,info")
+            .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
