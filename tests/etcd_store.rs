@@ -669,3 +669,39 @@ async fn a_cluster_survives_losing_its_leader() {
     };
     assert_eq!(now.mod_revision, renewed.mod_revision);
 }
+
+#[tokio::test]
+async fn a_create_prunes_the_history_it_supersedes_unless_rewritten_since() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let store = store(&etcd, &prefix).await;
+    let me = node("node-aaaa");
+    let mine = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]);
+    let (s1, s2, s3) = (subnet("10.244.1.0/24"), subnet("10.244.2.0/24"), subnet("10.244.3.0/24"));
+    // This node held s1, then s2 (both relinquished); another node has taken s2 since.
+    let h1 = created(store.create(s1, &mine, LONG_TTL).await.expect("create s1"));
+    assert_eq!(store.release(&h1, &me).await.expect("release"), ReleaseOutcome::Released);
+    let h2 = created(store.create(s2, &mine, LONG_TTL).await.expect("create s2"));
+    assert_eq!(store.release(&h2, &me).await.expect("release"), ReleaseOutcome::Released);
+    let listed = store.list().await.expect("list");
+    let old_s2 = listed.history.iter().find(|h| h.subnet == s2).expect("s2 history").mod_revision;
+    created(
+        store
+            .create(s2, &attrs("node-bbbb", "inc-bbbb", [192, 0, 2, 2]), LONG_TTL)
+            .await
+            .expect("b"),
+    );
+
+    let listing = store.list().await.expect("list");
+    let prune = weft::lease::policy::superseded_history(&listing, &me, s3);
+    assert_eq!(prune.iter().map(|p| p.subnet).collect::<Vec<_>>(), [s1], "s2 is b's now");
+    // A prune listed before b rewrote s2's record must not delete b's record.
+    let stale = weft::lease::store::HistoryPrune { subnet: s2, mod_revision: old_s2 };
+    let all: Vec<_> = prune.into_iter().chain([stale]).collect();
+    created(store.create_pruning(s3, &mine, LONG_TTL, &all).await.expect("create s3"));
+
+    let history = store.list().await.expect("list").history;
+    let kept: Vec<(Subnet, String)> =
+        history.iter().map(|h| (h.subnet, h.record.node.to_string())).collect();
+    assert_eq!(kept, [(s2, "node-bbbb".to_owned()), (s3, "node-aaaa".to_owned())]);
+}

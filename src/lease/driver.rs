@@ -45,8 +45,8 @@ pub async fn execute(store: &dyn Store, node: &NodeId, action: Action) -> Action
             ActionResult::KeepPresence(store.keep_presence(node, lease, beat).await)
         }
         Action::List => ActionResult::List(store.list().await),
-        Action::Create { subnet, attrs, ttl } => {
-            ActionResult::Create(store.create(subnet, &attrs, ttl).await)
+        Action::Create { subnet, attrs, ttl, prune } => {
+            ActionResult::Create(store.create_pruning(subnet, &attrs, ttl, &prune).await)
         }
         Action::Renew { held, attrs, ttl } => {
             ActionResult::Renew(store.renew(&held, &attrs, ttl).await)

@@ -14,7 +14,7 @@
 //! | [`Store::config`] / [`Store::set_config`] | `Range` / `Put` of `<prefix>/config` |
 //! | [`Store::list`] | paged `Range`s of the subnets, then the history prefix, every page after the first pinned to the first one's revision: one consistent view of any size |
 //! | [`Store::get`] | `Range` of one key |
-//! | [`Store::create`] | `LeaseGrant`; `Txn(version == 0 ? put key + history : get key)`; on a failed compare `LeaseRevoke` of the new lease |
+//! | [`Store::create`] | `LeaseGrant`; `Txn(version == 0 ? put key + history + a nested `Txn(mod_revision == listed ? delete)` per superseded history record : get key)`; on a failed compare `LeaseRevoke` of the new lease |
 //! | [`Store::renew`] | `LeaseGrant`; `Txn(mod_revision == held ? put key + history : get key)`; then `LeaseRevoke` of the old lease (success) or of the new one (failed compare) |
 //! | [`Store::release`] | `Range` (for the holder's public IP); `Txn(mod_revision == held ? delete key + put history : -)`; `LeaseRevoke` of the old lease |
 //! | [`Store::revoke`] | `DeleteRange` of one key (operator action) |
@@ -51,8 +51,9 @@ use super::record::{
     StoredLease, Subnet,
 };
 use super::store::{
-    BadEntry, BoxError, CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, WatchBatch, WatchEvent, WatchStream,
+    BadEntry, BoxError, CreateOutcome, HeldLease, HistoryPrune, Listing, PresenceOutcome,
+    PresenceRecord, ReleaseOutcome, RenewOutcome, Store, StoreError, WatchBatch, WatchEvent,
+    WatchStream,
 };
 
 /// How to reach etcd and where weft's keys live.
@@ -646,18 +647,34 @@ impl Store for EtcdStore {
         Ok(resp.kvs().first().map(|kv| self.parse_subnet_kv(kv)))
     }
 
-    async fn create(
+    async fn create_pruning(
         &self,
         subnet: Subnet,
         attrs: &LeaseAttrs,
         ttl: Duration,
+        prune: &[HistoryPrune],
     ) -> Result<CreateOutcome, StoreError> {
         let mut c = self.client().await?;
         let lease = self.grant(&mut c, ttl).await?;
         let key = self.subnet_key(subnet);
+        let mut ops = self.write_ops(subnet, attrs, lease);
+        // Each prune is a nested transaction with its own compare: one that fails (the record
+        // was rewritten since) deletes nothing and fails nothing else.
+        ops.extend(prune.iter().filter(|p| p.subnet != subnet).map(|p| {
+            let history = self.history_key(p.subnet);
+            TxnOp::txn(
+                Txn::new()
+                    .when([Compare::mod_revision(
+                        history.clone(),
+                        CompareOp::Equal,
+                        p.mod_revision.0,
+                    )])
+                    .and_then([TxnOp::delete(history, None)]),
+            )
+        }));
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-            .and_then(self.write_ops(subnet, attrs, lease))
+            .and_then(ops)
             .or_else([TxnOp::get(key, None)]);
         // On an error the outcome is unknown: keep the lease (see the module docs).
         let resp = self.call(c.txn(txn)).await?;

@@ -41,8 +41,8 @@ use rand::{Rng, SeedableRng};
 use super::policy::{self, Choice, CreateReason};
 use super::record::{Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet};
 use super::store::{
-    CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
-    RenewOutcome, StoreError,
+    CreateOutcome, HeldLease, HistoryPrune, Listing, PresenceOutcome, PresenceRecord,
+    ReleaseOutcome, RenewOutcome, StoreError,
 };
 use crate::config::NetworkConfig;
 use crate::time::Instant;
@@ -113,7 +113,7 @@ pub enum Action {
     },
     /// [`super::store::Store::list`].
     List,
-    /// [`super::store::Store::create`].
+    /// [`super::store::Store::create_pruning`].
     Create {
         /// The subnet.
         subnet: Subnet,
@@ -121,6 +121,8 @@ pub enum Action {
         attrs: LeaseAttrs,
         /// The lease TTL.
         ttl: Duration,
+        /// History records this create supersedes (this node's, of other subnets).
+        prune: Vec<HistoryPrune>,
     },
     /// [`super::store::Store::renew`]: renewal, adoption after a restart, or a probe after an
     /// own-key change.
@@ -297,8 +299,8 @@ enum Presence {
 enum Phase {
     /// Need a listing to choose a subnet.
     Acquire,
-    /// Policy chose to create this subnet.
-    Creating { subnet: Subnet, reason: CreateReason },
+    /// Policy chose to create this subnet; the create prunes this node's superseded history.
+    Creating { subnet: Subnet, reason: CreateReason, prune: Vec<HistoryPrune> },
     /// Policy found our live lease; rewrite it on our own revision.
     Adopting { lease: StoredLease },
     /// A lease is held.
@@ -608,9 +610,14 @@ impl Keeper {
         let ttl = self.cfg.ttl;
         match &self.phase {
             Phase::Acquire | Phase::Exhausted => Some((InFlight::List, Action::List)),
-            Phase::Creating { subnet, .. } | Phase::Reclaim { subnet } => {
-                Some((InFlight::Create, Action::Create { subnet: *subnet, attrs, ttl }))
-            }
+            Phase::Creating { subnet, prune, .. } => Some((
+                InFlight::Create,
+                Action::Create { subnet: *subnet, attrs, ttl, prune: prune.clone() },
+            )),
+            Phase::Reclaim { subnet } => Some((
+                InFlight::Create,
+                Action::Create { subnet: *subnet, attrs, ttl, prune: Vec::new() },
+            )),
             Phase::Adopting { lease } => {
                 let held = HeldLease {
                     subnet: lease.subnet,
@@ -853,7 +860,8 @@ impl Keeper {
                 self.clear_backoff(now);
             }
             Choice::Create { subnet, reason } => {
-                self.phase = Phase::Creating { subnet, reason };
+                let prune = policy::superseded_history(&listing, &self.cfg.node, subnet);
+                self.phase = Phase::Creating { subnet, reason, prune };
                 self.clear_backoff(now);
             }
             Choice::Exhausted => {
@@ -868,7 +876,7 @@ impl Keeper {
 
     fn on_create(&mut self, issued: Instant, now: Instant, r: Result<CreateOutcome, StoreError>) {
         let (subnet, reclaim, reason) = match &self.phase {
-            Phase::Creating { subnet, reason } => (*subnet, false, Some(*reason)),
+            Phase::Creating { subnet, reason, .. } => (*subnet, false, Some(*reason)),
             Phase::Reclaim { subnet } => (*subnet, true, None),
             _ => return,
         };

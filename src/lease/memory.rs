@@ -53,8 +53,8 @@ use super::record::{
     StoredLease, Subnet,
 };
 use super::store::{
-    BadEntry, CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
-    RenewOutcome, Store, StoreError, WatchBatch, WatchEvent, WatchStream,
+    BadEntry, CreateOutcome, HeldLease, HistoryPrune, Listing, PresenceOutcome, PresenceRecord,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, WatchBatch, WatchEvent, WatchStream,
 };
 use crate::time::{Clock, Instant};
 
@@ -648,6 +648,11 @@ impl MemoryStore {
         self.world().list().leases
     }
 
+    /// Every history record that parses, in key order.
+    pub fn history(&self) -> Vec<HistoryEntry> {
+        self.world().list().history
+    }
+
     /// Every write to a subnet key so far, in revision order (writes of one transaction in
     /// the order they were applied).
     pub fn write_log(&self) -> Vec<WriteRecord> {
@@ -736,16 +741,25 @@ impl Store for MemoryClient {
         self.call(|w, _| Ok(w.stored(subnet)))
     }
 
-    async fn create(
+    async fn create_pruning(
         &self,
         subnet: Subnet,
         attrs: &LeaseAttrs,
         ttl: Duration,
+        prune: &[HistoryPrune],
     ) -> Result<CreateOutcome, StoreError> {
         self.call(|w, client| {
             if let Some(existing) = w.stored(subnet) {
                 return Ok(CreateOutcome::Exists(existing.ok()));
             }
+            // As etcd's nested compares: only records still at the listed revision go.
+            let prunes: Vec<Op> = prune
+                .iter()
+                .filter(|p| p.subnet != subnet)
+                .map(|p| (w.history_key(p.subnet), p.mod_revision))
+                .filter(|(key, rev)| w.kv.get(key).is_some_and(|kv| kv.mod_revision == rev.0))
+                .map(|(key, _)| Op::Delete { key })
+                .collect();
             let lease = w.grant(ttl);
             let mut ops =
                 vec![Op::Put { key: w.subnet_key(subnet), value: attrs.to_json(), lease }];
@@ -757,6 +771,7 @@ impl Store for MemoryClient {
                 };
                 ops.push(Op::Put { key: w.history_key(subnet), value: record.to_json(), lease: 0 });
             }
+            ops.extend(prunes);
             let rev = w.client_commit(client, WriteKind::Create, ops)?;
             // A put always changes the keyspace, so `rev` is always `Some`.
             let mod_revision = rev.unwrap_or(Revision(w.revision));

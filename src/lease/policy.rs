@@ -21,7 +21,7 @@ use std::net::Ipv4Addr;
 use rand::Rng;
 
 use super::record::{HistoryEntry, HistoryState, NodeId, Revision, StoredLease, Subnet};
-use super::store::Listing;
+use super::store::{HistoryPrune, Listing};
 use crate::config::NetworkConfig;
 
 /// How many of the lowest free subnets a fresh pick chooses among (flannel uses 100 too).
@@ -155,6 +155,21 @@ pub fn choose(
         Choice::Exhausted
     };
     Decision { choice, previous_taken_by }
+}
+
+/// This node's history records of subnets other than `chosen`: a lease on `chosen`
+/// supersedes them, so its create deletes them ([`super::store::Store::create_pruning`]). The
+/// policy needs none of them any more: rule 2 looks for this node's latest record (the new
+/// one), and a subnet this node left is as free as a relinquished one once it holds another.
+/// A record of a subnet that is live now belongs to whoever holds it and is never pruned.
+pub fn superseded_history(listing: &Listing, node: &NodeId, chosen: Subnet) -> Vec<HistoryPrune> {
+    let live: BTreeSet<Subnet> = listing.leases.iter().map(|l| l.subnet).collect();
+    listing
+        .history
+        .iter()
+        .filter(|h| h.record.node == *node && h.subnet != chosen && !live.contains(&h.subnet))
+        .map(|h| HistoryPrune { subnet: h.subnet, mod_revision: h.mod_revision })
+        .collect()
 }
 
 #[cfg(test)]
@@ -369,6 +384,35 @@ mod tests {
         assert_eq!(
             seen,
             ["10.244.128.0/18", "10.244.192.0/18", "10.244.64.0/18"].map(String::from).into()
+        );
+    }
+
+    #[test]
+    fn a_create_supersedes_only_this_nodes_records_of_free_subnets() {
+        let hist = |s: &str, n: &str, rev: i64| HistoryEntry {
+            subnet: sn(s),
+            record: HistoryRecord {
+                state: HistoryState::Held,
+                node: node(n),
+                public_ip: Ipv4Addr::new(192, 0, 2, 9),
+            },
+            mod_revision: Revision(rev),
+        };
+        let l = Listing {
+            leases: vec![lease("10.244.64.0/18", "b", 5)],
+            history: vec![
+                hist("10.244.0.0/18", "a", 1),
+                hist("10.244.64.0/18", "a", 2),
+                hist("10.244.128.0/18", "a", 3),
+                hist("10.244.192.0/18", "b", 4),
+            ],
+            ..Default::default()
+        };
+        let prune = superseded_history(&l, &node("a"), sn("10.244.128.0/18"));
+        assert_eq!(
+            prune,
+            [HistoryPrune { subnet: sn("10.244.0.0/18"), mod_revision: Revision(1) }],
+            "not the chosen one, not a live one, not another node's"
         );
     }
 

@@ -130,6 +130,15 @@ pub struct Listing {
     pub skipped: Vec<BadEntry>,
 }
 
+/// A history record to delete with a create, if it is still at `mod_revision`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryPrune {
+    /// The subnet the record is about.
+    pub subnet: Subnet,
+    /// The record's mod revision when it was listed.
+    pub mod_revision: Revision,
+}
+
 /// The lease a process holds: what renew and release compare on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldLease {
@@ -248,6 +257,22 @@ pub trait Store: Send + Sync {
         subnet: Subnet,
         attrs: &LeaseAttrs,
         ttl: Duration,
+    ) -> Result<CreateOutcome, StoreError> {
+        self.create_pruning(subnet, attrs, ttl, &[]).await
+    }
+
+    /// [`Store::create`], and in the same transaction, if it creates, deletes the history
+    /// records in `prune` whose mod revision is still the one given (each under its own
+    /// compare, so a record rewritten since — another node took that subnet — is left alone).
+    /// The keeper passes this node's own records of other subnets, which the new lease
+    /// supersedes ([`super::policy::superseded_history`]): that bounds the history to about one
+    /// record per node.
+    async fn create_pruning(
+        &self,
+        subnet: Subnet,
+        attrs: &LeaseAttrs,
+        ttl: Duration,
+        prune: &[HistoryPrune],
     ) -> Result<CreateOutcome, StoreError>;
 
     /// Rewrites the key with `attrs` on a new store lease of `ttl` only if it exists and its mod

@@ -631,13 +631,14 @@ mod tests {
         ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError> {
             self.inner.get(subnet).await
         }
-        async fn create(
+        async fn create_pruning(
             &self,
             subnet: Subnet,
             attrs: &LeaseAttrs,
             ttl: Duration,
+            prune: &[crate::lease::store::HistoryPrune],
         ) -> Result<CreateOutcome, StoreError> {
-            self.inner.create(subnet, attrs, ttl).await
+            self.inner.create_pruning(subnet, attrs, ttl, prune).await
         }
         async fn renew(
             &self,

@@ -786,6 +786,20 @@ impl World {
             }
         }
 
+        // The history stays bounded: a create prunes its node's other records, so a node is
+        // named by at most one record per host carrying its identity (a clone is a second).
+        let mut per_node: BTreeMap<&NodeId, usize> = BTreeMap::new();
+        let history = self.store.history();
+        for h in &history {
+            *per_node.entry(&h.record.node).or_default() += 1;
+        }
+        for (node, n) in per_node {
+            let hosts = self.hosts.iter().filter(|h| h.node == *node).count().max(1);
+            if n > hosts {
+                problems.push(format!("{n} history records name node {node} ({hosts} hosts)"));
+            }
+        }
+
         // The write log: nobody writes a key that carries another node's identity.
         let log = self.store.write_log_since(self.log_pos);
         self.log_pos += log.len();
