@@ -1,6 +1,6 @@
-//! End to end in network namespaces (DESIGN.md, tests item 6): real etcd on an underlay
-//! bridge, real `weft run` processes with the TUN data plane in host namespaces, pods behind
-//! them, and ping / iperf3 across the overlay. Also a kernel VXLAN peer programmed the way
+//! End to end in network namespaces (docs/scenarios.md, "Test levels", 3): real etcd on an
+//! underlay bridge, real `weft run` processes with the TUN data plane in host namespaces, pods
+//! behind them, and ping / iperf3 across the overlay. Also a kernel VXLAN peer programmed the way
 //! flannel's vxlan backend programs one, a non-root run, garbage at the UDP port, an etcd
 //! partition under traffic, and an unprivileged local user after the VXLAN port.
 //!
@@ -81,8 +81,8 @@ fn vtep_mac(lab: &Lab, subnet: &str) -> String {
 
 // --- 1, 2: multi-host forwarding -----------------------------------------------------------
 
-/// weft0 as DESIGN.md has it: `<subnet>.0/32`, MTU = underlay (1500) − `overhead`, the whole
-/// Network routed through it, and the same MTU in subnet.env.
+/// weft0 as docs/dataplane.md ("The TUN device") has it: `<subnet>.0/32`, MTU = underlay
+/// (1500) − `overhead`, the whole Network routed through it, and the same MTU in subnet.env.
 fn assert_tun_configured(lab: &Lab, w: &Weft, overhead: u32) {
     let host = lab.host(w.n);
     let subnet = w.subnet().expect("subnet");

@@ -1,4 +1,4 @@
-//! The lease scenarios of SCENARIOS.md against a real etcd, with real `weft run` processes:
+//! The lease scenarios of docs/scenarios.md against a real etcd, with real `weft run` processes:
 //! SIGSTOP for a suspended host, SIGKILL for a crash, a cut TCP proxy for a partition, short
 //! TTLs (4 s). S11 runs on a three-member etcd cluster.
 //!

@@ -1,4 +1,4 @@
-//! The lease simulation (DESIGN.md "Tests", level 4): SCENARIOS.md S1–S12 against the in-memory
+//! The lease simulation (docs/scenarios.md, "Test levels", 1): S1–S12 against the in-memory
 //! store and a manual clock, lost replies and compaction, seeded random schedules, and a
 //! baseline comparison with flannel's lease logic. Sim time only; everything is deterministic.
 //!
@@ -904,8 +904,8 @@ const IMPLS: [(&str, Impl); 3] = [
     ("flannel <=v0.17", Impl::Flannel(FlannelVersion::V0_17)),
 ];
 
-/// One story of SCENARIOS.md told with hosts of one implementation, restarted by a supervisor
-/// (`Restart=always`) whenever they exit.
+/// One story of docs/scenarios.md told with hosts of one implementation, restarted by a
+/// supervisor (`Restart=always`) whenever they exit.
 fn story(scenario: &str, imp: Impl, seed: u64) -> World {
     let net = match scenario {
         "S1" | "S4 clone, new IP" | "S4 clone, same IP" => network_of(8),

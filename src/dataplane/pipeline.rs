@@ -10,9 +10,10 @@
 //! # Contract
 //! - Nothing here panics on any input, allocates, locks, or logs: every rejected packet is a
 //!   [`Drop`] with a reason, which the caller counts.
-//! - Receive validation (DESIGN.md): the outer source must be a known peer; the VNI must match;
-//!   the inner Ethernet destination must be our VTEP MAC; the inner source must lie inside the
-//!   sending peer's subnet; the inner destination must lie inside our own subnet.
+//! - Receive validation (docs/dataplane.md, "Receiving"): the outer source must be a known
+//!   peer; the VNI must match; the inner Ethernet destination must be our VTEP MAC; the inner
+//!   source must lie inside the sending peer's subnet; the inner destination must lie inside
+//!   our own subnet.
 //! - A destination outside every lease is answered as flannel's udp backend does: an ICMP
 //!   destination-unreachable (net unreachable) written back to the TUN device, at most as
 //!   often as the [`IcmpLimit`] token bucket allows (a pod flooding unleased addresses gets

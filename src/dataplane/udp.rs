@@ -19,8 +19,8 @@
 //! - **Probed at open.** `getsockopt(SOL_UDP, UDP_SEGMENT)` succeeding means GSO is supported;
 //!   `setsockopt(SOL_UDP, UDP_GRO, 1)` succeeding means GRO is on. Both are also switchable off by
 //!   configuration ([`UdpConfig::gso`], [`UdpConfig::gro`]), because offloads have had kernel bugs
-//!   (see `perf-anchors.md` §1.4). The result is [`BatchSocket::capabilities`], for the caller to
-//!   log once.
+//!   (see docs/benchmarks.md, "Why every offload is switchable"). The result is
+//!   [`BatchSocket::capabilities`], for the caller to log once.
 //! - **Degrades at run time.** When a GSO send fails with `EIO` or `EINVAL` (an egress device
 //!   without checksum offload, a segment larger than the path MTU), GSO is turned off for this
 //!   socket, the message is re-sent as single datagrams, and [`UdpStats::gso_disabled_at_runtime`]

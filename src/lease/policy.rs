@@ -1,10 +1,11 @@
 //! Which subnet to try, in which order. Pure: a listing and a config in, a choice out.
 //!
-//! The rules, in order (DESIGN.md, "Lease rules"; seed 000's Cloud Foundry plan):
+//! The rules, in order (docs/lease-rules.md, "Order of choice"; the Cloud Foundry plan in
+//! flannel #29, see docs/scenarios.md):
 //! 1. A live lease that carries this node's identity is ours: adopt it (a restart).
 //! 2. Else the previous subnet (from `subnet.env`, or history naming this node) — but only if
 //!    no one holds it now. A subnet leased by anyone else is never taken, whatever `subnet.env`
-//!    says (seeds 001 and 003).
+//!    says (flannel #1289 and cloned machines: docs/scenarios.md, S3 and S4).
 //! 3. Else a subnet that was never leased, or was relinquished by a clean shutdown: a random one
 //!    among the lowest [`SPREAD`] such, so nodes joining together rarely race for one subnet.
 //! 4. Else the subnet whose lease expired longest ago, by the history key's mod revision — the

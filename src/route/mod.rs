@@ -23,7 +23,7 @@
 //!   [`watcher::RELIST_DEBOUNCE`], and while the store is unreachable it keeps the last
 //!   published table indefinitely (the data plane never tears down because the control plane
 //!   is blind).
-//! - Published routes follow DESIGN.md's lease rules: see [`set`].
+//! - Published routes follow docs/lease-rules.md ("Loss and reclaim"): see [`set`].
 
 pub mod set;
 pub mod table;

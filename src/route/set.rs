@@ -1,7 +1,7 @@
 //! The lease → route state machine: listings and watch batches in, [`RouteTable`]s out. Pure:
 //! no store, no clock, no I/O; [`super::watcher`] drives it.
 //!
-//! # Rules (DESIGN.md, "Lease rules" → Loss)
+//! # Rules (docs/lease-rules.md, "Loss and reclaim")
 //! - The route for this host's own subnet ([`RouteSet::set_own`]) is never published; it is
 //!   remembered, so that it appears as soon as the subnet is no longer ours.
 //! - A **Put** adds or replaces the subnet's route: a new holder replaces the old one.

@@ -53,9 +53,9 @@ pub const DENSE_SLOTS_PER_PEER: u64 = 64;
 /// How packets reach a peer, from its lease's `BackendType`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PeerBackend {
-    /// `"vxlan"`: VXLAN to the peer's `VtepMAC` (flannel-facts §4.4).
+    /// `"vxlan"`: VXLAN to the peer's `VtepMAC` (docs/store-layout.md, "Values").
     Vxlan,
-    /// No `BackendType` (flannel's udp backend writes none, flannel-facts §1.3), or `"udp"`:
+    /// No `BackendType` (flannel's udp backend writes none, docs/store-layout.md), or `"udp"`:
     /// the raw IP packet in UDP.
     Udp,
     /// Any other backend (`host-gw`, ...): the peer cannot decapsulate what weft sends.

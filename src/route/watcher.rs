@@ -3,7 +3,7 @@
 //!
 //! # Contract
 //! - Start: list at a revision, publish, then watch from the next revision (flannel's
-//!   `WatchLeases`, flannel-facts §2.6).
+//!   `WatchLeases`; docs/store-layout.md, "Watching").
 //! - Every batch that changes the routes publishes a new table at once; renewals, which rewrite
 //!   a lease with the same value, publish nothing.
 //! - A delete (expiry or relinquish?) or [`StoreError::Compacted`] causes a re-list, at most

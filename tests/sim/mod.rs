@@ -1,4 +1,4 @@
-//! A deterministic world for the lease simulation (DESIGN.md, "Tests", level 4).
+//! A deterministic world for the lease simulation (docs/scenarios.md, "Test levels", 1).
 //!
 //! One [`ManualClock`], one [`MemoryStore`] (an etcd model), and named simulated hosts. The
 //! shape follows quinn's `Pair` harness: the world owns the clock and every party, [`World::step`]
@@ -11,9 +11,9 @@
 //! [`weft::lease::driver::LeaseDriver`] drives it, or a [`FlannelProc`] modelling flanneld's etcd
 //! v3 subnet manager for the baseline comparison).
 //!
-//! After every step the world checks the invariants of SCENARIOS.md — no subnet with two live
-//! holders, no write to a key carrying another node's identity — and records each violation
-//! with the seed and the time; [`World::report`] adds a readable trace of the schedule.
+//! After every step the world checks the invariant of docs/scenarios.md — no subnet with two
+//! live holders, no write to a key carrying another node's identity — and records each
+//! violation with the seed and the time; [`World::report`] adds a readable trace of the schedule.
 
 #![allow(dead_code)]
 
@@ -83,15 +83,17 @@ pub fn history_key(s: Subnet) -> String {
 pub enum Impl {
     /// weft's keeper, driven like `LeaseDriver`.
     Weft,
-    /// flanneld's etcd v3 subnet manager (flannel-facts §2.2–2.5), bugs included.
+    /// flanneld's etcd v3 subnet manager (docs/lease-rules.md, "flannel's lease logic"), bugs
+    /// included.
     Flannel(FlannelVersion),
 }
 
 /// Which flannel lease logic a [`FlannelProc`] models.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlannelVersion {
-    /// v0.8.0–v0.17 (flannel-facts §2.9): a live lease found *by the previous subnet* is reused
-    /// with an unconditional put whoever holds it (PR #761; the #1289 hijack, seed 001).
+    /// v0.8.0–v0.17 (docs/lease-rules.md, "flannel's lease logic"): a live lease found *by the
+    /// previous subnet* is reused with an unconditional put whoever holds it (PR #761; the
+    /// #1289 hijack, docs/scenarios.md S3).
     V0_17,
     /// v0.18 and later (PR #1505): `subnet.env` is only used through create-if-absent.
     V0_18,
@@ -163,8 +165,9 @@ pub struct WeftProc {
     watch_retry_at: Instant,
 }
 
-/// flanneld's lease logic against the store, as flannel-facts §2.2–2.5 describe it, with its
-/// constants scaled to the simulation's TTL (renew margin TTL/4, renew retry 200 ms).
+/// flanneld's lease logic against the store, as docs/lease-rules.md ("flannel's lease logic")
+/// describes it, with its constants scaled to the simulation's TTL (renew margin TTL/4, renew
+/// retry 200 ms).
 pub struct FlannelProc {
     client: MemoryClient,
     version: FlannelVersion,

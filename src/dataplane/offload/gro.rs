@@ -65,7 +65,7 @@ pub const VIRTIO_HEADROOM: usize = virtio_net::LEN;
 /// The largest IP packet a merge produces (IPv4 total length is 16 bits; kept for IPv6 too).
 const MAX_MERGED: usize = u16::MAX as usize;
 
-/// Which coalescing [`GroTable`] does. Every offload is switchable (perf-anchors §1.4).
+/// Which coalescing [`GroTable`] does. Every offload is switchable (docs/benchmarks.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroConfig {
     /// Coalesce TCP segments (needs `TUN_F_TSO4 | TUN_F_TSO6` on the device).

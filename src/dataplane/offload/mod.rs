@@ -4,7 +4,7 @@
 //! A TUN device opened with `IFF_VNET_HDR` and `TUNSETOFFLOAD(TUN_F_CSUM | TUN_F_TSO4 |
 //! TUN_F_TSO6 [| TUN_F_USO4 | TUN_F_USO6])` hands over, and accepts, packets of up to 64 KiB
 //! behind a [`virtio_net::Header`] that says how to cut them into wire-sized segments. One
-//! syscall then moves ~45 segments instead of one; that is the whole point (perf-anchors §1, §8).
+//! syscall then moves ~45 segments instead of one; that is the whole point (docs/benchmarks.md).
 //! The rules follow the kernel's GSO/GRO and wireguard-go's `tun/offload_linux.go`.
 //!
 //! # Contract
@@ -19,7 +19,7 @@
 //!   [`VIRTIO_HEADROOM`] free bytes, and gets back which buffers to write to TUN, each now
 //!   starting with its `virtio_net_hdr`.
 //! - Every offload is switchable (kernel bugs have made each one wrong at some point,
-//!   perf-anchors §1.4): [`GroConfig`] turns TCP and UDP coalescing on and off, and a caller
+//!   docs/benchmarks.md): [`GroConfig`] turns TCP and UDP coalescing on and off, and a caller
 //!   without TSO simply never sees a GSO header.
 //!
 //!
