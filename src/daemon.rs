@@ -1,9 +1,11 @@
-//! `weft run`: wires the lease keeper, the health server and (later) the data plane together.
+//! `weft run`: wires the lease keeper, the route watcher, the data plane and the health server
+//! together.
 //!
 //! Start-up order follows flanneld's: flags, store client, health server, the state dir's lock
 //! (waited for while another weft holds it, see [`crate::instance`]), identity, network config
-//! (retried every second until it is present and valid), public IP, the TUN device (waited for
-//! while another process has it attached), lease, then the lease driver runs until SIGTERM or
+//! (retried every second until it is present and valid), public IP, the route watcher, the TUN
+//! device and data plane (waited for while another process has the device attached; skipped
+//! with `--dataplane none`), then the lease driver acquires the lease and runs until SIGTERM or
 //! SIGINT. On shutdown the lease is kept for a restart unless `--relinquish-on-exit` is given.
 
 use std::fs;

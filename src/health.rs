@@ -1,5 +1,6 @@
-//! Health and metrics: what the lease driver (and later the data plane) report, and the HTTP
-//! server on `--healthz-port` that serves it.
+//! Health and metrics: what the lease driver reports, plus the metrics sources others register
+//! (the route watcher's and the data plane's counters), and the HTTP server on `--healthz-port`
+//! that serves them.
 //!
 //! - `GET /healthz`: 200 while the process runs.
 //! - `GET /readyz`: 200 only while a lease is held, not past its local expiry, and written to

@@ -3,9 +3,9 @@
 //! Opening a TUN device is one `ioctl(TUNSETIFF)` on `/dev/net/tun`; configuring it is a handful
 //! of classic interface ioctls (`SIOCSIFMTU`, `SIOCSIFADDR`, `SIOCSIFNETMASK`, `SIOCSIFFLAGS`,
 //! `SIOCADDRT`). They are written here by hand rather than taken from a crate because weft needs
-//! the raw, blocking file descriptor (for batched reads and, later, `IFF_VNET_HDR`,
-//! `IFF_MULTI_QUEUE` and `TUNSETOFFLOAD`) and nothing else; an async netlink stack would be a large
-//! dependency for five synchronous calls. All of them need only `CAP_NET_ADMIN`.
+//! the raw, blocking file descriptor (for batched reads, `IFF_VNET_HDR`, `IFF_MULTI_QUEUE` and
+//! `TUNSETOFFLOAD`, all used) and nothing else; an async netlink stack would be a large
+//! dependency for a handful of synchronous calls. All of them need only `CAP_NET_ADMIN`.
 
 use std::ffi::CStr;
 use std::io;
