@@ -111,12 +111,23 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
+# Stopped from outside (a CI time-out, Ctrl-C): end the run's namespaces first; unshare's
+# --kill-child takes every process of the run with it, and the EXIT trap removes the root.
+child=
+stop() {
+    [ -n "$child" ] && kill -KILL "$child" 2>/dev/null && wait "$child" 2>/dev/null
+    exit "$1"
+}
+trap 'stop 143' TERM
+trap 'stop 130' INT
 
 echo "ci: running '$cmd' in the fresh root"
 run_start=$SECONDS
 set +e
 unshare --mount --pid --fork --kill-child --propagation private -- \
-    bash "$top/scripts/ci.sh" --inside "$root" "$tarball" "$top" "$cache" "$cmd"
+    bash "$top/scripts/ci.sh" --inside "$root" "$tarball" "$top" "$cache" "$cmd" &
+child=$!
+wait "$child"
 rc=$?
 set -e
 if [ "$rc" -eq 0 ]; then
