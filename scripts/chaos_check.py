@@ -1,0 +1,439 @@
+#!/usr/bin/env python3
+"""Invariant checker and report for scripts/chaos.sh (run by it; not meant to be run by hand).
+
+  chaos_check.py watch  --work W --hub NS --endpoints EPS --prefix KEYPREFIX
+      Records every change under KEYPREFIX with its previous value (etcdctl watch --prev-kv,
+      from revision 1, resumed at the next revision whenever etcdctl exits) to W/watch.jsonl.
+
+  chaos_check.py check  --work W --netns-prefix P --hosts N --endpoints EPS --prefix KEYPREFIX --label L
+      One look at the cluster now: etcd's subnet keys, each host's subnet.env, the address of
+      weft0 in each host namespace and each host's /readyz. Appends the result to W/checks.jsonl
+      and prints a one-line summary.
+
+  chaos_check.py report --work W --hosts N --ttl SECONDS --max-loss PCT
+      Reads W/faults.jsonl, the ping logs, the readiness logs, the watch log and the checks;
+      prints the per-fault table and the invariant counts; exits 1 if an invariant is broken.
+"""
+import argparse
+import base64
+import glob
+import ipaddress
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+
+def b64(s):
+    return base64.b64decode(s).decode() if s else ""
+
+
+def node_of(value):
+    try:
+        return json.loads(value).get("WeftNodeID")
+    except ValueError:
+        return None
+
+
+# --- watch ------------------------------------------------------------------------------------
+
+def cmd_watch(a):
+    out = open(os.path.join(a.work, "watch.jsonl"), "a", buffering=1)
+    rev = 1
+    while True:
+        cmd = ["ip", "netns", "exec", a.hub, "etcdctl", "--endpoints", a.endpoints,
+               "--dial-timeout", "2s", "watch", "--prefix", "--prev-kv", "-w", "json",
+               "--rev", str(rev), a.prefix]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for line in p.stdout:
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            for ev in r.get("Events") or []:
+                out.write(json.dumps({"t": time.time(), "ev": ev}) + "\n")
+                rev = max(rev, ev["kv"].get("mod_revision", 0) + 1)
+            if r.get("CompactRevision"):
+                # our start revision was compacted away: a gap, go on from the present
+                out.write(json.dumps({"t": time.time(), "gap": r["CompactRevision"]}) + "\n")
+                rev = 0
+        err = p.stderr.read()
+        p.wait()
+        if "compacted" in err:
+            out.write(json.dumps({"t": time.time(), "gap": err.strip()}) + "\n")
+            rev = 0
+        time.sleep(0.5)
+        if rev == 0:
+            rev = current_rev(a)
+
+
+def current_rev(a):
+    try:
+        r = subprocess.run(["ip", "netns", "exec", a.hub, "etcdctl", "--endpoints", a.endpoints,
+                            "get", "x", "-w", "json"], capture_output=True, text=True, timeout=10)
+        return json.loads(r.stdout)["header"]["revision"] + 1
+    except Exception:
+        return 1
+
+
+def foreign_writes_from_watch(work):
+    """PUTs that changed a key's WeftNodeID without the key being deleted first."""
+    found = []
+    path = os.path.join(work, "watch.jsonl")
+    if not os.path.exists(path):
+        return found, 0
+    gaps = 0
+    for line in open(path):
+        rec = json.loads(line)
+        if "gap" in rec:
+            gaps += 1
+            continue
+        ev = rec["ev"]
+        if ev.get("type", 0) != 0 or "prev_kv" not in ev:
+            continue
+        old, new = node_of(b64(ev["prev_kv"].get("value"))), node_of(b64(ev["kv"].get("value")))
+        if old != new:
+            found.append({"t": rec["t"], "key": b64(ev["kv"]["key"]),
+                          "rev": ev["kv"].get("mod_revision"), "from": old, "to": new})
+    return found, gaps
+
+
+# --- check ------------------------------------------------------------------------------------
+
+def run(cmd, timeout=5):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
+    except subprocess.TimeoutExpired:
+        return ""
+
+
+def readyz(ns):
+    script = ("exec 3<>/dev/tcp/127.0.0.1/9797 && printf 'GET /readyz HTTP/1.0\\r\\n\\r\\n' >&3 "
+              "&& cat <&3")
+    body = run(["ip", "netns", "exec", ns, "timeout", "2", "bash", "-c", script], timeout=4)
+    return "is ready" in body
+
+
+def cmd_check(a):
+    work, P = a.work, a.netns_prefix
+    problems, infos = [], []
+    raw = run(["ip", "netns", "exec", P + "hub", "etcdctl", "--endpoints", a.endpoints,
+               "--command-timeout", "5s", "get", "--prefix", a.prefix, "-w", "json"], timeout=10)
+    try:
+        kvs = json.loads(raw).get("kvs") or []
+        etcd_ok = True
+    except ValueError:
+        kvs, etcd_ok = [], False
+        infos.append("etcd unreadable")
+    keys = {}
+    for kv in kvs:
+        k = b64(kv["key"])[len(a.prefix):]
+        v = b64(kv.get("value"))
+        keys[k] = {"node": node_of(v), "create": kv.get("create_revision"),
+                   "mod": kv.get("mod_revision"), "lease": kv.get("lease")}
+    nets = {}
+    for k in keys:
+        try:
+            nets[k] = ipaddress.ip_network(k.replace("-", "/"))
+        except ValueError:
+            infos.append(f"unparsable key {k}")
+    ks = sorted(nets)
+    dup = 0
+    for i, x in enumerate(ks):
+        for y in ks[i + 1:]:
+            if nets[x].overlaps(nets[y]):
+                dup += 1
+                problems.append(f"two live keys overlap: {x} {y}")
+
+    hosts = {}
+    for n in range(1, a.hosts + 1):
+        ns = f"{P}h{n}"
+        h = {"n": n}
+        try:
+            env = open(os.path.join(work, f"h{n}", "subnet.env")).read()
+            m = re.search(r"^FLANNEL_SUBNET=(\S+)", env, re.M)
+            h["env"] = str(ipaddress.ip_interface(m.group(1)).network) if m else None
+        except OSError:
+            h["env"] = None
+        try:
+            h["node"] = open(os.path.join(work, f"h{n}", "state", "node-id")).read().strip()
+        except OSError:
+            h["node"] = None
+        tun = None
+        try:
+            for link in json.loads(run(["ip", "-n", ns, "-j", "addr", "show", "dev", "weft0"]) or "[]"):
+                for ai in link.get("addr_info", []):
+                    if ai.get("family") == "inet":
+                        tun = ai["local"]
+        except ValueError:
+            pass
+        h["tun"] = tun
+        h["ready"] = readyz(ns)
+        hosts[n] = h
+
+    ready = [h for h in hosts.values() if h["ready"]]
+    for i, x in enumerate(ready):
+        for y in ready[i + 1:]:
+            if x["env"] and x["env"] == y["env"]:
+                dup += 1
+                problems.append(f"h{x['n']} and h{y['n']} both ready with subnet.env {x['env']}")
+            if x["tun"] and x["tun"] == y["tun"]:
+                dup += 1
+                problems.append(f"h{x['n']} and h{y['n']} both ready with weft0 {x['tun']}")
+    node_names = {h["node"]: f"h{h['n']}" for h in hosts.values() if h["node"]}
+    for h in ready:
+        if not h["env"]:
+            continue
+        k = h["env"].replace("/", "-")
+        if h["tun"] and ipaddress.ip_address(h["tun"]) not in ipaddress.ip_network(h["env"]):
+            infos.append(f"h{h['n']}: weft0 {h['tun']} outside subnet.env {h['env']}")
+        if k in keys and keys[k]["node"] != h["node"]:
+            dup += 1
+            problems.append(f"h{h['n']} ready with {h['env']} but etcd gives it to "
+                            f"{node_names.get(keys[k]['node'], keys[k]['node'])}")
+        elif k not in keys and etcd_ok:
+            infos.append(f"h{h['n']} ready with {h['env']} but no key in etcd")
+    for h in hosts.values():
+        if not h["ready"]:
+            infos.append(f"h{h['n']} not ready")
+    held = {}
+    for k, v in keys.items():
+        held.setdefault(v["node"], []).append(k)
+    for node, ks_ in held.items():
+        if len(ks_) > 1:
+            infos.append(f"{node_names.get(node, node)} holds {len(ks_)} keys: {' '.join(sorted(ks_))}")
+
+    # A key that kept its create revision but changed holder was written by another node
+    # (covers what a watch gap might have missed).
+    foreign = []
+    state_path = os.path.join(work, "check-state.json")
+    try:
+        prev = json.load(open(state_path))
+    except (OSError, ValueError):
+        prev = {}
+    for k, v in keys.items():
+        p = prev.get(k)
+        if p and p["create"] == v["create"] and p["node"] != v["node"]:
+            foreign.append({"key": k, "rev": v["mod"], "from": p["node"], "to": v["node"]})
+            problems.append(f"{k}: holder changed {p['node']} -> {v['node']} "
+                            f"within one creation (rev {v['create']})")
+    if etcd_ok:
+        json.dump(keys, open(state_path, "w"))
+
+    rec = {"t": time.time(), "label": a.label, "dup": dup, "foreign": foreign,
+           "problems": problems, "infos": infos, "keys": len(keys),
+           "hosts": {f"h{n}": {"env": h["env"], "tun": h["tun"], "ready": h["ready"]}
+                     for n, h in hosts.items()}}
+    with open(os.path.join(work, "checks.jsonl"), "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    subnets = " ".join(f"h{n}={h['env'] or '-'}{'' if h['ready'] else '(unready)'}"
+                       for n, h in hosts.items())
+    print(f"   check: {len(keys)} keys; {subnets}; duplicates {dup}, foreign writes {len(foreign)}")
+    for p in problems:
+        print(f"   VIOLATION: {p}")
+    for i in infos:
+        print(f"   note: {i}")
+
+
+# --- report -----------------------------------------------------------------------------------
+
+PING_RE = re.compile(r"^\[(\d+\.\d+)\] (.*)icmp_seq=(\d+)")
+
+
+def parse_ping(path):
+    """[(approximate send time, answered within 1 s)] for every sequence number sent."""
+    seqs = {}
+    for line in open(path, errors="replace"):
+        m = PING_RE.match(line)
+        if not m:
+            continue
+        t, rest, seq = float(m.group(1)), m.group(2), int(m.group(3))
+        ok = "bytes from" in rest
+        if "no answer yet" in rest:
+            t -= 0.2
+        rtt = re.search(r"time=([\d.]+) ms", line) if ok else None
+        if rtt:
+            t -= float(rtt.group(1)) / 1000
+            # a reply later than ping's -W 1 (queued while a weft was stopped) counts as lost
+            ok = float(rtt.group(1)) <= 1000
+        old = seqs.get(seq)
+        seqs[seq] = (min(t, old[0]) if old else t, ok or (old[1] if old else False))
+    if not seqs:
+        return []
+    lo, hi = min(seqs), max(seqs)
+    out = []
+    known = sorted(seqs)
+    # sequence numbers that never showed up were sent and lost; place them between neighbours
+    for i in range(len(known) - 1):
+        s0, s1 = known[i], known[i + 1]
+        out.append((seqs[s0][0], seqs[s0][1]))
+        for s in range(s0 + 1, s1):
+            t = seqs[s0][0] + (seqs[s1][0] - seqs[s0][0]) * (s - s0) / (s1 - s0)
+            out.append((t, False))
+    out.append((seqs[hi][0], seqs[hi][1]))
+    return out
+
+
+def parse_ready(path):
+    """[(t, ready)]"""
+    res = []
+    for line in open(path):
+        p = line.split()
+        if len(p) == 2:
+            try:
+                res.append((float(p[0]), p[1] == "1"))
+            except ValueError:
+                pass
+    return res
+
+
+def unready_intervals(samples, t_from, t_end):
+    """Maximal runs of not-ready samples after t_from: [(start, end)]."""
+    out, start = [], None
+    for t, ok in samples:
+        if t < t_from:
+            continue
+        if not ok and start is None:
+            start = t
+        elif ok and start is not None:
+            out.append((start, t))
+            start = None
+    if start is not None:
+        out.append((start, t_end))
+    return out
+
+
+def cmd_report(a):
+    work = a.work
+    faults = [json.loads(l) for l in open(os.path.join(work, "faults.jsonl"))]
+    checks = [json.loads(l) for l in open(os.path.join(work, "checks.jsonl"))]
+    t_end = faults[-1]["t2"] if faults else time.time()
+    t_begin = faults[0]["t0"] if faults else 0
+    pings = {}
+    for path in glob.glob(os.path.join(work, "ping", "*.log")):
+        src, dst = os.path.basename(path)[:-4].split("-")
+        pings[(int(src), int(dst))] = parse_ping(path)
+    ready = {}
+    for n in range(1, a.hosts + 1):
+        p = os.path.join(work, "ready", f"h{n}.log")
+        ready[n] = unready_intervals(parse_ready(p), t_begin, t_end) if os.path.exists(p) else []
+    watch_foreign, gaps = foreign_writes_from_watch(work)
+    check_foreign = {(f["key"], f["rev"]) for c in checks for f in c["foreign"]}
+    foreign_all = {(f["key"], f["rev"]) for f in watch_foreign} | check_foreign
+
+    rows, bad = [], []
+    for i, f in enumerate(faults):
+        t0, t1, t2 = f["t0"], f["t1"], f["t2"]
+        target = f.get("host")  # a weft host the fault is aimed at, or None
+        exempt = target if f["fault"] in ("stop", "storm") else None
+        sent = lost = bsent = blost = 0
+        for (s, d), seq in pings.items():
+            for t, ok in seq:
+                if t0 <= t < t2:
+                    sent += 1
+                    lost += not ok
+                    if exempt not in (s, d):
+                        bsent += 1
+                        blost += not ok
+        mu, who = 0.0, "-"
+        for n, ivs in ready.items():
+            for s, e in ivs:
+                if t0 <= s < t2 and e - s > mu:
+                    mu, who = e - s, f"h{n}"
+        bound = (t1 - t0) + 2 * a.ttl
+        check = next((c for c in checks if c["label"] == f"#{i}"), None)
+        dup = check["dup"] if check else 0
+        fw = sum(1 for w in watch_foreign if t0 <= w["t"] < t2) + (len(check["foreign"]) if check else 0)
+        bpct = 100.0 * blost / bsent if bsent else 0.0
+        row = dict(i=i, fault=f["fault"], what=f.get("what", ""), dur=t1 - t0, sent=sent, lost=lost,
+                   bpct=bpct, unready=mu, who=who, bound=bound, dup=dup, fw=fw)
+        rows.append(row)
+        if mu > bound:
+            bad.append(f"#{i} {f['fault']}: {who} unready {mu:.1f}s > bound {bound:.1f}s")
+        if bpct > a.max_loss:
+            bad.append(f"#{i} {f['fault']}: {bpct:.1f}% of pings lost on pairs the fault should "
+                       f"not affect (limit {a.max_loss}%)")
+
+    print()
+    print(f"{'#':>3} {'fault':<12} {'what':<26} {'dur s':>6} {'sent':>6} {'lost':>5} "
+          f"{'bystander loss':>14} {'max unready s':>14} {'bound s':>8} {'dup':>4} {'fwrite':>6}")
+    for r in rows:
+        print(f"{r['i']:>3} {r['fault']:<12} {r['what'][:26]:<26} {r['dur']:>6.1f} {r['sent']:>6} "
+              f"{r['lost']:>5} {r['bpct']:>13.1f}% {r['unready']:>9.1f} {r['who']:>4} "
+              f"{r['bound']:>8.1f} {r['dup']:>4} {r['fw']:>6}")
+    print()
+    print("per fault type:")
+    types = {}
+    for r in rows:
+        t = types.setdefault(r["fault"], [0, 0, 0, 0.0])
+        t[0] += 1
+        t[1] += r["sent"]
+        t[2] += r["lost"]
+        t[3] = max(t[3], r["unready"])
+    for name, (cnt, s, l, mu) in types.items():
+        print(f"  {name:<12} x{cnt:<3} pings {s:>6} sent {l:>5} lost ({100.0 * l / s if s else 0:.1f}%), "
+              f"max unready {mu:.1f}s")
+
+    dups = sum(c["dup"] for c in checks)
+    over = sum(1 for b in bad if "unready" in b)
+    lossy = sum(1 for b in bad if "pings lost" in b)
+    harness = [f for f in faults if f.get("error")]
+    print()
+    print(f"invariants: duplicate holders {dups}, writes to another node's key {len(foreign_all)}, "
+          f"hosts unready past fault+2 TTLs {over}, faults over the {a.max_loss}% bystander loss "
+          f"limit {lossy}  ({len(checks)} checks; watch restarts after compaction {gaps})")
+    for c in checks:
+        for p in c["problems"]:
+            print(f"  VIOLATION at check {c['label']}: {p}")
+    for w in watch_foreign:
+        print(f"  VIOLATION: {w['key']} rewritten at rev {w['rev']} from node {w['from']} to {w['to']}")
+    for b in bad:
+        print(f"  VIOLATION: {b}")
+    for f in harness:
+        print(f"  HARNESS ERROR in #{faults.index(f)} {f['fault']}: {f['error']}")
+    summary = {"faults": len(faults), "duplicates": dups, "foreign_writes": len(foreign_all),
+               "unready_over_bound": over, "lossy_faults": lossy, "harness_errors": len(harness),
+               "types": {k: {"count": v[0], "sent": v[1], "lost": v[2], "max_unready": v[3]}
+                         for k, v in types.items()}}
+    with open(os.path.join(work, "summary.json"), "w") as f:
+        json.dump(summary, f)
+    broken = dups or foreign_all or bad or harness
+    return 1 if broken else 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("watch")
+    w.add_argument("--work", required=True)
+    w.add_argument("--hub", required=True)
+    w.add_argument("--endpoints", required=True)
+    w.add_argument("--prefix", required=True)
+    c = sub.add_parser("check")
+    c.add_argument("--work", required=True)
+    c.add_argument("--netns-prefix", required=True)
+    c.add_argument("--hosts", type=int, required=True)
+    c.add_argument("--endpoints", required=True)
+    c.add_argument("--prefix", required=True)
+    c.add_argument("--label", required=True)
+    r = sub.add_parser("report")
+    r.add_argument("--work", required=True)
+    r.add_argument("--hosts", type=int, required=True)
+    r.add_argument("--ttl", type=float, required=True)
+    r.add_argument("--max-loss", type=float, default=5.0)
+    a = ap.parse_args()
+    if a.cmd == "watch":
+        cmd_watch(a)
+    elif a.cmd == "check":
+        cmd_check(a)
+    else:
+        sys.exit(cmd_report(a))
+
+
+if __name__ == "__main__":
+    main()
