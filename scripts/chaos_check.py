@@ -308,6 +308,60 @@ def unready_intervals(samples, t_from, t_end):
     return out
 
 
+KEYS_PREFIX = "/coreos.com/network/subnets/"
+EVENTS = {"exp": "lease expired locally", "rec": "recovered: the lease had vanished",
+          "lost": "LEASE LOST", "chg": "this node's subnet changed", "clash": "IDENTITY CLASH"}
+TS_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z")
+
+
+def weft_events(work, hosts):
+    """[(epoch, kind, host)] of the lease events in every host's weft.log."""
+    from datetime import datetime, timezone
+    out = []
+    for n in range(1, hosts + 1):
+        try:
+            lines = open(os.path.join(work, f"h{n}", "weft.log"), errors="replace")
+        except OSError:
+            continue
+        for line in lines:
+            for kind, text in EVENTS.items():
+                if text in line:
+                    m = TS_RE.match(line)
+                    if m:
+                        t = datetime.fromisoformat(m.group(1)[:26]).replace(tzinfo=timezone.utc)
+                        out.append((t.timestamp(), kind, n))
+    return out
+
+
+def key_timelines(work):
+    """key -> [(t, present)] from the watch log, in order."""
+    out = {}
+    path = os.path.join(work, "watch.jsonl")
+    if not os.path.exists(path):
+        return out
+    for line in open(path):
+        rec = json.loads(line)
+        if "ev" in rec:
+            ev = rec["ev"]
+            out.setdefault(b64(ev["kv"]["key"]), []).append((rec["t"], ev.get("type", 0) == 0))
+    return out
+
+
+def ready_without_key(samples, timeline, t0, t2):
+    """Probes in [t0, t2) that answered ready although the host's key was gone from etcd for the
+    whole second the probe could have been answered in (the watch saw it deleted before the
+    probe and not re-created until after it)."""
+    n = 0
+    for t, ok in samples:
+        if not ok or not t0 <= t < t2:
+            continue
+        before = [p for (tt, p) in timeline if tt <= t]
+        during = [p for (tt, p) in timeline if t < tt <= t + 1.0]
+        if before and not before[-1] and not any(during):
+            n += 1
+    return n
+
+
 def cmd_report(a):
     work = a.work
     faults = [json.loads(l) for l in open(os.path.join(work, "faults.jsonl"))]
@@ -318,10 +372,18 @@ def cmd_report(a):
     for path in glob.glob(os.path.join(work, "ping", "*.log")):
         src, dst = os.path.basename(path)[:-4].split("-")
         pings[(int(src), int(dst))] = parse_ping(path)
-    ready = {}
+    ready, samples = {}, {}
     for n in range(1, a.hosts + 1):
         p = os.path.join(work, "ready", f"h{n}.log")
-        ready[n] = unready_intervals(parse_ready(p), t_begin, t_end) if os.path.exists(p) else []
+        samples[n] = parse_ready(p) if os.path.exists(p) else []
+        ready[n] = unready_intervals(samples[n], t_begin, t_end)
+    timelines = key_timelines(work)
+    own_key = {}  # host -> its subnet key, from the checks (subnet.env)
+    for c in checks:
+        for h, st in c["hosts"].items():
+            if st["env"]:
+                own_key.setdefault(int(h[1:]), set()).add(st["env"].replace("/", "-"))
+    events = weft_events(work, a.hosts)
     watch_foreign, gaps = foreign_writes_from_watch(work)
     check_foreign = {(f["key"], f["rev"]) for c in checks for f in c["foreign"]}
     foreign_all = {(f["key"], f["rev"]) for f in watch_foreign} | check_foreign
@@ -350,8 +412,13 @@ def cmd_report(a):
         dup = check["dup"] if check else 0
         fw = sum(1 for w in watch_foreign if t0 <= w["t"] < t2) + (len(check["foreign"]) if check else 0)
         bpct = 100.0 * blost / bsent if bsent else 0.0
+        rwk = 0
+        for n in samples:
+            for k in own_key.get(n, ()):
+                rwk += ready_without_key(samples[n], timelines.get(KEYS_PREFIX + k, []), t0, t2)
+        ev = {k: sum(1 for t, kind, _ in events if kind == k and t0 <= t < t2) for k in EVENTS}
         row = dict(i=i, fault=f["fault"], what=f.get("what", ""), dur=t1 - t0, sent=sent, lost=lost,
-                   bpct=bpct, unready=mu, who=who, bound=bound, dup=dup, fw=fw)
+                   bpct=bpct, unready=mu, who=who, bound=bound, dup=dup, fw=fw, ev=ev, rwk=rwk)
         rows.append(row)
         if mu > bound:
             bad.append(f"#{i} {f['fault']}: {who} unready {mu:.1f}s > bound {bound:.1f}s")
@@ -361,23 +428,28 @@ def cmd_report(a):
 
     print()
     print(f"{'#':>3} {'fault':<12} {'what':<26} {'dur s':>6} {'sent':>6} {'lost':>5} "
-          f"{'bystander loss':>14} {'max unready s':>14} {'bound s':>8} {'dup':>4} {'fwrite':>6}")
+          f"{'bystander loss':>14} {'max unready s':>14} {'bound s':>8} {'dup':>4} {'fwrite':>6}  "
+          f"{'ready w/o key':>13}  weft: expired/recovered/lost/changed")
     for r in rows:
         print(f"{r['i']:>3} {r['fault']:<12} {r['what'][:26]:<26} {r['dur']:>6.1f} {r['sent']:>6} "
               f"{r['lost']:>5} {r['bpct']:>13.1f}% {r['unready']:>9.1f} {r['who']:>4} "
-              f"{r['bound']:>8.1f} {r['dup']:>4} {r['fw']:>6}")
+              f"{r['bound']:>8.1f} {r['dup']:>4} {r['fw']:>6} {r['rwk']:>13}  "
+              f"{r['ev']['exp']}/{r['ev']['rec']}/{r['ev']['lost']}/{r['ev']['chg']}")
     print()
     print("per fault type:")
-    types = {}
+    types, rwk_total = {}, [0]
     for r in rows:
-        t = types.setdefault(r["fault"], [0, 0, 0, 0.0])
+        t = types.setdefault(r["fault"], [0, 0, 0, 0.0, 0, 0])
         t[0] += 1
         t[1] += r["sent"]
         t[2] += r["lost"]
         t[3] = max(t[3], r["unready"])
-    for name, (cnt, s, l, mu) in types.items():
+        t[4] += r["ev"]["exp"]
+        t[5] += r["ev"]["lost"] + r["ev"]["chg"]
+        rwk_total[0] += r["rwk"]
+    for name, (cnt, s, l, mu, exp, chg) in types.items():
         print(f"  {name:<12} x{cnt:<3} pings {s:>6} sent {l:>5} lost ({100.0 * l / s if s else 0:.1f}%), "
-              f"max unready {mu:.1f}s")
+              f"max unready {mu:.1f}s, leases expired locally {exp}, lost or changed {chg}")
 
     dups = sum(c["dup"] for c in checks)
     over = sum(1 for b in bad if "unready" in b)
@@ -396,9 +468,16 @@ def cmd_report(a):
         print(f"  VIOLATION: {b}")
     for f in harness:
         print(f"  HARNESS ERROR in #{faults.index(f)} {f['fault']}: {f['error']}")
+    print(f"  /readyz probes answered ready while the host's key was gone from etcd: {rwk_total[0]} "
+          "(reported, not an invariant: a duplicate needs a second holder)")
+    clashes = sum(1 for _, kind, _ in events if kind == "clash")
+    if clashes:
+        print(f"  note: weft logged {clashes} identity clash(es)")
     summary = {"faults": len(faults), "duplicates": dups, "foreign_writes": len(foreign_all),
                "unready_over_bound": over, "lossy_faults": lossy, "harness_errors": len(harness),
-               "types": {k: {"count": v[0], "sent": v[1], "lost": v[2], "max_unready": v[3]}
+               "ready_without_key_probes": rwk_total[0],
+               "types": {k: {"count": v[0], "sent": v[1], "lost": v[2], "max_unready": v[3],
+                             "expired_locally": v[4], "lost_or_changed": v[5]}
                          for k, v in types.items()}}
     with open(os.path.join(work, "summary.json"), "w") as f:
         json.dump(summary, f)
