@@ -13,3 +13,6 @@ cargo clippy --all-targets --quiet -- -D warnings
 echo "== cargo test"
 # Benches are built by clippy above; criterion binaries take no test-runner flags.
 cargo test --lib --bins --tests -- --test-threads 2
+echo "== chaos soak (short): namespace hosts, a 3-member etcd, random faults, invariants"
+# The long soak (minutes) is `scripts/chaos.sh`; CI runs the short one (about 90 s + a build).
+scripts/chaos.sh --short
