@@ -562,37 +562,25 @@ impl Keeper {
         None
     }
 
+    fn claim_presence(&self) -> (InFlight, Action) {
+        let record = PresenceRecord {
+            incarnation: self.cfg.incarnation.clone(),
+            public_ip: self.attrs.public_ip,
+        };
+        (InFlight::ClaimPresence, Action::ClaimPresence { record, ttl: self.cfg.presence_ttl })
+    }
+
     fn next_action(&mut self, now: Instant) -> Option<(InFlight, Action)> {
         if self.phase == Phase::Stopping {
             return self.next_stop_action();
         }
         if matches!(self.phase, Phase::Clash { .. }) {
             // Only presence, create-if-absent: it succeeds once the other process is gone.
-            if now < self.retry_at {
-                return None;
-            }
-            let record = PresenceRecord {
-                incarnation: self.cfg.incarnation.clone(),
-                public_ip: self.attrs.public_ip,
-            };
-            return Some((
-                InFlight::ClaimPresence,
-                Action::ClaimPresence { record, ttl: self.cfg.presence_ttl },
-            ));
+            return (now >= self.retry_at).then(|| self.claim_presence());
         }
         match self.presence {
             Presence::Unclaimed | Presence::WaitingFor { .. } => {
-                if now < self.retry_at {
-                    return None;
-                }
-                let record = PresenceRecord {
-                    incarnation: self.cfg.incarnation.clone(),
-                    public_ip: self.attrs.public_ip,
-                };
-                return Some((
-                    InFlight::ClaimPresence,
-                    Action::ClaimPresence { record, ttl: self.cfg.presence_ttl },
-                ));
+                return (now >= self.retry_at).then(|| self.claim_presence());
             }
             Presence::Claimed { lease, keep_at, beat_at } if now >= keep_at => {
                 let beat = now >= beat_at;
