@@ -1,0 +1,199 @@
+//! The watch → route path: RouteSet::apply_listing / apply_batch / set_own with arbitrary
+//! listings and events (puts of arbitrary lease JSON, deletes, unparsable keys), then table()
+//! and lookups. Invariants: the own subnet is never published; every lookup is the longest
+//! prefix over the table's peers (checked against a naive scan); resume revisions never go
+//! back; a delete or unreadable key keeps the route (stale).
+#![no_main]
+
+use std::net::Ipv4Addr;
+
+use arbitrary::{Arbitrary, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use weft::lease::record::{
+    HistoryEntry, HistoryRecord, HistoryState, LeaseAttrs, NodeId, Revision, StoreLeaseId,
+    StoredLease,
+};
+use weft::lease::store::{BadEntry, Listing, WatchBatch, WatchEvent};
+use weft::route::RouteSet;
+use weft_fuzz::{ArbNetwork, naive_lookup};
+
+#[derive(Arbitrary, Debug)]
+struct ArbLease {
+    index: u32,
+    len: Option<u8>,
+    rev: u8,
+    value: Value,
+}
+
+#[derive(Arbitrary, Debug)]
+enum Value {
+    /// A flannel-shaped value.
+    Shaped { public: u8, vxlan: Option<Option<[u8; 6]>>, vni: Option<u32> },
+    /// Arbitrary JSON text (only leases that parse become events).
+    Json(String),
+}
+
+#[derive(Arbitrary, Debug)]
+enum Event {
+    Put(ArbLease),
+    Delete { index: u32, len: Option<u8>, rev: u8 },
+    Bad { name: String, under_subnets: bool },
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Listing { rev: u8, leases: Vec<ArbLease>, history: Vec<(u32, u8, u8)>, bad: Vec<String> },
+    Batch { rev: u8, events: Vec<Event> },
+    SetOwn(Option<u32>),
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    network: ArbNetwork,
+    ops: Vec<Op>,
+    probes: Vec<u32>,
+}
+
+fn lease(net: &ArbNetwork, l: &ArbLease) -> Option<StoredLease> {
+    let attrs = match &l.value {
+        Value::Shaped { public, vxlan, vni } => {
+            let mut json = format!(r#"{{"PublicIP":"192.0.2.{public}""#);
+            if let Some(mac) = vxlan {
+                json.push_str(r#","BackendType":"vxlan","BackendData":{"#);
+                if let Some(m) = mac {
+                    json.push_str(&format!(
+                        r#""VtepMAC":"{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}""#,
+                        m[0], m[1], m[2], m[3], m[4], m[5]
+                    ));
+                    if let Some(v) = vni {
+                        json.push_str(&format!(r#","VNI":{v}"#));
+                    }
+                }
+                json.push('}');
+            }
+            json.push('}');
+            LeaseAttrs::from_json(json.as_bytes()).ok()?
+        }
+        Value::Json(s) => LeaseAttrs::from_json(s.as_bytes()).ok()?,
+    };
+    Some(StoredLease {
+        subnet: net.subnet(l.index, l.len.map_or(net.subnet_len(), |x| x % 33)),
+        attrs,
+        mod_revision: Revision(i64::from(l.rev)),
+        lease_id: StoreLeaseId(0),
+    })
+}
+
+fn check(set: &RouteSet, probes: &[u32], net: &ArbNetwork) {
+    let table = set.table();
+    let peers = table.peers();
+    if let Some(own) = set.own() {
+        assert!(peers.iter().all(|p| p.subnet != own), "own subnet published");
+    }
+    assert!(peers.windows(2).all(|w| w[0].subnet < w[1].subnet), "peers not sorted and unique");
+    for p in peers {
+        assert!(p.subnet.check_lease_of(net.net(), net.subnet_len()).is_ok(), "foreign route");
+        assert!(table.is_known_peer(p.public_ip));
+        assert_eq!(table.lookup(p.subnet.network()), Some(p), "a peer's own address");
+    }
+    let base = u32::from(net.net().network());
+    for &x in probes.iter().take(32) {
+        for d in [Ipv4Addr::from(x), Ipv4Addr::from(base.wrapping_add(x % 65536))] {
+            assert_eq!(table.lookup(d), naive_lookup(peers, d), "lookup of {d}");
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else { return };
+    let net = input.network;
+    let mut set = RouteSet::new(net.net(), net.subnet_len());
+    let node = NodeId::parse("node-0001").unwrap();
+    for op in input.ops.iter().take(16) {
+        let resume = set.resume_revision();
+        match op {
+            Op::Listing { rev, leases, history, bad } => {
+                let listing = Listing {
+                    revision: Revision(i64::from(*rev)),
+                    leases: leases.iter().take(32).filter_map(|l| lease(&net, l)).collect(),
+                    history: history
+                        .iter()
+                        .take(32)
+                        .map(|&(i, state, rev)| HistoryEntry {
+                            subnet: net.subnet(i, net.subnet_len()),
+                            record: HistoryRecord {
+                                state: [
+                                    HistoryState::Held,
+                                    HistoryState::Relinquished,
+                                    HistoryState::Revoked,
+                                ][usize::from(state % 3)],
+                                node: node.clone(),
+                                public_ip: Ipv4Addr::new(192, 0, 2, 1),
+                            },
+                            mod_revision: Revision(i64::from(rev)),
+                        })
+                        .collect(),
+                    skipped: bad
+                        .iter()
+                        .take(8)
+                        .map(|n| BadEntry {
+                            key: format!("/coreos.com/network/subnets/{n}"),
+                            problem: "x".into(),
+                        })
+                        .collect(),
+                };
+                set.apply_listing(&listing);
+                assert!(!set.needs_relist());
+                // Every lease of the listing that parses is routed (not stale), unless own.
+                for l in &listing.leases {
+                    if let Some(p) = set.peer(l.subnet)
+                        && l.subnet.check_lease_of(net.net(), net.subnet_len()).is_ok()
+                        && weft::route::Peer::from_lease(l).is_ok()
+                    {
+                        let last = listing.leases.iter().rev().find(|x| x.subnet == l.subnet);
+                        if last == Some(l) {
+                            assert!(!p.stale, "listed lease stale");
+                        }
+                    }
+                }
+            }
+            Op::Batch { rev, events } => {
+                let events: Vec<WatchEvent> = events
+                    .iter()
+                    .take(32)
+                    .filter_map(|e| match e {
+                        Event::Put(l) => lease(&net, l).map(WatchEvent::Put),
+                        Event::Delete { index, len, rev } => Some(WatchEvent::Delete {
+                            subnet: net.subnet(*index, len.map_or(net.subnet_len(), |x| x % 33)),
+                            revision: Revision(i64::from(*rev)),
+                        }),
+                        Event::Bad { name, under_subnets } => Some(WatchEvent::Bad(BadEntry {
+                            key: if *under_subnets {
+                                format!("/coreos.com/network/subnets/{name}")
+                            } else {
+                                name.clone()
+                            },
+                            problem: "bad".into(),
+                        })),
+                    })
+                    .collect();
+                let before: Vec<_> = set.table().peers().iter().map(|p| p.subnet).collect();
+                set.apply_batch(&WatchBatch { revision: Revision(i64::from(*rev)), events });
+                // Deletes and unreadable keys never remove a route; only puts replace them.
+                let after = set.table();
+                for s in before {
+                    assert!(
+                        after.peers().iter().any(|p| p.subnet == s) || set.own() == Some(s),
+                        "{s} lost by a batch"
+                    );
+                }
+            }
+            Op::SetOwn(i) => {
+                set.set_own(i.map(|i| net.subnet(i, net.subnet_len())));
+            }
+        }
+        assert!(set.resume_revision() >= resume, "resume revision went back");
+        let _ = (set.bad_entries(), set.ignored().len());
+        check(&set, &input.probes, &net);
+    }
+});
