@@ -17,7 +17,7 @@ use weft::dataplane::pipeline::{Counters, Forwarder, OwnSubnet};
 use weft::dataplane::wire::virtio_net::{self, Header};
 use weft::dataplane::wire::vxlan;
 use weft::dataplane::worker::{RxPath, TxPath, WorkerConfig};
-use weft::route::Routes;
+use weft::route::{Peer, PeerBackend, RouteTable, Routes};
 use weft::time::{Clock, ManualClock};
 use weft_fuzz::{AnyPacket, ArbNetwork, ArbPeer};
 
@@ -26,7 +26,8 @@ enum Read {
     /// Exactly these bytes (header included, when offloads are on).
     Raw(Vec<u8>),
     /// A packet behind a header (ignored without offloads).
-    Packet { hdr: [u8; 10], gso: Option<(u8, u16)>, packet: AnyPacket },
+    /// `steer`: from our subnet to the `k`th peer's (a well-formed IPv4 packet only).
+    Packet { hdr: [u8; 10], gso: Option<(u8, u16)>, packet: AnyPacket, steer: Option<u8> },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -50,9 +51,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else { return };
     let net = input.network;
     let peers: Vec<_> = input.peers.iter().take(32).cloned().collect();
-    let routes = Routes::new(net.table(&peers));
+    let table = net.table(&peers);
+    let own_subnet = input.own.map(|i| net.subnet(i, net.subnet_len()));
     let own = Arc::new(OwnSubnet::default());
-    own.set(input.own.map(|i| net.subnet(i, net.subnet_len())));
+    own.set(own_subnet);
     let backend = if input.udp_backend { BackendKind::Udp } else { BackendKind::Vxlan };
     let port = backend.default_port();
     let fwd = Forwarder {
@@ -75,25 +77,56 @@ fuzz_target!(|data: &[u8]| {
     let fake = FakeNet::new();
     let mut pool = vec![fake.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 200), 40001))];
     pool[0].set_gso(input.gso);
-    let loop_ip = routes
-        .load()
-        .peers()
-        .get(usize::from(input.loop_peer))
-        .map_or(Ipv4Addr::new(192, 0, 2, 1), |p| p.public_ip);
+    // The receiving side is the peer our socket is bound as: its subnet is its own, and it
+    // routes our subnet back to the address we send from.
+    let looped = table.peers().get(usize::from(input.loop_peer) % table.len().max(1)).cloned();
+    let loop_ip = looped.as_ref().map_or(Ipv4Addr::new(192, 0, 2, 1), |p| p.public_ip);
     let mut sock = fake.bind(SocketAddrV4::new(loop_ip, port));
+    let own2 = Arc::new(OwnSubnet::default());
+    own2.set(looped.as_ref().map(|p| p.subnet));
+    let fwd2 = Forwarder {
+        our_mac: looped.as_ref().and_then(|p| p.vtep_mac).unwrap_or([2, 0, 0, 0, 0, 2]),
+        own: own2,
+        ..fwd.clone()
+    };
+    let back = own_subnet.map(|subnet| Peer {
+        subnet,
+        public_ip: Ipv4Addr::new(192, 0, 2, 200),
+        backend: if input.udp_backend { PeerBackend::Udp } else { PeerBackend::Vxlan },
+        vtep_mac: Some(fwd.our_mac),
+        vni: Some(1),
+        node: None,
+        stale: false,
+    });
+    let routes2 = Routes::new(RouteTable::build(
+        net.net(),
+        net.subnet_len(),
+        table.peers().iter().cloned().chain(back),
+    ));
+    let targets: Vec<Ipv4Addr> = table.peers().iter().map(|p| p.subnet.first_host()).collect();
+    let routes = Routes::new(table);
     let counters = Counters::default();
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new());
 
     for r in input.reads.iter().take(24) {
         match r {
             Read::Raw(b) => tun.inject(b),
-            Read::Packet { hdr, gso, packet } => {
+            Read::Packet { hdr, gso, packet, steer } => {
+                let addrs = match (steer, own_subnet, packet) {
+                    (Some(k), Some(o), AnyPacket::Built(_)) if !targets.is_empty() => {
+                        Some((o.first_host(), targets[usize::from(*k) % targets.len()]))
+                    }
+                    _ => None,
+                };
+                let bytes = match packet {
+                    AnyPacket::Built(p) => p.build_with(60000, addrs),
+                    AnyPacket::Raw(b) => b.clone(),
+                };
                 let mut frame = Vec::new();
                 if input.vnet {
                     frame.extend_from_slice(hdr);
                     if let Some((kind, size)) = gso {
-                        let p = packet.bytes(60000);
-                        let v6 = p.first().is_some_and(|b| b >> 4 == 6);
+                        let v6 = bytes.first().is_some_and(|b| b >> 4 == 6);
                         let h = Header {
                             flags: virtio_net::F_NEEDS_CSUM,
                             gso_type: [
@@ -109,7 +142,7 @@ fuzz_target!(|data: &[u8]| {
                         let _ = h.emit(&mut frame);
                     }
                 }
-                frame.extend_from_slice(&packet.bytes(60000));
+                frame.extend_from_slice(&bytes);
                 tun.inject(&frame);
             }
         }
@@ -127,7 +160,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut rx = RxPath::new(&*tun, &sock, &cfg);
     for _ in 0..64 {
-        if !rx.step(&*tun, &mut sock, &fwd, &routes, &counters, Duration::ZERO) {
+        if !rx.step(&*tun, &mut sock, &fwd2, &routes2, &counters, Duration::ZERO) {
             break;
         }
     }

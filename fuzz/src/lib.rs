@@ -45,6 +45,12 @@ fn addr6(i: u8) -> Ipv6Addr {
 impl ArbPacket {
     /// The packet bytes; `payload_len` is capped at `max_payload`.
     pub fn build(&self, max_payload: usize) -> Vec<u8> {
+        self.build_with(max_payload, None)
+    }
+
+    /// As [`build`](Self::build), with these IPv4 source and destination addresses (ignored
+    /// for IPv6).
+    pub fn build_with(&self, max_payload: usize, addrs: Option<(Ipv4Addr, Ipv4Addr)>) -> Vec<u8> {
         let opts = usize::from(self.opt_words % 11) * 4;
         let l4_len = if self.udp { udp::HEADER_LEN } else { tcp::HEADER_LEN + opts };
         let ip_len = if self.v6 { ipv6::HEADER_LEN } else { ipv4::HEADER_LEN };
@@ -84,7 +90,7 @@ impl ArbPacket {
             ip.set_dst_addr(d);
             fill_l4_v6(&mut p[ip_len..], self.udp, s, d);
         } else {
-            let (s, d) = (addr4(self.src), addr4(self.dst));
+            let (s, d) = addrs.unwrap_or((addr4(self.src), addr4(self.dst)));
             let mut ip = ipv4::Packet::new_unchecked(&mut p[..]);
             ip.set_version(4);
             ip.set_header_len(20);
