@@ -16,3 +16,6 @@ cargo test --lib --bins --tests -- --test-threads 2
 echo "== chaos soak (short): namespace hosts, a 3-member etcd, random faults, invariants"
 # The long soak (minutes) is `scripts/chaos.sh`; CI runs the short one (about 90 s + a build).
 scripts/chaos.sh --short
+echo "== fuzzing: every cargo-fuzz target for 20 s (overflow checks on)"
+# Longer runs: scripts/fuzz.sh 600 (ten minutes a target).
+scripts/fuzz.sh 20
