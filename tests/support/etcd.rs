@@ -529,6 +529,13 @@ impl EtcdCluster {
     /// # Panics
     /// If etcd is not installed, or the cluster does not become healthy in time.
     pub fn start() -> Self {
+        // Faster elections than the default 1 s keep failover tests short.
+        Self::start_with_timing(Some((50, 500)))
+    }
+
+    /// As [`EtcdCluster::start`], with this raft heartbeat and election timeout in ms (`None`:
+    /// etcd's defaults, 100 and 1000).
+    pub fn start_with_timing(timing: Option<(u32, u32)>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("weft-etcd-cluster-")
             .tempdir()
@@ -555,8 +562,7 @@ impl EtcdCluster {
                     data_dir: dir.path().join(format!("a{attempt}-n{i}")),
                     log: dir.path().join(format!("n{i}.log")),
                     initial_cluster: initial_cluster.clone(),
-                    // Faster elections than the default 1 s keep failover tests short.
-                    timing: Some((50, 500)),
+                    timing,
                     extra: Vec::new(),
                     child: None,
                 })
