@@ -1,0 +1,1304 @@
+//! "1,000 hosts on one etcd cluster": a benchmark, not a test (issue 8 §3). Run it with
+//! `scripts/bench-leases.sh [N]`; `cargo bench` skips it unless given `--hosts`.
+//!
+//! The coordinator (this binary without `--worker`) starts a real 3-member etcd on loopback
+//! (tests/support/etcd.rs, raft heartbeat/election 100/1000 ms, etcd's defaults, data dirs under
+//! `$TMPDIR`, which scripts/bench-leases.sh points at tmpfs: see there),
+//! writes the network config (10.244.0.0/16, SubnetLen 28: 4,094 leasable subnets) and
+//! re-executes itself as worker processes, each running its share of hosts: per host weft's own
+//! [`LeaseDriver`] + [`Keeper`] on its own [`EtcdStore`] client, and a route watcher on the same
+//! client; no TUN device, nothing is sent. Public IPs come from 198.18.0.0/15 (RFC 2544).
+//! Host state dirs and subnet.env files live on tmpfs (`/dev/shm`), so the bench's disk is
+//! etcd's alone. Workers report JSON lines on stdout; their logs (WARN and up) go to
+//! `<bench dir>/worker-<n>.log`.
+//!
+//! Phases: join (all at once), renew (2 TTLs), suspend (SIGSTOP one worker past the TTL, then
+//! SIGCONT), churn (SIGTERM one worker, its hosts relinquishing, while a new worker joins).
+//!
+//! Propagation latency: every create or relinquish is stamped (CLOCK_MONOTONIC) by the worker
+//! whose store call committed it, when the call returns; each worker polls its hosts' published
+//! route tables every 5 ms and reports when all of them have the route (or no longer have it);
+//! the latency is the last worker's report minus the stamp.
+
+#[allow(dead_code)]
+#[path = "../tests/support/etcd.rs"]
+mod etcd;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use weft::config::NetworkConfig;
+use weft::health::Health;
+use weft::lease::driver::{DriverConfig, LeaseDriver};
+use weft::lease::etcd::{EtcdOptions, EtcdStore};
+use weft::lease::keeper::{Keeper, KeeperConfig};
+use weft::lease::record::{
+    Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
+};
+use weft::lease::store::{
+    CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
+    RenewOutcome, Store, StoreError, WatchStream,
+};
+use weft::route::{RouteStats, RouteTable, Routes};
+use weft::time::{BootClock, Clock};
+
+const NETWORK_JSON: &str =
+    r#"{"Network":"10.244.0.0/16","SubnetLen":28,"Backend":{"Type":"vxlan","VNI":1}}"#;
+const PREFIX: &str = "/coreos.com/network";
+const POLL: Duration = Duration::from_millis(5);
+
+/// CLOCK_MONOTONIC in nanoseconds: system-wide, so workers' stamps compare.
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid, writable timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn emit(v: Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{v}");
+    let _ = out.flush();
+}
+
+fn host_ip(i: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + 1 + i)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let get = |name: &str| {
+        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
+    };
+    if args.iter().any(|a| a == "--worker") {
+        let endpoints: Vec<String> =
+            get("--endpoints").expect("--endpoints").split(',').map(String::from).collect();
+        let first: u32 = get("--first").expect("--first").parse().expect("--first");
+        let count: u32 = get("--count").expect("--count").parse().expect("--count");
+        let ttl: u64 = get("--ttl").expect("--ttl").parse().expect("--ttl");
+        let dir = PathBuf::from(get("--dir").expect("--dir"));
+        worker(endpoints, first, count, Duration::from_secs(ttl), &dir);
+        return;
+    }
+    let Some(hosts) = get("--hosts") else {
+        println!(
+            "leases: the 1,000-host lease benchmark runs only with --hosts N (scripts/bench-leases.sh)"
+        );
+        return;
+    };
+    let hosts: u32 = hosts.parse().expect("--hosts N");
+    let workers: u32 = get("--workers").map_or(10, |w| w.parse().expect("--workers N"));
+    let ttl: u64 = get("--ttl").map_or(10, |t| t.parse().expect("--ttl SECONDS"));
+    coordinator(hosts, workers, ttl);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker
+// ---------------------------------------------------------------------------------------------
+
+/// What a worker's hosts' store calls did, summed over the worker.
+#[derive(Default)]
+struct Calls {
+    lists: AtomicU64,
+    creates: AtomicU64,
+    creates_lost: AtomicU64,
+    renews: AtomicU64,
+    renew_conflicts: AtomicU64,
+    releases: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// The lease driver's store: counts calls and stamps committed creates and releases.
+struct Counting {
+    inner: Arc<dyn Store>,
+    calls: Arc<Calls>,
+    host: u32,
+    ip: Ipv4Addr,
+}
+
+impl Counting {
+    fn err<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if r.is_err() {
+            self.calls.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Counting {
+    async fn config(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.config().await
+    }
+    async fn set_config(&self, value: &[u8]) -> Result<(), StoreError> {
+        self.inner.set_config(value).await
+    }
+    async fn list(&self) -> Result<Listing, StoreError> {
+        self.calls.lists.fetch_add(1, Ordering::Relaxed);
+        let r = self.inner.list().await;
+        self.err(r)
+    }
+    async fn get(
+        &self,
+        subnet: Subnet,
+    ) -> Result<Option<Result<StoredLease, weft::lease::store::BadEntry>>, StoreError> {
+        self.inner.get(subnet).await
+    }
+    async fn create(
+        &self,
+        subnet: Subnet,
+        attrs: &LeaseAttrs,
+        ttl: Duration,
+    ) -> Result<CreateOutcome, StoreError> {
+        self.calls.creates.fetch_add(1, Ordering::Relaxed);
+        let issued = mono_ns();
+        let r = self.inner.create(subnet, attrs, ttl).await;
+        match &r {
+            Ok(CreateOutcome::Created(_)) => emit(json!({
+                "ev": "created", "h": self.host, "s": subnet.to_string(), "ip": self.ip.to_string(),
+                "t_issue": issued, "t": mono_ns(),
+            })),
+            Ok(CreateOutcome::Exists(_)) => {
+                self.calls.creates_lost.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {}
+        }
+        self.err(r)
+    }
+    async fn renew(
+        &self,
+        held: &HeldLease,
+        attrs: &LeaseAttrs,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.calls.renews.fetch_add(1, Ordering::Relaxed);
+        let r = self.inner.renew(held, attrs, ttl).await;
+        if matches!(r, Ok(RenewOutcome::Changed(_) | RenewOutcome::Unreadable)) {
+            self.calls.renew_conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+        self.err(r)
+    }
+    async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError> {
+        let issued = mono_ns();
+        let r = self.inner.release(held, node).await;
+        if matches!(r, Ok(ReleaseOutcome::Released)) {
+            self.calls.releases.fetch_add(1, Ordering::Relaxed);
+            emit(json!({
+                "ev": "released", "h": self.host, "s": held.subnet.to_string(),
+                "ip": self.ip.to_string(), "t_issue": issued, "t": mono_ns(),
+            }));
+        }
+        self.err(r)
+    }
+    async fn revoke(&self, subnet: Subnet) -> Result<bool, StoreError> {
+        self.inner.revoke(subnet).await
+    }
+    async fn claim_presence(
+        &self,
+        node: &NodeId,
+        record: &PresenceRecord,
+        ttl: Duration,
+    ) -> Result<PresenceOutcome, StoreError> {
+        let r = self.inner.claim_presence(node, record, ttl).await;
+        self.err(r)
+    }
+    async fn keep_presence(
+        &self,
+        node: &NodeId,
+        lease: StoreLeaseId,
+        beat: bool,
+    ) -> Result<bool, StoreError> {
+        let r = self.inner.keep_presence(node, lease, beat).await;
+        self.err(r)
+    }
+    async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError> {
+        self.inner.drop_presence(node, lease).await
+    }
+    async fn watch(&self, from: Revision, only: Option<Subnet>) -> Result<WatchStream, StoreError> {
+        self.inner.watch(from, only).await
+    }
+}
+
+struct Host {
+    idx: u32,
+    ip: Ipv4Addr,
+    routes: Arc<Routes>,
+    stats: Arc<RouteStats>,
+    health: Arc<Health>,
+    subnet: watch::Receiver<Option<Subnet>>,
+    /// The last table looked at (kept, so that a new table is never mistaken for it).
+    table: Arc<RouteTable>,
+    /// Last reported (subnet, ready).
+    reported: (Option<Subnet>, bool),
+    /// Set after the worker was stopped: report the first time this host is ready again.
+    await_rehold: bool,
+}
+
+/// A route change some host of this worker saw, until every host has it.
+struct Pending {
+    seen: Vec<bool>,
+    left: usize,
+}
+
+fn rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn cpu_ticks(pid: &str) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
+    // Fields after the command (which may hold spaces): state is field 3; utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn clk_tck() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+fn worker(endpoints: Vec<String>, first: u32, count: u32, ttl: Duration, dir: &Path) {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("WEFT_LOG"))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let opts = EtcdOptions {
+        endpoints,
+        prefix: PREFIX.into(),
+        call_timeout: Duration::from_secs(5),
+        ..EtcdOptions::default()
+    };
+    let (stores, network) = rt.block_on(async {
+        let mut stores = Vec::new();
+        for _ in 0..count {
+            stores.push(EtcdStore::connect(opts.clone()).await.expect("etcd client"));
+        }
+        let raw = stores[0].config().await.expect("read config").expect("config set");
+        (stores, NetworkConfig::parse(&raw).expect("valid config"))
+    });
+    emit(json!({"ev": "ready", "pid": std::process::id(), "rss_kb": rss_kb()}));
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    rt.block_on(run_hosts(stores, network, first, ttl, dir));
+}
+
+async fn run_hosts(
+    stores: Vec<EtcdStore>,
+    network: NetworkConfig,
+    first: u32,
+    ttl: Duration,
+    dir: &Path,
+) {
+    let clock: Arc<dyn Clock> = Arc::new(BootClock);
+    let calls = Arc::new(Calls::default());
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut hosts = Vec::new();
+    let mut drivers = Vec::new();
+    for (k, store) in stores.into_iter().enumerate() {
+        let idx = first + k as u32;
+        let ip = host_ip(idx);
+        let raw: Arc<dyn Store> = Arc::new(store);
+        let counting: Arc<dyn Store> =
+            Arc::new(Counting { inner: raw.clone(), calls: calls.clone(), host: idx, ip });
+        let node = NodeId::generate();
+        let state_dir = dir.join(format!("h{idx}"));
+        std::fs::create_dir_all(&state_dir).expect("host dir");
+        emit(json!({"ev": "host_info", "h": idx, "node": node.as_str(), "ip": ip.to_string()}));
+        let mac = [0x02, 0, (idx >> 16) as u8, (idx >> 8) as u8, idx as u8, 1];
+        let attrs = weft::daemon::lease_attrs(&network, ip, mac);
+        let (presence_ttl, retry_min, retry_max) = KeeperConfig::timings_for(ttl);
+        let keeper = Keeper::new(
+            KeeperConfig {
+                network: network.clone(),
+                attrs,
+                node: node.clone(),
+                incarnation: Incarnation::generate(),
+                ttl,
+                renew_margin: (ttl / 4).min(Duration::from_secs(3600)),
+                presence_ttl,
+                previous: None,
+                retry_min,
+                retry_max,
+                seed: rand::random(),
+            },
+            clock.now(),
+        );
+        let health = Arc::new(Health::new(clock.clone()));
+        let (subnet_tx, subnet_rx) = watch::channel(None);
+        let routes =
+            Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
+        let stats = Arc::new(RouteStats::default());
+        tokio::spawn(weft::route::watcher::run(
+            raw,
+            routes.clone(),
+            network.clone(),
+            subnet_rx.clone(),
+            stats.clone(),
+            shutdown_rx.clone(),
+        ));
+        let driver = LeaseDriver::new(
+            counting,
+            keeper,
+            node,
+            clock.clone(),
+            health.clone(),
+            DriverConfig {
+                network: network.clone(),
+                subnet_file: state_dir.join("subnet.env"),
+                mtu: 1450,
+                ip_masq: false,
+                on_subnet_change: None,
+                on_lease_lost: None,
+                hook_timeout: Duration::from_secs(30),
+                state_dir,
+                relinquish_on_exit: true,
+            },
+            subnet_tx,
+        );
+        drivers.push(tokio::spawn(driver.run(shutdown_rx.clone())));
+        let table = routes.load().clone();
+        hosts.push(Host {
+            idx,
+            ip,
+            routes,
+            stats,
+            health,
+            subnet: subnet_rx,
+            table,
+            reported: (None, false),
+            await_rehold: false,
+        });
+    }
+    let poller = tokio::spawn(poll(hosts, calls, shutdown_rx.clone()));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    term.recv().await;
+    let t = mono_ns();
+    emit(json!({"ev": "terminating", "t": t}));
+    shutdown_tx.send_replace(true);
+    for d in drivers {
+        let _ = tokio::time::timeout(Duration::from_secs(15), d).await;
+    }
+    poller.abort();
+    emit(json!({"ev": "exit", "t": mono_ns()}));
+}
+
+/// Every 5 ms: which route changes every host of this worker has, and each host's lease state.
+async fn poll(mut hosts: Vec<Host>, calls: Arc<Calls>, shutdown: watch::Receiver<bool>) {
+    let n = hosts.len();
+    // What the discovering hosts (the first two: a host's table lacks its own subnet) last saw.
+    let mut known: Vec<HashSet<(Subnet, Ipv4Addr)>> = vec![HashSet::new(); n.min(2)];
+    let mut pending: HashMap<(Subnet, Ipv4Addr, bool), Pending> = HashMap::new();
+    let mut done: HashSet<(Subnet, Ipv4Addr, bool)> = HashSet::new();
+    let mut listed = false;
+    let mut last_tick = mono_ns();
+    let mut last_stats = 0u64;
+    let mut interval = tokio::time::interval(POLL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ticks = clk_tck();
+    loop {
+        interval.tick().await;
+        if *shutdown.borrow() {
+            return;
+        }
+        let now = mono_ns();
+        if now - last_tick > 1_000_000_000 {
+            // We were stopped (SIGSTOP): report when each host holds a lease again.
+            emit(json!({"ev": "resumed", "t": now, "gap_ms": (now - last_tick) / 1_000_000}));
+            for h in &mut hosts {
+                h.await_rehold = true;
+            }
+        }
+        last_tick = now;
+        if !listed && hosts.iter().all(|h| h.stats.updates.load(Ordering::Relaxed) > 0) {
+            listed = true;
+            emit(json!({"ev": "listed", "t": now}));
+        }
+        // Discover route changes from the first hosts' tables.
+        let mut changed = vec![false; n];
+        for (k, h) in hosts.iter_mut().enumerate() {
+            let table = h.routes.load();
+            if !Arc::ptr_eq(&table, &h.table) {
+                h.table = table.clone();
+                changed[k] = true;
+            }
+        }
+        for d in 0..known.len() {
+            if !changed[d] {
+                continue;
+            }
+            let now_set: HashSet<(Subnet, Ipv4Addr)> =
+                hosts[d].table.peers().iter().map(|p| (p.subnet, p.public_ip)).collect();
+            for &(s, ip) in now_set.difference(&known[d]) {
+                if !done.contains(&(s, ip, false)) {
+                    pending
+                        .entry((s, ip, false))
+                        .or_insert_with(|| Pending { seen: vec![false; n], left: n });
+                }
+            }
+            for &(s, ip) in known[d].difference(&now_set) {
+                if !done.contains(&(s, ip, true)) {
+                    pending
+                        .entry((s, ip, true))
+                        .or_insert_with(|| Pending { seen: vec![false; n], left: n });
+                }
+            }
+            known[d] = now_set;
+        }
+        // Which hosts have each pending change now.
+        let mut finished = Vec::new();
+        for (key, p) in pending.iter_mut() {
+            let (s, ip, gone) = *key;
+            for (k, h) in hosts.iter().enumerate() {
+                if p.seen[k] || h.stats.updates.load(Ordering::Relaxed) == 0 {
+                    continue;
+                }
+                let own = h.ip == ip && *h.subnet.borrow() == Some(s);
+                let has = own
+                    || h.table
+                        .lookup(s.network())
+                        .is_some_and(|peer| peer.public_ip == ip && peer.subnet == s);
+                if has != gone {
+                    p.seen[k] = true;
+                    p.left -= 1;
+                }
+            }
+            if p.left == 0 {
+                finished.push(*key);
+            }
+        }
+        for key in finished {
+            pending.remove(&key);
+            done.insert(key);
+            emit(json!({
+                "ev": "prop", "s": key.0.to_string(), "ip": key.1.to_string(), "gone": key.2,
+                "t": now,
+            }));
+        }
+        // Lease state per host.
+        for h in &mut hosts {
+            let subnet = *h.subnet.borrow();
+            let ready = h.health.readiness().is_ok();
+            if (subnet, ready) != h.reported {
+                h.reported = (subnet, ready);
+                emit(json!({
+                    "ev": "host", "h": h.idx, "s": subnet.map(|s| s.to_string()), "held": ready,
+                    "t": now,
+                }));
+            }
+            if h.await_rehold && ready {
+                h.await_rehold = false;
+                emit(json!({
+                    "ev": "rehold", "h": h.idx, "s": subnet.map(|s| s.to_string()), "t": now,
+                }));
+            }
+        }
+        if now - last_stats >= 1_000_000_000 {
+            last_stats = now;
+            let sum = |f: fn(&weft::health::Counters) -> &AtomicU64| -> u64 {
+                hosts.iter().map(|h| f(&h.health.counters).load(Ordering::Relaxed)).sum()
+            };
+            let relists: u64 = hosts.iter().map(|h| h.stats.relists.load(Ordering::Relaxed)).sum();
+            let watch_errors: u64 =
+                hosts.iter().map(|h| h.stats.watch_errors.load(Ordering::Relaxed)).sum();
+            let c = &calls;
+            emit(json!({
+                "ev": "stats", "t": now, "rss_kb": rss_kb(),
+                "cpu_s": cpu_ticks("self") as f64 / ticks,
+                "acquisitions": sum(|c| &c.acquisitions),
+                "renewals": sum(|c| &c.renewals),
+                "losses": sum(|c| &c.losses),
+                "recoveries": sum(|c| &c.recoveries),
+                "subnet_changes": sum(|c| &c.subnet_changes),
+                "store_errors": sum(|c| &c.store_errors),
+                "exhaustions": sum(|c| &c.exhaustions),
+                "identity_clashes": sum(|c| &c.identity_clashes),
+                "route_relists": relists,
+                "route_watch_errors": watch_errors,
+                "lists": c.lists.load(Ordering::Relaxed),
+                "creates": c.creates.load(Ordering::Relaxed),
+                "creates_lost": c.creates_lost.load(Ordering::Relaxed),
+                "renews": c.renews.load(Ordering::Relaxed),
+                "renew_conflicts": c.renew_conflicts.load(Ordering::Relaxed),
+                "releases": c.releases.load(Ordering::Relaxed),
+                "call_errors": c.errors.load(Ordering::Relaxed),
+                "pending_props": pending.len(),
+            }));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Coordinator
+// ---------------------------------------------------------------------------------------------
+
+struct Worker {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    count: u32,
+    pid: i32,
+    rss_ready_kb: u64,
+    listed_t: Option<u64>,
+    terminated: bool,
+    exit_t: Option<u64>,
+    stats: Value,
+}
+
+#[derive(Clone, Default)]
+struct HostState {
+    worker: usize,
+    node: String,
+    subnet: Option<String>,
+    held: bool,
+    held_t: u64,
+    alive: bool,
+    /// When its release of `subnet` was issued (it stopped using it then).
+    released_t: Option<u64>,
+}
+
+/// A lease change to time: a create or a release, as its worker stamped it.
+struct Change {
+    s: String,
+    ip: String,
+    gone: bool,
+    t_ack: u64,
+    phase: &'static str,
+    /// A create of a (subnet, IP) routed before (a recovery after expiry): not timed.
+    repeat: bool,
+}
+
+struct Coord {
+    workers: Vec<Worker>,
+    hosts: BTreeMap<u32, HostState>,
+    rx: mpsc::Receiver<(usize, String)>,
+    tx: mpsc::Sender<(usize, String)>,
+    changes: Vec<Change>,
+    routed: HashSet<(String, String)>,
+    props: HashMap<(String, String, bool), HashMap<usize, u64>>,
+    reholds: HashMap<u32, (Option<String>, u64)>,
+    phase: &'static str,
+    /// (phase, host, other host, time): a host reported holding a subnet another live host had
+    /// reported holding; a duplicate unless the other's release was issued before `time`.
+    dup_candidates: Vec<(&'static str, u32, u32, u64)>,
+    exe: PathBuf,
+    endpoints: String,
+    ttl: u64,
+    dir: PathBuf,
+}
+
+impl Coord {
+    fn spawn_worker(&mut self, first: u32, count: u32) -> usize {
+        let w = self.workers.len();
+        let log = std::fs::File::create(self.dir.join(format!("worker-{w}.log"))).expect("log");
+        let mut child = Command::new(&self.exe)
+            .args(["--worker", "--endpoints", &self.endpoints])
+            .args(["--first", &first.to_string(), "--count", &count.to_string()])
+            .args(["--ttl", &self.ttl.to_string()])
+            .arg("--dir")
+            .arg(self.dir.join("hosts"))
+            .env("WEFT_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn a worker");
+        let stdout = child.stdout.take().expect("stdout");
+        let stdin = child.stdin.take();
+        let tx = self.tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send((w, line)).is_err() {
+                    break;
+                }
+            }
+        });
+        let pid = child.id() as i32;
+        self.workers.push(Worker {
+            child,
+            stdin,
+            count,
+            pid,
+            rss_ready_kb: 0,
+            listed_t: None,
+            terminated: false,
+            exit_t: None,
+            stats: json!({}),
+        });
+        w
+    }
+
+    /// Handles worker lines until `deadline` (monotonic ns) or until `done` holds.
+    fn pump(&mut self, deadline: u64, mut done: impl FnMut(&Coord) -> bool) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            let now = mono_ns();
+            if now >= deadline {
+                return false;
+            }
+            let wait = Duration::from_nanos((deadline - now).min(50_000_000));
+            match self.rx.recv_timeout(wait) {
+                Ok((w, line)) => {
+                    self.handle(w, &line);
+                    while let Ok((w, line)) = self.rx.try_recv() {
+                        self.handle(w, &line);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return done(self),
+            }
+        }
+    }
+
+    fn sleep(&mut self, d: Duration) {
+        let until = mono_ns() + d.as_nanos() as u64;
+        self.pump(until, |_| false);
+    }
+
+    fn handle(&mut self, w: usize, line: &str) {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            eprintln!("worker {w}: {line}");
+            return;
+        };
+        let t = v["t"].as_u64().unwrap_or(0);
+        let text = |k: &str| v[k].as_str().map(String::from);
+        match v["ev"].as_str().unwrap_or("") {
+            "ready" => self.workers[w].rss_ready_kb = v["rss_kb"].as_u64().unwrap_or(0),
+            "host_info" => {
+                let h = v["h"].as_u64().unwrap_or(0) as u32;
+                self.hosts.insert(
+                    h,
+                    HostState {
+                        worker: w,
+                        node: text("node").unwrap_or_default(),
+                        alive: true,
+                        ..HostState::default()
+                    },
+                );
+            }
+            "host" => {
+                let h = v["h"].as_u64().unwrap_or(0) as u32;
+                let subnet = text("s");
+                let held = v["held"].as_bool().unwrap_or(false);
+                if held && let Some(s) = &subnet {
+                    let others: Vec<u32> = self
+                        .hosts
+                        .iter()
+                        .filter(|(o, st)| {
+                            **o != h && st.alive && st.held && st.subnet.as_ref() == Some(s)
+                        })
+                        .map(|(o, _)| *o)
+                        .collect();
+                    for o in others {
+                        self.dup_candidates.push((self.phase, h, o, t));
+                    }
+                }
+                let st = self.hosts.entry(h).or_default();
+                st.subnet = subnet;
+                if held && !st.held {
+                    st.held_t = t;
+                }
+                st.held = held;
+            }
+            "rehold" => {
+                let h = v["h"].as_u64().unwrap_or(0) as u32;
+                self.reholds.insert(h, (text("s"), t));
+            }
+            "created" | "released" => {
+                let gone = v["ev"] == "released";
+                let (s, ip) = (text("s").unwrap_or_default(), text("ip").unwrap_or_default());
+                let repeat = !gone && !self.routed.insert((s.clone(), ip.clone()));
+                if gone {
+                    let h = v["h"].as_u64().unwrap_or(0) as u32;
+                    let st = self.hosts.entry(h).or_default();
+                    st.released_t = v["t_issue"].as_u64();
+                    st.held = false;
+                }
+                self.changes.push(Change { s, ip, gone, t_ack: t, phase: self.phase, repeat });
+            }
+            "prop" => {
+                let key = (
+                    text("s").unwrap_or_default(),
+                    text("ip").unwrap_or_default(),
+                    v["gone"].as_bool().unwrap_or(false),
+                );
+                self.props.entry(key).or_default().insert(w, t);
+            }
+            "listed" => self.workers[w].listed_t = Some(t),
+            "stats" => self.workers[w].stats = v,
+            "exit" => {
+                self.workers[w].exit_t = Some(t);
+                for st in self.hosts.values_mut().filter(|st| st.worker == w) {
+                    st.alive = false;
+                    st.held = false;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Hosts that believed they held a subnet while another did, in `phase`.
+    fn believed_dups(&self, phase: &str) -> u64 {
+        let mut n = 0;
+        for &(p, h, o, t) in &self.dup_candidates {
+            if p == phase && self.hosts[&o].released_t.is_none_or(|r| r > t) {
+                eprintln!("DUPLICATE in {p}: host {h} holds the subnet host {o} holds");
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn live_hosts(&self) -> impl Iterator<Item = (&u32, &HostState)> {
+        self.hosts.iter().filter(|(_, st)| st.alive)
+    }
+
+    /// Whether every live host holds a lease, all distinct.
+    fn all_hold_distinct(&self) -> bool {
+        let mut seen = HashSet::new();
+        self.live_hosts()
+            .all(|(_, st)| st.held && st.subnet.as_ref().is_some_and(|s| seen.insert(s.clone())))
+    }
+
+    fn stat_sum(&self, key: &str) -> u64 {
+        self.workers.iter().map(|w| w.stats[key].as_u64().unwrap_or(0)).sum()
+    }
+
+    fn counters(&self) -> BTreeMap<&'static str, u64> {
+        [
+            "acquisitions",
+            "renewals",
+            "losses",
+            "recoveries",
+            "subnet_changes",
+            "store_errors",
+            "exhaustions",
+            "identity_clashes",
+            "route_relists",
+            "route_watch_errors",
+            "lists",
+            "creates",
+            "creates_lost",
+            "renews",
+            "renew_conflicts",
+            "releases",
+            "call_errors",
+        ]
+        .into_iter()
+        .map(|k| (k, self.stat_sum(k)))
+        .collect()
+    }
+
+    /// Per host RSS: each live worker's RSS over its host count; median and max.
+    fn memory_per_host_kb(&self) -> (f64, f64) {
+        let mut v: Vec<f64> = self
+            .workers
+            .iter()
+            .filter(|w| !w.terminated && w.count > 0)
+            .map(|w| w.stats["rss_kb"].as_u64().unwrap_or(0) as f64 / f64::from(w.count))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        (v.get(v.len() / 2).copied().unwrap_or(0.0), v.last().copied().unwrap_or(0.0))
+    }
+
+    /// Propagation latencies (ms) of this phase's changes, and how many are still missing.
+    fn propagation(&self, phase: &str) -> (Vec<f64>, usize, usize) {
+        self.propagation_of(phase, None)
+    }
+
+    /// As [`Coord::propagation`], of creates only (`Some(false)`) or releases (`Some(true)`).
+    fn propagation_of(&self, phase: &str, gone: Option<bool>) -> (Vec<f64>, usize, usize) {
+        let mut lat = Vec::new();
+        let mut missing = 0;
+        let mut repeats = 0;
+        for c in
+            self.changes.iter().filter(|c| c.phase == phase && gone.is_none_or(|g| g == c.gone))
+        {
+            if c.repeat {
+                repeats += 1;
+                continue;
+            }
+            let reports = self.props.get(&(c.s.clone(), c.ip.clone(), c.gone));
+            let mut last = 0u64;
+            let mut complete = true;
+            for (w, wk) in self.workers.iter().enumerate() {
+                // Every worker alive to the end whose watchers had listed before the change.
+                if wk.terminated || wk.listed_t.is_none_or(|t| t > c.t_ack) {
+                    continue;
+                }
+                match reports.and_then(|r| r.get(&w)) {
+                    Some(&t) => last = last.max(t),
+                    None => complete = false,
+                }
+            }
+            if complete {
+                lat.push(last.saturating_sub(c.t_ack) as f64 / 1e6);
+            } else {
+                missing += 1;
+            }
+        }
+        lat.sort_by(f64::total_cmp);
+        (lat, missing, repeats)
+    }
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn etcd_pids() -> Vec<String> {
+    let me = std::process::id().to_string();
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{name}/stat")) else { continue };
+        let comm_ok = stat.contains("(etcd)");
+        let ppid = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1));
+        if comm_ok && ppid == Some(me.as_str()) {
+            pids.push(name);
+        }
+    }
+    pids.sort();
+    pids
+}
+
+fn etcd_cpu_s(pids: &[String]) -> f64 {
+    pids.iter().map(|p| cpu_ticks(p)).sum::<u64>() as f64 / clk_tck()
+}
+
+fn signal(pid: i32, sig: libc::c_int) {
+    // SAFETY: a plain syscall on a child we spawned and have not reaped.
+    unsafe { libc::kill(pid, sig) };
+}
+
+/// Checks the store against the hosts' beliefs: each live host's subnet is a live key carrying
+/// its node ID; no node has two keys; no key belongs to a host that is gone.
+fn check_store(
+    rt: &tokio::runtime::Runtime,
+    store: &EtcdStore,
+    c: &Coord,
+) -> (usize, usize, usize) {
+    let listing = match rt.block_on(store.list()) {
+        Ok(l) => l,
+        Err(e) => {
+            println!("store check failed: {e}");
+            return (usize::MAX, usize::MAX, usize::MAX);
+        }
+    };
+    let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
+    for l in &listing.leases {
+        let node = l.attrs.node_id.as_ref().map(|n| n.as_str().to_string()).unwrap_or_default();
+        by_node.entry(node).or_default().push(l.subnet.to_string());
+    }
+    let two_keys = by_node.values().filter(|v| v.len() > 1).count();
+    let mut mismatched = 0;
+    for (_, st) in c.live_hosts() {
+        let keys = by_node.get(&st.node).cloned().unwrap_or_default();
+        if st.subnet.as_ref().is_none_or(|s| !keys.contains(s)) {
+            mismatched += 1;
+        }
+    }
+    let live_nodes: HashSet<&str> = c.live_hosts().map(|(_, st)| st.node.as_str()).collect();
+    let orphans = listing.leases.len()
+        - by_node
+            .iter()
+            .filter(|(n, _)| live_nodes.contains(n.as_str()))
+            .map(|(_, v)| v.len())
+            .sum::<usize>();
+    (two_keys, mismatched, orphans)
+}
+
+struct PhaseRow {
+    name: &'static str,
+    settle_s: f64,
+    dups: u64,
+    counters: BTreeMap<&'static str, u64>,
+    p50: f64,
+    p99: f64,
+    timed: usize,
+    missing: usize,
+    etcd_cpu: f64,
+    wall: f64,
+    store_check: (usize, usize, usize),
+}
+
+fn print_row(r: &PhaseRow) {
+    let c = &r.counters;
+    let g = |k: &str| c.get(k).copied().unwrap_or(0);
+    println!(
+        "[{}] settled {:.2} s | believed duplicates {} | store: nodes with 2 keys {}, hosts without their key {}, orphan keys {}",
+        r.name, r.settle_s, r.dups, r.store_check.0, r.store_check.1, r.store_check.2
+    );
+    println!(
+        "[{}] acquisitions {} renewals {} recoveries {} losses {} subnet changes {} | lists {} creates {} create races lost {} renew conflicts {} releases {} | store errors {} call errors {} exhaustions {} clashes {} | route relists {} watch errors {}",
+        r.name,
+        g("acquisitions"),
+        g("renewals"),
+        g("recoveries"),
+        g("losses"),
+        g("subnet_changes"),
+        g("lists"),
+        g("creates"),
+        g("creates_lost"),
+        g("renew_conflicts"),
+        g("releases"),
+        g("store_errors"),
+        g("call_errors"),
+        g("exhaustions"),
+        g("identity_clashes"),
+        g("route_relists"),
+        g("route_watch_errors"),
+    );
+    println!(
+        "[{}] propagation p50 {:.0} ms p99 {:.0} ms over {} changes ({} never reached every watcher) | etcd CPU {:.1} s in {:.1} s wall",
+        r.name, r.p50, r.p99, r.timed, r.missing, r.etcd_cpu, r.wall
+    );
+}
+
+fn coordinator(n: u32, nworkers: u32, ttl: u64) {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "leases bench: {n} hosts in {nworkers} workers, TTL {ttl} s, network {NETWORK_JSON}; load before: {}",
+        load.trim()
+    );
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    // etcd's default raft timing: with the fast test timing (50/500 ms) the members of a
+    // starved 2-core machine lost their leader under the join's load and never got it back.
+    let (heartbeat, election) = (100, 1000);
+    let cluster = etcd::EtcdCluster::start_with_timing(Some((heartbeat, election)));
+    let pids = etcd_pids();
+    println!(
+        "etcd: 3 members (raft heartbeat {heartbeat} ms, election {election} ms), pids {pids:?}"
+    );
+    let endpoints = cluster.endpoints();
+    let store = rt
+        .block_on(EtcdStore::connect(EtcdOptions {
+            endpoints: endpoints.clone(),
+            prefix: PREFIX.into(),
+            ..EtcdOptions::default()
+        }))
+        .expect("etcd client");
+    rt.block_on(store.set_config(NETWORK_JSON.as_bytes())).expect("set config");
+
+    let dir =
+        tempfile::Builder::new().prefix("weft-bench-leases-").tempdir_in("/dev/shm").expect("dir");
+    let (tx, rx) = mpsc::channel();
+    let mut c = Coord {
+        workers: Vec::new(),
+        hosts: BTreeMap::new(),
+        rx,
+        tx,
+        changes: Vec::new(),
+        routed: HashSet::new(),
+        props: HashMap::new(),
+        reholds: HashMap::new(),
+        phase: "join",
+        dup_candidates: Vec::new(),
+        exe: std::env::current_exe().expect("own path"),
+        endpoints: endpoints.join(","),
+        ttl,
+        dir: dir.path().to_path_buf(),
+    };
+    let per = n.div_ceil(nworkers);
+    let mut first = 0;
+    while first < n {
+        let count = per.min(n - first);
+        c.spawn_worker(first, count);
+        first += count;
+    }
+    let nw = c.workers.len();
+    let ok = c.pump(mono_ns() + 120_000_000_000, |c| {
+        c.workers.iter().all(|w| w.rss_ready_kb > 0) && c.hosts.is_empty()
+    });
+    assert!(ok, "workers did not connect");
+    let rss_idle: f64 =
+        c.workers.iter().map(|w| w.rss_ready_kb as f64 / f64::from(w.count)).sum::<f64>()
+            / nw as f64;
+    let mut rows = Vec::new();
+
+    // Phase 1: join.
+    let cpu0 = etcd_cpu_s(&pids);
+    let t0 = mono_ns();
+    for w in &mut c.workers {
+        if let Some(stdin) = w.stdin.as_mut() {
+            let _ = stdin.write_all(b"go\n");
+            let _ = stdin.flush();
+        }
+    }
+    let mut ok = false;
+    for _ in 0..30 {
+        ok = c.pump(mono_ns() + 10_000_000_000, |c| {
+            c.hosts.len() == n as usize && c.all_hold_distinct()
+        });
+        if ok {
+            break;
+        }
+        let held = c.live_hosts().filter(|(_, st)| st.held).count();
+        let k = c.counters();
+        println!(
+            "[join] +{:.0} s: {held}/{n} hold; lists {} creates {} races lost {} store errors {}; etcd CPU {:.1} s",
+            (mono_ns() - t0) as f64 / 1e9,
+            k["lists"],
+            k["creates"],
+            k["creates_lost"],
+            k["store_errors"],
+            etcd_cpu_s(&pids) - cpu0
+        );
+    }
+    let settle = c.live_hosts().map(|(_, st)| st.held_t).max().unwrap_or(t0).saturating_sub(t0);
+    if !ok {
+        let held = c.live_hosts().filter(|(_, st)| st.held).count();
+        println!("[join] NOT SETTLED after 300 s: {held}/{n} hold");
+    }
+    // Let propagation of the last creates finish before measuring.
+    c.pump(mono_ns() + 30_000_000_000, |c| c.propagation("join").1 == 0);
+    c.sleep(Duration::from_millis(1200));
+    let (lat, missing, _) = c.propagation("join");
+    let row = PhaseRow {
+        name: "join",
+        settle_s: settle as f64 / 1e9,
+        dups: c.believed_dups("join"),
+        counters: c.counters(),
+        p50: pct(&lat, 0.5),
+        p99: pct(&lat, 0.99),
+        timed: lat.len(),
+        missing,
+        etcd_cpu: etcd_cpu_s(&pids) - cpu0,
+        wall: (mono_ns() - t0) as f64 / 1e9,
+        store_check: check_store(&rt, &store, &c),
+    };
+    print_row(&row);
+    let (m50, mmax) = c.memory_per_host_kb();
+    println!(
+        "[join] memory per host: {:.0} KiB median over workers (max {:.0}); {:.0} KiB per host with clients connected, before starting",
+        m50, mmax, rss_idle
+    );
+    rows.push(row);
+
+    // Phase 2: renew for two TTLs.
+    c.phase = "renew";
+    let before = c.counters();
+    let cpu0 = etcd_cpu_s(&pids);
+    let t0 = mono_ns();
+    let mut dropped = BTreeSet::new();
+    let until = t0 + 2 * ttl * 1_000_000_000 + 1_000_000_000;
+    while mono_ns() < until {
+        c.pump(mono_ns() + 100_000_000, |_| false);
+        for (h, st) in c.live_hosts() {
+            if !st.held {
+                dropped.insert(*h);
+            }
+        }
+    }
+    c.sleep(Duration::from_millis(1200));
+    let after = c.counters();
+    let (lat, missing, _) = c.propagation("renew");
+    let row = PhaseRow {
+        name: "renew",
+        settle_s: 0.0,
+        dups: c.believed_dups(c.phase),
+        counters: after.iter().map(|(k, v)| (*k, v - before[k])).collect(),
+        p50: pct(&lat, 0.5),
+        p99: pct(&lat, 0.99),
+        timed: lat.len(),
+        missing,
+        etcd_cpu: etcd_cpu_s(&pids) - cpu0,
+        wall: (mono_ns() - t0) as f64 / 1e9,
+        store_check: check_store(&rt, &store, &c),
+    };
+    print_row(&row);
+    println!("[renew] hosts that stopped holding at some point: {}", dropped.len());
+    rows.push(row);
+
+    // Phase 3: suspend one worker past the TTL.
+    c.phase = "suspend";
+    let sw = nw - 1;
+    let before = c.counters();
+    let cpu0 = etcd_cpu_s(&pids);
+    let suspended: BTreeMap<u32, Option<String>> = c
+        .live_hosts()
+        .filter(|(_, st)| st.worker == sw)
+        .map(|(h, st)| (*h, st.subnet.clone()))
+        .collect();
+    let t0 = mono_ns();
+    signal(c.workers[sw].pid, libc::SIGSTOP);
+    c.sleep(Duration::from_secs(ttl + 5));
+    let t_cont = mono_ns();
+    signal(c.workers[sw].pid, libc::SIGCONT);
+    let ok = c.pump(t_cont + 120_000_000_000, |c| {
+        suspended.keys().all(|h| c.reholds.get(h).is_some_and(|(_, t)| *t > t_cont))
+            && c.all_hold_distinct()
+    });
+    let back = suspended
+        .keys()
+        .filter_map(|h| c.reholds.get(h).map(|(_, t)| *t))
+        .max()
+        .unwrap_or(t_cont)
+        .saturating_sub(t_cont);
+    let same =
+        suspended.iter().filter(|(h, s)| c.reholds.get(h).is_some_and(|(r, _)| r == *s)).count();
+    if !ok {
+        println!("[suspend] NOT SETTLED after 120 s");
+    }
+    c.sleep(Duration::from_secs(2));
+    c.sleep(Duration::from_millis(1200));
+    let after = c.counters();
+    let (lat, missing, repeats) = c.propagation("suspend");
+    let row = PhaseRow {
+        name: "suspend",
+        settle_s: back as f64 / 1e9,
+        dups: c.believed_dups(c.phase),
+        counters: after.iter().map(|(k, v)| (*k, v - before[k])).collect(),
+        p50: pct(&lat, 0.5),
+        p99: pct(&lat, 0.99),
+        timed: lat.len(),
+        missing,
+        etcd_cpu: etcd_cpu_s(&pids) - cpu0,
+        wall: (mono_ns() - t0) as f64 / 1e9,
+        store_check: check_store(&rt, &store, &c),
+    };
+    print_row(&row);
+    println!(
+        "[suspend] {} hosts stopped {} s (TTL {ttl} s); all hold again {:.2} s after SIGCONT; {}/{} on the same subnet; {repeats} re-creates of a known route not timed",
+        suspended.len(),
+        ttl + 5,
+        back as f64 / 1e9,
+        same,
+        suspended.len()
+    );
+    rows.push(row);
+
+    // Phase 4: churn: one worker leaves (SIGTERM, relinquishing), a new one joins.
+    c.phase = "churn";
+    let before = c.counters();
+    let leaving = 0;
+    let nw_new = c.spawn_worker(n, per);
+    let ok = c.pump(mono_ns() + 120_000_000_000, |c| c.workers[nw_new].rss_ready_kb > 0);
+    assert!(ok, "new worker did not connect");
+    let cpu0 = etcd_cpu_s(&pids);
+    let t0 = mono_ns();
+    c.workers[leaving].terminated = true;
+    signal(c.workers[leaving].pid, libc::SIGTERM);
+    if let Some(stdin) = c.workers[nw_new].stdin.as_mut() {
+        let _ = stdin.write_all(b"go\n");
+        let _ = stdin.flush();
+    }
+    let total = n + per;
+    let ok = c.pump(t0 + 120_000_000_000, |c| {
+        c.hosts.len() == total as usize
+            && c.workers[leaving].exit_t.is_some()
+            && c.all_hold_distinct()
+    });
+    if !ok {
+        println!("[churn] NOT SETTLED after 120 s");
+    }
+    let settled = c
+        .live_hosts()
+        .filter(|(_, st)| st.worker == nw_new)
+        .map(|(_, st)| st.held_t)
+        .chain(c.workers[leaving].exit_t)
+        .max()
+        .unwrap_or(t0)
+        .saturating_sub(t0);
+    c.pump(mono_ns() + 30_000_000_000, |c| c.propagation("churn").1 == 0);
+    c.sleep(Duration::from_millis(1200));
+    let after = c.counters();
+    let (lat, missing, _) = c.propagation("churn");
+    let row = PhaseRow {
+        name: "churn",
+        settle_s: settled as f64 / 1e9,
+        dups: c.believed_dups(c.phase),
+        counters: after.iter().map(|(k, v)| (*k, v.saturating_sub(before[k]))).collect(),
+        p50: pct(&lat, 0.5),
+        p99: pct(&lat, 0.99),
+        timed: lat.len(),
+        missing,
+        etcd_cpu: etcd_cpu_s(&pids) - cpu0,
+        wall: (mono_ns() - t0) as f64 / 1e9,
+        store_check: check_store(&rt, &store, &c),
+    };
+    print_row(&row);
+    let (created, _, _) = c.propagation_of("churn", Some(false));
+    let (gone, _, _) = c.propagation_of("churn", Some(true));
+    println!(
+        "[churn] {per} hosts left (relinquishing), {per} joined; propagation of creates p50 {:.0} p99 {:.0} ms, of relinquishes p50 {:.0} p99 {:.0} ms",
+        pct(&created, 0.5),
+        pct(&created, 0.99),
+        pct(&gone, 0.5),
+        pct(&gone, 0.99)
+    );
+    rows.push(row);
+
+    let (all, missing_all, _) = {
+        let mut all = Vec::new();
+        let mut m = 0;
+        for p in ["join", "suspend", "churn"] {
+            let (l, mi, _) = c.propagation(p);
+            all.extend(l);
+            m += mi;
+        }
+        all.sort_by(f64::total_cmp);
+        (all, m, 0)
+    };
+    let (m50, _) = c.memory_per_host_kb();
+    println!(
+        "SUMMARY N={n}: join {:.2} s, duplicates {}, create races lost {} , renew conflicts {}, store errors {}, propagation p50 {:.0} ms p99 {:.0} ms ({} changes, {} missing), memory/host {:.0} KiB, etcd CPU s join/renew/suspend/churn {:.1}/{:.1}/{:.1}/{:.1}",
+        rows[0].settle_s,
+        rows.iter().map(|r| r.dups).sum::<u64>()
+            + rows.iter().map(|r| (r.store_check.0 + r.store_check.1) as u64).sum::<u64>(),
+        rows.iter().map(|r| r.counters["creates_lost"]).sum::<u64>(),
+        rows.iter().map(|r| r.counters["renew_conflicts"]).sum::<u64>(),
+        rows.iter().map(|r| r.counters["store_errors"]).sum::<u64>(),
+        pct(&all, 0.5),
+        pct(&all, 0.99),
+        all.len(),
+        missing_all,
+        m50,
+        rows[0].etcd_cpu,
+        rows[1].etcd_cpu,
+        rows[2].etcd_cpu,
+        rows[3].etcd_cpu,
+    );
+    println!("load after: {}", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
+
+    for w in &mut c.workers {
+        signal(w.pid, libc::SIGKILL);
+        let _ = w.child.wait();
+    }
+    drop(cluster);
+    if std::env::var_os("WEFT_BENCH_KEEP").is_some() {
+        println!("worker logs kept in {}", dir.keep().display());
+    }
+}
