@@ -154,15 +154,16 @@ impl Store for Counting {
     ) -> Result<Option<Result<StoredLease, weft::lease::store::BadEntry>>, StoreError> {
         self.inner.get(subnet).await
     }
-    async fn create(
+    async fn create_pruning(
         &self,
         subnet: Subnet,
         attrs: &LeaseAttrs,
         ttl: Duration,
+        prune: &[weft::lease::store::HistoryPrune],
     ) -> Result<CreateOutcome, StoreError> {
         self.calls.creates.fetch_add(1, Ordering::Relaxed);
         let issued = mono_ns();
-        let r = self.inner.create(subnet, attrs, ttl).await;
+        let r = self.inner.create_pruning(subnet, attrs, ttl, prune).await;
         match &r {
             Ok(CreateOutcome::Created(_)) => emit(json!({
                 "ev": "created", "h": self.host, "s": subnet.to_string(), "ip": self.ip.to_string(),
