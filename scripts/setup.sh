@@ -17,6 +17,7 @@ export DEBIAN_FRONTEND=noninteractive
 # package              what weft uses it for
 packages=(
     gcc                 # C compiler and linker: rustc links with cc; ring builds C
+    g++                 # libFuzzer (C++), which cargo fuzz builds for scripts/fuzz.sh
     libc6-dev           # C headers and crt files for that link
     pkg-config          # build scripts that look for system libraries
     ca-certificates     # cargo fetching crates over TLS
@@ -36,7 +37,7 @@ packages=(
 
 # command or file      must exist after install
 checks=(
-    cc protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ping iperf3
+    cc c++ protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ping iperf3
     openssl sysctl unshare setpriv mount python3
 )
 
