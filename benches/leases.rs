@@ -955,6 +955,46 @@ struct PhaseRow {
     store_check: (usize, usize, usize),
 }
 
+/// Where a phase started: the counters, etcd's CPU seconds and the clock.
+struct PhaseStart {
+    before: BTreeMap<&'static str, u64>,
+    cpu0: f64,
+    t0: u64,
+}
+
+/// A phase's row, measured now against `start` (propagation of `name`'s lease changes, the
+/// counters' growth, etcd CPU, the store check), and how many re-creates of a known route
+/// were not timed.
+fn phase_row(
+    c: &Coord,
+    name: &'static str,
+    settle_s: f64,
+    start: &PhaseStart,
+    pids: &[String],
+    rt: &tokio::runtime::Runtime,
+    store: &EtcdStore,
+) -> (PhaseRow, usize) {
+    let (lat, missing, repeats) = c.propagation(name);
+    let after = c.counters();
+    let row = PhaseRow {
+        name,
+        settle_s,
+        dups: c.believed_dups(name),
+        counters: after
+            .iter()
+            .map(|(k, v)| (*k, v.saturating_sub(start.before.get(k).copied().unwrap_or(0))))
+            .collect(),
+        p50: pct(&lat, 0.5),
+        p99: pct(&lat, 0.99),
+        timed: lat.len(),
+        missing,
+        etcd_cpu: etcd_cpu_s(pids) - start.cpu0,
+        wall: (mono_ns() - start.t0) as f64 / 1e9,
+        store_check: check_store(rt, store, c),
+    };
+    (row, repeats)
+}
+
 fn print_row(r: &PhaseRow) {
     let c = &r.counters;
     let g = |k: &str| c.get(k).copied().unwrap_or(0);
@@ -1086,20 +1126,8 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64) {
     // Let propagation of the last creates finish before measuring.
     c.pump(mono_ns() + 30_000_000_000, |c| c.propagation("join").1 == 0);
     c.sleep(Duration::from_millis(1200));
-    let (lat, missing, _) = c.propagation("join");
-    let row = PhaseRow {
-        name: "join",
-        settle_s: settle as f64 / 1e9,
-        dups: c.believed_dups("join"),
-        counters: c.counters(),
-        p50: pct(&lat, 0.5),
-        p99: pct(&lat, 0.99),
-        timed: lat.len(),
-        missing,
-        etcd_cpu: etcd_cpu_s(&pids) - cpu0,
-        wall: (mono_ns() - t0) as f64 / 1e9,
-        store_check: check_store(&rt, &store, &c),
-    };
+    let start = PhaseStart { before: BTreeMap::new(), cpu0, t0 };
+    let (row, _) = phase_row(&c, "join", settle as f64 / 1e9, &start, &pids, &rt, &store);
     print_row(&row);
     let (m50, mmax) = c.memory_per_host_kb();
     println!(
@@ -1124,21 +1152,8 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64) {
         }
     }
     c.sleep(Duration::from_millis(1200));
-    let after = c.counters();
-    let (lat, missing, _) = c.propagation("renew");
-    let row = PhaseRow {
-        name: "renew",
-        settle_s: 0.0,
-        dups: c.believed_dups(c.phase),
-        counters: after.iter().map(|(k, v)| (*k, v - before[k])).collect(),
-        p50: pct(&lat, 0.5),
-        p99: pct(&lat, 0.99),
-        timed: lat.len(),
-        missing,
-        etcd_cpu: etcd_cpu_s(&pids) - cpu0,
-        wall: (mono_ns() - t0) as f64 / 1e9,
-        store_check: check_store(&rt, &store, &c),
-    };
+    let start = PhaseStart { before, cpu0, t0 };
+    let (row, _) = phase_row(&c, "renew", 0.0, &start, &pids, &rt, &store);
     print_row(&row);
     println!("[renew] hosts that stopped holding at some point: {}", dropped.len());
     rows.push(row);
@@ -1175,21 +1190,8 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64) {
     }
     c.sleep(Duration::from_secs(2));
     c.sleep(Duration::from_millis(1200));
-    let after = c.counters();
-    let (lat, missing, repeats) = c.propagation("suspend");
-    let row = PhaseRow {
-        name: "suspend",
-        settle_s: back as f64 / 1e9,
-        dups: c.believed_dups(c.phase),
-        counters: after.iter().map(|(k, v)| (*k, v - before[k])).collect(),
-        p50: pct(&lat, 0.5),
-        p99: pct(&lat, 0.99),
-        timed: lat.len(),
-        missing,
-        etcd_cpu: etcd_cpu_s(&pids) - cpu0,
-        wall: (mono_ns() - t0) as f64 / 1e9,
-        store_check: check_store(&rt, &store, &c),
-    };
+    let start = PhaseStart { before, cpu0, t0 };
+    let (row, repeats) = phase_row(&c, "suspend", back as f64 / 1e9, &start, &pids, &rt, &store);
     print_row(&row);
     println!(
         "[suspend] {} hosts stopped {} s (TTL {ttl} s); all hold again {:.2} s after SIGCONT; {}/{} on the same subnet; {repeats} re-creates of a known route not timed",
@@ -1235,21 +1237,8 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64) {
         .saturating_sub(t0);
     c.pump(mono_ns() + 30_000_000_000, |c| c.propagation("churn").1 == 0);
     c.sleep(Duration::from_millis(1200));
-    let after = c.counters();
-    let (lat, missing, _) = c.propagation("churn");
-    let row = PhaseRow {
-        name: "churn",
-        settle_s: settled as f64 / 1e9,
-        dups: c.believed_dups(c.phase),
-        counters: after.iter().map(|(k, v)| (*k, v.saturating_sub(before[k]))).collect(),
-        p50: pct(&lat, 0.5),
-        p99: pct(&lat, 0.99),
-        timed: lat.len(),
-        missing,
-        etcd_cpu: etcd_cpu_s(&pids) - cpu0,
-        wall: (mono_ns() - t0) as f64 / 1e9,
-        store_check: check_store(&rt, &store, &c),
-    };
+    let start = PhaseStart { before, cpu0, t0 };
+    let (row, _) = phase_row(&c, "churn", settled as f64 / 1e9, &start, &pids, &rt, &store);
     print_row(&row);
     let (created, _, _) = c.propagation_of("churn", Some(false));
     let (gone, _, _) = c.propagation_of("churn", Some(true));
