@@ -302,7 +302,8 @@ pub fn previous_subnet(path: &Path, network: &NetworkConfig) -> Option<Subnet> {
 pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(BootClock);
     let (shutdown_tx, mut shutdown_rx) = watch::channel(false);
-    tokio::spawn(signal_shutdown(shutdown_tx));
+    let shutdown_tx = Arc::new(shutdown_tx);
+    tokio::spawn(signal_shutdown(shutdown_tx.clone()));
 
     let health = Arc::new(Health::new(clock.clone()));
     let health_task = if opts.healthz_port > 0 {
@@ -412,6 +413,17 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     } else {
         None
     };
+    // A worker thread that panicked too often: shut down like on SIGTERM (the lease is kept
+    // unless --relinquish-on-exit), then exit non-zero so that the supervisor restarts weft.
+    let workers = dataplane.as_ref().map(|(dp, _)| dp.workers.clone());
+    if let Some(w) = workers.clone() {
+        let tx = shutdown_tx.clone();
+        tokio::spawn(async move {
+            w.wait_given_up().await;
+            error!("a data plane worker is down for good: shutting down to be restarted");
+            let _ = tx.send(true);
+        });
+    }
     let driver = LeaseDriver::new(
         store,
         keeper,
@@ -439,7 +451,11 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
         }
         tokio::task::spawn_blocking(move || dp.stop()).await.ok();
     }
-    stopped(health_task).await
+    let result = stopped(health_task).await;
+    if workers.is_some_and(|w| w.has_given_up()) {
+        bail!("a data plane worker thread panicked too often (see the log above)");
+    }
+    result
 }
 
 /// Waits (briefly) for the health server to stop, and says so.
@@ -522,6 +538,10 @@ fn start_dataplane(
     );
     let c = dp.counters.clone();
     health.add_source(Box::new(move |out| c.render(out)));
+    let w = dp.workers.clone();
+    health.add_source(Box::new(move |out| w.render(out)));
+    let w = dp.workers.clone();
+    health.add_check(Box::new(move || w.problem()));
     let dp2 = dp.clone();
     let mut stop = shutdown_rx.clone();
     let addresser = tokio::spawn(async move {
@@ -544,7 +564,7 @@ fn start_dataplane(
     Ok((dp, vec![addresser]))
 }
 
-async fn signal_shutdown(tx: watch::Sender<bool>) {
+async fn signal_shutdown(tx: Arc<watch::Sender<bool>>) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) =
         (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))

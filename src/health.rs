@@ -4,8 +4,9 @@
 //!
 //! - `GET /healthz`: 200 while the process runs.
 //! - `GET /readyz`: 200 only while a lease is held, not past its local expiry, and written to
-//!   `subnet.env`; else 503 with the reason in the body (lost to whom, exhausted, clash, store
-//!   unreachable, subnet.env not writable, ...).
+//!   `subnet.env`, and every registered check passes (every data plane worker runs); else 503
+//!   with the reason in the body (lost to whom, exhausted, clash, store unreachable,
+//!   subnet.env not writable, which worker is down, ...).
 //! - `GET /metrics`: Prometheus text format.
 
 use std::fmt::Write as _;
@@ -69,6 +70,10 @@ impl Counters {
 /// Extra metrics text from another part of the daemon (the data plane).
 pub type MetricsSource = Box<dyn Fn(&mut String) + Send + Sync>;
 
+/// Another part of the daemon's say on readiness: `Some(reason)` while it is not ready (a data
+/// plane worker is down).
+pub type ReadinessCheck = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
 /// Shared health state.
 pub struct Health {
     clock: Arc<dyn Clock>,
@@ -77,6 +82,7 @@ pub struct Health {
     /// Counters; the driver bumps them.
     pub counters: Counters,
     sources: Mutex<Vec<MetricsSource>>,
+    checks: Mutex<Vec<ReadinessCheck>>,
 }
 
 impl std::fmt::Debug for Health {
@@ -94,6 +100,7 @@ impl Health {
             subnet_file_problem: Mutex::new(None),
             counters: Counters::default(),
             sources: Mutex::new(Vec::new()),
+            checks: Mutex::new(Vec::new()),
         }
     }
 
@@ -118,12 +125,22 @@ impl Health {
         self.sources.lock().unwrap_or_else(PoisonError::into_inner).push(source);
     }
 
+    /// Adds a readiness check.
+    pub fn add_check(&self, check: ReadinessCheck) {
+        self.checks.lock().unwrap_or_else(PoisonError::into_inner).push(check);
+    }
+
     /// `Ok(text)` when ready, `Err(reason)` when not, judged at the current time.
     pub fn readiness(&self) -> Result<String, String> {
         let l = self.lease();
         if let Some(reason) = l.not_ready {
             return Err(reason);
         }
+        let checks = self.checks.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(problem) = checks.iter().find_map(|check| check()) {
+            return Err(problem);
+        }
+        drop(checks);
         if let Some(problem) =
             self.subnet_file_problem.lock().unwrap_or_else(PoisonError::into_inner).clone()
         {
@@ -272,6 +289,12 @@ mod tests {
         h.set_subnet_file_problem(Some("cannot write /x/subnet.env: EROFS".into()));
         assert!(h.readiness().unwrap_err().contains("/x/subnet.env"));
         h.set_subnet_file_problem(None);
+        assert!(h.readiness().is_ok());
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let d = down.clone();
+        h.add_check(Box::new(move || d.load(Ordering::Relaxed).then(|| "worker q0 down".into())));
+        assert_eq!(h.readiness().unwrap_err(), "worker q0 down");
+        down.store(false, Ordering::Relaxed);
         assert!(h.readiness().is_ok());
         clock.advance(Duration::from_secs(11));
         assert!(h.readiness().unwrap_err().contains("past its local expiry"));

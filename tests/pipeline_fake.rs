@@ -95,6 +95,7 @@ fn start(
         counters: counters.clone(),
         cfg,
         clock: Arc::new(clock),
+        states: Arc::default(),
     }
     .spawn(&format!("h{n}"), stop.clone())
     .unwrap();

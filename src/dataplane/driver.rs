@@ -24,6 +24,7 @@ use ipnet::Ipv4Net;
 use tracing::{info, warn};
 
 use super::pipeline::{Counters, Forwarder, Offload, OwnSubnet};
+use super::supervise::WorkerStates;
 use super::sys::{self, Tun, TunError, TunOptions, TunStatus};
 use super::udp::{BatchSocket, UdpConfig, UdpError};
 use super::wire::vxlan::Vni;
@@ -122,6 +123,8 @@ pub struct Dataplane {
     own: Arc<OwnSubnet>,
     /// Counters, for `/metrics`.
     pub counters: Arc<Counters>,
+    /// Which worker threads run, for `/readyz` and `/metrics`; says when weft should exit.
+    pub workers: Arc<WorkerStates>,
 }
 
 impl Dataplane {
@@ -167,6 +170,7 @@ impl Dataplane {
         let own = Arc::new(OwnSubnet::default());
         let counters = Arc::new(Counters::default());
         let stop = Arc::new(AtomicBool::new(false));
+        let states = Arc::new(WorkerStates::default());
         let fwd = Forwarder {
             backend: cfg.backend,
             vni,
@@ -255,12 +259,20 @@ impl Dataplane {
                 counters: counters.clone(),
                 cfg: wcfg,
                 clock: Arc::new(BootClock),
+                states: states.clone(),
             }
             .spawn(&format!("weft-q{i}"), stop.clone())
             .map_err(DataplaneError::Thread)?;
             threads.extend(handles);
         }
-        Ok(Self { cfg, stop, threads: std::sync::Mutex::new(threads), own, counters })
+        Ok(Self {
+            cfg,
+            stop,
+            threads: std::sync::Mutex::new(threads),
+            own,
+            counters,
+            workers: states,
+        })
     }
 
     /// Points the data plane at this host's subnet: the TUN device gets `<subnet>.0/32` and a

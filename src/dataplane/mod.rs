@@ -10,6 +10,7 @@ pub mod driver;
 pub mod fake;
 pub mod offload;
 pub mod pipeline;
+pub mod supervise;
 pub mod sys;
 pub mod udp;
 pub mod wire;

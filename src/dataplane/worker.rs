@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use super::offload::{self, GroConfig, GroTable, MAX_CHAIN, PacketRef};
 use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, Offload, Refusal, Rx, Tx};
+use super::supervise::{self, RestartPolicy, WorkerStates, supervise};
 use super::udp::{self, MAX_BATCH, MAX_GSO_BYTES, RecvMeta, Transmit, UdpError};
 use super::wire::virtio_net::{self, Header};
 use crate::route::Routes;
@@ -384,7 +385,9 @@ pub fn run_tx<T: TunIo, U: UdpIo>(
 ) {
     let mut tx = TxPath::new(tun, &cfg, clock);
     while !stop.load(Ordering::Relaxed) {
-        tx.step(tun, pool, fwd, routes, counters, cfg.wake);
+        if tx.step(tun, pool, fwd, routes, counters, cfg.wake) {
+            supervise::injected_fault();
+        }
     }
 }
 
@@ -631,7 +634,9 @@ pub fn run_rx<T: TunIo, U: UdpIo>(
 ) {
     let mut rx = RxPath::new(tun, sock, &cfg);
     while !stop.load(Ordering::Relaxed) {
-        rx.step(tun, sock, fwd, routes, counters, cfg.wake);
+        if rx.step(tun, sock, fwd, routes, counters, cfg.wake) {
+            supervise::injected_fault();
+        }
     }
 }
 
@@ -658,6 +663,8 @@ pub fn run_both<T: TunIo, U: UdpIo>(
         let received = rx.step(tun, sock, fwd, routes, counters, Duration::ZERO);
         if !sent && !received {
             wait_either(tun, sock, cfg.wake);
+        } else {
+            supervise::injected_fault();
         }
     }
 }
@@ -697,35 +704,67 @@ pub struct Worker<T, U> {
     pub counters: Arc<Counters>,
     /// Batch size and timing.
     pub cfg: WorkerConfig,
-    /// Where `now` comes from (the ICMP rate limit).
+    /// Where `now` comes from (the ICMP rate limit, restart back-off).
     pub clock: Arc<dyn Clock>,
+    /// Where the threads report panics; see [`supervise`].
+    pub states: Arc<WorkerStates>,
 }
 
 impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
     /// Runs the worker until `stop` is set: [`run_both`] on one thread named `<name>`, or
-    /// [`run_tx`] and [`run_rx`] on two named `<name>-tx` and `<name>-rx`.
+    /// [`run_tx`] and [`run_rx`] on two named `<name>-tx` and `<name>-rx`. Each thread runs
+    /// under [`supervise`]: a panic is caught, reported in `states`, and the loop restarted
+    /// with fresh buffers on the same queue and sockets (both stay valid: a panic leaves no
+    /// half-written state in a file descriptor).
     pub fn spawn(
         self,
         name: &str,
         stop: Arc<AtomicBool>,
     ) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
-        let Self { tun, mut tx_pool, mut rx, fwd, routes, counters, cfg, clock } = self;
+        let Self { tun, mut tx_pool, mut rx, fwd, routes, counters, cfg, clock, states } = self;
+        let policy = RestartPolicy::default();
         if cfg.one_thread {
+            let thread = name.to_owned();
             let t = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
-                run_both(&*tun, &mut tx_pool, &mut rx, &fwd, &routes, &counters, cfg, clock, &stop)
+                supervise(&thread, &states, policy, &*clock, &stop, || {
+                    run_both(
+                        &*tun,
+                        &mut tx_pool,
+                        &mut rx,
+                        &fwd,
+                        &routes,
+                        &counters,
+                        cfg,
+                        clock.clone(),
+                        &stop,
+                    )
+                })
             })?;
             return Ok(vec![t]);
         }
         let tx = {
-            let (tun, fwd, routes, counters, stop) =
-                (tun.clone(), fwd.clone(), routes.clone(), counters.clone(), stop.clone());
-            std::thread::Builder::new().name(format!("{name}-tx")).spawn(move || {
-                run_tx(&*tun, &mut tx_pool, &fwd, &routes, &counters, cfg, clock, &stop)
+            let (tun, fwd, routes, counters, stop, states, clock) = (
+                tun.clone(),
+                fwd.clone(),
+                routes.clone(),
+                counters.clone(),
+                stop.clone(),
+                states.clone(),
+                clock.clone(),
+            );
+            let thread = format!("{name}-tx");
+            std::thread::Builder::new().name(thread.clone()).spawn(move || {
+                supervise(&thread, &states, policy, &*clock, &stop, || {
+                    run_tx(&*tun, &mut tx_pool, &fwd, &routes, &counters, cfg, clock.clone(), &stop)
+                })
             })?
         };
-        let rx = std::thread::Builder::new()
-            .name(format!("{name}-rx"))
-            .spawn(move || run_rx(&*tun, &mut rx, &fwd, &routes, &counters, cfg, &stop))?;
+        let thread = format!("{name}-rx");
+        let rx = std::thread::Builder::new().name(thread.clone()).spawn(move || {
+            supervise(&thread, &states, policy, &*clock, &stop, || {
+                run_rx(&*tun, &mut rx, &fwd, &routes, &counters, cfg, &stop)
+            })
+        })?;
         Ok(vec![tx, rx])
     }
 }

@@ -494,16 +494,21 @@ impl Lab {
 
     /// Starts `weft run` (TUN data plane) in host `n`'s namespace, with a fresh state dir.
     pub fn start_weft(&self, n: u8, extra: &[&str]) -> Weft {
-        self.start_weft_as(n, extra, false)
+        self.start_weft_as(n, extra, false, &[])
+    }
+
+    /// [`Lab::start_weft`] with extra environment variables (the `fault-injection` hooks).
+    pub fn start_weft_with_env(&self, n: u8, extra: &[&str], env: &[(&str, &str)]) -> Weft {
+        self.start_weft_as(n, extra, false, env)
     }
 
     /// Starts `weft run` as uid/gid 65534 with only CAP_NET_ADMIN, in a private mount namespace
     /// whose `/dev/net/tun` is a 0666 node of the lab's own (the host's node is left alone).
     pub fn start_weft_nonroot(&self, n: u8, extra: &[&str]) -> Weft {
-        self.start_weft_as(n, extra, true)
+        self.start_weft_as(n, extra, true, &[])
     }
 
-    fn start_weft_as(&self, n: u8, extra: &[&str], nonroot: bool) -> Weft {
+    fn start_weft_as(&self, n: u8, extra: &[&str], nonroot: bool, env: &[(&str, &str)]) -> Weft {
         let ns = self.host(n);
         let dir = self.dir().join(format!("h{n}"));
         std::fs::create_dir_all(&dir).expect("host dir");
@@ -526,6 +531,7 @@ impl Lab {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             nonroot: nonroot.then_some(tun_node),
             health_port: HEALTH_PORT,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             child: None,
         };
         w.start();
@@ -654,6 +660,8 @@ pub struct Weft {
     nonroot: Option<PathBuf>,
     /// `--healthz-port` ([`HEALTH_PORT`] but for a [`Weft::twin`]).
     health_port: u16,
+    /// Extra environment for the next [`Weft::start`] (fault injection).
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -697,6 +705,7 @@ impl Weft {
                     .args(&weft);
             }
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.env("WEFT_LOG", "weft=debug,info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
@@ -726,6 +735,7 @@ impl Weft {
             extra: self.extra.clone(),
             nonroot: self.nonroot.clone(),
             health_port,
+            env: Vec::new(),
             child: None,
         };
         w.start();
