@@ -228,6 +228,9 @@ impl Store for Counting {
     async fn watch(&self, from: Revision, only: Option<Subnet>) -> Result<WatchStream, StoreError> {
         self.inner.watch(from, only).await
     }
+    fn reconnect(&self) {
+        self.inner.reconnect()
+    }
 }
 
 struct Host {

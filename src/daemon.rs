@@ -424,7 +424,21 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
             let _ = tx.send(true);
         });
     }
-    let driver = LeaseDriver::new(
+    let (public_ip_tx, public_ip_rx) = watch::channel(underlay.public_ip);
+    let follower = tokio::spawn(follow_underlay(
+        UnderlayFollow {
+            iface: underlay.iface.clone().filter(|_| opts.public_ip.is_none()),
+            explicit: opts.public_ip,
+            network: network.clone(),
+            etcd_endpoints: opts.etcd_endpoints.clone(),
+        },
+        underlay.public_ip,
+        dataplane.as_ref().map(|(dp, _)| dp.clone()),
+        store.clone(),
+        public_ip_tx,
+        shutdown_rx.clone(),
+    ));
+    let mut driver = LeaseDriver::new(
         store,
         keeper,
         node,
@@ -443,7 +457,9 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
         },
         subnet_tx,
     );
+    driver.follow_public_ip(public_ip_rx);
     driver.run(shutdown_rx).await;
+    let _ = tokio::time::timeout(Duration::from_secs(3), follower).await;
     let _ = tokio::time::timeout(Duration::from_secs(3), route_watcher).await;
     if let Some((dp, tasks)) = dataplane {
         for t in tasks {
@@ -472,6 +488,120 @@ async fn stopped(
 /// Whether starting the data plane failed because the TUN device is another process's.
 fn is_tun_in_use(e: &anyhow::Error) -> bool {
     matches!(e.downcast_ref::<DataplaneError>(), Some(DataplaneError::Tun(TunError::InUse { .. })))
+}
+
+/// How often the underlay's addresses are looked at.
+const UNDERLAY_CHECK: Duration = Duration::from_secs(1);
+
+/// Logs a problem once, when it first appears or changes, not on every check.
+#[derive(Debug, Default)]
+struct Reporter {
+    last: Option<String>,
+}
+
+impl Reporter {
+    fn report(&mut self, problem: Option<String>) {
+        if problem != self.last {
+            if let Some(p) = &problem {
+                error!("{p}");
+            }
+            self.last = problem;
+        }
+    }
+}
+
+/// What [`follow_underlay`] watches.
+#[derive(Clone, Debug)]
+struct UnderlayFollow {
+    /// The underlay interface whose address is published (`None` when `--public-ip` is given:
+    /// the published address is the operator's then, and is never changed).
+    iface: Option<String>,
+    /// `--public-ip`, watched only to warn when it stops being a local address.
+    explicit: Option<Ipv4Addr>,
+    network: NetworkConfig,
+    etcd_endpoints: Vec<String>,
+}
+
+/// The address to publish instead of `current`, given the underlay interface's IPv4 addresses:
+/// `None` while `current` is still one of them (an added address changes nothing), else the
+/// interface's first address; `None` too while the interface has none (mid-renumbering).
+pub fn next_public_ip(current: Ipv4Addr, on_iface: &[Ipv4Addr]) -> Option<Ipv4Addr> {
+    if on_iface.contains(&current) {
+        return None;
+    }
+    on_iface.first().copied()
+}
+
+/// Follows the underlay interface's address at run time (the address moves, the interface is
+/// renumbered): once `current` is gone from it, re-binds the data plane's sockets on the new
+/// address, drops the store's connections (they were made from the old address and die
+/// silently), then publishes it (`public_ip_tx`, to the lease driver, which rewrites the lease),
+/// so that peers send to it and every datagram leaves from the published `PublicIP`. An address
+/// inside the Network is refused, loudly, as at start. Polls every [`UNDERLAY_CHECK`].
+async fn follow_underlay(
+    follow: UnderlayFollow,
+    mut current: Ipv4Addr,
+    dataplane: Option<Arc<Dataplane>>,
+    store: Arc<dyn Store>,
+    public_ip_tx: watch::Sender<Ipv4Addr>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut reporter = Reporter::default();
+    let mut explicit_was_local = false;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(UNDERLAY_CHECK) => {}
+            _ = shutdown.wait_for(|v| *v) => return,
+        }
+        let addrs = match v4_addresses() {
+            Ok(a) => a,
+            Err(e) => {
+                reporter.report(Some(format!("listing the underlay's addresses: {e:#}")));
+                continue;
+            }
+        };
+        let Some(iface) = &follow.iface else {
+            // A --public-ip that never was local is NAT, and fine; one that was and went is
+            // worth an error: peers keep sending to it.
+            if let Some(ip) = follow.explicit {
+                if addrs.iter().any(|(_, a)| *a == ip) {
+                    explicit_was_local = true;
+                    reporter.report(None);
+                } else if explicit_was_local {
+                    reporter.report(Some(format!("--public-ip {ip} is no longer a local address: peers' datagrams to it no longer reach this host (weft keeps publishing the address it was given)")));
+                }
+            }
+            continue;
+        };
+        let on_iface: Vec<Ipv4Addr> =
+            addrs.iter().filter(|(n, _)| n == iface).map(|(_, a)| *a).collect();
+        let Some(next) = next_public_ip(current, &on_iface) else { continue };
+        if let Err(e) = follow.network.check_underlay(&underlay_addrs(next, &follow.etcd_endpoints))
+        {
+            reporter
+                .report(Some(format!("{iface} now has {next}, which cannot be published: {e:#}")));
+            continue;
+        }
+        warn!(iface = %iface, old = %current, new = %next, "the underlay address changed: re-binding the sockets and publishing the new public IP");
+        if let Some(dp) = &dataplane {
+            let dp = dp.clone();
+            match tokio::task::spawn_blocking(move || dp.set_public_ip(next)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    reporter.report(Some(format!("re-binding the data plane on {next}: {e}")));
+                    continue;
+                }
+                Err(e) => {
+                    reporter.report(Some(format!("re-binding the data plane on {next}: {e}")));
+                    continue;
+                }
+            }
+        }
+        reporter.report(None);
+        current = next;
+        store.reconnect();
+        let _ = public_ip_tx.send(next);
+    }
 }
 
 /// Starts the route watcher, which publishes the routes the data plane forwards by. It runs in
@@ -582,6 +712,18 @@ async fn signal_shutdown(tx: Arc<watch::Sender<bool>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_published_address_moves_only_when_it_left_the_interface() {
+        let ip = |d| Ipv4Addr::new(192, 0, 2, d);
+        // Still there, even with others added before it: kept.
+        assert_eq!(next_public_ip(ip(1), &[ip(1)]), None);
+        assert_eq!(next_public_ip(ip(1), &[ip(9), ip(1)]), None);
+        // Gone: the interface's first address.
+        assert_eq!(next_public_ip(ip(1), &[ip(11), ip(12)]), Some(ip(11)));
+        // Gone and nothing yet (mid-renumbering): wait.
+        assert_eq!(next_public_ip(ip(1), &[]), None);
+    }
 
     #[test]
     fn node_id_is_generated_once_and_kept() {

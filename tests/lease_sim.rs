@@ -525,6 +525,35 @@ fn s10_restart_with_new_public_ip_adopts_own_lease_through_its_revision() {
     w.assert_clean();
 }
 
+/// The address changes while weft runs: the held lease is rewritten with the new `PublicIP`
+/// at once (not at the next renewal), by a renew that compares the key's revision, and the
+/// subnet is kept.
+#[test]
+fn s10_public_ip_change_at_run_time_is_published_at_once_keeping_the_subnet() {
+    let mut w = World::new(10, network_of(8));
+    w.join("a");
+    let s = wait_hold(&mut w, "a", 5 * SEC);
+    let r = wait_event(&mut w, "a", 3 * SEC, renewed);
+    assert_eq!(r, w.now(), "the world stops at the renewal deadline");
+    let before = w.key(s).unwrap();
+    let pos = w.log_len();
+    let t = w.now();
+    let new_ip = Ipv4Addr::new(192, 0, 2, 78);
+    w.renumber_running("a", new_ip);
+    assert!(
+        w.advance_until(Duration::from_millis(100), |w| w
+            .key(s)
+            .is_some_and(|k| k.attrs.public_ip == new_ip)),
+        "the new public IP was not published within 100 ms"
+    );
+    let writes = w.writes_to(s, pos);
+    assert_eq!(writes[0].kind, WriteKind::Renew, "rewritten with a compare, not re-created");
+    assert!(writes[0].revision > before.mod_revision);
+    assert_eq!(count(&w.events_since("a", t), is_loss_or_change), 0);
+    assert_eq!(w.believed("a"), Some(s));
+    w.assert_clean();
+}
+
 // ---- S11 --------------------------------------------------------------------------------------
 
 #[test]

@@ -114,12 +114,42 @@ impl TunIo for Tun {
     }
 }
 
+/// The worker threads of one socket binding, and how to stop them.
+#[derive(Debug)]
+struct Running {
+    /// The address the sockets are bound on (the public IP, or the wildcard behind NAT).
+    public_ip: Ipv4Addr,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                warn!("a data plane thread ended with a panic outside its supervisor");
+            }
+        }
+    }
+}
+
+/// One worker's sockets: the one on the backend port and the pool datagrams leave from.
+struct WorkerSockets {
+    rx: BatchSocket,
+    tx_pool: Vec<BatchSocket>,
+}
+
 /// A running data plane. Stops its threads on [`Dataplane::stop`] or drop.
 #[derive(Debug)]
 pub struct Dataplane {
     cfg: DataplaneConfig,
-    stop: Arc<AtomicBool>,
-    threads: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    /// One TUN queue per worker; kept across a re-bind ([`Dataplane::set_public_ip`]).
+    queues: Vec<Arc<Tun>>,
+    fwd: Forwarder,
+    wcfg: WorkerConfig,
+    routes: Arc<Routes>,
+    running: std::sync::Mutex<Running>,
     own: Arc<OwnSubnet>,
     /// Counters, for `/metrics`.
     pub counters: Arc<Counters>,
@@ -167,16 +197,12 @@ impl Dataplane {
         sys::set_mtu(&name, mtu)?;
         sys::set_up(&name)?;
 
-        let own = Arc::new(OwnSubnet::default());
-        let counters = Arc::new(Counters::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let states = Arc::new(WorkerStates::default());
         let fwd = Forwarder {
             backend: cfg.backend,
             vni,
             port: cfg.port,
             our_mac: cfg.our_mac,
-            own: own.clone(),
+            own: Arc::new(OwnSubnet::default()),
             icmp_source: cfg.network.network(),
             icmp_limit: Arc::default(),
         };
@@ -187,92 +213,104 @@ impl Dataplane {
             gro_udp: cfg.tun_offload && offloads.uso,
             one_thread: cfg.one_thread,
         };
-        // The backend port is bound on the public IP, where peers send, and only when that is
-        // no local address (behind NAT) on the wildcard. Without SO_REUSEADDR no other
-        // socket can bind the port beside ours; SO_REUSEPORT joins our workers' sockets into
-        // one group, which Linux opens only to sockets of the same effective UID (so run weft
-        // under a UID of its own; a root process can always take the port).
-        let rx_bind = match BatchSocket::open(UdpConfig::new(SocketAddrV4::new(cfg.public_ip, 0))) {
-            Err(UdpError::Bind { source, .. })
-                if source.kind() == io::ErrorKind::AddrNotAvailable =>
-            {
-                warn!(public_ip = %cfg.public_ip, port = cfg.port, "the public IP is no local address: receiving on every address");
-                Ipv4Addr::UNSPECIFIED
+        let (bound_on, sockets) = open_sockets(&cfg, cfg.public_ip, workers)?;
+        let counters = Arc::new(Counters::default());
+        if let Some(first) = sockets.first() {
+            for (offload, on) in [
+                (Offload::TunTso, wcfg.gro_tcp),
+                (Offload::TunUso, wcfg.gro_udp),
+                (Offload::UdpGso, first.tx_pool.first().is_some_and(BatchSocket::gso_enabled)),
+                (Offload::UdpGro, first.rx.capabilities().gro),
+            ] {
+                counters.set_offload(offload, on);
             }
-            _ => cfg.public_ip,
-        };
-        let rx_cfg = UdpConfig {
-            bind: SocketAddrV4::new(rx_bind, cfg.port),
-            reuse_port: workers > 1,
-            gso: false,
-            gro: cfg.udp_gro,
-            buffer_bytes: SOCKET_BUFFER,
-        };
-        let tx_cfg = |ip| UdpConfig {
-            bind: SocketAddrV4::new(ip, 0),
-            reuse_port: false,
-            gso: cfg.udp_gso,
-            gro: false,
-            buffer_bytes: SOCKET_BUFFER,
-        };
-        let mut threads = Vec::with_capacity(workers * 2);
-        let mut caps_logged = false;
-        for (i, tun) in queues.into_iter().enumerate() {
-            let rx = BatchSocket::open(rx_cfg)?;
-            let pool = (0..TX_POOL)
-                .map(|_| {
-                    BatchSocket::open(tx_cfg(cfg.public_ip))
-                        .or_else(|_| BatchSocket::open(tx_cfg(Ipv4Addr::UNSPECIFIED)))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            if !caps_logged {
-                caps_logged = true;
-                for (offload, on) in [
-                    (Offload::TunTso, cfg.tun_offload && offloads.tso),
-                    (Offload::TunUso, cfg.tun_offload && offloads.uso),
-                    (Offload::UdpGso, pool[0].gso_enabled()),
-                    (Offload::UdpGro, rx.capabilities().gro),
-                ] {
-                    counters.set_offload(offload, on);
-                }
-                info!(
-                    tun = %name,
-                    mtu,
-                    workers,
-                    tun_vnet_hdr = cfg.tun_offload,
-                    tun_tso = offloads.tso,
-                    tun_uso = offloads.uso,
-                    udp_gso = pool[0].capabilities().gso,
-                    udp_gro = rx.capabilities().gro,
-                    batch = wcfg.batch,
-                    port = cfg.port,
-                    backend = cfg.backend.as_str(),
-                    "data plane up"
-                );
-            }
-            let handles = worker::Worker {
-                tun,
-                tx_pool: pool,
-                rx,
-                fwd: fwd.clone(),
-                routes: routes.clone(),
-                counters: counters.clone(),
-                cfg: wcfg,
-                clock: Arc::new(BootClock),
-                states: states.clone(),
-            }
-            .spawn(&format!("weft-q{i}"), stop.clone())
-            .map_err(DataplaneError::Thread)?;
-            threads.extend(handles);
+            info!(
+                tun = %name,
+                mtu,
+                workers,
+                tun_vnet_hdr = cfg.tun_offload,
+                tun_tso = offloads.tso,
+                tun_uso = offloads.uso,
+                udp_gso = first.tx_pool.first().is_some_and(|s| s.capabilities().gso),
+                udp_gro = first.rx.capabilities().gro,
+                batch = wcfg.batch,
+                port = cfg.port,
+                bound_on = %bound_on,
+                backend = cfg.backend.as_str(),
+                "data plane up"
+            );
         }
-        Ok(Self {
+        let own = fwd.own.clone();
+        let dp = Self {
             cfg,
-            stop,
-            threads: std::sync::Mutex::new(threads),
+            queues,
+            fwd,
+            wcfg,
+            routes,
+            running: std::sync::Mutex::new(Running {
+                public_ip: bound_on,
+                stop: Arc::new(AtomicBool::new(true)),
+                threads: Vec::new(),
+            }),
             own,
             counters,
-            workers: states,
-        })
+            workers: Arc::new(WorkerStates::default()),
+        };
+        let running = dp.spawn_workers(bound_on, sockets)?;
+        *dp.running.lock().unwrap_or_else(|e| e.into_inner()) = running;
+        Ok(dp)
+    }
+
+    /// Starts one supervised worker per TUN queue on `sockets`.
+    fn spawn_workers(
+        &self,
+        bound_on: Ipv4Addr,
+        sockets: Vec<WorkerSockets>,
+    ) -> Result<Running, DataplaneError> {
+        let mut running = Running {
+            public_ip: bound_on,
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::with_capacity(self.queues.len() * 2),
+        };
+        for (i, (tun, sockets)) in self.queues.iter().zip(sockets).enumerate() {
+            let spawned = worker::Worker {
+                tun: tun.clone(),
+                tx_pool: sockets.tx_pool,
+                rx: sockets.rx,
+                fwd: self.fwd.clone(),
+                routes: self.routes.clone(),
+                counters: self.counters.clone(),
+                cfg: self.wcfg,
+                clock: Arc::new(BootClock),
+                states: self.workers.clone(),
+            }
+            .spawn(&format!("weft-q{i}"), running.stop.clone());
+            match spawned {
+                Ok(handles) => running.threads.extend(handles),
+                Err(e) => {
+                    running.stop();
+                    return Err(DataplaneError::Thread(e));
+                }
+            }
+        }
+        Ok(running)
+    }
+
+    /// Re-binds every socket on `public_ip` (the underlay address changed): the new sockets
+    /// are opened first, so a failure leaves the old ones forwarding; then the workers are
+    /// restarted on them, keeping their TUN queues (packets queued meanwhile wait in the TUN
+    /// device). Datagrams always leave from the address published as `PublicIP`.
+    pub fn set_public_ip(&self, public_ip: Ipv4Addr) -> Result<(), DataplaneError> {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if running.public_ip == public_ip {
+            return Ok(());
+        }
+        let (bound_on, sockets) = open_sockets(&self.cfg, public_ip, self.queues.len())?;
+        let old = running.public_ip;
+        running.stop();
+        *running = self.spawn_workers(bound_on, sockets)?;
+        info!(old = %old, new = %bound_on, port = self.cfg.port, "data plane sockets re-bound");
+        Ok(())
     }
 
     /// Points the data plane at this host's subnet: the TUN device gets `<subnet>.0/32` and a
@@ -295,14 +333,56 @@ impl Dataplane {
     /// Stops the threads and waits for them; the device closes when the last queue goes (a
     /// non-persistent TUN device then disappears).
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
-        for t in threads {
-            if t.join().is_err() {
-                warn!("a data plane thread panicked");
-            }
-        }
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).stop();
     }
+}
+
+/// Opens `workers` sets of sockets for `public_ip`: returns the address they are bound on.
+///
+/// The backend port is bound on the public IP, where peers send, and only when that is no
+/// local address (behind NAT, `--public-ip` naming the NAT's address) on the wildcard; the
+/// sending sockets are bound on the same address, so that every datagram leaves from the
+/// address peers know. Without SO_REUSEADDR no other socket can bind the port beside ours;
+/// SO_REUSEPORT joins our workers' sockets into one group, which Linux opens only to sockets of
+/// the same effective UID (so run weft under a UID of its own; a root process can always take
+/// the port).
+fn open_sockets(
+    cfg: &DataplaneConfig,
+    public_ip: Ipv4Addr,
+    workers: usize,
+) -> Result<(Ipv4Addr, Vec<WorkerSockets>), DataplaneError> {
+    let bind_on = match BatchSocket::open(UdpConfig::new(SocketAddrV4::new(public_ip, 0))) {
+        Err(UdpError::Bind { source, .. }) if source.kind() == io::ErrorKind::AddrNotAvailable => {
+            warn!(%public_ip, port = cfg.port, "the public IP is no local address (NAT?): receiving on every address, sending from the one the kernel picks");
+            Ipv4Addr::UNSPECIFIED
+        }
+        _ => public_ip,
+    };
+    let rx_cfg = UdpConfig {
+        bind: SocketAddrV4::new(bind_on, cfg.port),
+        reuse_port: workers > 1,
+        gso: false,
+        gro: cfg.udp_gro,
+        buffer_bytes: SOCKET_BUFFER,
+    };
+    let tx_cfg = UdpConfig {
+        bind: SocketAddrV4::new(bind_on, 0),
+        reuse_port: false,
+        gso: cfg.udp_gso,
+        gro: false,
+        buffer_bytes: SOCKET_BUFFER,
+    };
+    let sockets = (0..workers)
+        .map(|_| {
+            Ok(WorkerSockets {
+                rx: BatchSocket::open(rx_cfg)?,
+                tx_pool: (0..TX_POOL)
+                    .map(|_| BatchSocket::open(tx_cfg))
+                    .collect::<Result<Vec<_>, _>>()?,
+            })
+        })
+        .collect::<Result<Vec<_>, UdpError>>()?;
+    Ok((bind_on, sockets))
 }
 
 impl std::ops::Drop for Dataplane {

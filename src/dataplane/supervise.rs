@@ -94,14 +94,22 @@ pub struct WorkerStates {
 }
 
 impl WorkerStates {
+    /// The state of thread `name`: the same one again when a thread of that name was
+    /// registered before (the workers are restarted on new sockets), marked up.
     fn register(&self, name: &str) -> Arc<ThreadState> {
+        let mut threads = self.threads.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(state) = threads.iter().find(|t| t.name == name) {
+            state.up.store(true, Ordering::Relaxed);
+            *state.last_panic.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            return state.clone();
+        }
         let state = Arc::new(ThreadState {
             name: name.to_owned(),
             up: AtomicBool::new(true),
             panics: AtomicU64::new(0),
             last_panic: Mutex::new(None),
         });
-        self.threads.lock().unwrap_or_else(PoisonError::into_inner).push(state.clone());
+        threads.push(state.clone());
         state
     }
 

@@ -15,6 +15,7 @@
 //! second and deadlines are read from the boot-time clock, so a host that was suspended acts on
 //! its lease as soon as it wakes.
 
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,6 +117,8 @@ pub struct LeaseDriver {
     env_retry: Option<EnvRetry>,
     /// Subnet-change hooks waiting for `subnet.env` to be written.
     hooks_after_env: Vec<HookRun>,
+    /// This host's underlay address, as the daemon's underlay follower sees it.
+    public_ip_rx: Option<watch::Receiver<Ipv4Addr>>,
 }
 
 impl LeaseDriver {
@@ -154,7 +157,14 @@ impl LeaseDriver {
             hooks,
             env_retry: None,
             hooks_after_env: Vec::new(),
+            public_ip_rx: None,
         }
+    }
+
+    /// Publishes every address `rx` carries as the lease's `PublicIP` (see
+    /// [`Keeper::handle_public_ip`]).
+    pub fn follow_public_ip(&mut self, rx: watch::Receiver<Ipv4Addr>) {
+        self.public_ip_rx = Some(rx);
     }
 
     /// Runs until `shutdown` turns true and the keeper has finished its shutdown actions.
@@ -184,6 +194,10 @@ impl LeaseDriver {
             tokio::select! {
                 _ = tokio::time::sleep(sleep) => {}
                 item = next_batch(&mut self.own_watch) => self.on_own_watch(item),
+                Some(ip) = public_ip_changed(&mut self.public_ip_rx) => {
+                    info!(public_ip = %ip, "publishing the new public IP in the lease");
+                    self.keeper.handle_public_ip(ip);
+                }
                 changed = shutdown.changed(), if !shutting_down => {
                     if changed.is_err() || *shutdown.borrow() {
                         shutting_down = true;
@@ -452,6 +466,16 @@ fn subnet_change(old: Subnet, new: Subnet) -> HookRun {
         reason: "subnet-changed",
         holder: None,
     }
+}
+
+/// The next address from the underlay follower; never resolves without one (or once it is gone).
+async fn public_ip_changed(rx: &mut Option<watch::Receiver<Ipv4Addr>>) -> Option<Ipv4Addr> {
+    let Some(r) = rx.as_mut() else { return std::future::pending().await };
+    if r.changed().await.is_err() {
+        *rx = None;
+        return None;
+    }
+    Some(*r.borrow_and_update())
 }
 
 async fn next_batch(

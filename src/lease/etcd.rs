@@ -124,7 +124,9 @@ struct Inner {
     /// client, and so flannel, accepts credentials there; etcd-client refuses to connect).
     connect_anonymous: ConnectOptions,
     has_user: bool,
-    client: tokio::sync::OnceCell<Client>,
+    client: tokio::sync::Mutex<Option<Client>>,
+    /// Set by [`Store::reconnect`]: the next call drops the cached client and connects anew.
+    stale: std::sync::atomic::AtomicBool,
     prefix: String,
     call_timeout: Duration,
 }
@@ -300,7 +302,8 @@ impl EtcdStore {
                 connect,
                 connect_anonymous,
                 has_user,
-                client: tokio::sync::OnceCell::new(),
+                client: tokio::sync::Mutex::new(None),
+                stale: std::sync::atomic::AtomicBool::new(false),
                 prefix: opts.prefix.trim_end_matches('/').to_owned(),
                 call_timeout: opts.call_timeout,
             }),
@@ -331,30 +334,27 @@ impl EtcdStore {
 
     async fn client(&self) -> Result<Client, StoreError> {
         let inner = &self.inner;
-        let client = inner
-            .client
-            .get_or_try_init(|| async {
-                let first =
-                    self.call(Client::connect(&inner.endpoints, Some(inner.connect.clone()))).await;
-                match first {
-                    Err(StoreError::Protocol(e))
-                        if inner.has_user
-                            && e.to_string().contains("authentication is not enabled") =>
-                    {
-                        tracing::warn!(
-                            "etcd has authentication disabled; connecting without credentials"
-                        );
-                        self.call(Client::connect(
-                            &inner.endpoints,
-                            Some(inner.connect_anonymous.clone()),
-                        ))
-                        .await
-                    }
-                    other => other,
-                }
-            })
-            .await?;
-        Ok(client.clone())
+        // Held while connecting, so concurrent first calls share one connection.
+        let mut cached = inner.client.lock().await;
+        if inner.stale.swap(false, std::sync::atomic::Ordering::SeqCst) && cached.take().is_some() {
+            tracing::info!("reconnecting to etcd (this host's address changed)");
+        }
+        if let Some(client) = &*cached {
+            return Ok(client.clone());
+        }
+        let first = self.call(Client::connect(&inner.endpoints, Some(inner.connect.clone()))).await;
+        let client = match first {
+            Err(StoreError::Protocol(e))
+                if inner.has_user && e.to_string().contains("authentication is not enabled") =>
+            {
+                tracing::warn!("etcd has authentication disabled; connecting without credentials");
+                self.call(Client::connect(&inner.endpoints, Some(inner.connect_anonymous.clone())))
+                    .await
+            }
+            other => other,
+        }?;
+        *cached = Some(client.clone());
+        Ok(client)
     }
 
     /// Runs one etcd call under the call deadline.
@@ -928,6 +928,9 @@ impl Store for EtcdStore {
         let stream = self.call(c.watch(key, Some(options))).await?;
         let state = WatchState { stream: Some(stream), store: self.clone(), requested: from };
         Ok(Box::pin(futures::stream::unfold(state, WatchState::next)))
+    }
+    fn reconnect(&self) {
+        self.inner.stale.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -341,6 +341,8 @@ pub struct Keeper {
     expiry_reported: bool,
     /// An own-key change that may not be ours: probe with a renew as soon as possible.
     probe: bool,
+    /// The published value changed (a new public IP): write it with a renew at once.
+    republish: bool,
     retry_at: Instant,
     retry_delay: Duration,
     in_flight: Option<(InFlight, Instant)>,
@@ -367,6 +369,7 @@ impl Keeper {
             expires_at: now,
             expiry_reported: false,
             probe: false,
+            republish: false,
             retry_at: now,
             retry_delay: cfg.retry_min,
             in_flight: None,
@@ -448,6 +451,16 @@ impl Keeper {
     }
 
     // ---- inputs --------------------------------------------------------------------------
+
+    /// This host's underlay address changed to `public_ip`: the lease value says so from the
+    /// next write on, and a held lease is rewritten at once (a renew, with its usual compare on
+    /// the key's revision), so that peers send to the new address.
+    pub fn handle_public_ip(&mut self, public_ip: Ipv4Addr) {
+        if self.attrs.public_ip != public_ip {
+            self.attrs.public_ip = public_ip;
+            self.republish = true;
+        }
+    }
 
     /// Begins shutdown: release the lease if `relinquish`, then drop presence.
     pub fn handle_shutdown(&mut self, relinquish: bool) {
@@ -614,9 +627,10 @@ impl Keeper {
                 };
                 Some((InFlight::Renew, Action::Renew { held, attrs, ttl }))
             }
-            Phase::Held if self.probe || now >= self.renew_at => {
+            Phase::Held if self.probe || self.republish || now >= self.renew_at => {
                 let held = self.held?;
                 self.probe = false;
+                self.republish = false;
                 Some((InFlight::Renew, Action::Renew { held, attrs, ttl }))
             }
             Phase::Held | Phase::Clash { .. } | Phase::Stopping => None,

@@ -318,4 +318,10 @@ pub trait Store: Send + Sync {
     /// Watches subnet keys from `from` (inclusive; `0` or less means "from the next
     /// revision", as in etcd). `only` narrows it to one subnet's key.
     async fn watch(&self, from: Revision, only: Option<Subnet>) -> Result<WatchStream, StoreError>;
+
+    /// This host's address changed: connections from the old one are dead though nothing
+    /// says so yet (no RST comes for an address that is gone), so the next call should open
+    /// new ones rather than wait for keep-alives to notice. A store without connections
+    /// ignores it.
+    fn reconnect(&self) {}
 }

@@ -583,6 +583,17 @@ impl World {
         self.idx_mut(name).public_ip = ip;
     }
 
+    /// `name`'s address changes while its weft runs, which notices (as the daemon's underlay
+    /// follower does) and tells its keeper.
+    pub fn renumber_running(&mut self, name: &str, ip: Ipv4Addr) {
+        self.set_public_ip(name, ip);
+        match &mut self.idx_mut(name).proc {
+            Some(Proc::Weft(p)) => p.keeper.handle_public_ip(ip),
+            _ => panic!("{name} runs no weft process"),
+        }
+        self.settle();
+    }
+
     // ---- time ----------------------------------------------------------------------------
 
     /// The current time.

@@ -494,21 +494,33 @@ impl Lab {
 
     /// Starts `weft run` (TUN data plane) in host `n`'s namespace, with a fresh state dir.
     pub fn start_weft(&self, n: u8, extra: &[&str]) -> Weft {
-        self.start_weft_as(n, extra, false, &[])
+        self.start_weft_as(n, extra, false, &[], true)
+    }
+
+    /// [`Lab::start_weft`] without `--public-ip`: weft publishes eth0's address and follows it.
+    pub fn start_weft_following_eth0(&self, n: u8, extra: &[&str]) -> Weft {
+        self.start_weft_as(n, extra, false, &[], false)
     }
 
     /// [`Lab::start_weft`] with extra environment variables (the `fault-injection` hooks).
     pub fn start_weft_with_env(&self, n: u8, extra: &[&str], env: &[(&str, &str)]) -> Weft {
-        self.start_weft_as(n, extra, false, env)
+        self.start_weft_as(n, extra, false, env, true)
     }
 
     /// Starts `weft run` as uid/gid 65534 with only CAP_NET_ADMIN, in a private mount namespace
     /// whose `/dev/net/tun` is a 0666 node of the lab's own (the host's node is left alone).
     pub fn start_weft_nonroot(&self, n: u8, extra: &[&str]) -> Weft {
-        self.start_weft_as(n, extra, true, &[])
+        self.start_weft_as(n, extra, true, &[], true)
     }
 
-    fn start_weft_as(&self, n: u8, extra: &[&str], nonroot: bool, env: &[(&str, &str)]) -> Weft {
+    fn start_weft_as(
+        &self,
+        n: u8,
+        extra: &[&str],
+        nonroot: bool,
+        env: &[(&str, &str)],
+        public_ip_flag: bool,
+    ) -> Weft {
         let ns = self.host(n);
         let dir = self.dir().join(format!("h{n}"));
         std::fs::create_dir_all(&dir).expect("host dir");
@@ -532,6 +544,7 @@ impl Lab {
             nonroot: nonroot.then_some(tun_node),
             health_port: HEALTH_PORT,
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            public_ip_flag,
             child: None,
         };
         w.start();
@@ -662,6 +675,9 @@ pub struct Weft {
     health_port: u16,
     /// Extra environment for the next [`Weft::start`] (fault injection).
     pub env: Vec<(String, String)>,
+    /// Whether `--public-ip 192.0.2.n` is passed (else weft takes eth0's address, and
+    /// follows it when it changes).
+    pub public_ip_flag: bool,
     child: Option<Child>,
 }
 
@@ -679,7 +695,10 @@ impl Weft {
         let (public_ip, port) = (format!("192.0.2.{}", self.n), self.health_port.to_string());
         let mut weft: Vec<&str> = vec![weft_bin(), "run"];
         weft.extend_from_slice(&["--etcd-endpoints", ETCD, "--etcd-prefix", PREFIX]);
-        weft.extend_from_slice(&["--etcd-timeout", "1s", "--public-ip", &public_ip]);
+        weft.extend_from_slice(&["--etcd-timeout", "1s"]);
+        if self.public_ip_flag {
+            weft.extend_from_slice(&["--public-ip", &public_ip]);
+        }
         weft.extend_from_slice(&["--iface", "eth0", "--state-dir", &state]);
         weft.extend_from_slice(&["--subnet-file", &subnet_file, "--subnet-lease-ttl", TTL]);
         weft.extend_from_slice(&["--healthz-ip", "127.0.0.1", "--healthz-port", &port]);
@@ -736,6 +755,7 @@ impl Weft {
             nonroot: self.nonroot.clone(),
             health_port,
             env: Vec::new(),
+            public_ip_flag: self.public_ip_flag,
             child: None,
         };
         w.start();

@@ -1,0 +1,78 @@
+//! End to end in network namespaces: the underlay address changes while weft runs (the
+//! interface is renumbered). weft notices, re-binds its sockets on the new address, rewrites
+//! its lease's `PublicIP` (keeping the subnet), peers follow, and every datagram leaves from
+//! the published address. Needs root, like e2e.rs.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::netns::{Lab, finish_ping, ns_run, ping_ok, run, spawn_ping};
+
+const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
+const READY: Duration = Duration::from_secs(20);
+
+/// The local addresses of every UDP socket in `ns` (`ss -uan`).
+fn udp_local_addrs(ns: &str) -> Vec<String> {
+    ns_run(ns, &["ss", "-H", "-u", "-a", "-n"])
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3).map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn a_renumbered_underlay_is_followed_rebound_and_published_keeping_the_subnet() {
+    let lab = Lab::new(VXLAN);
+    let mut w1 = lab.start_weft_following_eth0(1, &[]);
+    let mut w2 = lab.start_weft(2, &[]);
+    let subnet = w1.wait_ready(READY);
+    w2.wait_ready(READY);
+    let (p1, p2) = (lab.pod(1, &w1.subnet_file()), lab.pod(2, &w2.subnet_file()));
+    for w in [&w1, &w2] {
+        w.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 1.0);
+    }
+    let published = |lab: &Lab| {
+        lab.lease_value(&subnet).and_then(|v| v["PublicIP"].as_str().map(str::to_owned))
+    };
+    assert_eq!(published(&lab).as_deref(), Some("192.0.2.1"));
+    ping_ok(&p2.ns, p1.ip, 2);
+
+    // Renumber host 1's underlay while host 2's pod pings host 1's.
+    let ping = spawn_ping(&p2.ns, p1.ip, 100, 0.1);
+    std::thread::sleep(Duration::from_millis(500));
+    let h1 = lab.host(1);
+    run(&["ip", "-n", &h1, "addr", "del", "192.0.2.1/24", "dev", "eth0"]);
+    run(&["ip", "-n", &h1, "addr", "add", "192.0.2.11/24", "dev", "eth0"]);
+    let renumbered = Instant::now();
+    while published(&lab).as_deref() != Some("192.0.2.11") {
+        assert!(
+            renumbered.elapsed() < Duration::from_secs(10),
+            "the new address was not published in 10 s:\n{}",
+            w1.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("published 192.0.2.11 {:?} after the renumbering", renumbered.elapsed());
+    let r = finish_ping(ping);
+    eprintln!("ping across the renumbering: {}/{} replies", r.received, r.transmitted);
+
+    // The subnet is kept; both directions work again; the sockets moved.
+    assert_eq!(w1.subnet().as_deref(), Some(subnet.as_str()), "the subnet changed");
+    ping_ok(&p2.ns, p1.ip, 3);
+    ping_ok(&p1.ns, p2.ip, 3);
+    let addrs = udp_local_addrs(&h1);
+    assert!(!addrs.is_empty(), "no UDP sockets in host 1");
+    assert!(
+        addrs.iter().all(|a| a.starts_with("192.0.2.11:")),
+        "a socket is not bound on the published address: {addrs:?}"
+    );
+    assert!(w1.ready(), "{:?}", w1.get("/readyz"));
+    let log = w1.log();
+    assert_eq!(log.matches("the underlay address changed").count(), 1, "{}", w1.log_tail(30));
+    assert!(log.contains("data plane sockets re-bound"), "{}", w1.log_tail(30));
+    assert!(
+        r.received + 40 >= r.transmitted,
+        "more than 4 s of pings lost across the renumbering:\n{}",
+        r.text
+    );
+}
