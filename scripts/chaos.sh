@@ -37,6 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/netns.sh
+. scripts/lib/cni.sh
 
 SHORT=0
 case "${1:-}" in
@@ -245,7 +246,7 @@ hub "$WEFT" network set "$WORK/net.json" --etcd-endpoints "$EPS" --etcd-prefix "
 for n in $(seq 1 "$HOSTS"); do netns_host_up "$P" "$n"; mkdir -p "$WORK/h$n"; start_weft "$n"; done
 for n in $(seq 1 "$HOSTS"); do wait_ready "$n"; done
 for n in $(seq 1 "$HOSTS"); do
-    POD[$n]=$(netns_pod_up "$P" "$n" "$WORK/h$n/subnet.env")
+    POD[$n]=$(cni_pod_up "$P" "$n" "$WORK/h$n/subnet.env" "$WORK/h$n/cni")
     ip netns exec "${P}h$n" bash -c "$(declare -f poll_ready); poll_ready" >"$WORK/ready/h$n.log" 2>&1 &
 done
 for a in $(seq 1 "$HOSTS"); do

@@ -12,6 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/netns.sh
+. scripts/lib/cni.sh
 
 [ "$(id -u)" -eq 0 ] || { echo "demo: run as root (it creates network namespaces)" >&2; exit 1; }
 scripts/setup.sh >/dev/null
@@ -79,9 +80,9 @@ for n in 1 2 3; do wait_ready "$n"; echo "host $n (192.0.2.$n): FLANNEL_SUBNET=$
 echo; cat "$WORK/h1/subnet.env"
 weft_admin lease list
 
-say "a pod on each host, on a bridge addressed from its subnet.env (as the CNI flannel plugin does)"
+say "a pod on each host, attached by the CNI bridge and host-local plugins with the config flannel's CNI plugin builds from subnet.env"
 declare -A POD=()
-for n in 1 2 3; do POD[$n]=$(netns_pod_up "$P" "$n" "$WORK/h$n/subnet.env"); echo "pod $n: ${POD[$n]}"; done
+for n in 1 2 3; do POD[$n]=$(cni_pod_up "$P" "$n" "$WORK/h$n/subnet.env" "$WORK/h$n/cni"); echo "pod $n: ${POD[$n]}"; done
 echo; echo "host 1 routes:"; ip -n "${P}h1" route show | sed 's/^/  /'
 ip -n "${P}h1" -br addr show weft0 | sed 's/^/  /'
 netns_http "${P}h1" 9797 /metrics | grep -E "^weft_routes " | sed 's/^/  /'

@@ -32,13 +32,16 @@ packages=(
     procps              # sysctl (forwarding in namespace hosts), pgrep, ps
     util-linux          # unshare, setpriv (the non-root test), mount namespaces
     mount               # mount, for the non-root test's private /dev/net/tun
-    python3             # bench.sh's result tables
+    python3             # bench.sh's result tables; the CNI delegate config (scripts/lib/cni.sh)
+    containernetworking-plugins  # CNI bridge + host-local: pods in the demo, tests, chaos soak
+    iptables            # the bridge plugin's ipMasq rules (inside namespace hosts)
 )
 
 # command or file      must exist after install
 checks=(
     cc c++ protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ping iperf3
-    openssl sysctl unshare setpriv mount python3
+    openssl sysctl unshare setpriv mount python3 /usr/lib/cni/bridge /usr/lib/cni/host-local
+    iptables
 )
 
 missing_checks() {

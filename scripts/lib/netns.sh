@@ -42,26 +42,3 @@ netns_http() {
     ip netns exec "$1" bash -c "exec 3<>/dev/tcp/127.0.0.1/$2 && printf 'GET $3 HTTP/1.0\r\n\r\n' >&3 && cat <&3" 2>/dev/null |
         sed '1,/^\r$/d'
 }
-
-# netns_pod_up PREFIX N SUBNET_ENV: a "pod" namespace <p>pN behind a bridge cni0 in host <p>hN,
-# addressed from the host's subnet.env as the CNI flannel plugin would: cni0 = FLANNEL_SUBNET
-# (the subnet's .1), the pod = .2, MTU = FLANNEL_MTU, default route via cni0. Prints the pod IP.
-netns_pod_up() {
-    local host="${1}h${2}" pod="${1}p${2}" env="$3"
-    local subnet mtu ip len base
-    subnet=$(sed -n 's/^FLANNEL_SUBNET=//p' "$env")
-    mtu=$(sed -n 's/^FLANNEL_MTU=//p' "$env")
-    ip=${subnet%/*}; len=${subnet#*/}; base=${ip%.*}
-    ip netns exec "$host" sysctl -qw net.ipv4.ip_forward=1
-    ip -n "$host" link add cni0 type bridge 2>/dev/null || true
-    ip -n "$host" addr replace "$subnet" dev cni0
-    ip -n "$host" link set cni0 up
-    ip netns add "$pod"
-    ip -n "$pod" link set lo up
-    ip -n "$host" link add vethp mtu "$mtu" type veth peer name eth0 mtu "$mtu" netns "$pod"
-    ip -n "$host" link set vethp master cni0 up
-    ip -n "$pod" addr add "${base}.2/${len}" dev eth0
-    ip -n "$pod" link set eth0 up
-    ip -n "$pod" route add default via "$ip"
-    echo "${base}.2"
-}

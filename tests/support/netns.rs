@@ -4,7 +4,7 @@
 //! ```text
 //!   <p>hub  bridge br0 192.0.2.254/24, etcd on 192.0.2.254:2379
 //!   <p>hN   a host: eth0 192.0.2.N/24 (veth to the hub's bridge), default route via .254
-//!   <p>pN   a pod behind bridge cni0 in <p>hN, addressed from the host's subnet.env
+//!   <p>pN   a pod behind bridge cni0 in <p>hN, attached by the CNI bridge plugin from subnet.env
 //! ```
 //!
 //! Contract:
@@ -330,7 +330,7 @@ pub fn iperf3_bps(client_ns: &str, server_ip: Ipv4Addr, secs: u32) -> f64 {
 pub struct Pod {
     /// The namespace.
     pub ns: String,
-    /// Its address (the subnet's `.2`).
+    /// Its address (from host-local: the subnet's `.2` for the first pod).
     pub ip: Ipv4Addr,
 }
 
@@ -551,42 +551,46 @@ impl Lab {
         w
     }
 
-    /// A pod behind host `n`, addressed from that host's `subnet.env` (as the CNI flannel plugin
-    /// does): cni0 = FLANNEL_SUBNET (the subnet's .1), pod = .2, MTU = FLANNEL_MTU.
+    /// A pod behind host `n`, attached as a kubelet attaches one on a flannel node: Debian's CNI
+    /// `bridge` plugin (with `host-local`) runs with CNI_COMMAND=ADD and the delegate config
+    /// flannel's CNI plugin builds from `subnet_env` (`scripts/lib/cni.sh`, shared with the demo
+    /// and the chaos soak): bridge cni0 at FLANNEL_SUBNET's .1 as gateway, the pod's address
+    /// from that range, a route to FLANNEL_NETWORK, MTU FLANNEL_MTU, and masquerading by the
+    /// bridge unless FLANNEL_IPMASQ (weft's hosts here do not masquerade, so the bridge does).
     pub fn pod(&self, n: u8, subnet_env: &Path) -> Pod {
-        let text = std::fs::read_to_string(subnet_env)
-            .unwrap_or_else(|e| panic!("read {}: {e}", subnet_env.display()));
-        let field = |k: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(&format!("{k}=")).map(str::to_owned))
-                .unwrap_or_else(|| panic!("{k} missing from {}:\n{text}", subnet_env.display()))
-        };
-        let mtu: u32 = field("FLANNEL_MTU").parse().expect("FLANNEL_MTU is a number");
-        self.pod_with(n, &field("FLANNEL_SUBNET"), mtu)
+        self.host(n);
+        let pod = self.ns(&format!("p{n}"));
+        self.add_ns(&pod);
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lib/cni.sh");
+        let ipam = self.dir().join(format!("h{n}-cni"));
+        let ip = run(&[
+            "bash",
+            "-c",
+            "set -e; source \"$0\"; cni_pod_up \"$@\"",
+            script,
+            &self.prefix,
+            &n.to_string(),
+            &subnet_env.to_string_lossy(),
+            &ipam.to_string_lossy(),
+        ]);
+        let ip = ip.trim().parse().unwrap_or_else(|e| panic!("pod address {ip:?} from CNI: {e}"));
+        Pod { ns: pod, ip }
     }
 
-    /// A pod behind host `n` with the bridge address `cni` (`10.244.200.1/24`); the pod is .2.
+    /// A pod behind host `n` whose bridge takes the address `cni` (`10.244.200.1/24`), for a
+    /// host that runs no weft (the kernel VXLAN peer): a `subnet.env` saying so is written for
+    /// it, and the pod attached from that by [`Lab::pod`].
     pub fn pod_with(&self, n: u8, cni: &str, mtu: u32) -> Pod {
-        let host = self.host(n);
-        let pod = self.ns(&format!("p{n}"));
-        let (gw, len) = cni.split_once('/').expect("cni address has a prefix length");
-        let gw: Ipv4Addr = gw.parse().expect("cni address");
-        let ip = Ipv4Addr::from(u32::from(gw) + 1);
-        let mtu = mtu.to_string();
-        ns_run(&host, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-        run(&["ip", "-n", &host, "link", "add", "cni0", "type", "bridge"]);
-        run(&["ip", "-n", &host, "addr", "add", cni, "dev", "cni0"]);
-        run(&["ip", "-n", &host, "link", "set", "cni0", "up"]);
-        self.add_ns(&pod);
-        run(&[
-            "ip", "-n", &host, "link", "add", "vethp", "mtu", &mtu, "type", "veth", "peer", "name",
-            "eth0", "mtu", &mtu, "netns", &pod,
-        ]);
-        run(&["ip", "-n", &host, "link", "set", "vethp", "master", "cni0", "up"]);
-        run(&["ip", "-n", &pod, "addr", "add", &format!("{ip}/{len}"), "dev", "eth0"]);
-        run(&["ip", "-n", &pod, "link", "set", "eth0", "up"]);
-        run(&["ip", "-n", &pod, "route", "add", "default", "via", &gw.to_string()]);
-        Pod { ns: pod, ip }
+        let env = self.dir().join(format!("h{n}-subnet.env"));
+        std::fs::write(
+            &env,
+            format!(
+                "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET={cni}\nFLANNEL_MTU={mtu}\n\
+                 FLANNEL_IPMASQ=false\n"
+            ),
+        )
+        .expect("write the pod's subnet.env");
+        self.pod(n, &env)
     }
 
     /// `ip netns exec NS ARGS...` to completion, whatever the status.
