@@ -16,11 +16,13 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{error, info, warn};
 
 use crate::atomic_file;
 use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
 use crate::dataplane::driver::{Dataplane, DataplaneConfig, DataplaneError};
+use crate::dataplane::link::DriftLog;
 use crate::dataplane::sys::{self, TunError, TunStatus};
 use crate::dataplane::wire::ethernet::MacAddr;
 use crate::health::{self, Health};
@@ -630,8 +632,11 @@ fn start_route_watcher(
     (routes, watcher)
 }
 
+/// How often the TUN device's link state is checked for drift (and repaired).
+const LINK_CHECK: Duration = Duration::from_secs(1);
+
 /// Starts the data plane on `routes` and the task that re-addresses the TUN device when this
-/// node's subnet changes.
+/// node's subnet changes and repairs its link state when someone else changes it.
 #[allow(clippy::too_many_arguments)]
 fn start_dataplane(
     opts: &RunOptions,
@@ -674,19 +679,45 @@ fn start_dataplane(
     health.add_check(Box::new(move || w.problem()));
     let dp2 = dp.clone();
     let mut stop = shutdown_rx.clone();
+    // The addresser: addresses the TUN device when the subnet changes, and repairs its link
+    // state (drift: a deleted route, the link set down, the address gone, the MTU changed)
+    // right after that and every LINK_CHECK.
     let addresser = tokio::spawn(async move {
+        let mut drift = DriftLog::default();
+        let mut check = tokio::time::interval_at(Instant::now() + LINK_CHECK, LINK_CHECK);
+        check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut subnet_changed = true;
         loop {
-            let subnet = *subnet_rx.borrow_and_update();
-            let dp = dp2.clone();
-            match tokio::task::spawn_blocking(move || dp.set_subnet(subnet)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    error!(error = %e, "could not configure the TUN device for the subnet")
+            if subnet_changed {
+                let subnet = *subnet_rx.borrow_and_update();
+                let dp = dp2.clone();
+                match tokio::task::spawn_blocking(move || dp.set_subnet(subnet)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        error!(error = %e, "could not configure the TUN device for the subnet")
+                    }
+                    Err(e) => error!(error = %e, "TUN configuration task failed"),
                 }
-                Err(e) => error!(error = %e, "TUN configuration task failed"),
+            }
+            let dp = dp2.clone();
+            match tokio::task::spawn_blocking(move || {
+                dp.repair_link(&mut drift);
+                drift
+            })
+            .await
+            {
+                Ok(d) => drift = d,
+                Err(e) => {
+                    error!(error = %e, "TUN drift repair task failed");
+                    drift = DriftLog::default();
+                }
             }
             tokio::select! {
-                changed = subnet_rx.changed() => if changed.is_err() { return },
+                changed = subnet_rx.changed() => {
+                    if changed.is_err() { return }
+                    subnet_changed = true;
+                }
+                _ = check.tick() => subnet_changed = false,
                 _ = stop.wait_for(|v| *v) => return,
             }
         }

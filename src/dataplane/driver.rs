@@ -10,6 +10,10 @@
 //! bound on the public IP (the wildcard only when that is no local address), without
 //! `SO_REUSEADDR`, so that no other user's socket can bind it beside ours.
 //!
+//! Drift repair ([`Dataplane::repair_link`], called every second by the daemon): the TUN
+//! device's MTU, `IFF_UP`, address and Network route are read back and whatever someone else
+//! changed is put back ([`super::link`]).
+//!
 //! VXLAN datagrams leave from sockets on ephemeral ports chosen by the inner flow's hash, so the
 //! outer source port differs per flow (RFC 7348 §5) and receivers can spread flows too.
 
@@ -23,6 +27,7 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 use tracing::{info, warn};
 
+use super::link::{self, DriftLog, Repair, WantedLink};
 use super::pipeline::{Counters, Forwarder, Offload, OwnSubnet};
 use super::supervise::WorkerStates;
 use super::sys::{self, Tun, TunError, TunOptions, TunStatus};
@@ -193,7 +198,7 @@ impl Dataplane {
             queues.push(Arc::new(q));
         }
         let name = queues[0].name().to_owned();
-        let mtu = cfg.underlay_mtu.saturating_sub(cfg.overhead).max(576);
+        let mtu = tun_mtu(&cfg);
         sys::set_mtu(&name, mtu)?;
         sys::set_up(&name)?;
 
@@ -321,13 +326,76 @@ impl Dataplane {
         if let Some(s) = subnet
             && old != Some(s)
         {
-            let addr = Ipv4Net::new(s.network(), 32).unwrap_or_else(|_| s.net());
+            let addr = tun_address(s);
             sys::set_ipv4(&self.cfg.tun_name, addr)?;
             sys::set_up(&self.cfg.tun_name)?;
             sys::add_route(&self.cfg.tun_name, self.cfg.network)?;
             info!(tun = %self.cfg.tun_name, %addr, network = %self.cfg.network, "TUN addressed");
         }
         Ok(())
+    }
+
+    /// The TUN device's link state as weft set it up: the MTU of [`Dataplane::start`], and
+    /// while a subnet is held the address and route of [`Dataplane::set_subnet`].
+    pub fn wanted_link(&self) -> WantedLink {
+        let address = self.own.get().map(tun_address);
+        WantedLink { mtu: tun_mtu(&self.cfg), address, route: address.map(|_| self.cfg.network) }
+    }
+
+    /// Drift repair: reads the TUN device's link state, puts back whatever someone else changed
+    /// ([`link::plan`]), counts each repair in `weft_dataplane_link_repairs_total` and logs it
+    /// at WARN, once per drift event as `drift` decides (a failing repair is logged once, then
+    /// retried quietly at each call). Blocking (ioctls, `getifaddrs`, `/proc/net/route`): call
+    /// it from a blocking thread.
+    pub fn repair_link(&self, drift: &mut DriftLog) {
+        let dev = self.cfg.tun_name.as_str();
+        let seen = match sys::observe_link(dev) {
+            Ok(seen) => {
+                if drift.observed() {
+                    info!(tun = %dev, "reading the TUN device's link state works again");
+                }
+                seen
+            }
+            Err(e) => {
+                if drift.observe_failed() {
+                    let why = "cannot read the TUN device's link state to repair drift";
+                    warn!(tun = %dev, error = %e, "{why}; retrying every second");
+                }
+                return;
+            }
+        };
+        let repairs = link::plan(&self.wanted_link(), &seen);
+        for what in drift.settle(&repairs) {
+            let what = what.label();
+            info!(tun = %dev, what, "a drift weft could not repair was put right by someone else");
+        }
+        for repair in &repairs {
+            let what = repair.kind().label();
+            match self.apply_repair(repair) {
+                Ok(()) => {
+                    self.counters.count_link_repair(repair.kind());
+                    let after_failing = drift.repaired(repair.kind());
+                    let line = repair.repaired_line(dev);
+                    warn!(tun = %dev, what, after_failing, "{line}");
+                }
+                Err(e) => {
+                    if drift.failed(repair.kind()) {
+                        let line = repair.failed_line(dev);
+                        warn!(tun = %dev, what, error = %e, "{line}; retrying every second");
+                    }
+                }
+            }
+        }
+    }
+
+    fn apply_repair(&self, repair: &Repair) -> Result<(), TunError> {
+        let dev = self.cfg.tun_name.as_str();
+        match repair {
+            Repair::SetMtu { want, .. } => sys::set_mtu(dev, *want),
+            Repair::SetUp => sys::set_up(dev),
+            Repair::SetAddress { want, .. } => sys::set_ipv4(dev, *want),
+            Repair::AddRoute { network } => sys::add_route(dev, *network),
+        }
     }
 
     /// Stops the threads and waits for them; the device closes when the last queue goes (a
@@ -383,6 +451,16 @@ fn open_sockets(
         })
         .collect::<Result<Vec<_>, UdpError>>()?;
     Ok((bind_on, sockets))
+}
+
+/// The TUN device's MTU: the underlay's minus the encapsulation overhead, never below 576.
+fn tun_mtu(cfg: &DataplaneConfig) -> u32 {
+    cfg.underlay_mtu.saturating_sub(cfg.overhead).max(576)
+}
+
+/// The TUN device's address for `subnet`: `<subnet>.0/32`.
+fn tun_address(subnet: Subnet) -> Ipv4Net {
+    Ipv4Net::new(subnet.network(), 32).unwrap_or_else(|_| subnet.net())
 }
 
 impl std::ops::Drop for Dataplane {

@@ -2,12 +2,14 @@
 //! and back, in user space.
 //!
 //! Contract: [`wire`], [`pipeline`] and [`offload`] are pure (no I/O, no allocation on the
-//! per-packet path, never panic on input). Only the syscall layers ([`sys`]: TUN and interface
-//! ioctls; [`udp`]: batched sockets) touch file descriptors, and only [`driver`] creates them and
-//! the threads that run [`worker`]'s loops; [`fake`] stands in for both edges in tests.
+//! per-packet path, never panic on input); so is [`link`], which plans the repairs of the TUN
+//! device's link state. Only the syscall layers ([`sys`]: TUN and interface ioctls; [`udp`]:
+//! batched sockets) touch file descriptors, and only [`driver`] creates them and the threads
+//! that run [`worker`]'s loops; [`fake`] stands in for both edges in tests.
 
 pub mod driver;
 pub mod fake;
+pub mod link;
 pub mod offload;
 pub mod pipeline;
 pub mod supervise;

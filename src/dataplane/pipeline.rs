@@ -26,6 +26,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use super::link::RepairKind;
 use super::wire::ethernet::MacAddr;
 use super::wire::{self, ethernet, icmpv4, ipv4, vxlan};
 use crate::config::BackendKind;
@@ -503,6 +504,8 @@ pub struct Counters {
     /// Which offloads are in use (gauges, one per [`Offload`]): set when the data plane
     /// starts, and UDP GSO cleared if a socket turns it off at run time.
     offloads: [AtomicBool; Offload::ALL.len()],
+    /// Repairs of the TUN device's link state after someone else changed it, by what drifted.
+    link_repairs: [AtomicU64; RepairKind::ALL.len()],
 }
 
 /// An offload the data plane may use; each is a gauge on `/metrics`.
@@ -550,6 +553,16 @@ impl Counters {
         self.offloads[offload as usize].load(Ordering::Relaxed)
     }
 
+    /// Counts a repair of the TUN device's link state.
+    pub fn count_link_repair(&self, what: RepairKind) {
+        self.link_repairs[what as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Repairs of one kind so far.
+    pub fn link_repairs(&self, what: RepairKind) -> u64 {
+        self.link_repairs[what as usize].load(Ordering::Relaxed)
+    }
+
     /// The count for one reason.
     pub fn drops(&self, reason: DropReason) -> u64 {
         self.drops[reason as usize].load(Ordering::Relaxed)
@@ -582,6 +595,20 @@ impl Counters {
                 "weft_dataplane_offload{{kind=\"{}\"}} {}",
                 o.label(),
                 u8::from(self.offload(o))
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP weft_dataplane_link_repairs_total Repairs of the TUN device's link state \
+             after someone else changed it, by what had drifted."
+        );
+        let _ = writeln!(out, "# TYPE weft_dataplane_link_repairs_total counter");
+        for what in RepairKind::ALL {
+            let _ = writeln!(
+                out,
+                "weft_dataplane_link_repairs_total{{what=\"{}\"}} {}",
+                what.label(),
+                self.link_repairs(what)
             );
         }
         for (name, help, v) in [
@@ -725,6 +752,21 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).sum()
         });
         assert_eq!(total, 50);
+    }
+
+    #[test]
+    fn link_repairs_are_counters_by_what_drifted_on_metrics() {
+        let c = Counters::default();
+        c.count_link_repair(RepairKind::Route);
+        c.count_link_repair(RepairKind::Route);
+        c.count_link_repair(RepairKind::Mtu);
+        let mut out = String::new();
+        c.render(&mut out);
+        assert!(out.contains("# TYPE weft_dataplane_link_repairs_total counter\n"), "{out}");
+        for (what, v) in [("route", 2), ("up", 0), ("address", 0), ("mtu", 1)] {
+            let line = format!("weft_dataplane_link_repairs_total{{what=\"{what}\"}} {v}\n");
+            assert!(out.contains(&line), "{line} missing from\n{out}");
+        }
     }
 
     #[test]

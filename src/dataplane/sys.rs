@@ -6,6 +6,8 @@
 //! the raw, blocking file descriptor (for batched reads, `IFF_VNET_HDR`, `IFF_MULTI_QUEUE` and
 //! `TUNSETOFFLOAD`, all used) and nothing else; an async netlink stack would be a large
 //! dependency for a handful of synchronous calls. All of them need only `CAP_NET_ADMIN`.
+//! Reading the configuration back for drift repair ([`observe_link`]: flags, MTU, addresses,
+//! routes) needs no privilege.
 
 use std::ffi::CStr;
 use std::io;
@@ -15,6 +17,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
+
+use super::link::{self, ObservedLink};
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
@@ -48,6 +52,17 @@ pub enum TunError {
     /// Asking the kernel about the interface (`RTM_GETLINK`) failed.
     #[error("RTM_GETLINK {name}: {source}")]
     Netlink {
+        /// The interface.
+        name: String,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading the interface's state (its addresses, the route table) failed.
+    #[error("reading {what} of {name}: {source}")]
+    Observe {
+        /// What was being read.
+        what: &'static str,
         /// The interface.
         name: String,
         /// The error.
@@ -344,6 +359,42 @@ pub fn add_route(name: &str, dst: Ipv4Net) -> Result<(), TunError> {
     }
 }
 
+/// The interface's link state as the kernel reports it now, for drift repair
+/// ([`super::link`]): `IFF_UP` (`SIOCGIFFLAGS`), the MTU (`SIOCGIFMTU`: of this network
+/// namespace, whatever sysfs is mounted), its IPv4 addresses (`getifaddrs`) and the main table's
+/// routes through it (`/proc/net/route`, which shows this thread's network namespace).
+pub fn observe_link(name: &str) -> Result<ObservedLink, TunError> {
+    let s = CtlSocket::new().map_err(ctl_error(name, "socket"))?;
+    let mut req = ifreq(name)?;
+    s.ioctl("SIOCGIFFLAGS", name, libc::SIOCGIFFLAGS, &mut req)?;
+    // SAFETY: SIOCGIFFLAGS filled the flags member.
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    let mut req = ifreq(name)?;
+    s.ioctl("SIOCGIFMTU", name, libc::SIOCGIFMTU, &mut req)?;
+    // SAFETY: SIOCGIFMTU filled the mtu member.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    let observe = |what| move |source| TunError::Observe { what, name: name.to_owned(), source };
+    let addresses = nix::ifaddrs::getifaddrs()
+        .map_err(|e| observe("the addresses")(io::Error::from(e)))?
+        .filter(|ifa| ifa.interface_name == name)
+        .filter_map(|ifa| {
+            let addr = ifa.address?.as_sockaddr_in()?.ip();
+            // An address without a netmask is a host address.
+            let mask = ifa.netmask.and_then(|m| m.as_sockaddr_in().map(|m| m.ip()));
+            let prefix = mask.map_or(32, |m| u32::from(m).leading_ones());
+            Ipv4Net::new(addr, u8::try_from(prefix).ok()?).ok()
+        })
+        .collect();
+    let table = std::fs::read_to_string("/proc/net/route")
+        .map_err(observe("the routes (/proc/net/route)"))?;
+    Ok(ObservedLink {
+        up: flags & libc::IFF_UP as libc::c_short != 0,
+        mtu: u32::try_from(mtu).unwrap_or(0),
+        addresses,
+        routes: link::device_routes(&table, name),
+    })
+}
+
 /// What the kernel says about the interface a TUN device would be opened as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TunStatus {
@@ -633,6 +684,20 @@ mod tests {
         assert!(matches!(ifreq("a-name-far-too-long"), Err(TunError::BadName(_))));
         assert!(matches!(ifreq("we\0ft"), Err(TunError::BadName(_))));
         assert!(ifreq("weft0").is_ok());
+    }
+
+    #[test]
+    fn the_link_state_is_read_back_without_privilege() {
+        let lo = observe_link("lo").unwrap();
+        assert_eq!(lo.mtu, mtu_of("lo").unwrap());
+        if lo.up {
+            let loopback: Ipv4Net = "127.0.0.1/8".parse().unwrap();
+            assert!(lo.addresses.contains(&loopback), "{lo:?}");
+        }
+        assert!(
+            matches!(observe_link("weftnosuch0"), Err(TunError::Ioctl { call: "SIOCGIFFLAGS", ref source, .. }) if source.raw_os_error() == Some(libc::ENODEV)),
+        );
+        assert!(matches!(observe_link(""), Err(TunError::BadName(_))));
     }
 
     #[test]

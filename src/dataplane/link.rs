@@ -1,0 +1,515 @@
+//! The TUN device's link state as weft set it, and the repairs that put it back when someone
+//! else changes it ("drift": a deleted route, the link set down, the address flushed, the MTU
+//! changed). Pure: the driver ([`super::driver::Dataplane::repair_link`]) observes the device
+//! ([`super::sys::observe_link`]), asks [`plan`] what to do, applies it and logs as
+//! [`DriftLog`] says.
+//!
+//! Contract:
+//! - weft owns its TUN device. It wants it up, with the MTU it set at start (underlay MTU minus
+//!   the encapsulation overhead), and, while this host holds a subnet, with `<subnet>.0/32`
+//!   among its addresses and a route for the whole Network through it (no gateway). Other
+//!   addresses and routes are left alone. With no subnet held neither address nor route is
+//!   wanted (they appear when the first subnet does, as before drift repair).
+//! - [`plan`] is deterministic and returns the repairs in the order they must be applied: the
+//!   MTU, the link up, the address, the route (the kernel refuses a route through a device that
+//!   is down, and removes the device's routes when it goes down or loses its last address, so a
+//!   down link or a flushed address comes back as two repairs).
+//! - [`device_routes`] reads the text of `/proc/net/route` and never panics: a line it cannot
+//!   read is skipped.
+//! - [`DriftLog`] makes every repair one log line per drift event: a repair that succeeds is
+//!   reported each time (each success ends an event); a repair that fails is reported the
+//!   first time only and then retried quietly until it succeeds or is no longer needed.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+/// What drifted, and so what was repaired: the `what` label of
+/// `weft_dataplane_link_repairs_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(usize)]
+pub enum RepairKind {
+    /// The route for the Network through the device.
+    Route,
+    /// The link's `IFF_UP` flag.
+    Up,
+    /// The device's address, `<subnet>.0/32`.
+    Address,
+    /// The device's MTU.
+    Mtu,
+}
+
+impl RepairKind {
+    /// Every kind, in metric order.
+    pub const ALL: [Self; 4] = [Self::Route, Self::Up, Self::Address, Self::Mtu];
+
+    /// The `what` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Route => "route",
+            Self::Up => "up",
+            Self::Address => "address",
+            Self::Mtu => "mtu",
+        }
+    }
+}
+
+/// The link state weft wants.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WantedLink {
+    /// The MTU set at start.
+    pub mtu: u32,
+    /// `<subnet>.0/32`, while a subnet is held.
+    pub address: Option<Ipv4Net>,
+    /// The Network, routed through the device while a subnet is held.
+    pub route: Option<Ipv4Net>,
+}
+
+/// The link state the kernel reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedLink {
+    /// `IFF_UP` is set.
+    pub up: bool,
+    /// The MTU.
+    pub mtu: u32,
+    /// The IPv4 addresses on the device, with their prefix lengths.
+    pub addresses: Vec<Ipv4Net>,
+    /// The destinations of the main table's routes through the device without a gateway.
+    pub routes: Vec<Ipv4Net>,
+}
+
+/// One change that puts the link back as weft wants it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Repair {
+    /// Set the MTU back.
+    SetMtu {
+        /// The MTU found.
+        found: u32,
+        /// The MTU weft set.
+        want: u32,
+    },
+    /// Set the link up.
+    SetUp,
+    /// Give the device its address (replacing the primary address, as the subnet change does).
+    SetAddress {
+        /// `<subnet>.0/32`.
+        want: Ipv4Net,
+        /// The addresses found instead.
+        found: Vec<Ipv4Net>,
+    },
+    /// Add the route for the Network through the device.
+    AddRoute {
+        /// The Network.
+        network: Ipv4Net,
+    },
+}
+
+impl Repair {
+    /// What it repairs.
+    pub fn kind(&self) -> RepairKind {
+        match self {
+            Self::SetMtu { .. } => RepairKind::Mtu,
+            Self::SetUp => RepairKind::Up,
+            Self::SetAddress { .. } => RepairKind::Address,
+            Self::AddRoute { .. } => RepairKind::Route,
+        }
+    }
+
+    /// The log line of a repair done on device `dev`: what had drifted and what was done,
+    /// e.g. `weft0 was down: set it up`.
+    pub fn repaired_line(&self, dev: &str) -> String {
+        let done = match self {
+            Self::SetMtu { want, .. } => format!("set it back to {want}"),
+            Self::SetUp => "set it up".to_owned(),
+            Self::SetAddress { want, .. } => format!("set {want}"),
+            Self::AddRoute { .. } => "added it back".to_owned(),
+        };
+        format!("{}: {done}", self.drift(dev))
+    }
+
+    /// The log line of a repair that failed, e.g. `weft0 was down: could not set it up`.
+    pub fn failed_line(&self, dev: &str) -> String {
+        let to_do = match self {
+            Self::SetMtu { want, .. } => format!("set it back to {want}"),
+            Self::SetUp => "set it up".to_owned(),
+            Self::SetAddress { want, .. } => format!("set {want}"),
+            Self::AddRoute { .. } => "add it back".to_owned(),
+        };
+        format!("{}: could not {to_do}", self.drift(dev))
+    }
+
+    /// What had drifted on device `dev`, e.g. `weft0 was down`.
+    fn drift(&self, dev: &str) -> String {
+        match self {
+            Self::SetMtu { found, want } => format!("{dev}'s MTU was {found}, not {want}"),
+            Self::SetUp => format!("{dev} was down"),
+            Self::SetAddress { want, found } if found.is_empty() => {
+                format!("{dev} had lost its address {want} (it had no IPv4 address)")
+            }
+            Self::SetAddress { want, found } => {
+                let found: Vec<String> = found.iter().map(Ipv4Net::to_string).collect();
+                format!("{dev} had lost its address {want} (it had {})", found.join(", "))
+            }
+            Self::AddRoute { network } => format!("the route for {network} via {dev} was gone"),
+        }
+    }
+}
+
+/// The repairs that take `seen` to `wanted`, in the order to apply them (see the module docs);
+/// empty when nothing drifted.
+pub fn plan(wanted: &WantedLink, seen: &ObservedLink) -> Vec<Repair> {
+    let mut repairs = Vec::new();
+    if seen.mtu != wanted.mtu {
+        repairs.push(Repair::SetMtu { found: seen.mtu, want: wanted.mtu });
+    }
+    if !seen.up {
+        repairs.push(Repair::SetUp);
+    }
+    if let Some(want) = wanted.address
+        && !seen.addresses.contains(&want)
+    {
+        repairs.push(Repair::SetAddress { want, found: seen.addresses.clone() });
+    }
+    if let Some(network) = wanted.route
+        && !seen.routes.iter().any(|r| r.trunc() == network.trunc())
+    {
+        repairs.push(Repair::AddRoute { network: network.trunc() });
+    }
+    repairs
+}
+
+/// `RTF_UP` and `RTF_GATEWAY` (linux/route.h), as `/proc/net/route` prints them.
+const RTF_UP: u16 = 0x0001;
+const RTF_GATEWAY: u16 = 0x0002;
+
+/// The destinations of the gatewayless routes through `dev` in `table`, the text of
+/// `/proc/net/route` (the main table; each line `Iface Destination Gateway Flags RefCnt Use
+/// Metric Mask ...`, addresses as 8 hex digits of the network-order word). The header and any
+/// line that does not parse are skipped.
+pub fn device_routes(table: &str, dev: &str) -> Vec<Ipv4Net> {
+    table.lines().filter_map(|line| device_route(line, dev)).collect()
+}
+
+fn device_route(line: &str, dev: &str) -> Option<Ipv4Net> {
+    let mut cols = line.split_whitespace();
+    let (iface, dst, _gateway, flags) = (cols.next()?, cols.next()?, cols.next()?, cols.next()?);
+    // RefCnt, Use, Metric, then Mask.
+    let mask = cols.nth(3)?;
+    if iface != dev {
+        return None;
+    }
+    let flags = u16::from_str_radix(flags, 16).ok()?;
+    if flags & RTF_UP == 0 || flags & RTF_GATEWAY != 0 {
+        return None;
+    }
+    let mask = u32::from(hex_addr(mask)?);
+    let prefix = mask.leading_ones();
+    // A mask with holes is no prefix (the kernel prints none).
+    if mask.checked_shl(prefix).unwrap_or(0) != 0 {
+        return None;
+    }
+    Ipv4Net::new(hex_addr(dst)?, u8::try_from(prefix).ok()?).ok()
+}
+
+/// An address printed as `%08X` of the network-order word, i.e. its bytes in memory order.
+fn hex_addr(s: &str) -> Option<Ipv4Addr> {
+    if s.len() != 8 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let word = u32::from_str_radix(s, 16).ok()?;
+    Some(Ipv4Addr::from(word.to_ne_bytes()))
+}
+
+/// Which drift the driver has already reported as failing to repair, so that each drift event
+/// is logged once however long it takes to put right (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct DriftLog {
+    failing: [bool; RepairKind::ALL.len()],
+    observe_failing: bool,
+}
+
+impl DriftLog {
+    /// A repair of `kind` failed: whether to log it (its first failure in this drift event).
+    pub fn failed(&mut self, kind: RepairKind) -> bool {
+        !std::mem::replace(&mut self.failing[kind as usize], true)
+    }
+
+    /// A repair of `kind` succeeded (always logged): the drift event is over. Returns whether
+    /// it had failed before.
+    pub fn repaired(&mut self, kind: RepairKind) -> bool {
+        std::mem::replace(&mut self.failing[kind as usize], false)
+    }
+
+    /// This round's `plan`: any kind that was failing and needs no repair now was put right by
+    /// someone else; those kinds are returned (to be logged) and forgotten.
+    pub fn settle(&mut self, planned: &[Repair]) -> Vec<RepairKind> {
+        let settled: Vec<RepairKind> = RepairKind::ALL
+            .into_iter()
+            .filter(|k| self.failing[*k as usize] && !planned.iter().any(|r| r.kind() == *k))
+            .collect();
+        for k in &settled {
+            self.failing[*k as usize] = false;
+        }
+        settled
+    }
+
+    /// Observing the link failed: whether to log it (the first failure in a row).
+    pub fn observe_failed(&mut self) -> bool {
+        !std::mem::replace(&mut self.observe_failing, true)
+    }
+
+    /// Observing the link worked: whether it had failed before (to log the recovery).
+    pub fn observed(&mut self) -> bool {
+        std::mem::replace(&mut self.observe_failing, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn net(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    fn wanted() -> WantedLink {
+        WantedLink {
+            mtu: 1450,
+            address: Some(net("10.244.3.0/32")),
+            route: Some(net("10.244.0.0/16")),
+        }
+    }
+
+    fn healthy() -> ObservedLink {
+        ObservedLink {
+            up: true,
+            mtu: 1450,
+            addresses: vec![net("10.244.3.0/32")],
+            routes: vec![net("10.244.0.0/16")],
+        }
+    }
+
+    #[test]
+    fn a_link_as_weft_set_it_needs_nothing() {
+        assert_eq!(plan(&wanted(), &healthy()), vec![]);
+        // Other addresses and routes through the device are not weft's business.
+        let mut more = healthy();
+        more.addresses.push(net("192.168.7.7/24"));
+        more.routes.insert(0, net("172.16.0.0/12"));
+        assert_eq!(plan(&wanted(), &more), vec![]);
+    }
+
+    #[test]
+    fn each_drift_is_one_repair() {
+        let mut seen = healthy();
+        seen.routes.clear();
+        assert_eq!(
+            plan(&wanted(), &seen),
+            vec![Repair::AddRoute { network: net("10.244.0.0/16") }]
+        );
+
+        let mut seen = healthy();
+        seen.up = false;
+        assert_eq!(plan(&wanted(), &seen), vec![Repair::SetUp]);
+
+        let mut seen = healthy();
+        seen.addresses = vec![net("10.9.9.9/32")];
+        assert_eq!(
+            plan(&wanted(), &seen),
+            vec![Repair::SetAddress {
+                want: net("10.244.3.0/32"),
+                found: vec![net("10.9.9.9/32")]
+            }]
+        );
+
+        // The right address with the wrong prefix would route the whole /24 into the device.
+        let mut seen = healthy();
+        seen.addresses = vec![net("10.244.3.0/24")];
+        assert_eq!(plan(&wanted(), &seen)[0].kind(), RepairKind::Address);
+
+        let mut seen = healthy();
+        seen.mtu = 1000;
+        assert_eq!(plan(&wanted(), &seen), vec![Repair::SetMtu { found: 1000, want: 1450 }]);
+    }
+
+    #[test]
+    fn repairs_come_in_the_order_the_kernel_needs() {
+        // What `ip link set weft0 down` plus an MTU change leaves: the kernel drops the routes
+        // of a device that goes down, and refuses a route through a device that is down.
+        let seen = ObservedLink { up: false, mtu: 9000, addresses: vec![], routes: vec![] };
+        let kinds: Vec<RepairKind> = plan(&wanted(), &seen).iter().map(Repair::kind).collect();
+        assert_eq!(
+            kinds,
+            vec![RepairKind::Mtu, RepairKind::Up, RepairKind::Address, RepairKind::Route]
+        );
+    }
+
+    #[test]
+    fn without_a_subnet_only_the_mtu_and_the_link_are_kept() {
+        let w = WantedLink { mtu: 1450, address: None, route: None };
+        let seen = ObservedLink { up: true, mtu: 1450, addresses: vec![], routes: vec![] };
+        assert_eq!(plan(&w, &seen), vec![]);
+        let seen = ObservedLink { up: false, mtu: 1400, addresses: vec![], routes: vec![] };
+        assert_eq!(
+            plan(&w, &seen),
+            vec![Repair::SetMtu { found: 1400, want: 1450 }, Repair::SetUp]
+        );
+    }
+
+    #[test]
+    fn log_lines_say_what_drifted_and_what_was_done() {
+        let lines = |r: Repair| (r.repaired_line("weft0"), r.failed_line("weft0"));
+        assert_eq!(
+            lines(Repair::SetUp),
+            ("weft0 was down: set it up".into(), "weft0 was down: could not set it up".into())
+        );
+        assert_eq!(
+            lines(Repair::SetMtu { found: 1000, want: 1450 }),
+            (
+                "weft0's MTU was 1000, not 1450: set it back to 1450".into(),
+                "weft0's MTU was 1000, not 1450: could not set it back to 1450".into()
+            )
+        );
+        assert_eq!(
+            lines(Repair::AddRoute { network: net("10.244.0.0/16") }),
+            (
+                "the route for 10.244.0.0/16 via weft0 was gone: added it back".into(),
+                "the route for 10.244.0.0/16 via weft0 was gone: could not add it back".into()
+            )
+        );
+        assert_eq!(
+            lines(Repair::SetAddress { want: net("10.244.3.0/32"), found: vec![] }).0,
+            "weft0 had lost its address 10.244.3.0/32 (it had no IPv4 address): set 10.244.3.0/32"
+        );
+        assert_eq!(
+            lines(Repair::SetAddress {
+                want: net("10.244.3.0/32"),
+                found: vec![net("10.9.9.9/32"), net("10.8.0.1/24")]
+            })
+            .1,
+            "weft0 had lost its address 10.244.3.0/32 (it had 10.9.9.9/32, 10.8.0.1/24): could \
+             not set 10.244.3.0/32"
+        );
+    }
+
+    /// `/proc/net/route` as Linux 6.x prints it on a little-endian host (the parser reads the
+    /// words in memory order, so the fixture is written that way for either endianness).
+    /// One route: interface, destination, gateway, flags, mask.
+    type ProcRoute<'a> = (&'a str, [u8; 4], [u8; 4], u16, [u8; 4]);
+
+    fn proc_route(rows: &[ProcRoute<'_>]) -> String {
+        let hex = |b: [u8; 4]| format!("{:08X}", u32::from_ne_bytes(b));
+        let mut t = String::from(
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n",
+        );
+        for (iface, dst, gw, flags, mask) in rows {
+            t.push_str(&format!(
+                "{iface}\t{}\t{}\t{flags:04X}\t0\t0\t0\t{}\t0\t0\t0\n",
+                hex(*dst),
+                hex(*gw),
+                hex(*mask)
+            ));
+        }
+        t
+    }
+
+    #[test]
+    fn routes_through_the_device_are_read_from_proc_net_route() {
+        let table = proc_route(&[
+            ("eth0", [0, 0, 0, 0], [192, 0, 2, 254], 0x0003, [0, 0, 0, 0]),
+            ("eth0", [192, 0, 2, 0], [0, 0, 0, 0], 0x0001, [255, 255, 255, 0]),
+            ("weft0", [10, 244, 0, 0], [0, 0, 0, 0], 0x0001, [255, 255, 0, 0]),
+            // Through a gateway on weft0: not the device route weft adds.
+            ("weft0", [10, 99, 0, 0], [10, 244, 0, 1], 0x0003, [255, 255, 0, 0]),
+            // Not up.
+            ("weft0", [10, 98, 0, 0], [0, 0, 0, 0], 0x0000, [255, 255, 0, 0]),
+            ("weft01", [10, 97, 0, 0], [0, 0, 0, 0], 0x0001, [255, 255, 0, 0]),
+            ("weft0", [10, 244, 3, 7], [0, 0, 0, 0], 0x0005, [255, 255, 255, 255]),
+        ]);
+        assert_eq!(
+            device_routes(&table, "weft0"),
+            vec![net("10.244.0.0/16"), net("10.244.3.7/32")]
+        );
+        assert_eq!(device_routes(&table, "eth0"), vec![net("192.0.2.0/24")]);
+        assert_eq!(device_routes(&table, "cni0"), vec![]);
+        // The header alone, an empty file, truncated lines, bad hex, a mask with holes.
+        assert_eq!(device_routes(&proc_route(&[]), "weft0"), vec![]);
+        assert_eq!(device_routes("", "weft0"), vec![]);
+        assert_eq!(device_routes("weft0\t0000F40A\t00000000\t0001\t0\t0\t0", "weft0"), vec![]);
+        assert_eq!(
+            device_routes("weft0\t0000F40Z\t00000000\t0001\t0\t0\t0\t0000FFFF\n", "weft0"),
+            vec![]
+        );
+        assert_eq!(
+            device_routes("weft0\t+000F40A\t00000000\t0001\t0\t0\t0\t0000FFFF\n", "weft0"),
+            vec![]
+        );
+        let holes = proc_route(&[("weft0", [10, 244, 0, 0], [0; 4], 1, [255, 0, 255, 0])]);
+        assert_eq!(device_routes(&holes, "weft0"), vec![]);
+    }
+
+    #[test]
+    fn a_planned_route_is_one_that_proc_net_route_then_shows() {
+        // What the driver adds is what the parser must find, or it would "repair" forever.
+        let table = proc_route(&[("weft0", [10, 244, 0, 0], [0; 4], 0x0001, [255, 255, 0, 0])]);
+        let seen = ObservedLink { routes: device_routes(&table, "weft0"), ..healthy() };
+        assert_eq!(plan(&wanted(), &seen), vec![]);
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(text in "\\PC*", dev in "[a-z0-9]{1,15}") {
+            let _ = device_routes(&text, &dev);
+        }
+
+        #[test]
+        fn every_printed_device_route_is_read_back(
+            dst in any::<u32>(), prefix in 0u8..=32, metric in any::<u32>(),
+        ) {
+            let route = Ipv4Net::new(Ipv4Addr::from(dst), prefix).unwrap().trunc();
+            let hex = |a: Ipv4Addr| format!("{:08X}", u32::from_ne_bytes(a.octets()));
+            let table = format!(
+                "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                 weft0\t{}\t00000000\t0001\t0\t0\t{metric}\t{}\t0\t0\t0\n",
+                hex(route.network()),
+                hex(route.netmask()),
+            );
+            prop_assert_eq!(device_routes(&table, "weft0"), vec![route]);
+        }
+    }
+
+    #[test]
+    fn a_drift_event_is_logged_once_however_long_its_repair_fails() {
+        let mut log = DriftLog::default();
+        // Repaired at once: logged (by the caller) on success, nothing remembered.
+        assert!(!log.repaired(RepairKind::Up));
+        // Failing: the first failure is logged, the retries are not.
+        assert!(log.failed(RepairKind::Route));
+        assert!(!log.failed(RepairKind::Route));
+        assert!(!log.failed(RepairKind::Route));
+        // Another kind fails independently.
+        assert!(log.failed(RepairKind::Mtu));
+        // Still planned: nothing settles.
+        let planned = [Repair::AddRoute { network: net("10.244.0.0/16") }, Repair::SetUp];
+        assert_eq!(log.settle(&planned), vec![RepairKind::Mtu]);
+        // The route is repaired at last: it had failed before; the next drift is a new event.
+        assert!(log.repaired(RepairKind::Route));
+        assert!(log.failed(RepairKind::Route));
+        // Nothing planned any more: the failing route was put right by someone else.
+        assert_eq!(log.settle(&[]), vec![RepairKind::Route]);
+        assert_eq!(log.settle(&[]), vec![]);
+    }
+
+    #[test]
+    fn an_observation_failure_is_logged_once_and_its_end_once() {
+        let mut log = DriftLog::default();
+        assert!(!log.observed());
+        assert!(log.observe_failed());
+        assert!(!log.observe_failed());
+        assert!(log.observed());
+        assert!(!log.observed());
+        assert!(log.observe_failed());
+    }
+}
