@@ -4,8 +4,8 @@
 //!
 //! Start-up probes every offload once and logs what it found: TUN checksum/TSO/USO
 //! (`IFF_VNET_HDR` + `TUNSETOFFLOAD`), UDP GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`). Each can be
-//! switched off by a flag, and a GSO send that fails with `EIO` turns GSO off on that socket at
-//! run time (see [`super::udp`]). Workers share the port with `SO_REUSEPORT`; the kernel spreads
+//! switched off by a flag, and a GSO send that fails (`EIO`, `EINVAL`, `EMSGSIZE`) turns GSO off
+//! on that socket for now: it is tried again later (see [`super::udp`]). Workers share the port with `SO_REUSEPORT`; the kernel spreads
 //! flows over TUN queues and sockets by hash, so one flow stays on one worker. The port is
 //! bound on the public IP (the wildcard only when that is no local address), without
 //! `SO_REUSEADDR`, so that no other user's socket can bind it beside ours.
@@ -23,6 +23,7 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 use tracing::{info, warn};
 
+use super::gso_retry::GsoRetryConfig;
 use super::pipeline::{Counters, Forwarder, Offload, OwnSubnet};
 use super::sys::{self, Tun, TunError, TunOptions, TunStatus};
 use super::udp::{BatchSocket, UdpConfig, UdpError};
@@ -202,6 +203,7 @@ impl Dataplane {
             reuse_port: workers > 1,
             gso: false,
             gro: cfg.udp_gro,
+            gso_retry: GsoRetryConfig::default(),
             buffer_bytes: SOCKET_BUFFER,
         };
         let tx_cfg = |ip| UdpConfig {
@@ -209,6 +211,7 @@ impl Dataplane {
             reuse_port: false,
             gso: cfg.udp_gso,
             gro: false,
+            gso_retry: GsoRetryConfig::default(),
             buffer_bytes: SOCKET_BUFFER,
         };
         let mut threads = Vec::with_capacity(workers * 2);

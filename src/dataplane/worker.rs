@@ -21,7 +21,7 @@
 //! Buffers are allocated once per worker; the per-packet path allocates nothing, takes no lock
 //! (the route table is loaded wait-free once per batch) and logs nothing: every drop is counted
 //! by reason in [`Counters`]. The TX path reads its [`Clock`] once per batch read and passes
-//! that `now` to the pipeline (for the ICMP rate limit). Loops return when `stop` is set
+//! that `now` to the pipeline (for the ICMP rate limit) and to the sockets (for the GSO retry). Loops return when `stop` is set
 //! (checked at least every `wake`).
 
 use std::io;
@@ -59,8 +59,8 @@ pub trait TunIo: Send + Sync {
 
 /// One UDP socket, as the loops need it (see [`udp::BatchSocket`]).
 pub trait UdpIo: Send {
-    /// Sends messages; see [`udp::BatchSocket::send_batch`].
-    fn send_batch(&mut self, msgs: &[Transmit<'_>]) -> Result<usize, UdpError>;
+    /// Sends messages at `now` (the batch's time); see [`udp::BatchSocket::send_batch`].
+    fn send_batch(&mut self, msgs: &[Transmit<'_>], now: Instant) -> Result<usize, UdpError>;
     /// Receives messages; see [`udp::BatchSocket::recv_batch`].
     fn recv_batch(
         &mut self,
@@ -79,8 +79,8 @@ pub trait UdpIo: Send {
 }
 
 impl UdpIo for udp::BatchSocket {
-    fn send_batch(&mut self, msgs: &[Transmit<'_>]) -> Result<usize, UdpError> {
-        udp::BatchSocket::send_batch(self, msgs)
+    fn send_batch(&mut self, msgs: &[Transmit<'_>], now: Instant) -> Result<usize, UdpError> {
+        udp::BatchSocket::send_batch(self, msgs, now)
     }
     fn recv_batch(
         &mut self,
@@ -214,7 +214,7 @@ impl TxPath {
                 // Packets read before this one leave before it: a flow's short segments
                 // (GSO_NONE) and super-packets interleave, and reordering them would make TCP
                 // see losses that never happened.
-                send_pending(slots, pending, pool, send_buf, counters);
+                send_pending(slots, pending, pool, send_buf, counters, now);
                 pending.clear();
                 send_super_packet(
                     &hdr,
@@ -248,7 +248,7 @@ impl TxPath {
                 Tx::Drop(reason) => counters.count_drop(reason),
             }
         }
-        send_pending(slots, pending, pool, send_buf, counters);
+        send_pending(slots, pending, pool, send_buf, counters, now);
         read_any
     }
 }
@@ -287,6 +287,7 @@ fn send_pending<U: UdpIo>(
     pool: &mut [U],
     buf: &mut [u8],
     counters: &Counters,
+    now: Instant,
 ) {
     let sockets = pool.len();
     let sock_of = |p: &Pending| p.3 as usize % sockets;
@@ -330,7 +331,7 @@ fn send_pending<U: UdpIo>(
             msgs[n] = (sock, first.1, message);
             n += 1;
         }
-        send_messages(&msgs[..n], slots, buf, pool, counters);
+        send_messages(&msgs[..n], slots, buf, pool, counters, now);
     }
 }
 
@@ -341,6 +342,7 @@ fn send_messages<U: UdpIo>(
     buf: &[u8],
     pool: &mut [U],
     counters: &Counters,
+    now: Instant,
 ) {
     let mut txs = [Transmit {
         dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
@@ -351,7 +353,7 @@ fn send_messages<U: UdpIo>(
     let mut k = 0;
     for &(sock, dst, message) in msgs {
         if (sock != which || k == MAX_BATCH) && k > 0 {
-            account(pool[which].send_batch(&txs[..k]), &txs[..k], counters);
+            account(pool[which].send_batch(&txs[..k], now), &txs[..k], counters);
             k = 0;
         }
         which = sock;
@@ -366,7 +368,7 @@ fn send_messages<U: UdpIo>(
         k += 1;
     }
     if k > 0 {
-        account(pool[which].send_batch(&txs[..k]), &txs[..k], counters);
+        account(pool[which].send_batch(&txs[..k], now), &txs[..k], counters);
     }
 }
 
@@ -486,7 +488,7 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
         k += 1;
         i = end;
         if k == MAX_BATCH || i == segs.count() {
-            account(pool[sock].send_batch(&txs[..k]), &txs[..k], counters);
+            account(pool[sock].send_batch(&txs[..k], now), &txs[..k], counters);
             k = 0;
         }
     }
