@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::offload::{self, GroConfig, GroTable, MAX_CHAIN, PacketRef};
-use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, Offload, Refusal, Rx, Tx};
+use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, Refusal, Rx, Tx};
 use super::udp::{self, MAX_BATCH, MAX_GSO_BYTES, RecvMeta, Transmit, UdpError};
 use super::wire::virtio_net::{self, Header};
 use crate::route::Routes;
@@ -253,16 +253,6 @@ impl TxPath {
     }
 }
 
-/// Datagrams per GSO message `sock` takes now; records on the `udp_gso` gauge when a socket
-/// has turned GSO off at run time (after `EIO` from a device without checksum offload).
-fn gso_segments<U: UdpIo>(sock: &U, counters: &Counters) -> usize {
-    let segments = sock.max_gso_segments();
-    if segments <= 1 && counters.offload(Offload::UdpGso) {
-        counters.set_offload(Offload::UdpGso, false);
-    }
-    segments
-}
-
 /// A packet encapsulated in its read slot, waiting to be sent: (slot, peer, datagram range in
 /// the slot, flow hash).
 type Pending = (usize, SocketAddrV4, std::ops::Range<usize>, u32);
@@ -300,7 +290,7 @@ fn send_pending<U: UdpIo>(
         while i < pending.len() && n < MAX_BATCH {
             let sock = sock_of(&pending[i]);
             let stretch = pending[i..].iter().take_while(|p| sock_of(p) == sock).count();
-            let max_segments = gso_segments(&pool[sock], counters);
+            let max_segments = pool[sock].max_gso_segments();
             let Some(run) =
                 udp::coalesce_plan(&pending[i..i + stretch], max_segments, |p| (p.1, p.2.len()))
                     .next()
@@ -474,7 +464,7 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
     // many as the socket takes.
     let sock = route.flow as usize % pool.len();
     let stride = segs.stride();
-    let per_msg = gso_segments(&pool[sock], counters).min(MAX_GSO_BYTES / stride.max(1)).max(1);
+    let per_msg = pool[sock].max_gso_segments().min(MAX_GSO_BYTES / stride.max(1)).max(1);
     let mut txs = [Transmit { dst: route.to, contents: &[], segment_size: None }; MAX_BATCH];
     let mut k = 0;
     let mut i = 0;
@@ -890,23 +880,21 @@ mod tests {
         assert_eq!(counters.tx_packets.load(Ordering::Relaxed), 7);
     }
 
-    /// A socket that turned GSO off sends one datagram per message, and the `udp_gso` gauge
-    /// says so.
+    /// A socket that turned GSO off sends one datagram per message. (The `udp_gso` gauge follows
+    /// the sockets' state in the driver: see `driver::tests`.)
     #[test]
-    fn gso_turned_off_at_run_time_shows_on_the_gauge() {
+    fn a_socket_with_gso_off_sends_one_datagram_per_message() {
         let net = FakeNet::new();
         let tun = FakeTun::with_vnet_hdr();
         let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
         let _peer = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
         let (fwd, routes) = host(BackendKind::Vxlan, 1, 2);
         let counters = Counters::default();
-        counters.set_offload(Offload::UdpGso, true);
         pool[0].set_gso(false);
         inject_stream(&tun);
         let mut tx = TxPath::new(&*tun, &CFG, clock());
         assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
         assert_eq!(pool[0].messages_sent(), 5);
-        assert!(!counters.offload(Offload::UdpGso));
     }
 
     fn segments_leave_in_order(backend: BackendKind) {
