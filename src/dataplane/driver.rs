@@ -28,7 +28,7 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 use tracing::{debug, info, warn};
 
-use super::gso_retry::{GsoRetryConfig, GsoState};
+use super::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
 use super::pipeline::{Counters, Forwarder, Offload, OwnSubnet};
 use super::sys::{self, Tun, TunError, TunOptions, TunStatus};
 use super::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
@@ -71,14 +71,30 @@ pub struct DataplaneConfig {
     pub workers: usize,
     /// TUN offloads (TSO, checksum, USO) with userspace split and GRO.
     pub tun_offload: bool,
-    /// UDP GSO on send.
-    pub udp_gso: bool,
+    /// UDP GSO on send, and when to try it again after a send failed.
+    pub udp_gso: UdpGsoConfig,
     /// UDP GRO on receive.
     pub udp_gro: bool,
     /// recvmmsg/sendmmsg batches (off: one packet per syscall).
     pub batching: bool,
     /// One thread per worker for both directions (else one per direction).
     pub one_thread: bool,
+}
+
+/// UDP GSO: whether to use it, and how soon to try it again after a GSO send failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdpGsoConfig {
+    /// Use `UDP_SEGMENT` when the kernel has it (not `--no-udp-gso`).
+    pub on: bool,
+    /// The first wait before a socket tries GSO again after a failed GSO send
+    /// (`--gso-retry-after`); doubled on each failed retry, up to an hour.
+    pub retry_after: Duration,
+}
+
+impl Default for UdpGsoConfig {
+    fn default() -> Self {
+        Self { on: true, retry_after: DEFAULT_RETRY_AFTER }
+    }
 }
 
 /// Why the data plane could not start.
@@ -203,7 +219,7 @@ impl Dataplane {
             }
             _ => cfg.public_ip,
         };
-        let gso_retry = GsoRetryConfig::default();
+        let gso_retry = GsoRetryConfig::new(cfg.udp_gso.retry_after);
         let rx_cfg = UdpConfig {
             bind: SocketAddrV4::new(rx_bind, cfg.port),
             reuse_port: workers > 1,
@@ -215,7 +231,7 @@ impl Dataplane {
         let tx_cfg = |ip| UdpConfig {
             bind: SocketAddrV4::new(ip, 0),
             reuse_port: false,
-            gso: cfg.udp_gso,
+            gso: cfg.udp_gso.on,
             gro: false,
             gso_retry,
             buffer_bytes: SOCKET_BUFFER,
