@@ -76,8 +76,8 @@ pub struct RunOptions {
     pub workers: usize,
     /// Not `--no-tun-offload`.
     pub tun_offload: bool,
-    /// Not `--no-udp-gso`.
-    pub udp_gso: bool,
+    /// Not `--no-udp-gso`, and `--gso-retry-after`.
+    pub udp_gso: crate::dataplane::driver::UdpGsoConfig,
     /// Not `--no-udp-gro`.
     pub udp_gro: bool,
     /// Not `--no-batching`.

@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 
 use weft::config::NetworkConfig;
 use weft::daemon::{self, RunOptions};
+use weft::dataplane::driver::UdpGsoConfig;
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::record::{HistoryState, Subnet};
 use weft::lease::store::Store;
@@ -172,6 +173,11 @@ struct RunArgs {
     /// Turn off UDP GSO (UDP_SEGMENT) on send.
     #[arg(long, env = "WEFT_NO_UDP_GSO")]
     no_udp_gso: bool,
+    /// After a UDP GSO send fails, the socket sends single datagrams for this long, then tries
+    /// GSO again (doubling after each failed try, up to an hour). Hidden: the default suits
+    /// every use but tests, which want seconds.
+    #[arg(long, env = "WEFT_GSO_RETRY_AFTER", default_value = "30s", value_parser = parse_duration, hide = true)]
+    gso_retry_after: Duration,
     /// Turn off UDP GRO on receive.
     #[arg(long, env = "WEFT_NO_UDP_GRO")]
     no_udp_gro: bool,
@@ -286,7 +292,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
                 }),
                 tun_offload: !args.no_tun_offload,
-                udp_gso: !args.no_udp_gso,
+                udp_gso: UdpGsoConfig { on: !args.no_udp_gso, retry_after: args.gso_retry_after },
                 udp_gro: !args.no_udp_gro,
                 batching: !args.no_batching,
                 one_thread: args.worker_threads == 1,

@@ -4,8 +4,13 @@
 //!
 //! Start-up probes every offload once and logs what it found: TUN checksum/TSO/USO
 //! (`IFF_VNET_HDR` + `TUNSETOFFLOAD`), UDP GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`). Each can be
-//! switched off by a flag, and a GSO send that fails with `EIO` turns GSO off on that socket at
-//! run time (see [`super::udp`]). Workers share the port with `SO_REUSEPORT`; the kernel spreads
+//! switched off by a flag. A GSO send that fails (`EIO`, `EINVAL`, `EMSGSIZE`: the path, not
+//! the kernel, refuses it) turns GSO off on that socket for now, and it is tried again later
+//! (see [`super::udp`] and [`super::gso_retry`]). Each worker socket is a [`MeteredSocket`],
+//! which logs every turn-off (WARN) and recovery (INFO) once and keeps the `udp_gso` gauge and
+//! the GSO counters in [`Counters`] up to date.
+//!
+//! Workers share the port with `SO_REUSEPORT`; the kernel spreads
 //! flows over TUN queues and sockets by hash, so one flow stays on one worker. The port is
 //! bound on the public IP (the wildcard only when that is no local address), without
 //! `SO_REUSEADDR`, so that no other user's socket can bind it beside ours.
@@ -25,19 +30,20 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
+use super::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
 use super::link::{self, DriftLog, Repair, WantedLink};
 use super::pipeline::{Counters, Forwarder, Offload, OwnSubnet};
 use super::supervise::WorkerStates;
 use super::sys::{self, Tun, TunError, TunOptions, TunStatus};
-use super::udp::{BatchSocket, UdpConfig, UdpError};
+use super::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
 use super::wire::vxlan::Vni;
-use super::worker::{self, TunIo, WorkerConfig};
+use super::worker::{self, TunIo, UdpIo, WorkerConfig};
 use crate::config::BackendKind;
 use crate::lease::record::Subnet;
 use crate::route::Routes;
-use crate::time::BootClock;
+use crate::time::{BootClock, Instant};
 
 /// How often the threads look at the stop flag.
 const WAKE: Duration = Duration::from_millis(200);
@@ -71,14 +77,30 @@ pub struct DataplaneConfig {
     pub workers: usize,
     /// TUN offloads (TSO, checksum, USO) with userspace split and GRO.
     pub tun_offload: bool,
-    /// UDP GSO on send.
-    pub udp_gso: bool,
+    /// UDP GSO on send, and when to try it again after a send failed.
+    pub udp_gso: UdpGsoConfig,
     /// UDP GRO on receive.
     pub udp_gro: bool,
     /// recvmmsg/sendmmsg batches (off: one packet per syscall).
     pub batching: bool,
     /// One thread per worker for both directions (else one per direction).
     pub one_thread: bool,
+}
+
+/// UDP GSO: whether to use it, and how soon to try it again after a GSO send failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdpGsoConfig {
+    /// Use `UDP_SEGMENT` when the kernel has it (not `--no-udp-gso`).
+    pub on: bool,
+    /// The first wait before a socket tries GSO again after a failed GSO send
+    /// (`--gso-retry-after`); doubled on each failed retry, up to an hour.
+    pub retry_after: Duration,
+}
+
+impl Default for UdpGsoConfig {
+    fn default() -> Self {
+        Self { on: true, retry_after: DEFAULT_RETRY_AFTER }
+    }
 }
 
 /// Why the data plane could not start.
@@ -237,6 +259,7 @@ impl Dataplane {
                 tun_tso = offloads.tso,
                 tun_uso = offloads.uso,
                 udp_gso = first.tx_pool.first().is_some_and(|s| s.capabilities().gso),
+                gso_retry_after = ?cfg.udp_gso.retry_after,
                 udp_gro = first.rx.capabilities().gro,
                 batch = wcfg.batch,
                 port = cfg.port,
@@ -277,11 +300,12 @@ impl Dataplane {
             stop: Arc::new(AtomicBool::new(false)),
             threads: Vec::with_capacity(self.queues.len() * 2),
         };
+        let metered = |sock| MeteredSocket::new(sock, self.counters.clone());
         for (i, (tun, sockets)) in self.queues.iter().zip(sockets).enumerate() {
             let spawned = worker::Worker {
                 tun: tun.clone(),
-                tx_pool: sockets.tx_pool,
-                rx: sockets.rx,
+                tx_pool: sockets.tx_pool.into_iter().map(metered).collect(),
+                rx: metered(sockets.rx),
                 fwd: self.fwd.clone(),
                 routes: self.routes.clone(),
                 counters: self.counters.clone(),
@@ -426,18 +450,21 @@ fn open_sockets(
         }
         _ => public_ip,
     };
+    let gso_retry = GsoRetryConfig::new(cfg.udp_gso.retry_after);
     let rx_cfg = UdpConfig {
         bind: SocketAddrV4::new(bind_on, cfg.port),
         reuse_port: workers > 1,
         gso: false,
         gro: cfg.udp_gro,
+        gso_retry,
         buffer_bytes: SOCKET_BUFFER,
     };
     let tx_cfg = UdpConfig {
         bind: SocketAddrV4::new(bind_on, 0),
         reuse_port: false,
-        gso: cfg.udp_gso,
+        gso: cfg.udp_gso.on,
         gro: false,
+        gso_retry,
         buffer_bytes: SOCKET_BUFFER,
     };
     let sockets = (0..workers)
@@ -466,5 +493,215 @@ fn tun_address(subnet: Subnet) -> Ipv4Net {
 impl std::ops::Drop for Dataplane {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A worker's UDP socket: a [`BatchSocket`] whose GSO turn-offs, retries and recoveries are
+/// counted in [`Counters`] (`weft_dataplane_gso_fallbacks_total`, `_gso_reprobes_total`, and
+/// the `udp_gso` gauge through [`Counters::gso_off_sockets`]) and logged: each turn-off once at
+/// WARN, each recovery once at INFO. After every send it compares three of the socket's
+/// counters with what it saw last; everything else runs only when one moved.
+#[derive(Debug)]
+pub struct MeteredSocket {
+    sock: BatchSocket,
+    counters: Arc<Counters>,
+    /// The socket's GSO fallbacks, retries and recoveries when last looked at.
+    seen: (u64, u64, u64),
+    /// Whether this socket is counted in [`Counters::gso_off_sockets`].
+    counted_off: bool,
+}
+
+impl MeteredSocket {
+    /// Wraps `sock`, reporting to `counters`.
+    pub fn new(sock: BatchSocket, counters: Arc<Counters>) -> Self {
+        Self { sock, counters, seen: (0, 0, 0), counted_off: false }
+    }
+
+    /// The socket.
+    pub fn socket(&self) -> &BatchSocket {
+        &self.sock
+    }
+
+    fn gso_events(&self) -> (u64, u64, u64) {
+        let s = self.sock.stats();
+        (s.gso_fallbacks, s.gso_retries, s.gso_recoveries)
+    }
+
+    /// Counts and logs what changed in the socket's GSO since the last look, at `now`.
+    #[cold]
+    fn report(&mut self, now: Instant) {
+        let (fallbacks, retries, recoveries) = self.gso_events();
+        let (seen_fallbacks, seen_retries, seen_recoveries) = self.seen;
+        self.seen = (fallbacks, retries, recoveries);
+        let c = &self.counters;
+        c.gso_fallbacks.fetch_add(fallbacks.saturating_sub(seen_fallbacks), Ordering::Relaxed);
+        c.gso_reprobes.fetch_add(retries.saturating_sub(seen_retries), Ordering::Relaxed);
+        let local = self.sock.local_addr();
+        let state = self.sock.gso_state();
+        if retries > seen_retries {
+            debug!(socket = %local, "trying UDP GSO again");
+        }
+        // After a failure GSO stays off until its retry time, so this logs each turn-off once.
+        if fallbacks > seen_fallbacks
+            && let Some(GsoState::Off { until }) = state
+        {
+            let retry_in = humantime::format_duration(until.saturating_since(now));
+            let (to, errno) = self
+                .sock
+                .stats()
+                .gso_last_failure
+                .map_or((String::from("?"), 0), |f| (f.dst.to_string(), f.errno));
+            let error = io::Error::from_raw_os_error(errno);
+            let hint = gso_failure_hint(errno);
+            if retries > 0 {
+                warn!(%error, hint, "UDP GSO still fails from {local} to {to}: single datagrams, GSO tried again in {retry_in}");
+            } else {
+                warn!(%error, hint, "UDP GSO send from {local} to {to} failed: sending single datagrams, GSO off on this socket for {retry_in}");
+            }
+        }
+        if recoveries > seen_recoveries {
+            info!("UDP GSO works again on {local}");
+        }
+        let off = state.is_some_and(|s| s != GsoState::On);
+        if off != self.counted_off {
+            self.counted_off = off;
+            if off {
+                c.gso_off_sockets.fetch_add(1, Ordering::Relaxed);
+            } else {
+                c.gso_off_sockets.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for MeteredSocket {
+    /// A socket replaced by a re-bind ([`Dataplane::set_public_ip`]) no longer holds the
+    /// `udp_gso` gauge at 0.
+    fn drop(&mut self) {
+        if self.counted_off {
+            self.counters.gso_off_sockets.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What usually makes a GSO send fail with `errno` (see [`super::gso_retry`]).
+fn gso_failure_hint(errno: i32) -> &'static str {
+    match errno {
+        libc::EMSGSIZE => "a segment is larger than the path MTU",
+        libc::EINVAL => "a segment is larger than the path MTU (older kernels)",
+        libc::EIO => {
+            "an IPsec policy on the route, or (before Linux 6.11) an egress device without tx \
+             checksum offload"
+        }
+        _ => "unexpected",
+    }
+}
+
+impl UdpIo for MeteredSocket {
+    fn send_batch(&mut self, msgs: &[Transmit<'_>], now: Instant) -> Result<usize, UdpError> {
+        let result = self.sock.send_batch(msgs, now);
+        if self.gso_events() != self.seen {
+            self.report(now);
+        }
+        result
+    }
+    fn recv_batch(
+        &mut self,
+        bufs: &mut [Vec<u8>],
+        metas: &mut [RecvMeta],
+        timeout: Duration,
+    ) -> Result<usize, UdpError> {
+        self.sock.recv_batch(bufs, metas, timeout)
+    }
+    fn max_gso_segments(&self) -> usize {
+        self.sock.max_gso_segments()
+    }
+    fn gro(&self) -> bool {
+        self.sock.capabilities().gro
+    }
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(&self.sock))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> Instant {
+        Instant::from_epoch(Duration::from_secs(secs))
+    }
+
+    fn gso_socket(retry_after: u64) -> BatchSocket {
+        let cfg = UdpConfig {
+            gro: false,
+            gso_retry: GsoRetryConfig::new(Duration::from_secs(retry_after)),
+            ..UdpConfig::new(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
+        };
+        BatchSocket::open(cfg).expect("open a loopback socket")
+    }
+
+    /// Sends one GSO run of four datagrams from `sock` to `to` at `now`.
+    fn send_run(sock: &mut MeteredSocket, to: SocketAddrV4, now: Instant) {
+        let contents = [7u8; 4000];
+        let t = Transmit { dst: to, contents: &contents, segment_size: Some(1000) };
+        assert_eq!(sock.send_batch(&[t], now).expect("send"), 1);
+    }
+
+    fn gauge(c: &Counters) -> (bool, u64, u64, u64) {
+        (
+            c.offload(Offload::UdpGso),
+            c.gso_off_sockets.load(Ordering::Relaxed),
+            c.gso_fallbacks.load(Ordering::Relaxed),
+            c.gso_reprobes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The gauge drops while a socket has GSO off, stays down through a failed retry, and is
+    /// back once a retry works; the counters count each failure and each retry.
+    #[test]
+    fn the_udp_gso_gauge_and_counters_follow_the_sockets() {
+        let counters = Arc::new(Counters::default());
+        counters.set_offload(Offload::UdpGso, true);
+        let sink = gso_socket(1);
+        let to = sink.local_addr();
+        let mut a = MeteredSocket::new(gso_socket(2), counters.clone());
+        let mut b = MeteredSocket::new(gso_socket(2), counters.clone());
+        send_run(&mut a, to, at(10));
+        assert_eq!(gauge(&counters), (true, 0, 0, 0));
+
+        a.sock.fail_gso_sends(2, libc::EMSGSIZE);
+        b.sock.fail_gso_sends(1, libc::EIO);
+        send_run(&mut a, to, at(10));
+        assert_eq!(gauge(&counters), (false, 1, 1, 0), "a is off");
+        send_run(&mut b, to, at(11));
+        assert_eq!(gauge(&counters), (false, 2, 2, 0), "both are off");
+        send_run(&mut a, to, at(11));
+        assert_eq!(gauge(&counters), (false, 2, 2, 0), "a is still off: nothing new");
+        // a's retry at 12 fails (off until 16); b's at 13 works.
+        send_run(&mut a, to, at(12));
+        assert_eq!(gauge(&counters), (false, 2, 3, 1));
+        send_run(&mut b, to, at(13));
+        assert_eq!(gauge(&counters), (false, 1, 3, 2), "b is on again, a is not");
+        assert_eq!(b.socket().gso_state(), Some(GsoState::On));
+        send_run(&mut a, to, at(16));
+        assert_eq!(gauge(&counters), (true, 0, 3, 3), "both on: the gauge is 1 again");
+    }
+
+    /// A retry that has started but not yet been confirmed by a GSO send keeps the gauge at 0.
+    #[test]
+    fn an_unconfirmed_retry_keeps_the_gauge_down() {
+        let counters = Arc::new(Counters::default());
+        counters.set_offload(Offload::UdpGso, true);
+        let sink = gso_socket(1);
+        let mut a = MeteredSocket::new(gso_socket(2), counters.clone());
+        a.sock.fail_gso_sends(1, libc::EIO);
+        send_run(&mut a, sink.local_addr(), at(0));
+        let single = Transmit { dst: sink.local_addr(), contents: &[1], segment_size: None };
+        assert_eq!(a.send_batch(&[single], at(5)).expect("send"), 1);
+        assert_eq!(a.socket().gso_state(), Some(GsoState::Retrying));
+        assert_eq!(gauge(&counters), (false, 1, 1, 1));
+        send_run(&mut a, sink.local_addr(), at(5));
+        assert_eq!(gauge(&counters), (true, 0, 1, 1));
     }
 }

@@ -178,7 +178,11 @@ impl FakeUdp {
 }
 
 impl UdpIo for FakeUdp {
-    fn send_batch(&mut self, msgs: &[Transmit<'_>]) -> Result<usize, UdpError> {
+    fn send_batch(
+        &mut self,
+        msgs: &[Transmit<'_>],
+        _now: crate::time::Instant,
+    ) -> Result<usize, UdpError> {
         for m in msgs {
             self.messages += 1;
             let seg = m.segment_size.map_or(m.contents.len(), usize::from).max(1);

@@ -501,8 +501,16 @@ pub struct Counters {
     pub io_errors: AtomicU64,
     /// ICMP errors not sent because the [`IcmpLimit`] bucket was empty.
     pub icmp_suppressed: AtomicU64,
+    /// GSO sends that failed (`EIO`/`EINVAL`/`EMSGSIZE`) and were re-sent as single datagrams,
+    /// each turning GSO off on its socket for now.
+    pub gso_fallbacks: AtomicU64,
+    /// Times a socket's retry time came and it used GSO again.
+    pub gso_reprobes: AtomicU64,
+    /// Sockets whose GSO is off after a failure, or back on but not yet confirmed by a GSO send
+    /// that went through. While it is not 0, the `udp_gso` gauge shows 0.
+    pub gso_off_sockets: AtomicU64,
     /// Which offloads are in use (gauges, one per [`Offload`]): set when the data plane
-    /// starts, and UDP GSO cleared if a socket turns it off at run time.
+    /// starts; `udp_gso` also needs `gso_off_sockets` to be 0.
     offloads: [AtomicBool; Offload::ALL.len()],
     /// Repairs of the TUN device's link state after someone else changed it, by what drifted.
     link_repairs: [AtomicU64; RepairKind::ALL.len()],
@@ -548,9 +556,14 @@ impl Counters {
         self.offloads[offload as usize].store(on, Ordering::Relaxed);
     }
 
-    /// Whether `offload` is in use.
+    /// Whether `offload` is in use: as set when the data plane started, and for UDP GSO, on
+    /// every socket now (none has it off after a failure).
     pub fn offload(&self, offload: Offload) -> bool {
-        self.offloads[offload as usize].load(Ordering::Relaxed)
+        let on = self.offloads[offload as usize].load(Ordering::Relaxed);
+        match offload {
+            Offload::UdpGso => on && self.gso_off_sockets.load(Ordering::Relaxed) == 0,
+            _ => on,
+        }
     }
 
     /// Counts a repair of the TUN device's link state.
@@ -634,6 +647,17 @@ impl Counters {
                 "ICMP errors not sent to pods because of the rate limit.",
                 &self.icmp_suppressed,
             ),
+            (
+                "weft_dataplane_gso_fallbacks_total",
+                "UDP GSO sends that failed and went out as single datagrams; each turned GSO off \
+                 on its socket until a retry.",
+                &self.gso_fallbacks,
+            ),
+            (
+                "weft_dataplane_gso_reprobes_total",
+                "Times a socket tried UDP GSO again after its retry time.",
+                &self.gso_reprobes,
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} counter");
@@ -660,6 +684,49 @@ mod tests {
         for (kind, v) in [("tun_tso", 1), ("tun_uso", 0), ("udp_gso", 0), ("udp_gro", 0)] {
             let line = format!("weft_dataplane_offload{{kind=\"{kind}\"}} {v}\n");
             assert!(out.contains(&line), "{line} missing from\n{out}");
+        }
+    }
+
+    fn render(c: &Counters) -> String {
+        let mut out = String::new();
+        c.render(&mut out);
+        out
+    }
+
+    #[test]
+    fn the_udp_gso_gauge_is_0_while_any_socket_has_gso_off_and_1_again_after() {
+        let c = Counters::default();
+        c.set_offload(Offload::UdpGso, true);
+        let gauge = "weft_dataplane_offload{kind=\"udp_gso\"} ";
+        assert!(render(&c).contains(&format!("{gauge}1\n")));
+        c.gso_off_sockets.fetch_add(2, Ordering::Relaxed);
+        assert!(!c.offload(Offload::UdpGso));
+        assert!(render(&c).contains(&format!("{gauge}0\n")));
+        c.gso_off_sockets.fetch_sub(1, Ordering::Relaxed);
+        assert!(!c.offload(Offload::UdpGso), "one socket is still off");
+        c.gso_off_sockets.fetch_sub(1, Ordering::Relaxed);
+        assert!(c.offload(Offload::UdpGso));
+        assert!(render(&c).contains(&format!("{gauge}1\n")));
+        // Switched off at start, it stays 0 whatever the sockets do.
+        c.set_offload(Offload::UdpGso, false);
+        assert!(render(&c).contains(&format!("{gauge}0\n")));
+        // The other offloads do not look at GSO's sockets.
+        c.set_offload(Offload::UdpGro, true);
+        c.gso_off_sockets.fetch_add(1, Ordering::Relaxed);
+        assert!(c.offload(Offload::UdpGro));
+    }
+
+    #[test]
+    fn gso_fallbacks_and_reprobes_are_counters_on_metrics() {
+        let c = Counters::default();
+        c.gso_fallbacks.fetch_add(3, Ordering::Relaxed);
+        c.gso_reprobes.fetch_add(2, Ordering::Relaxed);
+        let out = render(&c);
+        for (name, v) in
+            [("weft_dataplane_gso_fallbacks_total", 3), ("weft_dataplane_gso_reprobes_total", 2)]
+        {
+            assert!(out.contains(&format!("# TYPE {name} counter\n")), "{out}");
+            assert!(out.contains(&format!("\n{name} {v}\n")), "{out}");
         }
     }
 

@@ -21,10 +21,15 @@
 //!   configuration ([`UdpConfig::gso`], [`UdpConfig::gro`]), because offloads have had kernel bugs
 //!   (see docs/benchmarks.md, "Why every offload is switchable"). The result is
 //!   [`BatchSocket::capabilities`], for the caller to log once.
-//! - **Degrades at run time.** When a GSO send fails with `EIO` or `EINVAL` (an egress device
-//!   without checksum offload, a segment larger than the path MTU), GSO is turned off for this
-//!   socket, the message is re-sent as single datagrams, and [`UdpStats::gso_disabled_at_runtime`]
-//!   is set (the quinn-udp and wireguard-go behaviour). Without GSO, a [`Transmit`] with a
+//! - **Degrades at run time, for now.** When a GSO send fails with `EIO`, `EINVAL` or `EMSGSIZE`
+//!   (a segment larger than the path MTU, an IPsec route, or on older kernels an egress device
+//!   without checksum offload; see [`super::gso_retry`]), GSO is turned off for this socket and
+//!   the message is re-sent as single datagrams (as quinn-udp and wireguard-go do), counted in
+//!   [`UdpStats::gso_fallbacks`]. Unlike them, GSO is not off for good: the first send at or
+//!   after the retry time ([`UdpConfig::gso_retry`]: 30 s, doubling on each failed retry up to
+//!   1 h) uses GSO again ([`UdpStats::gso_retries`]), and a GSO message the kernel accepts
+//!   then turns it on ([`UdpStats::gso_recoveries`]). `now` comes from the caller, which reads
+//!   its clock once per batch; the socket reads none. Without GSO, a [`Transmit`] with a
 //!   `segment_size` is still delivered: it is split into one `mmsghdr` per datagram. Callers may
 //!   therefore always coalesce with [`coalesce_plan`], using [`BatchSocket::max_gso_segments`].
 //! - **IPv4 only.** The socket is `AF_INET`; the underlay is IPv4.
@@ -41,6 +46,9 @@ use std::ptr;
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use super::gso_retry::{GsoRetry, GsoRetryConfig, GsoState};
+use crate::time::Instant;
 
 /// The most messages one `sendmmsg`/`recvmmsg` call carries; the socket's scratch is this big.
 pub const MAX_BATCH: usize = 64;
@@ -82,16 +90,25 @@ pub struct UdpConfig {
     pub gso: bool,
     /// Turn on UDP GRO (`UDP_GRO`) for receives when the kernel supports it.
     pub gro: bool,
+    /// When GSO is tried again after a GSO send failed (see [`super::gso_retry`]).
+    pub gso_retry: GsoRetryConfig,
     /// `SO_RCVBUF`/`SO_SNDBUF`, then `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` (which need
     /// `CAP_NET_ADMIN` and are skipped without it); 0 keeps the kernel's defaults.
     pub buffer_bytes: usize,
 }
 
 impl UdpConfig {
-    /// Binds `bind`, with GSO and GRO on, no `SO_REUSEPORT`, and 7 MiB socket buffers (the size
-    /// wireguard-go settled on).
+    /// Binds `bind`, with GSO and GRO on, no `SO_REUSEPORT`, GSO retried after the default
+    /// backoff, and 7 MiB socket buffers (the size wireguard-go settled on).
     pub fn new(bind: SocketAddrV4) -> Self {
-        Self { bind, reuse_port: false, gso: true, gro: true, buffer_bytes: 7 << 20 }
+        Self {
+            bind,
+            reuse_port: false,
+            gso: true,
+            gro: true,
+            gso_retry: GsoRetryConfig::default(),
+            buffer_bytes: 7 << 20,
+        }
     }
 }
 
@@ -113,10 +130,15 @@ pub struct Capabilities {
 /// Counters of the rare events on a socket; read them with [`BatchSocket::stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UdpStats {
-    /// A GSO send failed with `EIO`/`EINVAL` and GSO was turned off for this socket.
-    pub gso_disabled_at_runtime: bool,
-    /// GSO sends that failed with `EIO`/`EINVAL` and were re-sent as single datagrams.
+    /// GSO sends that failed with `EIO`/`EINVAL`/`EMSGSIZE` and were re-sent as single
+    /// datagrams; each turned GSO off until its retry time.
     pub gso_fallbacks: u64,
+    /// The last such failure.
+    pub gso_last_failure: Option<GsoFailure>,
+    /// Times the retry time came and GSO was used again.
+    pub gso_retries: u64,
+    /// Retries that a GSO send confirmed: GSO works again.
+    pub gso_recoveries: u64,
     /// `sendmmsg` calls that sent at least one message.
     pub send_calls: u64,
     /// `recvmmsg` calls that received at least one message.
@@ -125,6 +147,15 @@ pub struct UdpStats {
     pub truncated: u64,
     /// [`BatchSocket::send_batch`] calls that gave up on a full send buffer.
     pub send_stalls: u64,
+}
+
+/// A GSO send that failed in a way single datagrams avoid (see [`UdpStats::gso_fallbacks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GsoFailure {
+    /// `EIO`, `EINVAL` or `EMSGSIZE`.
+    pub errno: i32,
+    /// Where the message was going.
+    pub dst: SocketAddrV4,
 }
 
 /// One message to send: a datagram, or with `segment_size` several.
@@ -312,12 +343,17 @@ pub struct BatchSocket {
     socket: Socket,
     local: SocketAddrV4,
     caps: Capabilities,
-    gso: bool,
+    /// GSO asked for, supported by the kernel, and not switched off ([`BatchSocket::set_gso`]);
+    /// whether it is used now is also up to `gso_retry`.
+    gso_wanted: bool,
+    gso_retry: GsoRetry,
     stats: UdpStats,
     scratch: Scratch,
-    /// Test hook: the next GSO send fails with `EIO` without reaching the kernel.
+    /// Test hook: this many GSO sends fail with `fail_gso_errno` without reaching the kernel.
     #[cfg(test)]
-    fail_next_gso_send: bool,
+    fail_gso_sends: u32,
+    #[cfg(test)]
+    fail_gso_errno: i32,
 }
 
 impl BatchSocket {
@@ -374,27 +410,35 @@ impl BatchSocket {
             socket,
             local,
             caps,
-            gso,
+            gso_wanted: gso,
+            gso_retry: GsoRetry::new(cfg.gso_retry),
             stats: UdpStats::default(),
             scratch: Scratch::new(),
             #[cfg(test)]
-            fail_next_gso_send: false,
+            fail_gso_sends: 0,
+            #[cfg(test)]
+            fail_gso_errno: 0,
         })
     }
 
     /// Hands `msgs` to the kernel, in order, with as few `sendmmsg` calls as [`MAX_BATCH`] and GSO
     /// allow, and returns how many messages (from the front) were sent: all of them, unless the
     /// send buffer stayed full for [`SEND_STALL_POLLS`] × [`SEND_POLL`] (then fewer; the rest are
-    /// the caller's to drop or retry). `EINTR` is retried; `EIO`/`EINVAL` on a GSO message turns
-    /// GSO off and re-sends it split (see the module docs).
+    /// the caller's to drop or retry). `EINTR` is retried; `EIO`/`EINVAL`/`EMSGSIZE` on a GSO
+    /// message turns GSO off until `now` plus the backoff and re-sends it split; once that time
+    /// has come, this call uses GSO again (see the module docs). `now` is the caller's clock,
+    /// read once per batch.
     ///
     /// # Errors
     /// [`UdpError::InvalidTransmit`] before sending anything if a message is malformed;
     /// [`UdpError::Send`] when a message fails (unreachable network, too big, ...): the messages
     /// before it were sent, and the caller can skip it and send the rest; [`UdpError::Poll`].
-    pub fn send_batch(&mut self, msgs: &[Transmit<'_>]) -> Result<usize, UdpError> {
+    pub fn send_batch(&mut self, msgs: &[Transmit<'_>], now: Instant) -> Result<usize, UdpError> {
         for (index, t) in msgs.iter().enumerate() {
             t.check().map_err(|reason| UdpError::InvalidTransmit { index, reason })?;
+        }
+        if self.gso_wanted && self.gso_retry.poll(now) {
+            self.stats.gso_retries += 1;
         }
         // The cursor: the first unsent message, and how much of it (split without GSO) is sent.
         let (mut msg, mut off) = (0, 0);
@@ -405,6 +449,10 @@ impl BatchSocket {
                 Ok(sent) => {
                     self.stats.send_calls += 1;
                     stalls = 0;
+                    // The kernel took a GSO message: if GSO was being retried, it works again.
+                    if first_gso.is_some_and(|i| i < sent) && self.gso_retry.succeeded() {
+                        self.stats.gso_recoveries += 1;
+                    }
                     // sendmmsg sends at least one entry when it succeeds.
                     let (m, end) = self.scratch.origin[sent.clamp(1, entries) - 1];
                     (msg, off) = if end == msgs[m].contents.len() { (m + 1, 0) } else { (m, end) };
@@ -420,11 +468,16 @@ impl BatchSocket {
                         wait(self.socket.as_raw_fd(), libc::POLLOUT, SEND_POLL)?;
                     }
                     // The entry that failed is the first one (a failure after it would have
-                    // made sendmmsg return a short count), so it is the GSO message at `msg`.
-                    Some(libc::EIO | libc::EINVAL) if first_gso => {
-                        self.gso = false;
-                        self.stats.gso_disabled_at_runtime = true;
+                    // made sendmmsg return a short count), so it is the GSO message at `msg`:
+                    // its path refuses GSO (see gso_retry), and the next round sends it split.
+                    // The message passed `check`, so EMSGSIZE is the path MTU, not its size.
+                    Some(errno @ (libc::EIO | libc::EINVAL | libc::EMSGSIZE))
+                        if first_gso == Some(0) =>
+                    {
+                        self.gso_retry.failed(now);
                         self.stats.gso_fallbacks += 1;
+                        self.stats.gso_last_failure =
+                            Some(GsoFailure { errno, dst: msgs[msg].dst });
                     }
                     _ => return Err(UdpError::Send { sent: msg, source: e }),
                 },
@@ -530,10 +583,14 @@ impl BatchSocket {
     }
 
     /// Turns GSO on or off for later sends (an operator's switch); it stays off if the kernel
-    /// does not support it. Returns whether GSO is now on.
+    /// does not support it. Turning it on forgets earlier failures and their backoff. Returns
+    /// whether GSO is now on.
     pub fn set_gso(&mut self, on: bool) -> bool {
-        self.gso = on && self.caps.gso;
-        self.gso
+        self.gso_wanted = on && self.caps.gso;
+        if on {
+            self.gso_retry = GsoRetry::new(self.gso_retry.config());
+        }
+        self.gso_enabled()
     }
 
     /// The offloads and buffer sizes found at open, for the caller to log once.
@@ -542,14 +599,20 @@ impl BatchSocket {
     }
 
     /// Whether sends use GSO now: the probe, the configuration, [`BatchSocket::set_gso`] and a
-    /// run-time fallback all have a say.
+    /// run-time failure (until its retry time) all have a say.
     pub fn gso_enabled(&self) -> bool {
-        self.gso
+        self.gso_wanted && self.gso_retry.uses_gso()
+    }
+
+    /// Where GSO stands after run-time failures and retries; `None` when GSO is not used at
+    /// all (not asked for, not supported, or switched off).
+    pub fn gso_state(&self) -> Option<GsoState> {
+        self.gso_wanted.then(|| self.gso_retry.state())
     }
 
     /// Datagrams per [`Transmit`] worth coalescing now: [`MAX_GSO_SEGMENTS`] with GSO on, 1 off.
     pub fn max_gso_segments(&self) -> usize {
-        if self.gso { MAX_GSO_SEGMENTS } else { 1 }
+        if self.gso_enabled() { MAX_GSO_SEGMENTS } else { 1 }
     }
 
     /// The bound address (with the port the kernel picked, if 0 was asked for).
@@ -562,16 +625,24 @@ impl BatchSocket {
         self.stats
     }
 
+    /// Test hook: the next `count` GSO sends fail with `errno` without reaching the kernel.
+    #[cfg(test)]
+    pub(crate) fn fail_gso_sends(&mut self, count: u32, errno: i32) {
+        (self.fail_gso_sends, self.fail_gso_errno) = (count, errno);
+    }
+
     /// Points up to [`MAX_BATCH`] scratch entries at `msgs`, from message `msg` byte `off` on.
-    /// Returns the entry count and whether the first entry carries a `UDP_SEGMENT` message.
+    /// Returns the entry count and the index of the first entry that carries a `UDP_SEGMENT`
+    /// message, if any.
     fn fill_send(
         &mut self,
         msgs: &[Transmit<'_>],
         mut msg: usize,
         mut off: usize,
-    ) -> (usize, bool) {
+    ) -> (usize, Option<usize>) {
+        let gso = self.gso_enabled();
         let s = &mut self.scratch;
-        let mut first_gso = false;
+        let mut first_gso = None;
         let mut i = 0;
         while i < MAX_BATCH && msg < msgs.len() {
             let t = &msgs[msg];
@@ -579,7 +650,7 @@ impl BatchSocket {
             // Segmentation matters only when more than one datagram is left.
             let seg = t.segment_size.map(usize::from).filter(|&seg| seg < len - off);
             let (end, cmsg) = match seg {
-                Some(seg) if self.gso => (len, Some(seg as u16)),
+                Some(seg) if gso => (len, Some(seg as u16)),
                 Some(seg) => (off + seg, None),
                 None => (len, None),
             };
@@ -608,7 +679,7 @@ impl BatchSocket {
                         (*c).cmsg_len = SEGMENT_CMSG_LEN as _;
                         ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
                     }
-                    first_gso |= i == 0;
+                    first_gso = first_gso.or(Some(i));
                 }
                 None => {
                     h.msg_control = ptr::null_mut();
@@ -629,10 +700,11 @@ impl BatchSocket {
             match self.scratch.hdrs[..entries].iter().position(|h| h.msg_hdr.msg_controllen != 0) {
                 // Like the kernel: the entries before the failing one go out, and a later call
                 // fails on it.
-                Some(0) if mem::take(&mut self.fail_next_gso_send) => {
-                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                Some(0) if self.fail_gso_sends > 0 => {
+                    self.fail_gso_sends -= 1;
+                    return Err(io::Error::from_raw_os_error(self.fail_gso_errno));
                 }
-                Some(k) if self.fail_next_gso_send && k > 0 => k,
+                Some(k) if self.fail_gso_sends > 0 && k > 0 => k,
                 _ => entries,
             };
         // SAFETY: fill_send pointed the first `entries` headers at buffers borrowed from the
@@ -824,6 +896,8 @@ mod tests {
 
     const LOOPBACK: Ipv4Addr = Ipv4Addr::LOCALHOST;
     const WAIT: Duration = Duration::from_secs(2);
+    /// `now` for sends in tests that do not look at the GSO retry.
+    const T0: crate::time::Instant = crate::time::Instant::ZERO;
 
     fn open(gso: bool, gro: bool) -> BatchSocket {
         let cfg = UdpConfig { gso, gro, ..UdpConfig::new(SocketAddrV4::new(LOOPBACK, 0)) };
@@ -884,7 +958,7 @@ mod tests {
             .iter()
             .map(|d| Transmit { dst: rx.local_addr(), contents: d, segment_size: None })
             .collect();
-        assert_eq!(tx.send_batch(&msgs).expect("send"), msgs.len());
+        assert_eq!(tx.send_batch(&msgs, T0).expect("send"), msgs.len());
         assert!(tx.stats().send_calls >= 3, "150 messages need 3 sendmmsg calls of 64");
 
         let mut bufs = vec![vec![0u8; 9000]; MAX_BATCH];
@@ -909,7 +983,7 @@ mod tests {
         let dgrams: Vec<Vec<u8>> = (0..10).map(|i| payload(i, 1000)).collect();
         let contents = dgrams.concat();
         let t = Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1000) };
-        assert_eq!(tx.send_batch(&[t]).expect("send"), 1);
+        assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
         assert_eq!(tx.stats().send_calls, 1);
         let (got, metas) = recv_all(&mut rx, dgrams.len());
         assert_eq!(got, dgrams);
@@ -922,7 +996,7 @@ mod tests {
         let dgrams: Vec<Vec<u8>> = (0..10).map(|i| payload(i, 1000)).collect();
         let contents = dgrams.concat();
         let t = Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1000) };
-        assert_eq!(tx.send_batch(&[t]).expect("send"), 1);
+        assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
         let (got, metas) = recv_all(&mut rx, dgrams.len());
         assert_eq!(got, dgrams);
         assert_eq!(metas.len(), 1, "one coalesced buffer: {metas:?}");
@@ -940,7 +1014,7 @@ mod tests {
             let mut rx = open(false, gro);
             let t =
                 Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1000) };
-            assert_eq!(tx.send_batch(&[t]).expect("send"), 1);
+            assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
             let (got, metas) = recv_all(&mut rx, dgrams.len());
             assert_eq!(got, dgrams, "gro {gro}");
             if gro {
@@ -964,7 +1038,7 @@ mod tests {
             Transmit { dst: a.local_addr(), contents: &single, segment_size: Some(1400) },
             Transmit { dst: b.local_addr(), contents: &run_bytes, segment_size: Some(500) },
         ];
-        assert_eq!(tx.send_batch(&msgs).expect("send"), 4);
+        assert_eq!(tx.send_batch(&msgs, T0).expect("send"), 4);
         let (got_a, _) = recv_all(&mut a, 6);
         let mut want_a = run.clone();
         want_a.push(single.clone());
@@ -988,7 +1062,7 @@ mod tests {
             .iter()
             .map(|c| Transmit { dst: rx.local_addr(), contents: c, segment_size: Some(100) })
             .collect();
-        assert_eq!(tx.send_batch(&msgs).expect("send"), 3);
+        assert_eq!(tx.send_batch(&msgs, T0).expect("send"), 3);
         assert_eq!(tx.stats().send_calls, 2);
         let (got, metas) = recv_all(&mut rx, dgrams.len());
         assert_eq!(got, dgrams);
@@ -996,30 +1070,153 @@ mod tests {
         assert!(tx.set_gso(true), "the switch turns it back on");
     }
 
-    #[test]
-    fn eio_on_a_gso_send_disables_gso_and_still_delivers() {
-        let (mut tx, mut rx) = (open(true, false), open(false, false));
-        tx.fail_next_gso_send = true;
+    /// At `secs` seconds on the data plane's clock.
+    fn at(secs: u64) -> crate::time::Instant {
+        crate::time::Instant::from_epoch(Duration::from_secs(secs))
+    }
+
+    fn off_until(secs: u64) -> Option<GsoState> {
+        Some(GsoState::Off { until: at(secs) })
+    }
+
+    /// A GSO sender whose GSO is retried `retry_after` seconds after a failure.
+    fn gso_sender(retry_after: u64) -> BatchSocket {
+        let cfg = UdpConfig {
+            gro: false,
+            gso_retry: GsoRetryConfig::new(Duration::from_secs(retry_after)),
+            ..UdpConfig::new(SocketAddrV4::new(LOOPBACK, 0))
+        };
+        BatchSocket::open(cfg).expect("open a loopback socket")
+    }
+
+    /// Sends five 1200-byte datagrams to `rx` as one segmented transmit at `now`; returns
+    /// whether they arrived as one GSO message (one coalesced buffer at a GRO receiver) rather
+    /// than as five datagrams.
+    fn send_run(tx: &mut BatchSocket, rx: &mut BatchSocket, now: crate::time::Instant) -> bool {
         let dgrams: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 1200)).collect();
         let contents = dgrams.concat();
-        let single = payload(7, 10);
-        let msgs = [
-            Transmit { dst: rx.local_addr(), contents: &single, segment_size: None },
-            Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1200) },
-            Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1200) },
-        ];
-        assert_eq!(tx.send_batch(&msgs).expect("send"), 3);
+        let t = Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1200) };
+        assert_eq!(tx.send_batch(&[t], now).expect("send"), 1);
+        let (got, metas) = recv_all(rx, dgrams.len());
+        assert_eq!(got, dgrams, "every datagram arrives, in order, either way");
+        match metas.len() {
+            1 => true,
+            5 => false,
+            n => panic!("{n} buffers for one run: {metas:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failed_gso_send_turns_gso_off_for_now_and_still_delivers() {
+        // EIO: IPsec, or no checksum offload before Linux 6.11; EMSGSIZE: a segment larger
+        // than the path MTU (EINVAL on kernels before that fix).
+        for errno in [libc::EIO, libc::EINVAL, libc::EMSGSIZE] {
+            let (mut tx, mut rx) = (open(true, false), open(false, false));
+            tx.fail_gso_sends(1, errno);
+            let dgrams: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 1200)).collect();
+            let contents = dgrams.concat();
+            let single = payload(7, 10);
+            let msgs = [
+                Transmit { dst: rx.local_addr(), contents: &single, segment_size: None },
+                Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1200) },
+                Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1200) },
+            ];
+            assert_eq!(tx.send_batch(&msgs, at(100)).expect("send"), 3, "errno {errno}");
+            let stats = tx.stats();
+            assert_eq!(stats.gso_fallbacks, 1);
+            let failure = GsoFailure { errno, dst: rx.local_addr() };
+            assert_eq!(stats.gso_last_failure, Some(failure));
+            assert_eq!((stats.gso_retries, stats.gso_recoveries), (0, 0));
+            assert!(!tx.gso_enabled());
+            assert_eq!(tx.max_gso_segments(), 1);
+            assert_eq!(tx.gso_state(), off_until(130), "off for the default 30 s");
+            assert!(tx.capabilities().gso, "the probe result is unchanged");
+            let (got, _) = recv_all(&mut rx, 11);
+            let mut want = vec![single];
+            want.extend(dgrams.iter().cloned());
+            want.extend(dgrams);
+            assert_eq!(got, want, "errno {errno}");
+        }
+    }
+
+    #[test]
+    fn gso_is_tried_again_at_the_retry_time_and_is_on_again_when_it_works() {
+        let (mut tx, mut rx) = (gso_sender(2), open(false, true));
+        assert!(send_run(&mut tx, &mut rx, at(10)), "GSO at first");
+        tx.fail_gso_sends(1, libc::EMSGSIZE);
+        assert!(!send_run(&mut tx, &mut rx, at(10)), "the failed message went out split");
+        assert_eq!(tx.gso_state(), off_until(12));
+        assert!(!send_run(&mut tx, &mut rx, at(11)), "still off a second later");
+        assert_eq!(tx.stats().gso_retries, 0);
+        // The retry time: this very send uses GSO again, and the kernel takes it.
+        assert!(send_run(&mut tx, &mut rx, at(12)), "GSO again at the retry time");
         let stats = tx.stats();
-        assert!(stats.gso_disabled_at_runtime);
-        assert_eq!(stats.gso_fallbacks, 1);
-        assert!(!tx.gso_enabled());
-        assert_eq!(tx.max_gso_segments(), 1);
-        assert!(tx.capabilities().gso, "the probe result is unchanged");
-        let (got, _) = recv_all(&mut rx, 11);
-        let mut want = vec![single];
-        want.extend(dgrams.iter().cloned());
-        want.extend(dgrams);
-        assert_eq!(got, want);
+        assert_eq!((stats.gso_fallbacks, stats.gso_retries, stats.gso_recoveries), (1, 1, 1));
+        assert_eq!(tx.gso_state(), Some(GsoState::On));
+        assert_eq!(tx.max_gso_segments(), MAX_GSO_SEGMENTS);
+        // The wait was reset: the next failure is off for 2 s again, not 4.
+        tx.fail_gso_sends(1, libc::EIO);
+        assert!(!send_run(&mut tx, &mut rx, at(50)));
+        assert_eq!(tx.gso_state(), off_until(52));
+    }
+
+    #[test]
+    fn a_failed_retry_turns_gso_off_again_for_twice_as_long() {
+        let (mut tx, mut rx) = (gso_sender(2), open(false, true));
+        tx.fail_gso_sends(2, libc::EMSGSIZE);
+        assert!(!send_run(&mut tx, &mut rx, at(0)));
+        assert_eq!(tx.gso_state(), off_until(2));
+        // The retry at 2 s fails too: off until 2 + 4.
+        assert!(!send_run(&mut tx, &mut rx, at(2)));
+        assert_eq!(tx.gso_state(), off_until(6));
+        let stats = tx.stats();
+        assert_eq!((stats.gso_fallbacks, stats.gso_retries, stats.gso_recoveries), (2, 1, 0));
+        assert!(!send_run(&mut tx, &mut rx, at(5)));
+        assert!(send_run(&mut tx, &mut rx, at(6)), "the second retry works");
+        assert_eq!(tx.gso_state(), Some(GsoState::On));
+        assert_eq!((tx.stats().gso_retries, tx.stats().gso_recoveries), (2, 1));
+    }
+
+    #[test]
+    fn a_retry_without_a_gso_message_stays_unconfirmed() {
+        let (mut tx, mut rx) = (gso_sender(2), open(false, true));
+        tx.fail_gso_sends(1, libc::EIO);
+        assert!(!send_run(&mut tx, &mut rx, at(0)));
+        let single = payload(1, 100);
+        let t = Transmit { dst: rx.local_addr(), contents: &single, segment_size: None };
+        assert_eq!(tx.send_batch(&[t], at(3)).expect("send"), 1);
+        assert_eq!(recv_all(&mut rx, 1).0, [single]);
+        assert_eq!(tx.gso_state(), Some(GsoState::Retrying), "GSO used again, not yet proven");
+        assert!(tx.gso_enabled());
+        assert_eq!(tx.stats().gso_recoveries, 0);
+        assert!(send_run(&mut tx, &mut rx, at(3)));
+        assert_eq!(tx.gso_state(), Some(GsoState::On));
+    }
+
+    #[test]
+    fn switching_gso_on_forgets_failures_and_off_means_no_retry() {
+        let (mut tx, mut rx) = (gso_sender(2), open(false, true));
+        tx.fail_gso_sends(1, libc::EIO);
+        assert!(!send_run(&mut tx, &mut rx, at(0)));
+        assert!(!tx.set_gso(false));
+        assert_eq!(tx.gso_state(), None);
+        assert!(!send_run(&mut tx, &mut rx, at(100)), "switched off: no retry, ever");
+        assert_eq!(tx.stats().gso_retries, 0);
+        assert!(tx.set_gso(true));
+        assert_eq!(tx.gso_state(), Some(GsoState::On));
+        assert!(send_run(&mut tx, &mut rx, at(100)));
+    }
+
+    #[test]
+    fn other_send_errors_on_a_gso_message_do_not_touch_gso() {
+        let (mut tx, rx) = (open(true, false), open(false, false));
+        tx.fail_gso_sends(1, libc::ENETUNREACH);
+        let contents = payload(1, 2400);
+        let t = Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1200) };
+        let err = tx.send_batch(&[t], T0).unwrap_err();
+        assert!(matches!(err, UdpError::Send { sent: 0, .. }), "{err}");
+        assert_eq!(tx.gso_state(), Some(GsoState::On));
+        assert_eq!(tx.stats().gso_fallbacks, 0);
     }
 
     #[test]
@@ -1036,7 +1233,7 @@ mod tests {
 
         for (s, byte) in [(&mut a, 1u8), (&mut b, 2u8)] {
             let t = Transmit { dst: rx.local_addr(), contents: &[byte], segment_size: None };
-            assert_eq!(s.send_batch(&[t]).expect("send"), 1);
+            assert_eq!(s.send_batch(&[t], T0).expect("send"), 1);
         }
         let (got, metas) = recv_all(&mut rx, 2);
         assert_eq!(got, [vec![1], vec![2]]);
@@ -1104,7 +1301,7 @@ mod tests {
             Transmit { dst: rx.local_addr(), contents: &big, segment_size: None },
             Transmit { dst: rx.local_addr(), contents: &small, segment_size: None },
         ];
-        tx.send_batch(&msgs).expect("send");
+        tx.send_batch(&msgs, T0).expect("send");
         let mut bufs = [[0u8; 100]; 2];
         let mut metas = [RecvMeta::default(); 2];
         assert_eq!(rx.recv_batch(&mut bufs, &mut metas, WAIT).expect("recv"), 2);
@@ -1144,7 +1341,7 @@ mod tests {
         ];
         for (t, case) in cases {
             let ok = Transmit { dst, contents: &big[..1], segment_size: None };
-            let err = tx.send_batch(&[ok, t]).unwrap_err();
+            let err = tx.send_batch(&[ok, t], T0).unwrap_err();
             assert!(err.is_per_message(), "case {case}");
             let UdpError::InvalidTransmit { index: 1, reason } = err else {
                 panic!("case {case}: {err}")
@@ -1169,10 +1366,10 @@ mod tests {
             Transmit { dst: rx.local_addr(), contents: &big, segment_size: None },
             Transmit { dst: rx.local_addr(), contents: &ok, segment_size: None },
         ];
-        let err = tx.send_batch(&msgs).unwrap_err();
+        let err = tx.send_batch(&msgs, T0).unwrap_err();
         let UdpError::Send { sent: 1, source } = &err else { panic!("{err}") };
         assert_eq!(source.raw_os_error(), Some(libc::EMSGSIZE));
-        assert_eq!(tx.send_batch(&msgs[2..]).expect("the rest"), 1);
+        assert_eq!(tx.send_batch(&msgs[2..], T0).expect("the rest"), 1);
         let (got, _) = recv_all(&mut rx, 2);
         assert_eq!(got, [ok.clone(), ok]);
     }
@@ -1305,10 +1502,10 @@ mod tests {
                         let left = TOTAL - sent;
                         let full = (left / per).min(MAX_BATCH);
                         sent += if full > 0 {
-                            tx.send_batch(&batch[..full]).expect("send") * per
+                            tx.send_batch(&batch[..full], T0).expect("send") * per
                         } else {
                             let last = Transmit { contents: &data[..left * SIZE], ..t };
-                            tx.send_batch(&[last]).expect("send") * left
+                            tx.send_batch(&[last], T0).expect("send") * left
                         };
                     }
                     tx.stats().send_calls

@@ -21,7 +21,7 @@
 //! Buffers are allocated once per worker; the per-packet path allocates nothing, takes no lock
 //! (the route table is loaded wait-free once per batch) and logs nothing: every drop is counted
 //! by reason in [`Counters`]. The TX path reads its [`Clock`] once per batch read and passes
-//! that `now` to the pipeline (for the ICMP rate limit). Loops return when `stop` is set
+//! that `now` to the pipeline (for the ICMP rate limit) and to the sockets (for the GSO retry). Loops return when `stop` is set
 //! (checked at least every `wake`).
 
 use std::io;
@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::offload::{self, GroConfig, GroTable, MAX_CHAIN, PacketRef};
-use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, Offload, Refusal, Rx, Tx};
+use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, Refusal, Rx, Tx};
 use super::supervise::{self, RestartPolicy, WorkerStates, supervise};
 use super::udp::{self, MAX_BATCH, MAX_GSO_BYTES, RecvMeta, Transmit, UdpError};
 use super::wire::virtio_net::{self, Header};
@@ -60,8 +60,8 @@ pub trait TunIo: Send + Sync {
 
 /// One UDP socket, as the loops need it (see [`udp::BatchSocket`]).
 pub trait UdpIo: Send {
-    /// Sends messages; see [`udp::BatchSocket::send_batch`].
-    fn send_batch(&mut self, msgs: &[Transmit<'_>]) -> Result<usize, UdpError>;
+    /// Sends messages at `now` (the batch's time); see [`udp::BatchSocket::send_batch`].
+    fn send_batch(&mut self, msgs: &[Transmit<'_>], now: Instant) -> Result<usize, UdpError>;
     /// Receives messages; see [`udp::BatchSocket::recv_batch`].
     fn recv_batch(
         &mut self,
@@ -80,8 +80,8 @@ pub trait UdpIo: Send {
 }
 
 impl UdpIo for udp::BatchSocket {
-    fn send_batch(&mut self, msgs: &[Transmit<'_>]) -> Result<usize, UdpError> {
-        udp::BatchSocket::send_batch(self, msgs)
+    fn send_batch(&mut self, msgs: &[Transmit<'_>], now: Instant) -> Result<usize, UdpError> {
+        udp::BatchSocket::send_batch(self, msgs, now)
     }
     fn recv_batch(
         &mut self,
@@ -215,7 +215,7 @@ impl TxPath {
                 // Packets read before this one leave before it: a flow's short segments
                 // (GSO_NONE) and super-packets interleave, and reordering them would make TCP
                 // see losses that never happened.
-                send_pending(slots, pending, pool, send_buf, counters);
+                send_pending(slots, pending, pool, send_buf, counters, now);
                 pending.clear();
                 send_super_packet(
                     &hdr,
@@ -249,19 +249,9 @@ impl TxPath {
                 Tx::Drop(reason) => counters.count_drop(reason),
             }
         }
-        send_pending(slots, pending, pool, send_buf, counters);
+        send_pending(slots, pending, pool, send_buf, counters, now);
         read_any
     }
-}
-
-/// Datagrams per GSO message `sock` takes now; records on the `udp_gso` gauge when a socket
-/// has turned GSO off at run time (after `EIO` from a device without checksum offload).
-fn gso_segments<U: UdpIo>(sock: &U, counters: &Counters) -> usize {
-    let segments = sock.max_gso_segments();
-    if segments <= 1 && counters.offload(Offload::UdpGso) {
-        counters.set_offload(Offload::UdpGso, false);
-    }
-    segments
 }
 
 /// A packet encapsulated in its read slot, waiting to be sent: (slot, peer, datagram range in
@@ -288,6 +278,7 @@ fn send_pending<U: UdpIo>(
     pool: &mut [U],
     buf: &mut [u8],
     counters: &Counters,
+    now: Instant,
 ) {
     let sockets = pool.len();
     let sock_of = |p: &Pending| p.3 as usize % sockets;
@@ -300,7 +291,7 @@ fn send_pending<U: UdpIo>(
         while i < pending.len() && n < MAX_BATCH {
             let sock = sock_of(&pending[i]);
             let stretch = pending[i..].iter().take_while(|p| sock_of(p) == sock).count();
-            let max_segments = gso_segments(&pool[sock], counters);
+            let max_segments = pool[sock].max_gso_segments();
             let Some(run) =
                 udp::coalesce_plan(&pending[i..i + stretch], max_segments, |p| (p.1, p.2.len()))
                     .next()
@@ -331,7 +322,7 @@ fn send_pending<U: UdpIo>(
             msgs[n] = (sock, first.1, message);
             n += 1;
         }
-        send_messages(&msgs[..n], slots, buf, pool, counters);
+        send_messages(&msgs[..n], slots, buf, pool, counters, now);
     }
 }
 
@@ -342,6 +333,7 @@ fn send_messages<U: UdpIo>(
     buf: &[u8],
     pool: &mut [U],
     counters: &Counters,
+    now: Instant,
 ) {
     let mut txs = [Transmit {
         dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
@@ -352,7 +344,7 @@ fn send_messages<U: UdpIo>(
     let mut k = 0;
     for &(sock, dst, message) in msgs {
         if (sock != which || k == MAX_BATCH) && k > 0 {
-            account(pool[which].send_batch(&txs[..k]), &txs[..k], counters);
+            account(pool[which].send_batch(&txs[..k], now), &txs[..k], counters);
             k = 0;
         }
         which = sock;
@@ -367,7 +359,7 @@ fn send_messages<U: UdpIo>(
         k += 1;
     }
     if k > 0 {
-        account(pool[which].send_batch(&txs[..k]), &txs[..k], counters);
+        account(pool[which].send_batch(&txs[..k], now), &txs[..k], counters);
     }
 }
 
@@ -475,7 +467,7 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
     // many as the socket takes.
     let sock = route.flow as usize % pool.len();
     let stride = segs.stride();
-    let per_msg = gso_segments(&pool[sock], counters).min(MAX_GSO_BYTES / stride.max(1)).max(1);
+    let per_msg = pool[sock].max_gso_segments().min(MAX_GSO_BYTES / stride.max(1)).max(1);
     let mut txs = [Transmit { dst: route.to, contents: &[], segment_size: None }; MAX_BATCH];
     let mut k = 0;
     let mut i = 0;
@@ -489,7 +481,7 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
         k += 1;
         i = end;
         if k == MAX_BATCH || i == segs.count() {
-            account(pool[sock].send_batch(&txs[..k]), &txs[..k], counters);
+            account(pool[sock].send_batch(&txs[..k], now), &txs[..k], counters);
             k = 0;
         }
     }
@@ -927,23 +919,21 @@ mod tests {
         assert_eq!(counters.tx_packets.load(Ordering::Relaxed), 7);
     }
 
-    /// A socket that turned GSO off sends one datagram per message, and the `udp_gso` gauge
-    /// says so.
+    /// A socket that turned GSO off sends one datagram per message. (The `udp_gso` gauge follows
+    /// the sockets' state in the driver: see `driver::tests`.)
     #[test]
-    fn gso_turned_off_at_run_time_shows_on_the_gauge() {
+    fn a_socket_with_gso_off_sends_one_datagram_per_message() {
         let net = FakeNet::new();
         let tun = FakeTun::with_vnet_hdr();
         let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
         let _peer = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
         let (fwd, routes) = host(BackendKind::Vxlan, 1, 2);
         let counters = Counters::default();
-        counters.set_offload(Offload::UdpGso, true);
         pool[0].set_gso(false);
         inject_stream(&tun);
         let mut tx = TxPath::new(&*tun, &CFG, clock());
         assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
         assert_eq!(pool[0].messages_sent(), 5);
-        assert!(!counters.offload(Offload::UdpGso));
     }
 
     fn segments_leave_in_order(backend: BackendKind) {

@@ -1,0 +1,154 @@
+//! End to end in network namespaces: UDP GSO turns off while the path refuses it and back on
+//! after the retry time (issue 9, "Recovering offloads"). Real etcd, two real `weft run`
+//! processes, pods behind them and iperf3 across the overlay, as in tests/e2e.rs.
+//!
+//! What makes a GSO send fail on a veth underlay: on this machine's kernel (6.18), turning tx
+//! checksum offload off (`ethtool -K eth0 tx off`) does not: since Linux 6.11 the kernel
+//! segments and checksums such GSO sends in software ("udp: Allow GSO transmit from devices
+//! with no checksum offload"). A path MTU below the GSO segment size does, with `EMSGSIZE`
+//! (`EINVAL` on kernels before the 2025 fix "udp: gso: do not drop small packets when PMTU
+//! reduces"), while the same datagrams sent one by one are fragmented and delivered. So the test
+//! lowers the path MTU to the peer with a route (`ip route add <peer>/32 dev eth0 mtu 1400`, as
+//! a smaller link on the way or a learned path MTU would), and removes it again.
+//!
+//! Needs root and the tools in `support::netns::REQUIRED_TOOLS`. Each test builds its own lab
+//! (namespaces `wt<4 hex>*`), removed on drop.
+
+mod support;
+
+use std::net::Ipv4Addr;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use support::netns::{Iperf3Server, Lab, Pod, Weft, iperf3_bps, ns_output, ns_spawn, run};
+
+const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
+const READY: Duration = Duration::from_secs(20);
+const GAUGE: &str = r#"weft_dataplane_offload{kind="udp_gso"}"#;
+const FALLBACKS: &str = "weft_dataplane_gso_fallbacks_total";
+const REPROBES: &str = "weft_dataplane_gso_reprobes_total";
+const RX_BYTES: &str = "weft_dataplane_rx_bytes_total";
+
+/// Starts weft on `hosts` (with `extra` flags), waits until each is ready, puts a pod behind
+/// each, and waits until every weft routes to every other host. (From tests/e2e.rs.)
+fn up(lab: &Lab, hosts: &[u8], extra: &[&str]) -> (Vec<Weft>, Vec<Pod>) {
+    let mut wefts: Vec<Weft> = hosts.iter().map(|&n| lab.start_weft(n, extra)).collect();
+    for w in &mut wefts {
+        w.wait_ready(READY);
+    }
+    let pods = wefts.iter().map(|w| lab.pod(w.n, &w.subnet_file())).collect();
+    let peers = (hosts.len() - 1) as f64;
+    for w in &wefts {
+        w.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= peers);
+    }
+    (wefts, pods)
+}
+
+/// Waits until an iperf3 server listens in `ns`.
+fn wait_listening(ns: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = ns_output(ns, &["ss", "-ltnH", "sport", "= :5201"]);
+        if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no iperf3 server listening in {ns}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An iperf3 client (one TCP stream, so one flow, one weft socket) running in the background
+/// for `secs`; killed on drop.
+struct Stream(Child);
+
+impl Stream {
+    fn start(client_ns: &str, server_ip: Ipv4Addr, secs: u32) -> Self {
+        let (ip, t) = (server_ip.to_string(), secs.to_string());
+        Self(ns_spawn(client_ns, &["iperf3", "-c", &ip, "-t", &t, "--connect-timeout", "3000"]))
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Bytes host `w` delivered to its pods during `over`.
+fn delivered(w: &Weft, over: Duration) -> f64 {
+    let before = w.metric(RX_BYTES).unwrap_or(0.0);
+    std::thread::sleep(over);
+    w.metric(RX_BYTES).unwrap_or(0.0) - before
+}
+
+fn metric(w: &Weft, name: &str) -> f64 {
+    w.metric(name).unwrap_or_else(|| panic!("weft {}: no {name} on /metrics", w.n))
+}
+
+/// A path MTU below the GSO segment size makes host 1's GSO sends fail: traffic goes on as
+/// single datagrams, the failure is counted and logged, and the `udp_gso` gauge drops to 0.
+/// Once the path takes GSO again, the socket tries it again at its retry time (2 s here, by
+/// the hidden `--gso-retry-after`): GSO works again (logged at INFO, gauge 1, a re-probe
+/// counted), and stays on for later traffic.
+#[test]
+fn gso_turns_off_while_the_path_refuses_it_and_on_again_after_the_retry_time() {
+    let lab = Lab::new(VXLAN);
+    // One worker, so that the one iperf3 stream's flow and its socket are the ones retried.
+    let (wefts, pods) = up(&lab, &[1, 2], &["--workers", "1", "--gso-retry-after", "2s"]);
+    let (w1, w2) = (&wefts[0], &wefts[1]);
+    let h1 = lab.host(1);
+    assert_eq!(metric(w1, GAUGE), 1.0, "GSO is in use at start");
+    assert_eq!((metric(w1, FALLBACKS), metric(w1, REPROBES)), (0.0, 0.0));
+
+    // The path to host 2 takes 1400 bytes: weft's 1500-byte VXLAN datagrams (TUN MTU 1450)
+    // can no longer leave as GSO segments.
+    run(&["ip", "-n", &h1, "route", "add", "192.0.2.2/32", "dev", "eth0", "mtu", "1400"]);
+    let server = Iperf3Server::start(&pods[1].ns);
+    wait_listening(&pods[1].ns);
+    let mut stream = Stream::start(&pods[0].ns, pods[1].ip, 60);
+
+    // GSO fails, is turned off on that socket, and the stream goes on without it.
+    w1.wait_metric(FALLBACKS, Duration::from_secs(10), |v| v >= 1.0);
+    w1.wait_metric(GAUGE, Duration::from_secs(2), |v| v == 0.0);
+    w1.wait_log("UDP GSO send from 192.0.2.1:", Duration::from_secs(2));
+    assert!(w1.log().contains("to 192.0.2.2:8472 failed"), "{}", w1.log_tail(20));
+    let bytes = delivered(w2, Duration::from_secs(1));
+    assert!(bytes > 1e6, "only {bytes} bytes crossed in a second with GSO off");
+    println!("with GSO off: {:.0} Mb/s delivered to host 2's pods", bytes * 8.0 / 1e6);
+    assert!(stream.running(), "iperf3 ended early");
+
+    // The path takes GSO again: within the retry time the socket tries it, and it works.
+    run(&["ip", "-n", &h1, "route", "del", "192.0.2.2/32"]);
+    let fixed = Instant::now();
+    // At most 2 s after the first failure, or 4 s after a failed retry, or 8 s after two.
+    w1.wait_log("UDP GSO works again on 192.0.2.1:", Duration::from_secs(20));
+    let took = fixed.elapsed();
+    w1.wait_metric(GAUGE, Duration::from_secs(2), |v| v == 1.0);
+    assert!(metric(w1, REPROBES) >= 1.0);
+    assert!(stream.running(), "iperf3 ended early");
+    println!("GSO on again {took:?} after the path MTU was restored");
+    drop(stream);
+
+    // GSO stays on under new traffic: nothing fails any more.
+    let fallbacks = metric(w1, FALLBACKS);
+    drop(server);
+    let _server = Iperf3Server::start(&pods[1].ns);
+    let bps = iperf3_bps(&pods[0].ns, pods[1].ip, 2);
+    assert!(bps > 10e6, "iperf3 after recovery: {bps} b/s");
+    println!("with GSO on again: iperf3 {:.0} Mb/s", bps / 1e6);
+    assert_eq!(metric(w1, FALLBACKS), fallbacks, "a GSO send failed after recovery");
+    assert_eq!(metric(w1, GAUGE), 1.0);
+    let log = w1.log();
+    for line in log.lines().filter(|l| l.contains("GSO")) {
+        println!("{line}");
+    }
+    let warns =
+        log.matches("UDP GSO send from").count() + log.matches("UDP GSO still fails").count();
+    assert_eq!(warns as f64, fallbacks, "one WARN per turn-off:\n{}", w1.log_tail(30));
+    assert_eq!(log.matches("UDP GSO works again").count(), 1, "{}", w1.log_tail(30));
+}
