@@ -344,7 +344,7 @@ fn send_messages<U: UdpIo>(
     let mut k = 0;
     for &(sock, dst, message) in msgs {
         if (sock != which || k == MAX_BATCH) && k > 0 {
-            account(pool[which].send_batch(&txs[..k], now), &txs[..k], counters);
+            send_skipping(&mut pool[which], &txs[..k], now, counters);
             k = 0;
         }
         which = sock;
@@ -359,7 +359,43 @@ fn send_messages<U: UdpIo>(
         k += 1;
     }
     if k > 0 {
-        account(pool[which].send_batch(&txs[..k], now), &txs[..k], counters);
+        send_skipping(&mut pool[which], &txs[..k], now, counters);
+    }
+}
+
+/// Sends `txs` on `sock`, as [`UdpError::Send`] asks: a message the kernel refuses (an
+/// unreachable peer, a full queue to it) is skipped, counted in `io_errors`, and the rest of
+/// the batch sent again, so that one bad destination costs only its own datagrams and not those
+/// queued behind it to other peers. An error of the socket itself drops the rest of the batch.
+fn send_skipping<U: UdpIo>(sock: &mut U, txs: &[Transmit<'_>], now: Instant, counters: &Counters) {
+    let mut rest = txs;
+    // Each pass sends or skips at least one message, so this ends.
+    while !rest.is_empty() {
+        match sock.send_batch(rest, now) {
+            Ok(n) => {
+                account_sent(&rest[..n.min(rest.len())], counters);
+                return;
+            }
+            Err(UdpError::Send { sent, .. }) => {
+                counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                let sent = sent.min(rest.len());
+                account_sent(&rest[..sent], counters);
+                rest = rest.get(sent + 1..).unwrap_or(&[]);
+            }
+            Err(UdpError::InvalidTransmit { index, .. }) => {
+                // Nothing was sent: send what came before it, and go on after it.
+                counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                let index = index.min(rest.len());
+                if index > 0 {
+                    send_skipping(sock, &rest[..index], now, counters);
+                }
+                rest = rest.get(index + 1..).unwrap_or(&[]);
+            }
+            Err(_) => {
+                counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
     }
 }
 
@@ -383,21 +419,11 @@ pub fn run_tx<T: TunIo, U: UdpIo>(
     }
 }
 
-fn account(result: Result<usize, UdpError>, txs: &[Transmit<'_>], counters: &Counters) {
-    let sent = match result {
-        Ok(n) => n,
-        Err(UdpError::Send { sent, .. }) => {
-            counters.io_errors.fetch_add(1, Ordering::Relaxed);
-            sent
-        }
-        Err(_) => {
-            counters.io_errors.fetch_add(1, Ordering::Relaxed);
-            0
-        }
-    };
+/// Counts the messages the kernel took.
+fn account_sent(txs: &[Transmit<'_>], counters: &Counters) {
     let mut packets = 0u64;
     let mut bytes = 0u64;
-    for t in &txs[..sent.min(txs.len())] {
+    for t in txs {
         let seg = t.segment_size.map_or(t.contents.len(), usize::from).max(1);
         packets += t.contents.len().div_ceil(seg) as u64;
         bytes += t.contents.len() as u64;
@@ -481,7 +507,7 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
         k += 1;
         i = end;
         if k == MAX_BATCH || i == segs.count() {
-            account(pool[sock].send_batch(&txs[..k], now), &txs[..k], counters);
+            send_skipping(&mut pool[sock], &txs[..k], now, counters);
             k = 0;
         }
     }
@@ -773,6 +799,57 @@ mod tests {
     use crate::dataplane::wire::{read_u32, vxlan::Vni};
     use crate::route::{Peer, PeerBackend, RouteTable};
 
+    /// A socket on which the kernel refuses every message to `bad` (EHOSTUNREACH), the way
+    /// sendmmsg reports it: the messages before it sent, an error for it.
+    struct Refusing {
+        bad: SocketAddrV4,
+        sent: Vec<SocketAddrV4>,
+    }
+
+    impl UdpIo for Refusing {
+        fn send_batch(&mut self, msgs: &[Transmit<'_>], _now: Instant) -> Result<usize, UdpError> {
+            for (i, m) in msgs.iter().enumerate() {
+                if m.dst == self.bad {
+                    let source = io::Error::from_raw_os_error(libc::EHOSTUNREACH);
+                    return Err(UdpError::Send { sent: i, source });
+                }
+                self.sent.push(m.dst);
+            }
+            Ok(msgs.len())
+        }
+        fn recv_batch(
+            &mut self,
+            _: &mut [Vec<u8>],
+            _: &mut [RecvMeta],
+            _: Duration,
+        ) -> Result<usize, UdpError> {
+            Ok(0)
+        }
+        fn max_gso_segments(&self) -> usize {
+            1
+        }
+        fn gro(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_refused_message_costs_only_itself_not_the_batch_behind_it() {
+        let peer = |d| SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, d), 8472);
+        let mut sock = Refusing { bad: peer(9), sent: Vec::new() };
+        let payload = [0u8; 100];
+        let to = [peer(2), peer(9), peer(3), peer(9), peer(4)];
+        let txs: Vec<Transmit<'_>> = to
+            .iter()
+            .map(|&dst| Transmit { dst, contents: &payload, segment_size: None })
+            .collect();
+        let counters = Counters::default();
+        send_skipping(&mut sock, &txs, Instant::ZERO, &counters);
+        assert_eq!(sock.sent, vec![peer(2), peer(3), peer(4)], "live peers lost datagrams");
+        assert_eq!(counters.io_errors.load(Ordering::Relaxed), 2);
+        assert_eq!(counters.tx_packets.load(Ordering::Relaxed), 3);
+        assert_eq!(counters.tx_bytes.load(Ordering::Relaxed), 300);
+    }
     /// A TSO super-packet read after a short segment of the same flow (which the kernel hands
     /// over as GSO_NONE) must not overtake it: TCP reads reordering as loss.
     #[test]
