@@ -15,28 +15,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use support::netns::{
-    Iperf3Server, Lab, Pod, Weft, finish_ping, in_netns, iperf3_bps, ns_output, ns_spawn_nobody,
-    ping_lossy, ping_ok, run, set_tx_checksum, spawn_ping,
+    Iperf3Server, Lab, Pod, assert_tun_configured, finish_ping, first_reply, in_netns, iperf3_bps,
+    ns_output, ns_spawn_nobody, ping_lossy, ping_ok, run, set_tx_checksum, spawn_ping,
 };
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
 const UDP: &str = r#"{"Network":"10.244.0.0/16","Backend":{"Type":"udp"}}"#;
 const READY: Duration = Duration::from_secs(20);
-
-/// Starts weft on `hosts` (with `extra` flags), waits until each is ready, puts a pod behind
-/// each, and waits until every weft routes to every other host.
-fn up(lab: &Lab, hosts: &[u8], extra: &[&str]) -> (Vec<Weft>, Vec<Pod>) {
-    let mut wefts: Vec<Weft> = hosts.iter().map(|&n| lab.start_weft(n, extra)).collect();
-    for w in &mut wefts {
-        w.wait_ready(READY);
-    }
-    let pods = wefts.iter().map(|w| lab.pod(w.n, &w.subnet_file())).collect();
-    let peers = (hosts.len() - 1) as f64;
-    for w in &wefts {
-        w.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= peers);
-    }
-    (wefts, pods)
-}
 
 /// Pings every ordered pair of pods (3 echoes each, in parallel); panics on any loss.
 fn ping_all_pairs(pods: &[Pod]) {
@@ -49,19 +34,6 @@ fn ping_all_pairs(pods: &[Pod]) {
             }
         }
     });
-}
-
-/// Pings until the first reply (one echo at a time, 200 ms wait each); the time it took.
-fn first_reply(ns: &str, dst: Ipv4Addr, within: Duration) -> Option<Duration> {
-    let t0 = Instant::now();
-    let d = dst.to_string();
-    while t0.elapsed() < within {
-        let out = ns_output(ns, &["ping", "-n", "-c", "1", "-W", "0.2", &d]);
-        if out.status.success() {
-            return Some(t0.elapsed());
-        }
-    }
-    None
 }
 
 fn ip_of(pod: &Pod) -> Ipv4Addr {
@@ -81,34 +53,9 @@ fn vtep_mac(lab: &Lab, subnet: &str) -> String {
 
 // --- 1, 2: multi-host forwarding -----------------------------------------------------------
 
-/// weft0 as docs/dataplane.md ("The TUN device") has it: `<subnet>.0/32`, MTU = underlay
-/// (1500) − `overhead`, the whole Network routed through it, and the same MTU in subnet.env.
-fn assert_tun_configured(lab: &Lab, w: &Weft, overhead: u32) {
-    let host = lab.host(w.n);
-    let subnet = w.subnet().expect("subnet");
-    let link: serde_json::Value =
-        serde_json::from_str(&run(&["ip", "-n", &host, "-j", "addr", "show", "weft0"]))
-            .expect("ip -j addr");
-    let mtu = link[0]["mtu"].as_u64().expect("weft0 mtu");
-    assert_eq!(mtu, u64::from(1500 - overhead), "weft0 MTU on host {}", w.n);
-    let addrs: Vec<String> = link[0]["addr_info"]
-        .as_array()
-        .expect("addr_info")
-        .iter()
-        .filter(|a| a["family"] == "inet")
-        .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or("?"), a["prefixlen"]))
-        .collect();
-    let want = format!("{}/32", subnet.split('/').next().expect("subnet address"));
-    assert_eq!(addrs, vec![want], "weft0 addresses on host {}", w.n);
-    let routes = run(&["ip", "-n", &host, "route", "show", "10.244.0.0/16"]);
-    assert!(routes.contains("dev weft0"), "no Network route via weft0 on host {}: {routes}", w.n);
-    let env = std::fs::read_to_string(w.subnet_file()).expect("subnet.env");
-    assert!(env.contains(&format!("FLANNEL_MTU={mtu}\n")), "subnet.env vs weft0 MTU {mtu}:\n{env}");
-}
-
 fn three_hosts(network: &str, label: &str, overhead: u32) {
     let lab = Lab::new(network);
-    let (wefts, pods) = up(&lab, &[1, 2, 3], &[]);
+    let (wefts, pods) = lab.up(&[1, 2, 3], &[]);
     for w in &wefts {
         assert_tun_configured(&lab, w, overhead);
     }
@@ -166,7 +113,7 @@ fn udp_three_hosts_ping_every_pair_and_carry_iperf3() {
 #[test]
 fn late_joiner_is_reachable_within_a_second_of_turning_ready() {
     let lab = Lab::new(VXLAN);
-    let (_wefts, pods) = up(&lab, &[1, 2], &[]);
+    let (_wefts, pods) = lab.up(&[1, 2], &[]);
     let mut w3 = lab.start_weft(3, &[]);
     let deadline = Instant::now() + READY;
     while !w3.ready() {
@@ -199,7 +146,7 @@ fn late_joiner_is_reachable_within_a_second_of_turning_ready() {
 #[test]
 fn relinquishing_host_is_unrouted_on_the_others() {
     let lab = Lab::new(VXLAN);
-    let (mut wefts, pods) = up(&lab, &[1, 2], &[]);
+    let (mut wefts, pods) = lab.up(&[1, 2], &[]);
     let mut w3 = lab.start_weft(3, &["--relinquish-on-exit"]);
     let s3 = w3.wait_ready(READY);
     let pod3 = lab.pod(3, &w3.subnet_file());
@@ -228,7 +175,7 @@ fn relinquishing_host_is_unrouted_on_the_others() {
 #[test]
 fn restarted_host_keeps_its_subnet_and_traffic_resumes() {
     let lab = Lab::new(VXLAN);
-    let (mut wefts, pods) = up(&lab, &[1, 2], &[]);
+    let (mut wefts, pods) = lab.up(&[1, 2], &[]);
     ping_ok(&pods[0].ns, pods[1].ip, 2);
     let env_before = std::fs::read(wefts[1].subnet_file()).expect("subnet.env");
     let subnet = wefts[1].subnet().expect("subnet");
@@ -253,7 +200,7 @@ fn restarted_host_keeps_its_subnet_and_traffic_resumes() {
 #[test]
 fn kernel_vxlan_peer_set_up_like_flannel_interoperates_both_ways() {
     let lab = Lab::new(VXLAN);
-    let (wefts, pods) = up(&lab, &[1, 2], &[]);
+    let (wefts, pods) = lab.up(&[1, 2], &[]);
     let h9 = lab.host(9);
     let ip9 = |args: &[&str]| {
         let mut all = vec!["ip", "-n", h9.as_str()];
@@ -423,7 +370,7 @@ fn send_all(ns: &str, from: Ipv4Addr, to: SocketAddrV4, frames: &[Vec<u8>]) {
 fn garbage_at_the_vxlan_port_is_dropped_and_counted_while_traffic_flows() {
     const K: usize = 20;
     let lab = Lab::new(VXLAN);
-    let (mut wefts, pods) = up(&lab, &[1, 2, 3], &[]);
+    let (mut wefts, pods) = lab.up(&[1, 2, 3], &[]);
     let (s1, s2, s3) = (
         wefts[0].subnet().expect("s1"),
         wefts[1].subnet().expect("s2"),
@@ -539,7 +486,7 @@ fn garbage_at_the_vxlan_port_is_dropped_and_counted_while_traffic_flows() {
 #[test]
 fn etcd_partition_of_three_ttls_keeps_traffic_and_the_subnet() {
     let lab = Lab::new(VXLAN);
-    let (wefts, pods) = up(&lab, &[1, 2], &[]);
+    let (wefts, pods) = lab.up(&[1, 2], &[]);
     let s1 = wefts[0].subnet().expect("s1");
     let h1 = lab.host(1);
     // 10 pings/s for 19 s: 2 s before, 12 s (three 4 s TTLs) partitioned, 5 s after.
@@ -577,7 +524,7 @@ fn etcd_partition_of_three_ttls_keeps_traffic_and_the_subnet() {
 #[test]
 fn unleased_destination_gets_icmp_net_unreachable_at_the_pod() {
     let lab = Lab::new(VXLAN);
-    let (wefts, pods) = up(&lab, &[1, 2], &[]);
+    let (wefts, pods) = lab.up(&[1, 2], &[]);
     let no_route = "weft_dataplane_drops_total{dir=\"tx\",reason=\"no_route\"}";
     let before = wefts[0].metric(no_route).unwrap_or(0.0);
     let r = ping_lossy(&pods[0].ns, Ipv4Addr::new(10, 244, 250, 2), 2, 0.2);
@@ -626,7 +573,7 @@ print("received", n, flush=True)
 #[test]
 fn an_unprivileged_local_user_cannot_take_the_vxlan_port() {
     let lab = Lab::new(VXLAN);
-    let (wefts, pods) = up(&lab, &[1, 2], &[]);
+    let (wefts, pods) = lab.up(&[1, 2], &[]);
     let h2 = lab.host(2);
     let ping = spawn_ping(&pods[0].ns, pods[1].ip, 50, 0.1);
     std::thread::sleep(Duration::from_millis(500));
@@ -676,7 +623,7 @@ fn an_unprivileged_local_user_cannot_take_the_vxlan_port() {
 #[test]
 fn a_second_weft_on_the_same_state_dir_and_tun_waits_then_takes_over() {
     let lab = Lab::new(VXLAN);
-    let (mut wefts, pods) = up(&lab, &[1, 2], &[]);
+    let (mut wefts, pods) = lab.up(&[1, 2], &[]);
     let subnet = wefts[0].subnet().expect("host 1's subnet");
     let first_pid = wefts[0].pid();
     let ping = spawn_ping(&pods[0].ns, pods[1].ip, 60, 0.1);
@@ -722,7 +669,7 @@ fn a_second_weft_on_the_same_state_dir_and_tun_waits_then_takes_over() {
 #[test]
 fn a_second_weft_on_the_same_tun_device_waits_for_it() {
     let lab = Lab::new(VXLAN);
-    let (mut wefts, pods) = up(&lab, &[1, 2], &[]);
+    let (mut wefts, pods) = lab.up(&[1, 2], &[]);
     let ping = spawn_ping(&pods[0].ns, pods[1].ip, 40, 0.1);
     // Same namespace and TUN name, another state dir and subnet file (a copy of host 1's
     // identity would be a clone; a fresh one is another node).

@@ -13,10 +13,9 @@ mod support;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use support::netns::{Lab, Pod, Weft, ns_output, ping_ok, run};
+use support::netns::{Lab, assert_tun_configured, first_reply, ns_output, ping_ok, run};
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
-const READY: Duration = Duration::from_secs(20);
 /// weft0's MTU on a 1500-byte underlay with vxlan (50 bytes of encapsulation).
 const TUN_MTU: u32 = 1450;
 /// "Within a few seconds": weft checks the link every second.
@@ -24,35 +23,6 @@ const REPAIRED_WITHIN: Duration = Duration::from_secs(5);
 /// How long to watch after a repair for a second (wrong) log line or count: several checks.
 const SETTLE: Duration = Duration::from_secs(3);
 const KINDS: [&str; 4] = ["route", "up", "address", "mtu"];
-
-/// Starts weft on `hosts` (with `extra` flags), waits until each is ready, puts a pod behind
-/// each, and waits until every weft routes to every other host. (Copied from tests/e2e.rs.)
-fn up(lab: &Lab, hosts: &[u8], extra: &[&str]) -> (Vec<Weft>, Vec<Pod>) {
-    let mut wefts: Vec<Weft> = hosts.iter().map(|&n| lab.start_weft(n, extra)).collect();
-    for w in &mut wefts {
-        w.wait_ready(READY);
-    }
-    let pods = wefts.iter().map(|w| lab.pod(w.n, &w.subnet_file())).collect();
-    let peers = (hosts.len() - 1) as f64;
-    for w in &wefts {
-        w.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= peers);
-    }
-    (wefts, pods)
-}
-
-/// Pings until the first reply (one echo at a time, 200 ms wait each); the time it took.
-/// (Copied from tests/e2e.rs.)
-fn first_reply(ns: &str, dst: Ipv4Addr, within: Duration) -> Option<Duration> {
-    let t0 = Instant::now();
-    let d = dst.to_string();
-    while t0.elapsed() < within {
-        let out = ns_output(ns, &["ping", "-n", "-c", "1", "-W", "0.2", &d]);
-        if out.status.success() {
-            return Some(t0.elapsed());
-        }
-    }
-    None
-}
 
 /// Two full-MTU echoes (1450 bytes) with DF set, from `ns` to `dst`; panics unless both come
 /// back. Sent only when weft0's MTU should be weft's: a pod told "fragmentation needed" by a
@@ -70,31 +40,6 @@ fn full_mtu_ping_ok(ns: &str, dst: Ipv4Addr, when: &str) {
     );
 }
 
-/// weft0 on host `w` as docs/dataplane.md ("The TUN device") has it: up, `<subnet>.0/32`, MTU
-/// 1450, the Network routed through it. (Adapted from tests/e2e.rs.)
-fn assert_tun_configured(lab: &Lab, w: &Weft) {
-    let host = lab.host(w.n);
-    let subnet = w.subnet().expect("subnet");
-    let link: serde_json::Value =
-        serde_json::from_str(&run(&["ip", "-n", &host, "-j", "addr", "show", "weft0"]))
-            .expect("ip -j addr");
-    assert_eq!(link[0]["mtu"].as_u64(), Some(u64::from(TUN_MTU)), "weft0 MTU on host {}", w.n);
-    let flags: Vec<&str> =
-        link[0]["flags"].as_array().expect("flags").iter().filter_map(|f| f.as_str()).collect();
-    assert!(flags.contains(&"UP"), "weft0 not up on host {}: {flags:?}", w.n);
-    let addrs: Vec<String> = link[0]["addr_info"]
-        .as_array()
-        .expect("addr_info")
-        .iter()
-        .filter(|a| a["family"] == "inet")
-        .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or("?"), a["prefixlen"]))
-        .collect();
-    let want = format!("{}/32", subnet.split('/').next().expect("subnet address"));
-    assert_eq!(addrs, vec![want], "weft0 addresses on host {}", w.n);
-    let routes = run(&["ip", "-n", &host, "route", "show", "10.244.0.0/16"]);
-    assert!(routes.contains("dev weft0"), "no Network route via weft0 on host {}: {routes}", w.n);
-}
-
 fn repairs_metric(what: &str) -> String {
     format!("weft_dataplane_link_repairs_total{{what=\"{what}\"}}")
 }
@@ -108,12 +53,12 @@ type Repairs<'a> = &'a dyn Fn(Ipv4Addr) -> Vec<(&'static str, String)>;
 /// nothing else is, and full-MTU packets cross again.
 fn drift_is_repaired(drift: &[&str], repairs: Repairs<'_>) {
     let lab = Lab::new(VXLAN);
-    let (wefts, pods) = up(&lab, &[1, 2], &[]);
+    let (wefts, pods) = lab.up(&[1, 2], &[]);
     let w1 = &wefts[0];
     let subnet = w1.subnet().expect("host 1's subnet");
     let addr: Ipv4Addr = subnet.split('/').next().and_then(|a| a.parse().ok()).expect("subnet");
     let repairs = repairs(addr);
-    assert_tun_configured(&lab, w1);
+    assert_tun_configured(&lab, w1, 50);
     ping_ok(&pods[0].ns, pods[1].ip, 3);
     full_mtu_ping_ok(&pods[0].ns, pods[1].ip, "before the drift");
     for what in KINDS {
@@ -144,7 +89,7 @@ fn drift_is_repaired(drift: &[&str], repairs: Repairs<'_>) {
     eprintln!("a full-MTU ping crossed again {:?} after the drift", drifted.elapsed());
     // Several more checks: no repair is made, counted or logged twice.
     std::thread::sleep(SETTLE);
-    assert_tun_configured(&lab, w1);
+    assert_tun_configured(&lab, w1, 50);
     ping_ok(&pods[0].ns, pods[1].ip, 3);
     ping_ok(&pods[1].ns, pods[0].ip, 3);
     let log = w1.log();

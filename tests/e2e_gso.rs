@@ -20,29 +20,13 @@ use std::net::Ipv4Addr;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use support::netns::{Iperf3Server, Lab, Pod, Weft, iperf3_bps, ns_output, ns_spawn, run};
+use support::netns::{Iperf3Server, Lab, Weft, iperf3_bps, ns_output, ns_spawn, run};
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
-const READY: Duration = Duration::from_secs(20);
 const GAUGE: &str = r#"weft_dataplane_offload{kind="udp_gso"}"#;
 const FALLBACKS: &str = "weft_dataplane_gso_fallbacks_total";
 const REPROBES: &str = "weft_dataplane_gso_reprobes_total";
 const RX_BYTES: &str = "weft_dataplane_rx_bytes_total";
-
-/// Starts weft on `hosts` (with `extra` flags), waits until each is ready, puts a pod behind
-/// each, and waits until every weft routes to every other host. (From tests/e2e.rs.)
-fn up(lab: &Lab, hosts: &[u8], extra: &[&str]) -> (Vec<Weft>, Vec<Pod>) {
-    let mut wefts: Vec<Weft> = hosts.iter().map(|&n| lab.start_weft(n, extra)).collect();
-    for w in &mut wefts {
-        w.wait_ready(READY);
-    }
-    let pods = wefts.iter().map(|w| lab.pod(w.n, &w.subnet_file())).collect();
-    let peers = (hosts.len() - 1) as f64;
-    for w in &wefts {
-        w.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= peers);
-    }
-    (wefts, pods)
-}
 
 /// Waits until an iperf3 server listens in `ns`.
 fn wait_listening(ns: &str) {
@@ -99,7 +83,7 @@ fn metric(w: &Weft, name: &str) -> f64 {
 fn gso_turns_off_while_the_path_refuses_it_and_on_again_after_the_retry_time() {
     let lab = Lab::new(VXLAN);
     // One worker, so that the one iperf3 stream's flow and its socket are the ones retried.
-    let (wefts, pods) = up(&lab, &[1, 2], &["--workers", "1", "--gso-retry-after", "2s"]);
+    let (wefts, pods) = lab.up(&[1, 2], &["--workers", "1", "--gso-retry-after", "2s"]);
     let (w1, w2) = (&wefts[0], &wefts[1]);
     let h1 = lab.host(1);
     assert_eq!(metric(w1, GAUGE), 1.0, "GSO is in use at start");

@@ -593,6 +593,21 @@ impl Lab {
         self.pod(n, &env)
     }
 
+    /// Starts weft on `hosts` (with `extra` flags), waits until each is ready, puts a pod behind
+    /// each, and waits until every weft routes to every other host.
+    pub fn up(&self, hosts: &[u8], extra: &[&str]) -> (Vec<Weft>, Vec<Pod>) {
+        let mut wefts: Vec<Weft> = hosts.iter().map(|&n| self.start_weft(n, extra)).collect();
+        for w in &mut wefts {
+            w.wait_ready(READY_WITHIN);
+        }
+        let pods = wefts.iter().map(|w| self.pod(w.n, &w.subnet_file())).collect();
+        let peers = (hosts.len() - 1) as f64;
+        for w in &wefts {
+            w.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= peers);
+        }
+        (wefts, pods)
+    }
+
     /// `ip netns exec NS ARGS...` to completion, whatever the status.
     pub fn exec(&self, ns: &str, args: &[&str]) -> Output {
         ns_output(ns, args)
@@ -952,4 +967,49 @@ impl Drop for Weft {
             );
         }
     }
+}
+
+/// How long [`Lab::up`] waits for each weft to turn ready.
+pub const READY_WITHIN: Duration = Duration::from_secs(20);
+
+/// Pings until the first reply (one echo at a time, 200 ms wait each); the time it took.
+pub fn first_reply(ns: &str, dst: Ipv4Addr, within: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    let d = dst.to_string();
+    while t0.elapsed() < within {
+        let out = ns_output(ns, &["ping", "-n", "-c", "1", "-W", "0.2", &d]);
+        if out.status.success() {
+            return Some(t0.elapsed());
+        }
+    }
+    None
+}
+
+/// weft0 on host `w` as docs/dataplane.md ("The TUN device") has it: up, `<subnet>.0/32`,
+/// MTU = underlay (1500) − `overhead`, the whole Network routed through it, and the same MTU in
+/// subnet.env.
+pub fn assert_tun_configured(lab: &Lab, w: &Weft, overhead: u32) {
+    let host = lab.host(w.n);
+    let subnet = w.subnet().expect("subnet");
+    let link: serde_json::Value =
+        serde_json::from_str(&run(&["ip", "-n", &host, "-j", "addr", "show", "weft0"]))
+            .expect("ip -j addr");
+    let mtu = link[0]["mtu"].as_u64().expect("weft0 mtu");
+    assert_eq!(mtu, u64::from(1500 - overhead), "weft0 MTU on host {}", w.n);
+    let flags: Vec<&str> =
+        link[0]["flags"].as_array().expect("flags").iter().filter_map(|f| f.as_str()).collect();
+    assert!(flags.contains(&"UP"), "weft0 not up on host {}: {flags:?}", w.n);
+    let addrs: Vec<String> = link[0]["addr_info"]
+        .as_array()
+        .expect("addr_info")
+        .iter()
+        .filter(|a| a["family"] == "inet")
+        .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or("?"), a["prefixlen"]))
+        .collect();
+    let want = format!("{}/32", subnet.split('/').next().expect("subnet address"));
+    assert_eq!(addrs, vec![want], "weft0 addresses on host {}", w.n);
+    let routes = run(&["ip", "-n", &host, "route", "show", "10.244.0.0/16"]);
+    assert!(routes.contains("dev weft0"), "no Network route via weft0 on host {}: {routes}", w.n);
+    let env = std::fs::read_to_string(w.subnet_file()).expect("subnet.env");
+    assert!(env.contains(&format!("FLANNEL_MTU={mtu}\n")), "subnet.env vs weft0 MTU {mtu}:\n{env}");
 }
