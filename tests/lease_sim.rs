@@ -490,13 +490,19 @@ fn s9_revoked_lease_is_noticed_and_reclaimed_within_a_second() {
 
 // ---- S10 --------------------------------------------------------------------------------------
 
-#[test]
-fn s10_restart_with_new_public_ip_adopts_own_lease_through_its_revision() {
+/// Host "a" alone in a world, holding subnet `s`, stopped at its first renewal.
+fn one_host_past_its_first_renewal() -> (World, Subnet) {
     let mut w = World::new(10, network_of(8));
     w.join("a");
     let s = wait_hold(&mut w, "a", 5 * SEC);
     let r = wait_event(&mut w, "a", 3 * SEC, renewed);
     assert_eq!(r, w.now(), "the world stops at the renewal deadline");
+    (w, s)
+}
+
+#[test]
+fn s10_restart_with_new_public_ip_adopts_own_lease_through_its_revision() {
+    let (mut w, s) = one_host_past_its_first_renewal();
     let before = w.key(s).unwrap();
     w.kill("a");
     let new_ip = Ipv4Addr::new(192, 0, 2, 77);
@@ -530,11 +536,7 @@ fn s10_restart_with_new_public_ip_adopts_own_lease_through_its_revision() {
 /// subnet is kept.
 #[test]
 fn s10_public_ip_change_at_run_time_is_published_at_once_keeping_the_subnet() {
-    let mut w = World::new(10, network_of(8));
-    w.join("a");
-    let s = wait_hold(&mut w, "a", 5 * SEC);
-    let r = wait_event(&mut w, "a", 3 * SEC, renewed);
-    assert_eq!(r, w.now(), "the world stops at the renewal deadline");
+    let (mut w, s) = one_host_past_its_first_renewal();
     let before = w.key(s).unwrap();
     let pos = w.log_len();
     let t = w.now();
