@@ -27,6 +27,8 @@
 //! - `Backend.Port` and `Backend.VNI` of 0 are refused rather than meaning "kernel default".
 //! - Matching is ASCII-only: Go also folds a few non-ASCII letters (`ſ`, the Kelvin sign).
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 use std::net::Ipv4Addr;
 

@@ -23,6 +23,8 @@
 //! - **Time.** `until` is `now + wait`, saturating; a `now` earlier than the last one (which a
 //!   boot-time clock never gives) only delays the retry, it never brings it forward.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 use crate::time::Instant;

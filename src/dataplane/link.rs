@@ -20,6 +20,8 @@
 //!   reported each time (each success ends an event); a repair that fails is reported the
 //!   first time only and then retried quietly until it succeeds or is no longer needed.
 
+#![forbid(unsafe_code)]
+
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;

@@ -15,7 +15,9 @@ pub mod link;
 pub mod offload;
 pub mod pipeline;
 pub mod supervise;
+#[allow(unsafe_code)]
 pub mod sys;
+#[allow(unsafe_code)]
 pub mod udp;
 pub mod wire;
 pub mod worker;

@@ -21,6 +21,8 @@
 //! - No clock is read here: the caller passes `now` to [`Forwarder::encap`] and
 //!   [`Forwarder::route`].
 
+#![forbid(unsafe_code)]
+
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::Range;
 use std::sync::Arc;

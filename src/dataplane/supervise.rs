@@ -15,6 +15,8 @@
 //!   `catch_unwind` and applies the policy. A loop that returns ends the thread: the loops
 //!   return only when told to stop.
 
+#![forbid(unsafe_code)]
+
 use std::any::Any;
 use std::fmt::Write as _;
 use std::panic::{AssertUnwindSafe, catch_unwind};

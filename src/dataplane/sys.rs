@@ -264,6 +264,18 @@ pub fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
     Ok(n > 0)
 }
 
+/// Sleeps until either of two descriptors is readable or `timeout` passes (one `poll(2)`); an
+/// error or a signal just ends the wait early, and the caller looks at both again.
+pub fn poll_either(a: RawFd, b: RawFd, timeout: Duration) {
+    let mut fds = [
+        libc::pollfd { fd: a, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: b, events: libc::POLLIN, revents: 0 },
+    ];
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: two valid pollfds in a live array whose length is passed.
+    unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+}
+
 /// A datagram socket for interface ioctls.
 struct CtlSocket(OwnedFd);
 

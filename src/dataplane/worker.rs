@@ -690,15 +690,7 @@ pub fn run_both<T: TunIo, U: UdpIo>(
 /// Sleeps until TUN or the socket is readable, or `wake` passes.
 fn wait_either<T: TunIo, U: UdpIo>(tun: &T, sock: &U, wake: Duration) {
     match (tun.poll_fd(), sock.poll_fd()) {
-        (Some(a), Some(b)) => {
-            let mut fds = [
-                libc::pollfd { fd: a, events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: b, events: libc::POLLIN, revents: 0 },
-            ];
-            let ms = libc::c_int::try_from(wake.as_millis()).unwrap_or(libc::c_int::MAX);
-            // SAFETY: two valid pollfds; an error or EINTR just ends the wait early.
-            unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-        }
+        (Some(a), Some(b)) => super::sys::poll_either(a, b, wake),
         // Fakes have no file descriptors: wait on TUN briefly, then look at both again.
         _ => {
             let _ = tun.wait_readable(wake.min(Duration::from_millis(1)));

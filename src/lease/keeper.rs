@@ -31,6 +31,8 @@
 //! - The lease is renewed at half the TTL and never later than `expiry − margin`; a failed
 //!   renewal is retried with backoff until the local expiry, and after it (then reclaimed).
 
+#![forbid(unsafe_code)]
+
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::time::Duration;

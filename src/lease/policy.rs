@@ -16,6 +16,8 @@
 //! "Live" means the key exists, whatever its TTL (a key with no store lease is a reservation,
 //! and reservations are never taken either).
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 

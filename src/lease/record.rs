@@ -5,6 +5,8 @@
 //! (untrusted: another tool, an operator or an older weft may have written them) and return a
 //! typed error naming the problem; they never panic.
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;

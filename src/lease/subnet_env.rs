@@ -28,6 +28,8 @@
 //!   Both directions go through [`crate::atomic_file`]: a symlink is neither followed on read
 //!   nor written through.
 
+#![forbid(unsafe_code)]
+
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 

@@ -51,6 +51,8 @@
 //!
 //! [`virtio_net::Header`]: super::wire::virtio_net::Header
 
+#![forbid(unsafe_code)]
+
 mod gro;
 mod split;
 

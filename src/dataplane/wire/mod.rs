@@ -29,6 +29,8 @@
 //!
 //! Checksums are the RFC 1071 Internet checksum, in [`checksum`].
 
+#![forbid(unsafe_code)]
+
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub mod ethernet;
