@@ -303,7 +303,9 @@ mod tests {
 
     use super::*;
     use crate::lease::memory::{MemoryClient, MemoryStore};
-    use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Revision, StoredLease};
+    use crate::lease::record::{
+        HistoryEntry, Incarnation, LeaseAttrs, NodeId, Revision, StoredLease,
+    };
     use crate::lease::store::{
         BadEntry, CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord,
         ReleaseOutcome, RenewOutcome,
@@ -630,6 +632,13 @@ mod tests {
             subnet: Subnet,
         ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError> {
             self.inner.get(subnet).await
+        }
+        async fn get_history(
+            &self,
+            subnet: Subnet,
+            at: Revision,
+        ) -> Result<Option<Result<HistoryEntry, BadEntry>>, StoreError> {
+            self.inner.get_history(subnet, at).await
         }
         async fn create_pruning(
             &self,
