@@ -15,6 +15,10 @@
 //! Phases: join (all at once), renew (2 TTLs), suspend (SIGSTOP one worker past the TTL, then
 //! SIGCONT), churn (SIGTERM one worker, its hosts relinquishing, while a new worker joins).
 //!
+//! Store calls are counted per worker, the lease drivers' and the route watchers' apart: every
+//! phase reports the drivers' listings and creates, and the watchers' listings (the first one
+//! of each and re-lists) and history reads (one per delete a watcher sees).
+//!
 //! Propagation latency: every create or relinquish is stamped (CLOCK_MONOTONIC) by the worker
 //! whose store call committed it, when the call returns; each worker polls its hosts' published
 //! route tables every 5 ms and reports when all of them have the route (or no longer have it);
@@ -43,7 +47,7 @@ use weft::lease::driver::{DriverConfig, LeaseDriver};
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::keeper::{Keeper, KeeperConfig};
 use weft::lease::record::{
-    Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
+    HistoryEntry, Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
 };
 use weft::lease::store::{
     CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
@@ -106,10 +110,12 @@ fn main() {
 // Worker
 // ---------------------------------------------------------------------------------------------
 
-/// What a worker's hosts' store calls did, summed over the worker.
+/// What a worker's hosts' store calls did, summed over the worker: one for the lease drivers'
+/// calls, one for the route watchers'.
 #[derive(Default)]
 struct Calls {
     lists: AtomicU64,
+    history_reads: AtomicU64,
     creates: AtomicU64,
     creates_lost: AtomicU64,
     renews: AtomicU64,
@@ -118,7 +124,8 @@ struct Calls {
     errors: AtomicU64,
 }
 
-/// The lease driver's store: counts calls and stamps committed creates and releases.
+/// A host's store as its lease driver or route watcher sees it: counts calls and stamps
+/// committed creates and releases.
 struct Counting {
     inner: Arc<dyn Store>,
     calls: Arc<Calls>,
@@ -153,6 +160,15 @@ impl Store for Counting {
         subnet: Subnet,
     ) -> Result<Option<Result<StoredLease, weft::lease::store::BadEntry>>, StoreError> {
         self.inner.get(subnet).await
+    }
+    async fn get_history(
+        &self,
+        subnet: Subnet,
+        at: Revision,
+    ) -> Result<Option<Result<HistoryEntry, weft::lease::store::BadEntry>>, StoreError> {
+        self.calls.history_reads.fetch_add(1, Ordering::Relaxed);
+        let r = self.inner.get_history(subnet, at).await;
+        self.err(r)
     }
     async fn create_pruning(
         &self,
@@ -319,6 +335,7 @@ async fn run_hosts(
 ) {
     let clock: Arc<dyn Clock> = Arc::new(BootClock);
     let calls = Arc::new(Calls::default());
+    let route_calls = Arc::new(Calls::default());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut hosts = Vec::new();
     let mut drivers = Vec::new();
@@ -356,8 +373,10 @@ async fn run_hosts(
         let routes =
             Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
         let stats = Arc::new(RouteStats::default());
+        let route_store: Arc<dyn Store> =
+            Arc::new(Counting { inner: raw, calls: route_calls.clone(), host: idx, ip });
         tokio::spawn(weft::route::watcher::run(
-            raw,
+            route_store,
             routes.clone(),
             network.clone(),
             subnet_rx.clone(),
@@ -397,7 +416,7 @@ async fn run_hosts(
             await_rehold: false,
         });
     }
-    let poller = tokio::spawn(poll(hosts, calls, shutdown_rx.clone()));
+    let poller = tokio::spawn(poll(hosts, calls, route_calls, shutdown_rx.clone()));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("SIGTERM handler");
     term.recv().await;
@@ -412,7 +431,12 @@ async fn run_hosts(
 }
 
 /// Every 5 ms: which route changes every host of this worker has, and each host's lease state.
-async fn poll(mut hosts: Vec<Host>, calls: Arc<Calls>, shutdown: watch::Receiver<bool>) {
+async fn poll(
+    mut hosts: Vec<Host>,
+    calls: Arc<Calls>,
+    route_calls: Arc<Calls>,
+    shutdown: watch::Receiver<bool>,
+) {
     let n = hosts.len();
     // What the discovering hosts (the first two: a host's table lacks its own subnet) last saw.
     let mut known: Vec<HashSet<(Subnet, Ipv4Addr)>> = vec![HashSet::new(); n.min(2)];
@@ -544,6 +568,9 @@ async fn poll(mut hosts: Vec<Host>, calls: Arc<Calls>, shutdown: watch::Receiver
                 "route_relists": relists,
                 "route_watch_errors": watch_errors,
                 "lists": c.lists.load(Ordering::Relaxed),
+                "route_lists": route_calls.lists.load(Ordering::Relaxed),
+                "route_history_reads": route_calls.history_reads.load(Ordering::Relaxed),
+                "route_call_errors": route_calls.errors.load(Ordering::Relaxed),
                 "creates": c.creates.load(Ordering::Relaxed),
                 "creates_lost": c.creates_lost.load(Ordering::Relaxed),
                 "renews": c.renews.load(Ordering::Relaxed),
@@ -805,6 +832,9 @@ impl Coord {
             "exhaustions",
             "identity_clashes",
             "route_relists",
+            "route_lists",
+            "route_history_reads",
+            "route_call_errors",
             "route_watch_errors",
             "lists",
             "creates",
@@ -1006,7 +1036,7 @@ fn print_row(r: &PhaseRow) {
         r.name, r.settle_s, r.dups, r.store_check.0, r.store_check.1, r.store_check.2
     );
     println!(
-        "[{}] acquisitions {} renewals {} recoveries {} losses {} subnet changes {} | lists {} creates {} create races lost {} renew conflicts {} releases {} | store errors {} call errors {} exhaustions {} clashes {} | route relists {} watch errors {}",
+        "[{}] acquisitions {} renewals {} recoveries {} losses {} subnet changes {} | lists {} creates {} create races lost {} renew conflicts {} releases {} | store errors {} call errors {} exhaustions {} clashes {} | route watchers: lists {} (re-lists {}) history reads {} call errors {} watch errors {}",
         r.name,
         g("acquisitions"),
         g("renewals"),
@@ -1022,7 +1052,10 @@ fn print_row(r: &PhaseRow) {
         g("call_errors"),
         g("exhaustions"),
         g("identity_clashes"),
+        g("route_lists"),
         g("route_relists"),
+        g("route_history_reads"),
+        g("route_call_errors"),
         g("route_watch_errors"),
     );
     println!(

@@ -5,8 +5,9 @@
 # keeper, etcd client and route watcher (no TUN devices) in WORKERS worker processes (default 10)
 # against a fresh 3-member etcd on loopback (raft 100/1000 ms), through four phases: join (all at
 # once), renew (2 TTLs), suspend (SIGSTOP one worker past the TTL, SIGCONT), churn (SIGTERM one
-# worker, whose hosts relinquish, while a new worker joins). Prints each phase's figures and a
-# SUMMARY line. Needs etcd (scripts/setup.sh) and /dev/shm.
+# worker, whose hosts relinquish, while a new worker joins). Prints each phase's figures (among
+# them the store calls: the lease drivers' listings and creates, the route watchers' listings and
+# history reads) and a SUMMARY line. Needs etcd (scripts/setup.sh) and /dev/shm.
 #
 # Usage: scripts/bench-leases.sh [N]      env: WORKERS=10 TTL=10 (seconds), WEFT_BENCH_KEEP=1
 #                                              keeps the worker logs

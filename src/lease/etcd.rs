@@ -14,6 +14,7 @@
 //! | [`Store::config`] / [`Store::set_config`] | `Range` / `Put` of `<prefix>/config` |
 //! | [`Store::list`] | paged `Range`s of the subnets, then the history prefix, every page after the first pinned to the first one's revision: one consistent view of any size |
 //! | [`Store::get`] | `Range` of one key |
+//! | [`Store::get_history`] | serializable `Range` of one history key at the revision asked for (etcd keeps every revision until it is compacted); linearizable if that member has not applied the revision yet |
 //! | [`Store::create`] | `LeaseGrant`; `Txn(version == 0 ? put key + history + a nested `Txn(mod_revision == listed ? delete)` per superseded history record : get key)`; on a failed compare `LeaseRevoke` of the new lease |
 //! | [`Store::renew`] | `LeaseGrant`; `Txn(mod_revision == held ? put key + history : get key)`; then `LeaseRevoke` of the old lease (success) or of the new one (failed compare) |
 //! | [`Store::release`] | `Range` (for the holder's public IP); `Txn(mod_revision == held ? delete key + put history : -)`; `LeaseRevoke` of the old lease |
@@ -583,6 +584,12 @@ fn key_after(key: &[u8]) -> Vec<u8> {
     next
 }
 
+/// Whether a read at a revision failed because the member has not reached it yet (etcd:
+/// "required revision is a future revision").
+fn is_future_revision(e: &StoreError) -> bool {
+    matches!(e, StoreError::Protocol(source) if source.to_string().contains("future revision"))
+}
+
 /// Whether a reply was refused for being over the client's message size limit (tonic's
 /// "decoded message length too large").
 fn is_too_large(e: &StoreError) -> bool {
@@ -645,6 +652,30 @@ impl Store for EtcdStore {
         let mut c = self.client().await?;
         let resp = self.call(c.get(self.subnet_key(subnet), None)).await?;
         Ok(resp.kvs().first().map(|kv| self.parse_subnet_kv(kv)))
+    }
+
+    async fn get_history(
+        &self,
+        subnet: Subnet,
+        at: Revision,
+    ) -> Result<Option<Result<HistoryEntry, BadEntry>>, StoreError> {
+        let mut c = self.client().await?;
+        let key = self.history_key(subnet);
+        // Revision 0 is etcd's "now"; a compacted revision fails as `Compacted` (map_err).
+        let opts = GetOptions::new().with_revision(at.0.max(0));
+        // A past revision reads the same on every member that has applied it, so the member
+        // may answer alone (serializable: no round to the leader, which matters when every
+        // watcher asks at once). A member that has not applied it yet says so; the leader's
+        // view then waits for it.
+        let resp = if at.0 > 0 {
+            match self.call(c.get(key.clone(), Some(opts.clone().with_serializable()))).await {
+                Err(e) if is_future_revision(&e) => self.call(c.get(key, Some(opts))).await?,
+                other => other?,
+            }
+        } else {
+            self.call(c.get(key, Some(opts))).await?
+        };
+        Ok(resp.kvs().first().map(|kv| self.parse_history_kv(kv)))
     }
 
     async fn create_pruning(

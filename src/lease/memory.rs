@@ -32,7 +32,11 @@
 //!   one call that restarts the TTL.
 //! - Slow watchers: live watch streams are unbounded and never fall behind, so only a watch that
 //!   starts below the horizon is told it is compacted. Progress notifications are not sent.
-//! - Reads at past revisions, auth, TLS, request size limits.
+//! - Reads at past revisions, except of history records ([`Store::get_history`]): every
+//!   write of a key under `<prefix>/weft/history/` is kept as a version until the compaction
+//!   horizon passes it, so a read as of a revision at or above the horizon is exact, and one
+//!   below it fails with [`StoreError::Compacted`], as in etcd.
+//! - Auth, TLS, request size limits.
 //!
 //! # Contract
 //! The [`Store`] methods follow the trait's documentation operation by operation; the
@@ -80,6 +84,12 @@ struct Partitioned;
 #[derive(Debug, thiserror::Error)]
 #[error("the store is down (simulated)")]
 struct Down;
+
+/// The source of [`StoreError::Protocol`] for a read at a revision the store has not reached
+/// (etcd: "required revision is a future revision").
+#[derive(Debug, thiserror::Error)]
+#[error("revision {0} is a future revision (simulated)")]
+struct FutureRevision(i64);
 
 /// What kind of operation wrote a subnet key (see [`WriteRecord`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -178,8 +188,13 @@ struct World {
     /// Subnet-key events with revision >= `compacted`, in revision order.
     events: VecDeque<LoggedEvent>,
     event_capacity: usize,
-    /// The compaction horizon: the oldest revision a watch may start from.
+    /// The compaction horizon: the oldest revision a watch may start from, and the oldest a
+    /// history record may be read at.
     compacted: i64,
+    /// Every write of a history key, by key, in revision order: (revision, the key as written,
+    /// `None` for a delete). Versions the horizon has passed are dropped, all but the last one
+    /// at or below it (the value a read at the horizon sees).
+    history_versions: BTreeMap<String, Vec<(i64, Option<KeyValue>)>>,
     watchers: Vec<Watcher>,
     partitioned: BTreeSet<String>,
     down: bool,
@@ -268,8 +283,14 @@ impl World {
         self.revision += 1;
         let rev = self.revision;
         let dir = self.subnets_dir();
+        let history_dir = self.history_dir();
         let mut batch: Vec<(String, WatchEvent)> = Vec::new();
         for op in ops {
+            if let Op::Put { key, .. } | Op::Delete { key } = &op
+                && key.starts_with(&history_dir)
+            {
+                self.remember_history_version(key, rev, &op);
+            }
             match op {
                 Op::Put { key, value, lease } => {
                     let old = self.kv.remove(&key);
@@ -329,6 +350,48 @@ impl World {
             self.publish(rev, batch);
         }
         Some(Revision(rev))
+    }
+
+    /// Records a write of the history key `key` at `rev` (before it is applied), dropping the
+    /// versions the compaction horizon has passed.
+    fn remember_history_version(&mut self, key: &str, rev: i64, op: &Op) {
+        let written = match op {
+            Op::Put { value, lease, .. } => {
+                let old = self.kv.get(key);
+                Some(KeyValue {
+                    value: value.clone(),
+                    create_revision: old.map_or(rev, |kv| kv.create_revision),
+                    mod_revision: rev,
+                    version: old.map_or(1, |kv| kv.version + 1),
+                    lease: *lease,
+                })
+            }
+            Op::Delete { .. } => None,
+        };
+        let versions = self.history_versions.entry(key.to_owned()).or_default();
+        versions.push((rev, written));
+        trim_versions(versions, self.compacted);
+    }
+
+    /// A history key as it was at revision `at` (`0` or less: now).
+    fn history_at(&self, subnet: Subnet, at: i64) -> Result<Option<&KeyValue>, StoreError> {
+        let key = self.history_key(subnet);
+        if at <= 0 {
+            return Ok(self.kv.get(&key));
+        }
+        if at > self.revision {
+            return Err(StoreError::Protocol(Box::new(FutureRevision(at))));
+        }
+        if at < self.compacted {
+            return Err(StoreError::Compacted {
+                requested: Revision(at),
+                compact_revision: Revision(self.compacted),
+            });
+        }
+        let versions = self.history_versions.get(&key).map(Vec::as_slice).unwrap_or_default();
+        // The store starts empty and every write is recorded: no version at or below `at`
+        // means the key did not exist then.
+        Ok(versions.iter().rev().find(|(rev, _)| *rev <= at).and_then(|(_, kv)| kv.as_ref()))
     }
 
     /// Applies a client's transaction; if the client's next reply is to be lost, the write
@@ -391,6 +454,12 @@ impl World {
         while self.events.front().is_some_and(|e| e.revision < self.compacted) {
             self.events.pop_front();
         }
+        let horizon = self.compacted;
+        self.history_versions.retain(|_, versions| {
+            trim_versions(versions, horizon);
+            // A key deleted before the horizon reads as absent without its version.
+            !matches!(versions.as_slice(), [(rev, None)] if *rev <= horizon)
+        });
     }
 
     /// Ends the watch streams of the clients `cut` selects, with an `Unavailable` error.
@@ -446,6 +515,14 @@ impl World {
             }
         }
         listing
+    }
+}
+
+/// Drops the versions below `horizon` but the last one at or below it.
+fn trim_versions(versions: &mut Vec<(i64, Option<KeyValue>)>, horizon: i64) {
+    let passed = versions.iter().take_while(|(rev, _)| *rev <= horizon).count();
+    if passed > 1 {
+        versions.drain(..passed - 1);
     }
 }
 
@@ -524,6 +601,7 @@ impl MemoryStore {
             events: VecDeque::new(),
             event_capacity: DEFAULT_EVENT_LOG_CAPACITY,
             compacted: 0,
+            history_versions: BTreeMap::new(),
             watchers: Vec::new(),
             partitioned: BTreeSet::new(),
             down: false,
@@ -739,6 +817,18 @@ impl Store for MemoryClient {
         subnet: Subnet,
     ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError> {
         self.call(|w, _| Ok(w.stored(subnet)))
+    }
+
+    async fn get_history(
+        &self,
+        subnet: Subnet,
+        at: Revision,
+    ) -> Result<Option<Result<HistoryEntry, BadEntry>>, StoreError> {
+        self.call(|w, _| {
+            let key = w.history_key(subnet);
+            let name = subnet.key_name();
+            Ok(w.history_at(subnet, at.0)?.map(|kv| parse_history(&key, &name, kv)))
+        })
     }
 
     async fn create_pruning(
@@ -1265,6 +1355,45 @@ mod tests {
         );
         assert_eq!(store.revision(), rev);
         assert_eq!(store.write_log().last().unwrap().kind, WriteKind::Release);
+    }
+
+    #[test]
+    fn history_reads_at_a_past_revision_see_that_revision_until_it_is_compacted() {
+        let (_, store) = setup();
+        let (a, b) = (store.client("a"), store.client("b"));
+        let (s, t) = (subnet("10.244.3.0/24"), subnet("10.244.4.0/24"));
+        let held = created(block_on(a.create(s, &attrs("node-aaaa", 7), TTL)).unwrap());
+        assert_eq!(block_on(b.get_history(s, Revision(held.mod_revision.0 - 1))).unwrap(), None);
+        block_on(a.release(&held, &node("node-aaaa"))).unwrap();
+        let released = store.revision();
+        let at_release = |store: &MemoryStore| {
+            block_on(store.client("b").get_history(s, released)).unwrap().unwrap().unwrap()
+        };
+        let h = at_release(&store);
+        assert_eq!((h.record.state, h.mod_revision), (HistoryState::Relinquished, released));
+        // The same node takes another subnet, pruning its record of `s` in that create; then
+        // another node takes `s`. A read as of the release still sees the release.
+        let listed = block_on(a.list()).unwrap().history;
+        let prune: Vec<HistoryPrune> = listed
+            .iter()
+            .map(|h| HistoryPrune { subnet: h.subnet, mod_revision: h.mod_revision })
+            .collect();
+        created(block_on(a.create_pruning(t, &attrs("node-aaaa", 7), TTL, &prune)).unwrap());
+        assert_eq!(block_on(b.get_history(s, Revision(0))).unwrap(), None, "pruned");
+        created(block_on(b.create(s, &attrs("node-bbbb", 8), TTL)).unwrap());
+        let now = block_on(b.get_history(s, Revision(0))).unwrap().unwrap().unwrap();
+        assert_eq!(now.record.state, HistoryState::Held);
+        assert_eq!(at_release(&store), h);
+        // Revisions the store has not reached, and compacted ones, are not read.
+        let future = Revision(store.revision().0 + 1);
+        assert!(matches!(block_on(b.get_history(s, future)), Err(StoreError::Protocol(_))));
+        store.compact(Revision(released.0 + 1));
+        assert!(matches!(block_on(b.get_history(s, released)), Err(StoreError::Compacted { .. })));
+        // At the horizon itself the record is still readable: the prune's delete is kept.
+        assert_eq!(block_on(b.get_history(s, Revision(released.0 + 1))).unwrap(), None);
+        store.compact(store.revision());
+        let last = block_on(b.get_history(s, store.revision())).unwrap().unwrap().unwrap();
+        assert_eq!(last, now);
     }
 
     #[test]

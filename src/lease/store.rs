@@ -250,6 +250,21 @@ pub trait Store: Send + Sync {
         subnet: Subnet,
     ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError>;
 
+    /// One subnet's history record (`<prefix>/weft/history/<subnet>`) as it was at revision
+    /// `at` (`0` or less: now), with its mod revision. `Ok(None)` if there was none;
+    /// `Ok(Some(Err(..)))` if its value does not parse. [`StoreError::Compacted`] if the store
+    /// no longer keeps revision `at`.
+    ///
+    /// The route watcher asks this about a subnet key deleted at revision `at`: a release or
+    /// revoke writes the record in the delete's own transaction, so a record written at `at`
+    /// says how the key went, and reading as of `at` keeps later writes (a new holder, a
+    /// prune) out of the answer. One key, instead of a whole listing per delete.
+    async fn get_history(
+        &self,
+        subnet: Subnet,
+        at: Revision,
+    ) -> Result<Option<Result<HistoryEntry, BadEntry>>, StoreError>;
+
     /// Creates the subnet key if absent, attached to a new store lease of `ttl`, and records
     /// `Held` in history, in one transaction.
     async fn create(

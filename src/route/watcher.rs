@@ -5,10 +5,19 @@
 //! - Start: list at a revision, publish, then watch from the next revision (flannel's
 //!   `WatchLeases`; docs/store-layout.md, "Watching").
 //! - Every batch that changes the routes publishes a new table at once; renewals, which rewrite
-//!   a lease with the same value, publish nothing.
-//! - A delete (expiry or relinquish?) or [`StoreError::Compacted`] causes a re-list, at most
-//!   once per [`RELIST_DEBOUNCE`]. A re-list asked for by a delete runs beside the live watch;
-//!   after compaction the watch restarts from the listing.
+//!   a lease with the same value, publish nothing. Batches that are already waiting behind it
+//!   (at most [`BATCHES_AT_ONCE`]) are applied with it and published with it.
+//! - A delete (expiry or relinquish?) costs one read: the deleted subnet's history record as of
+//!   the delete's revision ([`Store::get_history`]; at most [`HISTORY_READS_AT_ONCE`] at a
+//!   time), in rounds at most one per [`HISTORY_DEBOUNCE`]. A round due when the batches
+//!   that brought the deletes arrive runs right after them, and one table shows both;
+//!   otherwise the batches publish at once and the round publishes what it changes. A delete
+//!   does not re-list: with N hosts a re-list per delete per watcher is O(N²) keys read per
+//!   wave of deletes.
+//! - A re-list runs after [`StoreError::Compacted`], after the store went back in time, after a
+//!   history read that failed, and instead of a round of more than
+//!   [`HISTORY_READS_PER_ROUND`] reads (these beside the live watch), at most once per
+//!   [`RELIST_DEBOUNCE`]; after compaction the watch restarts from the listing.
 //! - Any other failure (list, watch set-up, a watch that errors or ends) re-lists and re-watches
 //!   with backoff from [`BACKOFF_MIN`] doubling to [`BACKOFF_MAX`]. Meanwhile the last
 //!   published routes stay in place: nothing here ever clears them because the store is
@@ -26,7 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -37,8 +46,26 @@ use crate::config::NetworkConfig;
 use crate::lease::record::Subnet;
 use crate::lease::store::{Store, StoreError, WatchStream};
 
-/// The least time between two re-lists asked for by deletes or compaction.
+/// The least time between two re-lists asked for by failed history reads or compaction.
 pub const RELIST_DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// The most history reads (one per deleted subnet) in flight at once, per watcher.
+pub const HISTORY_READS_AT_ONCE: usize = 4;
+
+/// The least time between two rounds of history reads: the first delete after a quiet spell is
+/// read at once; those that follow within this time are read together after it (one round,
+/// one table), so that a wave of deletes costs each watcher a few rounds, not one per delete.
+pub const HISTORY_DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// The most history reads in one round. More pending deletes than that re-list instead: one
+/// listing answers them all, and at a few hundred leases costs etcd about as much as this many
+/// single-key reads (each read is a request of its own; a listing is a few pages).
+pub const HISTORY_READS_PER_ROUND: usize = 16;
+
+/// The most watch batches applied together (the one that woke the watcher and those already
+/// waiting behind it) before their deletes' history is read and the table published: enough
+/// to read a wave of deletes together, few enough that shutdown is never kept waiting long.
+pub const BATCHES_AT_ONCE: usize = 64;
 
 /// The first retry delay after a store failure.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -53,9 +80,11 @@ pub struct RouteStats {
     pub updates: AtomicU64,
     /// Lease entries skipped because they did not parse or could not be routed to.
     pub bad_entries: AtomicU64,
-    /// Listings after the first (for deletes, compaction or failures).
+    /// Listings after the first (for compaction, a rewound store or failures).
     pub relists: AtomicU64,
-    /// Failed list or watch calls and watches that broke.
+    /// History records read to tell an expiry from a relinquish or revoke (one per delete).
+    pub history_reads: AtomicU64,
+    /// Failed list, watch or history read calls and watches that broke.
     pub watch_errors: AtomicU64,
     /// Routes in the published table (gauge).
     pub routes: AtomicU64,
@@ -69,7 +98,7 @@ pub struct RouteStats {
 impl RouteStats {
     /// Appends the Prometheus text exposition of these stats to `out`.
     pub fn render(&self, out: &mut String) {
-        let metrics: [(&str, &str, &str, &AtomicU64); 7] = [
+        let metrics: [(&str, &str, &str, &AtomicU64); 8] = [
             ("weft_routes", "gauge", "Routes to peers in the published table.", &self.routes),
             (
                 "weft_routes_stale",
@@ -93,13 +122,19 @@ impl RouteStats {
             (
                 "weft_route_relists_total",
                 "counter",
-                "Re-lists of all leases (after deletes, compaction or store failures).",
+                "Re-lists of all leases (after compaction, a rewound store or store failures).",
                 &self.relists,
+            ),
+            (
+                "weft_route_history_reads_total",
+                "counter",
+                "History records read to tell an expired lease from a relinquished one.",
+                &self.history_reads,
             ),
             (
                 "weft_route_watch_errors_total",
                 "counter",
-                "Failed lease list or watch calls.",
+                "Failed lease list, watch or history read calls.",
                 &self.watch_errors,
             ),
         ];
@@ -142,6 +177,44 @@ fn note_skipped(
     }
 }
 
+/// One round of history reads: the record of every subnet the set saw deleted (as of its
+/// delete), at most [`HISTORY_READS_AT_ONCE`] at a time, the answers applied; a read that
+/// fails leaves the set asking for a re-list, and so do more than [`HISTORY_READS_PER_ROUND`]
+/// deletes. Returns whether the table changed.
+async fn read_history(store: &dyn Store, set: &mut RouteSet, stats: &RouteStats) -> bool {
+    let reads = set.history_reads_or_relist(HISTORY_READS_PER_ROUND);
+    if reads.is_empty() {
+        if set.needs_relist() {
+            debug!("more deletes than a listing is worth in reads; re-listing");
+        }
+        return false;
+    }
+    stats.history_reads.fetch_add(reads.len() as u64, Ordering::Relaxed);
+    let answers: Vec<_> = futures::stream::iter(reads)
+        .map(|(subnet, deleted_at)| async move {
+            (subnet, deleted_at, store.get_history(subnet, deleted_at).await)
+        })
+        .buffer_unordered(HISTORY_READS_AT_ONCE)
+        .collect()
+        .await;
+    let mut changed = false;
+    for (subnet, deleted_at, answer) in answers {
+        match answer {
+            // A record that does not parse tells nothing: the route stays, stale.
+            Ok(entry) => {
+                changed |=
+                    set.apply_history(subnet, deleted_at, entry.and_then(Result::ok).as_ref())
+            }
+            Err(e) => {
+                stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(%subnet, revision = deleted_at.0, error = %e, "reading a deleted lease's history failed; re-listing");
+                set.history_read_failed(subnet, deleted_at);
+            }
+        }
+    }
+    changed
+}
+
 /// The next item of the watch, or never if there is none (for `select!`).
 async fn next_batch(
     stream: &mut Option<WatchStream>,
@@ -172,6 +245,9 @@ pub async fn run(
     let mut bad_seen = 0u64;
     let mut warned = BTreeSet::new();
 
+    let mut read_at: Option<Instant> = None;
+    let mut last_read: Option<Instant> = None;
+
     let debounced = |last_list: Option<Instant>| {
         let now = Instant::now();
         last_list.map_or(now, |t| (t + RELIST_DEBOUNCE).max(now))
@@ -180,6 +256,16 @@ pub async fn run(
     loop {
         if *shutdown.borrow() {
             return;
+        }
+        if read_at.is_some_and(|t| t <= Instant::now()) {
+            read_at = None;
+            last_read = Some(Instant::now());
+            if read_history(&*store, &mut set, &stats).await {
+                publish(&routes, &set, &stats);
+            }
+            if set.needs_relist() && list_at.is_none() {
+                list_at = Some(debounced(last_list));
+            }
         }
         if list_at.is_some_and(|t| t <= Instant::now()) {
             list_at = None;
@@ -228,7 +314,11 @@ pub async fn run(
             }
         }
 
-        let wake = list_at;
+        let wake = match (list_at, read_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut watched = None;
         tokio::select! {
             biased;
             r = shutdown.changed() => {
@@ -246,43 +336,78 @@ pub async fn run(
                 // The lease driver is gone: keep the last own subnet.
                 Err(_) => own_open = false,
             },
-            item = next_batch(&mut stream) => match item {
-                Some(Ok(batch)) => {
-                    if set.apply_batch(&batch) {
-                        publish(&routes, &set, &stats);
-                    }
-                    note_skipped(&set, &stats, &mut bad_seen, &mut warned);
-                    if set.needs_relist() && list_at.is_none() {
-                        list_at = Some(debounced(last_list));
-                    }
-                }
-                Some(Err(StoreError::Compacted { .. })) => {
-                    info!("lease watch is behind the compaction horizon; re-listing");
-                    stream = None;
-                    list_at = Some(debounced(last_list));
-                }
-                Some(Err(e @ StoreError::Rewound { .. })) => {
-                    warn!(error = %e, "the store went back in time; forgetting its revisions and re-listing");
-                    set.forget_revisions();
-                    stream = None;
-                    list_at = Some(debounced(last_list));
-                }
-                Some(Err(e)) => {
-                    stats.watch_errors.fetch_add(1, Ordering::Relaxed);
-                    warn!(error = %e, retry_in = ?backoff, "lease watch failed; keeping the last routes");
-                    stream = None;
-                    list_at = Some(Instant::now() + backoff);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
-                None => {
-                    stats.watch_errors.fetch_add(1, Ordering::Relaxed);
-                    warn!(retry_in = ?backoff, "lease watch ended; keeping the last routes");
-                    stream = None;
-                    list_at = Some(Instant::now() + backoff);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
-            },
+            item = next_batch(&mut stream) => watched = Some(item),
             _ = sleep_until(wake), if wake.is_some() => {}
+        }
+        let Some(mut item) = watched else { continue };
+
+        // This batch and those already waiting behind it, then (unless a round of reads ran
+        // within the last HISTORY_DEBOUNCE) their deletes' history, then one table for it all.
+        let mut applied = 0;
+        let mut changed = false;
+        let ended = loop {
+            match item {
+                Some(Ok(batch)) => {
+                    changed |= set.apply_batch(&batch);
+                    applied += 1;
+                    if applied == BATCHES_AT_ONCE {
+                        break None;
+                    }
+                    match stream.as_mut().and_then(|s| s.next().now_or_never()) {
+                        Some(next) => item = next,
+                        None => break None,
+                    }
+                }
+                other => break Some(other),
+            }
+        };
+        if applied > 0 {
+            if read_at.is_none() && !set.pending_history_reads().is_empty() {
+                let now = Instant::now();
+                let at = last_read.map_or(now, |t| (t + HISTORY_DEBOUNCE).max(now));
+                if at <= now {
+                    last_read = Some(now);
+                    changed |= read_history(&*store, &mut set, &stats).await;
+                } else {
+                    read_at = Some(at);
+                }
+            }
+            if changed {
+                publish(&routes, &set, &stats);
+            }
+            note_skipped(&set, &stats, &mut bad_seen, &mut warned);
+            if set.needs_relist() && list_at.is_none() {
+                list_at = Some(debounced(last_list));
+            }
+        }
+        // What ended the run of batches, if it was not "nothing more yet".
+        match ended {
+            None | Some(Some(Ok(_))) => {}
+            Some(Some(Err(StoreError::Compacted { .. }))) => {
+                info!("lease watch is behind the compaction horizon; re-listing");
+                stream = None;
+                list_at = Some(debounced(last_list));
+            }
+            Some(Some(Err(e @ StoreError::Rewound { .. }))) => {
+                warn!(error = %e, "the store went back in time; forgetting its revisions and re-listing");
+                set.forget_revisions();
+                stream = None;
+                list_at = Some(debounced(last_list));
+            }
+            Some(Some(Err(e))) => {
+                stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(error = %e, retry_in = ?backoff, "lease watch failed; keeping the last routes");
+                stream = None;
+                list_at = Some(Instant::now() + backoff);
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+            Some(None) => {
+                stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(retry_in = ?backoff, "lease watch ended; keeping the last routes");
+                stream = None;
+                list_at = Some(Instant::now() + backoff);
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
         }
     }
 }
@@ -303,7 +428,9 @@ mod tests {
 
     use super::*;
     use crate::lease::memory::{MemoryClient, MemoryStore};
-    use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Revision, StoredLease};
+    use crate::lease::record::{
+        HistoryEntry, Incarnation, LeaseAttrs, NodeId, Revision, StoredLease,
+    };
     use crate::lease::store::{
         BadEntry, CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord,
         ReleaseOutcome, RenewOutcome,
@@ -477,7 +604,55 @@ mod tests {
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
         assert_eq!(client.release(&held, &node(1)).await.unwrap(), ReleaseOutcome::Released);
         h.expect(PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;
-        assert!(stat(&h.stats.relists) >= 1);
+        // One history read told it, not a re-list of everything.
+        assert_eq!(stat(&h.stats.history_reads), 1);
+        assert_eq!(stat(&h.stats.relists), 0);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_revoked_lease_is_removed_by_one_history_read() {
+        let h = Harness::start();
+        h.join(1, "10.244.1.0/24").await;
+        h.join(2, "10.244.2.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        let operator = h.store.client("operator");
+        assert!(operator.revoke(subnet("10.244.2.0/24")).await.unwrap());
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+        assert_eq!(stat(&h.stats.history_reads), 1);
+        assert_eq!(stat(&h.stats.relists), 0);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wave_of_deletes_is_read_together_and_published_once() {
+        let h = Harness::start();
+        let mut held = Vec::new();
+        for host in 1..=4 {
+            held.push(h.join(host, &format!("10.244.{host}.0/24")).await);
+        }
+        h.expect(
+            PROMPTLY,
+            &[
+                ("10.244.1.0/24", 1, false),
+                ("10.244.2.0/24", 2, false),
+                ("10.244.3.0/24", 3, false),
+                ("10.244.4.0/24", 4, false),
+            ],
+        )
+        .await;
+        h.idle(Duration::from_secs(1)).await;
+        let updates = stat(&h.stats.updates);
+        // Three hosts leave at once (the memory store delivers each release's batch before
+        // the call returns, so all three wait for the watcher together).
+        for (host, (client, lease)) in held.iter().enumerate().take(3) {
+            let released = client.release(lease, &node(host as u8 + 1)).await.unwrap();
+            assert_eq!(released, ReleaseOutcome::Released);
+        }
+        h.expect(PROMPTLY, &[("10.244.4.0/24", 4, false)]).await;
+        assert_eq!(stat(&h.stats.history_reads), 3);
+        assert_eq!(stat(&h.stats.updates), updates + 1, "one table for the three deletes");
+        assert_eq!(stat(&h.stats.relists), 0);
         h.stop().await;
     }
 
@@ -488,11 +663,12 @@ mod tests {
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
         h.expire_all();
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, true)]).await;
-        // The re-list that the delete asked for confirms: expired, not relinquished.
+        // The history read that the delete asked for confirms: expired, not relinquished.
         h.idle(Duration::from_secs(2)).await;
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, true)]).await;
         assert_eq!(stat(&h.stats.stale_routes), 1);
-        assert!(stat(&h.stats.relists) >= 1);
+        assert_eq!(stat(&h.stats.history_reads), 1);
+        assert_eq!(stat(&h.stats.relists), 0);
         // Still forwarded to.
         assert!(h.routes.load().lookup(Ipv4Addr::new(10, 244, 1, 1)).is_some());
         h.join(3, "10.244.1.0/24").await;
@@ -525,6 +701,7 @@ mod tests {
             "weft_routes_stale 0",
             "weft_route_updates_total",
             "weft_route_relists_total",
+            "weft_route_history_reads_total 0",
             "weft_route_watch_errors_total 0",
         ] {
             assert!(text.contains(name), "{name}: {text}");
@@ -612,6 +789,8 @@ mod tests {
     struct RacingStore {
         inner: MemoryClient,
         before_watch: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+        /// How many history reads are still to fail (as an unreachable store fails them).
+        failing_history_reads: AtomicU64,
     }
 
     #[async_trait::async_trait]
@@ -630,6 +809,21 @@ mod tests {
             subnet: Subnet,
         ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError> {
             self.inner.get(subnet).await
+        }
+        async fn get_history(
+            &self,
+            subnet: Subnet,
+            at: Revision,
+        ) -> Result<Option<Result<HistoryEntry, BadEntry>>, StoreError> {
+            let failing = self.failing_history_reads.fetch_update(
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+                |n| n.checked_sub(1),
+            );
+            if failing.is_ok() {
+                return Err(StoreError::Timeout(Duration::from_secs(5)));
+            }
+            self.inner.get_history(subnet, at).await
         }
         async fn create_pruning(
             &self,
@@ -711,6 +905,7 @@ mod tests {
                 world.put_raw(&key("10.244.1.0/24"), &attrs(5).to_json(), Some(TTL));
                 world.compact(world.revision());
             }))),
+            failing_history_reads: AtomicU64::new(0),
         };
         let h = Harness::start_with(clock, store, Arc::new(racing));
         h.expect(
@@ -732,6 +927,83 @@ mod tests {
             ],
         )
         .await;
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deletes_right_after_a_round_of_reads_wait_for_the_next_round() {
+        let h = Harness::start();
+        let mut held = Vec::new();
+        for host in 1..=3 {
+            held.push(h.join(host, &format!("10.244.{host}.0/24")).await);
+        }
+        h.idle(Duration::from_secs(1)).await;
+        let (one, two, three) = (&held[0], &held[1], &held[2]);
+        one.0.release(&one.1, &node(1)).await.unwrap();
+        h.expect(PROMPTLY, &[("10.244.2.0/24", 2, false), ("10.244.3.0/24", 3, false)]).await;
+        assert_eq!(stat(&h.stats.history_reads), 1);
+        // Within HISTORY_DEBOUNCE of that round: stale at once, dropped by the next round.
+        let round = Instant::now();
+        two.0.release(&two.1, &node(2)).await.unwrap();
+        three.0.release(&three.1, &node(3)).await.unwrap();
+        h.expect(PROMPTLY, &[("10.244.2.0/24", 2, true), ("10.244.3.0/24", 3, true)]).await;
+        assert_eq!(stat(&h.stats.history_reads), 1);
+        h.expect(PROMPTLY, &[]).await;
+        assert!(round.elapsed() <= HISTORY_DEBOUNCE + Duration::from_millis(20));
+        assert_eq!(stat(&h.stats.history_reads), 3);
+        assert_eq!(stat(&h.stats.relists), 0);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wave_of_expiries_re_lists_once_instead_of_reading_each() {
+        let h = Harness::start();
+        let mut want = Vec::new();
+        for host in 1..=(HISTORY_READS_PER_ROUND as u8 + 4) {
+            let s = format!("10.244.{host}.0/24");
+            h.join(host, &s).await;
+            want.push((s, host));
+        }
+        let fresh: Vec<(&str, u8, bool)> =
+            want.iter().map(|(s, n)| (s.as_str(), *n, false)).collect();
+        h.expect(PROMPTLY, &fresh).await;
+        // etcd was unreachable longer than the TTL, say: every lease expires at once.
+        h.expire_all();
+        let stale: Vec<(&str, u8, bool)> =
+            want.iter().map(|(s, n)| (s.as_str(), *n, true)).collect();
+        h.expect(PROMPTLY, &stale).await;
+        h.idle(Duration::from_secs(1)).await;
+        h.expect(PROMPTLY, &stale).await;
+        assert_eq!(stat(&h.stats.history_reads), 0);
+        assert_eq!(stat(&h.stats.relists), 1, "one listing told every expiry");
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_history_read_falls_back_to_a_relist() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::new(Arc::new(clock.clone()), PREFIX);
+        let flaky = RacingStore {
+            inner: store.client("routes"),
+            before_watch: Mutex::new(None),
+            failing_history_reads: AtomicU64::new(1),
+        };
+        let h = Harness::start_with(clock, store, Arc::new(flaky));
+        let (client, held) = h.join(1, "10.244.1.0/24").await;
+        h.join(2, "10.244.2.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        client.release(&held, &node(1)).await.unwrap();
+        // Stale at once, then the re-list (debounced) drops it.
+        h.expect(RELIST_DEBOUNCE + PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;
+        assert_eq!(stat(&h.stats.history_reads), 1);
+        assert_eq!(stat(&h.stats.relists), 1);
+        assert_eq!(stat(&h.stats.watch_errors), 1);
+        // The next delete is read again, not re-listed.
+        h.expire_all();
+        h.expect(PROMPTLY, &[("10.244.2.0/24", 2, true)]).await;
+        h.idle(Duration::from_secs(1)).await;
+        assert_eq!(stat(&h.stats.history_reads), 2);
+        assert_eq!(stat(&h.stats.relists), 1);
         h.stop().await;
     }
 
