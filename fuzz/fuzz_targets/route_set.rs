@@ -2,7 +2,8 @@
 //! listings and events (puts of arbitrary lease JSON, deletes, unparsable keys), then table()
 //! and lookups. Invariants: the own subnet is never published; every lookup is the longest
 //! prefix over the table's peers (checked against a naive scan); resume revisions never go
-//! back; a delete or unreadable key keeps the route (stale).
+//! back; a delete or unreadable key keeps the route (stale); a history answer settles its read
+//! and drops a route only for a relinquish or revoke written in the delete's own revision.
 #![no_main]
 
 use std::net::Ipv4Addr;
@@ -42,9 +43,20 @@ enum Event {
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Listing { rev: u8, leases: Vec<ArbLease>, history: Vec<(u32, u8, u8)>, bad: Vec<String> },
-    Batch { rev: u8, events: Vec<Event> },
+    Listing {
+        rev: u8,
+        leases: Vec<ArbLease>,
+        history: Vec<(u32, u8, u8)>,
+        bad: Vec<String>,
+    },
+    Batch {
+        rev: u8,
+        events: Vec<Event>,
+    },
     SetOwn(Option<u32>),
+    /// Answers to the pending history reads, in order: `None` is a failed read; `Some((has,
+    /// state, rev))` a record (or none, when `has` is false).
+    History(Vec<Option<(bool, u8, u8)>>),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -190,6 +202,44 @@ fuzz_target!(|data: &[u8]| {
             }
             Op::SetOwn(i) => {
                 set.set_own(i.map(|i| net.subnet(i, net.subnet_len())));
+            }
+            Op::History(answers) => {
+                for ((subnet, at), answer) in set.pending_history_reads().into_iter().zip(answers) {
+                    let had = set.peer(subnet).is_some();
+                    match answer {
+                        None => set.history_read_failed(subnet, at),
+                        Some((has, state, rev)) => {
+                            let state = [
+                                HistoryState::Held,
+                                HistoryState::Relinquished,
+                                HistoryState::Revoked,
+                            ][usize::from(state % 3)];
+                            let entry = HistoryEntry {
+                                subnet,
+                                record: HistoryRecord {
+                                    state,
+                                    node: node.clone(),
+                                    public_ip: Ipv4Addr::new(192, 0, 2, 1),
+                                },
+                                mod_revision: Revision(i64::from(*rev)),
+                            };
+                            set.apply_history(subnet, at, has.then_some(&entry));
+                            // Only a clean leave in the delete's own revision drops a route.
+                            let clean =
+                                *has && entry.mod_revision == at && state != HistoryState::Held;
+                            if had && !clean {
+                                assert!(
+                                    set.peer(subnet).is_some(),
+                                    "{subnet} dropped by {answer:?}"
+                                );
+                            }
+                        }
+                    }
+                    assert!(
+                        !set.pending_history_reads().contains(&(subnet, at)),
+                        "{subnet} still pending after its answer"
+                    );
+                }
             }
         }
         assert!(set.resume_revision() >= resume, "resume revision went back");
