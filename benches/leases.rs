@@ -205,6 +205,18 @@ impl Store for Counting {
         }
         self.err(r)
     }
+    async fn refresh(
+        &self,
+        held: &HeldLease,
+        attrs: &LeaseAttrs,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.calls.renews.fetch_add(1, Ordering::Relaxed);
+        let r = self.inner.refresh(held, attrs).await;
+        if matches!(r, Ok(RenewOutcome::Changed(_) | RenewOutcome::Unreadable)) {
+            self.calls.renew_conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+        self.err(r)
+    }
     async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError> {
         let issued = mono_ns();
         let r = self.inner.release(held, node).await;

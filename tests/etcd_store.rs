@@ -189,6 +189,63 @@ async fn renew_moves_the_key_to_a_new_lease_and_the_old_ttl_passing_keeps_it() {
 }
 
 #[tokio::test]
+async fn refresh_keeps_the_key_alive_without_rewriting_it_and_moves_its_history_record() {
+    let etcd = EtcdServer::start();
+    let store = store(&etcd, &unique_prefix()).await;
+    let s = subnet("10.244.5.0/24");
+    let mine = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]);
+    let held = created(store.create(s, &mine, SHORT_TTL).await.expect("create"));
+    let record_at = |l: &weft::lease::store::Listing| {
+        l.history.iter().find(|h| h.subnet == s).expect("a history record").mod_revision
+    };
+    let first_record = record_at(&store.list().await.expect("list"));
+    let watch = store.watch(Revision(held.mod_revision.0 + 1), Some(s)).await.expect("watch");
+
+    // Refresh every half TTL for three TTLs: the key outlives its TTL, never rewritten.
+    for _ in 0..6 {
+        tokio::time::sleep(SHORT_TTL / 2).await;
+        let r = store.refresh(&held, &mine).await.expect("refresh");
+        assert_eq!(r, RenewOutcome::Renewed(held));
+    }
+    let now = store.get(s).await.expect("get").expect("still present").expect("parses");
+    assert_eq!((now.mod_revision, now.lease_id), (held.mod_revision, held.lease_id));
+    assert!(record_at(&store.list().await.expect("list")) > first_record);
+    // The key's watch saw nothing: no route watcher anywhere wakes for a renewal.
+    let (items, _) = drain_now(watch).await;
+    assert!(items.is_empty(), "a refresh wrote the key: {items:?}");
+
+    // Left alone, it expires; a refresh then reports it gone and writes nothing.
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(1500)).await;
+    assert_eq!(store.refresh(&held, &mine).await.expect("refresh"), RenewOutcome::Changed(None));
+    assert!(store.get(s).await.expect("get").is_none(), "refresh recreated the key");
+
+    // A key someone else wrote since is reported, never kept alive for us.
+    let theirs = attrs("node-bbbb", "inc-bbbb", [192, 0, 2, 2]);
+    let other = created(store.create(s, &theirs, LONG_TTL).await.expect("create"));
+    match store.refresh(&held, &mine).await.expect("refresh") {
+        RenewOutcome::Changed(Some(current)) => {
+            assert_eq!(current.attrs, theirs);
+            assert_eq!(current.mod_revision, other.mod_revision);
+        }
+        r => panic!("expected Changed(Some), got {r:?}"),
+    }
+}
+
+/// What a watch has delivered within 300 ms.
+async fn drain_now(
+    mut w: weft::lease::store::WatchStream,
+) -> (Vec<weft::lease::store::WatchBatch>, bool) {
+    let mut items = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_millis(300), w.next()).await {
+            Ok(Some(Ok(b))) => items.push(b),
+            Ok(Some(Err(_)) | None) => return (items, true),
+            Err(_) => return (items, false),
+        }
+    }
+}
+
+#[tokio::test]
 async fn expiry_deletes_the_key_and_a_watch_sees_the_delete() {
     let etcd = EtcdServer::start();
     let store = store(&etcd, &unique_prefix()).await;

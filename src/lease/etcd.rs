@@ -408,6 +408,24 @@ impl EtcdStore {
 
     /// Revokes a lease whose keys we no longer want, best effort: a lease that is not revoked
     /// expires by itself after its TTL, so a failure here costs nothing but that wait.
+    /// One keep-alive of `lease`: `Ok(false)` if it is gone (expired or revoked).
+    async fn keep_alive_once(
+        &self,
+        client: &mut Client,
+        lease: StoreLeaseId,
+    ) -> Result<bool, StoreError> {
+        // etcd-client sends one keep-alive and reads the first answer; a TTL <= 0 in it (the
+        // lease is gone) comes back as `LeaseKeepAliveError`. Dropping the keeper ends the
+        // stream: the caller paces keep-alives itself.
+        let call = client.lease_keep_alive(lease.0);
+        match tokio::time::timeout(self.inner.call_timeout, call).await {
+            Err(_) => Err(StoreError::Timeout(self.inner.call_timeout)),
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => Ok(false),
+            Ok(Err(e)) => Err(map_err(e, self.inner.call_timeout)),
+        }
+    }
+
     async fn revoke_lease(&self, client: &mut Client, lease: StoreLeaseId) {
         if lease.0 == 0 {
             return;
@@ -755,6 +773,50 @@ impl Store for EtcdStore {
         })
     }
 
+    async fn refresh(
+        &self,
+        held: &HeldLease,
+        attrs: &LeaseAttrs,
+    ) -> Result<RenewOutcome, StoreError> {
+        let mut c = self.client().await?;
+        let alive = self.keep_alive_once(&mut c, held.lease_id).await?;
+        let key = self.subnet_key(held.subnet);
+        let mut ours =
+            vec![Compare::mod_revision(key.clone(), CompareOp::Equal, held.mod_revision.0)];
+        // The compare alone would do: a key still at our revision is on our store lease. With
+        // the lease gone the key is too, so this only makes a racing answer fail safe.
+        ours.push(Compare::lease(key.clone(), CompareOp::Equal, held.lease_id.0));
+        let then = match (&attrs.node_id, alive) {
+            (Some(node), true) => {
+                let record = HistoryRecord {
+                    state: HistoryState::Held,
+                    node: node.clone(),
+                    public_ip: attrs.public_ip,
+                };
+                vec![TxnOp::put(self.history_key(held.subnet), record.to_json(), None)]
+            }
+            _ => Vec::new(),
+        };
+        let txn = Txn::new().when(ours).and_then(then).or_else([TxnOp::get(key.clone(), None)]);
+        let resp = self.call(c.txn(txn)).await?;
+        if resp.succeeded() {
+            if alive {
+                return Ok(RenewOutcome::Renewed(*held));
+            }
+            // The keep-alive said the lease is gone, the compare that it still carries the key:
+            // an answer from before the expiry. Either way, this is no renewal; look again.
+            return Err(StoreError::Protocol(boxed(format!(
+                "store lease {:x} of {key} is gone but the key is still on it",
+                held.lease_id.0
+            ))));
+        }
+        Ok(match self.current_of(&resp)? {
+            None => RenewOutcome::Changed(None),
+            Some(Ok(current)) => RenewOutcome::Changed(Some(current)),
+            Some(Err(_)) => RenewOutcome::Unreadable,
+        })
+    }
+
     async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError> {
         let mut c = self.client().await?;
         let key = self.subnet_key(held.subnet);
@@ -923,15 +985,7 @@ impl Store for EtcdStore {
                 return Ok(false);
             }
         }
-        // etcd-client sends one keep-alive and reads the first answer; a TTL <= 0 in it (the
-        // lease is gone) comes back as `LeaseKeepAliveError`. Dropping the keeper ends the
-        // stream: the caller paces keep-alives itself.
-        match tokio::time::timeout(self.inner.call_timeout, c.lease_keep_alive(lease.0)).await {
-            Err(_) => Err(StoreError::Timeout(self.inner.call_timeout)),
-            Ok(Ok(_)) => Ok(true),
-            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => Ok(false),
-            Ok(Err(e)) => Err(map_err(e, self.inner.call_timeout)),
-        }
+        self.keep_alive_once(&mut c, lease).await
     }
 
     async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError> {

@@ -40,7 +40,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::policy::{self, Choice, CreateReason};
+use super::policy::{self, Candidate, Choice, CreateReason};
 use super::record::{Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet};
 use super::store::{
     CreateOutcome, HeldLease, HistoryPrune, Listing, PresenceOutcome, PresenceRecord,
@@ -53,6 +53,10 @@ use crate::time::Instant;
 /// live anyway (a process that keeps the lease alive but never beats, such as an older weft),
 /// in presence TTLs, and at least [`CLASH_AFTER_MIN`]. A beat is proof at once.
 pub const CLASH_AFTER_TTLS: u32 = 10;
+
+/// The least time a renewal is given ([`Keeper::renew_budget`]), however little is left on
+/// the lease: a retry needs a round trip too.
+pub const MIN_RENEW_BUDGET: Duration = Duration::from_millis(250);
 
 /// The least wait before a presence key that never beats counts as live: long enough for etcd's
 /// minimum lease TTL and a few leader changes, each of which extends every lease.
@@ -136,6 +140,14 @@ pub enum Action {
         /// The lease TTL.
         ttl: Duration,
     },
+    /// [`super::store::Store::refresh`]: a renewal (or a probe after an own-key change) that
+    /// keeps the key and its store lease as they are.
+    Refresh {
+        /// What we hold.
+        held: HeldLease,
+        /// Our value (for the history record).
+        attrs: LeaseAttrs,
+    },
     /// [`super::store::Store::release`].
     Release {
         /// What we hold.
@@ -159,7 +171,7 @@ pub enum ActionResult {
     List(Result<Listing, StoreError>),
     /// Of [`Action::Create`].
     Create(Result<CreateOutcome, StoreError>),
-    /// Of [`Action::Renew`].
+    /// Of [`Action::Renew`] and [`Action::Refresh`].
     Renew(Result<RenewOutcome, StoreError>),
     /// Of [`Action::Release`].
     Release(Result<ReleaseOutcome, StoreError>),
@@ -301,8 +313,16 @@ enum Presence {
 enum Phase {
     /// Need a listing to choose a subnet.
     Acquire,
-    /// Policy chose to create this subnet; the create prunes this node's superseded history.
-    Creating { subnet: Subnet, reason: CreateReason, prune: Vec<HistoryPrune> },
+    /// Policy chose to create this subnet; the create prunes this node's superseded history
+    /// (`own_history`: this node's records of subnets not live at the listing, less the one
+    /// created). Should the key be taken meanwhile, the next of `fallbacks` is created instead,
+    /// without listing again.
+    Creating {
+        subnet: Subnet,
+        reason: CreateReason,
+        own_history: Vec<HistoryPrune>,
+        fallbacks: VecDeque<Candidate>,
+    },
     /// Policy found our live lease; rewrite it on our own revision.
     Adopting { lease: StoredLease },
     /// A lease is held.
@@ -401,6 +421,18 @@ impl Keeper {
     /// The local expiry of the held lease (counted from the request that wrote it).
     pub fn expires_at(&self) -> Option<Instant> {
         self.held.map(|_| self.expires_at)
+    }
+
+    /// How long a renewal issued at `now` may take before the driver gives up on it and the
+    /// keeper retries: half the time left on the lease, at least [`MIN_RENEW_BUDGET`]. A
+    /// renewal stuck on an etcd member that just died would otherwise wait out the whole call
+    /// timeout while the lease runs out; a retry goes to a member that answers. `None` when no
+    /// lease is held, or once it has expired locally: then the store's own call timeout
+    /// applies, since a loaded etcd may need all of it and nothing is left to save.
+    pub fn renew_budget(&self, now: Instant) -> Option<Duration> {
+        self.held?;
+        let left = self.expires_at.saturating_since(now);
+        (!left.is_zero()).then(|| (left / 2).max(MIN_RENEW_BUDGET))
     }
 
     /// The value this keeper publishes.
@@ -613,10 +645,10 @@ impl Keeper {
         let ttl = self.cfg.ttl;
         match &self.phase {
             Phase::Acquire | Phase::Exhausted => Some((InFlight::List, Action::List)),
-            Phase::Creating { subnet, prune, .. } => Some((
-                InFlight::Create,
-                Action::Create { subnet: *subnet, attrs, ttl, prune: prune.clone() },
-            )),
+            Phase::Creating { subnet, own_history, .. } => {
+                let prune = own_history.iter().filter(|h| h.subnet != *subnet).copied().collect();
+                Some((InFlight::Create, Action::Create { subnet: *subnet, attrs, ttl, prune }))
+            }
             Phase::Reclaim { subnet } => Some((
                 InFlight::Create,
                 Action::Create { subnet: *subnet, attrs, ttl, prune: Vec::new() },
@@ -629,11 +661,18 @@ impl Keeper {
                 };
                 Some((InFlight::Renew, Action::Renew { held, attrs, ttl }))
             }
-            Phase::Held if self.probe || self.republish || now >= self.renew_at => {
+            Phase::Held if self.republish => {
                 let held = self.held?;
                 self.probe = false;
                 self.republish = false;
                 Some((InFlight::Renew, Action::Renew { held, attrs, ttl }))
+            }
+            // The value is unchanged: keep the key's store lease alive rather than rewrite the
+            // key, which would wake every route watcher in the cluster for nothing.
+            Phase::Held if self.probe || now >= self.renew_at => {
+                let held = self.held?;
+                self.probe = false;
+                Some((InFlight::Renew, Action::Refresh { held, attrs }))
             }
             Phase::Held | Phase::Clash { .. } | Phase::Stopping => None,
         }
@@ -864,8 +903,9 @@ impl Keeper {
                 self.clear_backoff(now);
             }
             Choice::Create { subnet, reason } => {
-                let prune = policy::superseded_history(&listing, &self.cfg.node, subnet);
-                self.phase = Phase::Creating { subnet, reason, prune };
+                let own_history = policy::own_history(&listing, &self.cfg.node);
+                self.phase =
+                    Phase::Creating { subnet, reason, own_history, fallbacks: d.fallbacks.into() };
                 self.clear_backoff(now);
             }
             Choice::Exhausted => {
@@ -923,8 +963,22 @@ impl Keeper {
                     };
                     self.lost(subnet, current.as_ref(), reason);
                 } else {
-                    // Lost a race for a fresh subnet: list again at once (flannel exits here).
-                    self.phase = Phase::Acquire;
+                    // Lost a race for a fresh subnet: create the next candidate of the same
+                    // listing at once, and list again only when none is left (flannel exits).
+                    self.phase = match std::mem::replace(&mut self.phase, Phase::Acquire) {
+                        Phase::Creating { own_history, mut fallbacks, .. } => {
+                            match fallbacks.pop_front() {
+                                Some(next) => Phase::Creating {
+                                    subnet: next.subnet,
+                                    reason: next.reason,
+                                    own_history,
+                                    fallbacks,
+                                },
+                                None => Phase::Acquire,
+                            }
+                        }
+                        _ => Phase::Acquire,
+                    };
                 }
                 self.clear_backoff(now);
             }

@@ -915,6 +915,56 @@ impl Store for MemoryClient {
         })
     }
 
+    async fn refresh(
+        &self,
+        held: &HeldLease,
+        attrs: &LeaseAttrs,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.call(|w, client| {
+            let subnet = held.subnet;
+            let now = w.clock.now();
+            let alive = match w.leases.get_mut(&held.lease_id.0) {
+                Some(state) => {
+                    state.expires_at = now + state.ttl;
+                    true
+                }
+                None => false,
+            };
+            let key = w.subnet_key(subnet);
+            let ours = w.kv.get(&key).is_some_and(|kv| {
+                kv.mod_revision == held.mod_revision.0 && kv.lease == held.lease_id.0
+            });
+            if !ours {
+                return Ok(match w.stored(subnet) {
+                    None => RenewOutcome::Changed(None),
+                    Some(Ok(stored)) => RenewOutcome::Changed(Some(stored)),
+                    Some(Err(_)) => RenewOutcome::Unreadable,
+                });
+            }
+            if !alive {
+                // Cannot happen here (an expired lease's keys are deleted with it), as in etcd.
+                return Err(StoreError::Protocol(
+                    format!(
+                        "store lease {} of {key} is gone but the key is still on it",
+                        held.lease_id.0
+                    )
+                    .into(),
+                ));
+            }
+            if let Some(node) = &attrs.node_id {
+                let record = HistoryRecord {
+                    state: HistoryState::Held,
+                    node: node.clone(),
+                    public_ip: attrs.public_ip,
+                };
+                let op = Op::Put { key: w.history_key(subnet), value: record.to_json(), lease: 0 };
+                // A history key is not a subnet key: the kind goes nowhere.
+                w.client_commit(client, WriteKind::Raw, vec![op])?;
+            }
+            Ok(RenewOutcome::Renewed(*held))
+        })
+    }
+
     async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError> {
         self.call(|w, client| {
             let key = w.subnet_key(held.subnet);

@@ -30,6 +30,17 @@ use crate::config::NetworkConfig;
 /// How many of the lowest free subnets a fresh pick chooses among (flannel uses 100 too).
 pub const SPREAD: usize = 100;
 
+/// How many more subnets a decision names to try, in order, if the create of its choice loses
+/// a race: the keeper tries them without listing again ([`Decision::fallbacks`]).
+pub const FALLBACKS: usize = 7;
+
+/// The widest spread a fallback is drawn from: the `k`-th fallback is a random fresh subnet
+/// among the lowest `SPREAD << k`, up to this many. When hundreds of hosts join at once, the
+/// lowest 100 are gone after the first round; a re-pick among them would lose again, and a
+/// re-list per lost race is what kept 1,000 joining hosts from ever settling (every loser
+/// reading every lease, over and over).
+pub const MAX_SPREAD: usize = SPREAD << 4;
+
 /// Why a subnet is being created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CreateReason {
@@ -63,11 +74,25 @@ pub enum Choice {
     Exhausted,
 }
 
+/// A subnet to create if absent, and the rule that chose it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// The subnet.
+    pub subnet: Subnet,
+    /// Which rule chose it.
+    pub reason: CreateReason,
+}
+
 /// The policy's answer, with what it noticed on the way.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     /// What to do.
     pub choice: Choice,
+    /// When `choice` is a create: what to create next, in order, each time a create finds its
+    /// key taken, before listing again (at most [`FALLBACKS`]). The rules' order holds: fresh
+    /// subnets from ever wider spreads first, then the expired ones, oldest first. A stale
+    /// listing is safe here: every create is create-if-absent.
+    pub fallbacks: Vec<Candidate>,
     /// The previous subnet was live under another holder (whose public IP is given): it was
     /// not taken. Worth a warning: someone else has this host's old subnet.
     pub previous_taken_by: Option<(Subnet, Ipv4Addr)>,
@@ -90,7 +115,11 @@ pub fn choose(
         listing.leases.iter().filter(|l| l.attrs.is_node(node) && config.fits(l.subnet)).collect();
     ours.sort_by_key(|l| (Some(l.subnet) != previous, l.subnet));
     if let Some(lease) = ours.first() {
-        return Decision { choice: Choice::Adopt((*lease).clone()), previous_taken_by };
+        return Decision {
+            choice: Choice::Adopt((*lease).clone()),
+            fallbacks: Vec::new(),
+            previous_taken_by,
+        };
     }
 
     // Only keys that name a lease of this network occupy a subnet. A stray `0.0.0.0-0`, a /25
@@ -116,48 +145,73 @@ pub fn choose(
             .max_by_key(|h| h.mod_revision)
             .map(|h| h.subnet)
     };
+    let mut previous_free = None;
     if let Some(prev) = previous.or_else(from_history).filter(|s| config.fits(*s)) {
         if let Some(holder) = live.get(&prev) {
             previous_taken_by = Some((prev, holder.attrs.public_ip));
         } else if !is_occupied(prev) {
-            return Decision {
-                choice: Choice::Create { subnet: prev, reason: CreateReason::Previous },
-                previous_taken_by,
-            };
+            previous_free = Some(Candidate { subnet: prev, reason: CreateReason::Previous });
         }
     }
 
     // Rules 3 and 4 in one pass over the range, which is ascending.
-    let mut fresh: Vec<(Subnet, CreateReason)> = Vec::new();
-    let mut oldest_expired: Option<(Revision, Subnet)> = None;
+    let mut fresh: Vec<Candidate> = Vec::new();
+    let mut expired: Vec<(Revision, Subnet)> = Vec::new();
     for subnet in config.subnets() {
-        if is_occupied(subnet) {
+        if is_occupied(subnet) || previous_free.is_some_and(|p| p.subnet == subnet) {
             continue;
         }
         match history.get(&subnet) {
-            None => fresh.push((subnet, CreateReason::Fresh)),
+            None => fresh.push(Candidate { subnet, reason: CreateReason::Fresh }),
             Some(h) if h.record.state == HistoryState::Relinquished => {
-                fresh.push((subnet, CreateReason::Relinquished))
+                fresh.push(Candidate { subnet, reason: CreateReason::Relinquished })
             }
-            Some(h) => {
-                if oldest_expired.is_none_or(|(rev, _)| h.mod_revision < rev) {
-                    oldest_expired = Some((h.mod_revision, subnet));
-                }
-            }
+            Some(h) => expired.push((h.mod_revision, subnet)),
         }
-        if fresh.len() >= SPREAD {
+        if fresh.len() >= MAX_SPREAD {
             break;
         }
     }
-    let choice = if !fresh.is_empty() {
-        let (subnet, reason) = fresh[rng.random_range(0..fresh.len())];
-        Choice::Create { subnet, reason }
-    } else if let Some((last_written, subnet)) = oldest_expired {
-        Choice::Create { subnet, reason: CreateReason::Expired { last_written } }
-    } else {
-        Choice::Exhausted
+    let mut order = fresh_order(&mut fresh, rng);
+    // Only when no fresh subnet is left does the order reach the expired ones: sort just the
+    // few it can reach.
+    let wanted = (FALLBACKS + 1).saturating_sub(order.len()).min(expired.len());
+    if wanted > 0 {
+        if wanted < expired.len() {
+            expired.select_nth_unstable(wanted - 1);
+            expired.truncate(wanted);
+        }
+        expired.sort_unstable();
+        order.extend(expired.into_iter().map(|(last_written, subnet)| Candidate {
+            subnet,
+            reason: CreateReason::Expired { last_written },
+        }));
+    }
+    let mut order = previous_free.into_iter().chain(order).take(FALLBACKS + 1);
+    let choice = match order.next() {
+        Some(Candidate { subnet, reason }) => Choice::Create { subnet, reason },
+        None => Choice::Exhausted,
     };
-    Decision { choice, previous_taken_by }
+    Decision { choice, fallbacks: order.collect(), previous_taken_by }
+}
+
+/// Up to `FALLBACKS + 1` fresh candidates in the order to try: the `k`-th is drawn at random
+/// among the lowest `SPREAD << k` not drawn yet (capped at [`MAX_SPREAD`]), so the first pick
+/// is flannel's (one of the lowest 100) and each lost race looks wider. `fresh` is ascending
+/// and left reordered.
+fn fresh_order(fresh: &mut [Candidate], rng: &mut impl Rng) -> Vec<Candidate> {
+    let mut order = Vec::with_capacity(FALLBACKS + 1);
+    for k in 0..=FALLBACKS {
+        // `fresh[..k]` holds the draws so far; draw the next from the rest of the window.
+        let window = (SPREAD << k.min(4)).min(fresh.len());
+        if k >= window {
+            break;
+        }
+        let i = rng.random_range(k..window);
+        fresh.swap(k, i);
+        order.push(fresh[k]);
+    }
+    order
 }
 
 /// This node's history records of subnets other than `chosen`: a lease on `chosen`
@@ -166,11 +220,19 @@ pub fn choose(
 /// one), and a subnet this node left is as free as a relinquished one once it holds another.
 /// A record of a subnet that is live now belongs to whoever holds it and is never pruned.
 pub fn superseded_history(listing: &Listing, node: &NodeId, chosen: Subnet) -> Vec<HistoryPrune> {
+    let mut records = own_history(listing, node);
+    records.retain(|h| h.subnet != chosen);
+    records
+}
+
+/// This node's history records of subnets not live in `listing`: what a create prunes, less
+/// the record of the subnet it creates ([`superseded_history`]).
+pub fn own_history(listing: &Listing, node: &NodeId) -> Vec<HistoryPrune> {
     let live: BTreeSet<Subnet> = listing.leases.iter().map(|l| l.subnet).collect();
     listing
         .history
         .iter()
-        .filter(|h| h.record.node == *node && h.subnet != chosen && !live.contains(&h.subnet))
+        .filter(|h| h.record.node == *node && !live.contains(&h.subnet))
         .map(|h| HistoryPrune { subnet: h.subnet, mod_revision: h.mod_revision })
         .collect()
 }
@@ -280,6 +342,63 @@ mod tests {
             d.choice,
             Choice::Create { subnet: sn("10.244.7.0/24"), reason: CreateReason::Previous }
         );
+    }
+
+    #[test]
+    fn fallbacks_are_free_distinct_and_drawn_from_ever_wider_spreads() {
+        // /28s in a /16: 4,095 candidates; the lowest 50 leased, so the free ones start at 51.
+        let c = config(28);
+        let leases: Vec<StoredLease> = c
+            .subnets()
+            .take(50)
+            .map(|s| {
+                let mut l = lease("10.244.0.0/28", "b", 3);
+                l.subnet = s;
+                l
+            })
+            .collect();
+        let free: Vec<Subnet> = c.subnets().skip(50).collect();
+        let l = Listing { leases, ..Default::default() };
+        for seed in 0..200 {
+            let d = choose(&c, &l, &node("a"), None, &mut StdRng::seed_from_u64(seed));
+            let Choice::Create { subnet, reason: CreateReason::Fresh } = d.choice else {
+                panic!("{d:?}")
+            };
+            assert_eq!(d.fallbacks.len(), FALLBACKS);
+            let mut all = vec![subnet];
+            all.extend(d.fallbacks.iter().map(|f| f.subnet));
+            for (k, s) in all.iter().enumerate() {
+                let rank = free.iter().position(|f| f == s).expect("a free subnet");
+                assert!(rank < (SPREAD << k.min(4)), "pick {k} is the {rank}th free subnet");
+            }
+            let distinct: BTreeSet<Subnet> = all.iter().copied().collect();
+            assert_eq!(distinct.len(), all.len(), "{all:?}");
+        }
+    }
+
+    #[test]
+    fn a_free_previous_subnet_comes_first_then_fresh_ones_then_expired_oldest_first() {
+        // /18 in a /16: subnets .64, .128, .192 (the first, .0, is skipped).
+        let c = config(18);
+        let l = Listing {
+            history: vec![
+                hist("10.244.64.0/18", "a", HistoryState::Held, 7),
+                hist("10.244.128.0/18", "x", HistoryState::Held, 9),
+                hist("10.244.192.0/18", "y", HistoryState::Held, 5),
+            ],
+            ..Default::default()
+        };
+        // This node's own record makes .64 the previous subnet; the other two expired.
+        let d = choose(&c, &l, &node("a"), None, &mut rng());
+        assert_eq!(
+            d.choice,
+            Choice::Create { subnet: sn("10.244.64.0/18"), reason: CreateReason::Previous }
+        );
+        let expired = |s: &str, rev| Candidate {
+            subnet: sn(s),
+            reason: CreateReason::Expired { last_written: Revision(rev) },
+        };
+        assert_eq!(d.fallbacks, vec![expired("10.244.192.0/18", 5), expired("10.244.128.0/18", 9)]);
     }
 
     #[test]

@@ -299,6 +299,18 @@ pub trait Store: Send + Sync {
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError>;
 
+    /// Renews without rewriting the key: keeps `held.lease_id` alive (to its full TTL), then,
+    /// only if the key's mod revision is still `held.mod_revision`, rewrites its history record
+    /// (`Held`, from `attrs`) so that the record's revision says when the holder was last seen.
+    /// `Renewed(held)` (unchanged) if both held; otherwise what the key holds now, as
+    /// [`Store::renew`] reports it. A store lease that is gone is never `Renewed`: its key went
+    /// with it. Route watchers see no event: only the history key is written.
+    async fn refresh(
+        &self,
+        held: &HeldLease,
+        attrs: &LeaseAttrs,
+    ) -> Result<RenewOutcome, StoreError>;
+
     /// Deletes the key only if its mod revision is still `held.mod_revision`, and records
     /// `Relinquished` in history, in one transaction.
     async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError>;

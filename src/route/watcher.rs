@@ -842,6 +842,13 @@ mod tests {
         ) -> Result<RenewOutcome, StoreError> {
             self.inner.renew(held, attrs, ttl).await
         }
+        async fn refresh(
+            &self,
+            held: &HeldLease,
+            attrs: &LeaseAttrs,
+        ) -> Result<RenewOutcome, StoreError> {
+            self.inner.refresh(held, attrs).await
+        }
         async fn release(
             &self,
             held: &HeldLease,

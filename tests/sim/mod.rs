@@ -28,7 +28,7 @@ use rand::{Rng, SeedableRng};
 use weft::config::NetworkConfig;
 use weft::daemon::lease_attrs;
 use weft::lease::driver::execute;
-use weft::lease::keeper::{Keeper, KeeperConfig, KeeperEvent};
+use weft::lease::keeper::{Action, Keeper, KeeperConfig, KeeperEvent};
 use weft::lease::memory::{
     EXPIRY_CLIENT, MemoryClient, MemoryStore, RAW_CLIENT, WriteKind, WriteRecord, drain_ready,
 };
@@ -137,6 +137,8 @@ pub struct Host {
     pub exit_reasons: Vec<String>,
     /// `subnet.env` rewrites that named a different subnet than before.
     pub subnet_changes: u32,
+    /// Listings its weft processes asked for.
+    pub lists: u32,
     /// Writes to a key whose current value another host wrote (see [`World::foreign_writes`]).
     pub foreign_writes: u32,
     /// Every keeper event of every run.
@@ -290,6 +292,7 @@ impl World {
             exits: 0,
             exit_reasons: Vec::new(),
             subnet_changes: 0,
+            lists: 0,
             foreign_writes: 0,
             events: Vec::new(),
             restart_at: None,
@@ -988,6 +991,9 @@ fn step_weft(h: &mut Host, clock: &ManualClock, now: Instant) -> bool {
     let node = h.node.clone();
     let Some(Proc::Weft(p)) = &mut h.proc else { return did };
     if let Some(action) = p.keeper.poll_action(now) {
+        if action == Action::List {
+            h.lists += 1;
+        }
         let result = block_on(execute(&p.client, &node, action));
         p.keeper.handle_result(now, clock.now(), result);
         drain_weft_events(h, now);
