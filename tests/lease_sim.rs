@@ -11,11 +11,16 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use futures::executor::block_on;
-use weft::lease::keeper::{AcquireKind, KeeperEvent, LossReason, MIN_RENEW_BUDGET, Readiness};
+use weft::lease::keeper::{
+    AcquireKind, Action, ActionResult, Keeper, KeeperConfig, KeeperEvent, LossReason,
+    MIN_RENEW_BUDGET, Readiness,
+};
 use weft::lease::memory::WriteKind;
 use weft::lease::policy::CreateReason;
 use weft::lease::record::{HistoryRecord, HistoryState, LeaseAttrs, Subnet};
+use weft::lease::record::{Incarnation, NodeId, Revision, StoreLeaseId};
 use weft::lease::store::Store;
+use weft::lease::store::{CreateOutcome, HeldLease, Listing, PresenceOutcome, RenewOutcome};
 use weft::time::Instant;
 
 use sim::*;
@@ -508,6 +513,52 @@ fn a_renewal_may_take_half_the_time_left_on_the_lease_and_all_of_the_call_timeou
     w.suspend("a");
     w.advance(TTL * 2);
     assert_eq!(w.keeper("a").renew_budget(w.now()), None, "past the local expiry");
+}
+
+#[test]
+fn a_due_renewal_goes_before_claiming_a_lapsed_presence_again() {
+    // Driven by hand, so the order of the calls is what is tested.
+    let network = network_of(8);
+    let ttl = TTL;
+    let (presence_ttl, retry_min, retry_max) = KeeperConfig::timings_for(ttl);
+    let node = NodeId::generate();
+    let cfg = KeeperConfig {
+        attrs: weft::daemon::lease_attrs(&network, public_ip(0), [2, 0, 0, 0, 0, 1]),
+        node: node.clone(),
+        incarnation: Incarnation::generate(),
+        ttl,
+        renew_margin: ttl / 4,
+        presence_ttl,
+        previous: None,
+        retry_min,
+        retry_max,
+        seed: 1,
+        network,
+    };
+    let t0 = Instant::from_epoch(Duration::from_secs(100));
+    let mut k = Keeper::new(cfg, t0);
+    assert!(matches!(k.poll_action(t0), Some(Action::ClaimPresence { .. })));
+    k.handle_result(
+        t0,
+        t0,
+        ActionResult::ClaimPresence(Ok(PresenceOutcome::Claimed(StoreLeaseId(1)))),
+    );
+    assert_eq!(k.poll_action(t0), Some(Action::List));
+    k.handle_result(t0, t0, ActionResult::List(Ok(Listing::default())));
+    let Some(Action::Create { subnet, .. }) = k.poll_action(t0) else { panic!("a create") };
+    let held = HeldLease { subnet, mod_revision: Revision(5), lease_id: StoreLeaseId(2) };
+    k.handle_result(t0, t0, ActionResult::Create(Ok(CreateOutcome::Created(held))));
+    // Half a TTL later (etcd was too busy to answer the keep-alives meanwhile), the presence
+    // lease is found expired just as the renewal is due.
+    let t1 = t0 + ttl / 2;
+    assert!(matches!(k.poll_action(t1), Some(Action::KeepPresence { .. })));
+    k.handle_result(t1, t1, ActionResult::KeepPresence(Ok(false)));
+    assert!(
+        matches!(k.poll_action(t1), Some(Action::Refresh { held: h, .. }) if h == held),
+        "the renewal must not wait behind a presence claim"
+    );
+    k.handle_result(t1, t1, ActionResult::Renew(Ok(RenewOutcome::Renewed(held))));
+    assert!(matches!(k.poll_action(t1), Some(Action::ClaimPresence { .. })));
 }
 
 // ---- S8 ---------------------------------------------------------------------------------------

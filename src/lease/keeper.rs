@@ -625,6 +625,20 @@ impl Keeper {
             // Only presence, create-if-absent: it succeeds once the other process is gone.
             return (now >= self.retry_at).then(|| self.claim_presence());
         }
+        // A due renewal of a held lease goes first, even while presence is to be claimed
+        // again: the renewal compares the revision this process wrote, so a clone's write
+        // fails it, and it writes no subnet key. Behind a presence claim that an overloaded
+        // etcd times out, it would let the lease expire, and the expiry make more load still.
+        if self.phase == Phase::Held
+            && self.presence == Presence::Unclaimed
+            && (self.probe || now >= self.renew_at)
+            && now >= self.retry_at
+            && !self.republish
+        {
+            let held = self.held?;
+            self.probe = false;
+            return Some((InFlight::Renew, Action::Refresh { held, attrs: self.attrs.clone() }));
+        }
         match self.presence {
             Presence::Unclaimed | Presence::WaitingFor { .. } => {
                 return (now >= self.retry_at).then(|| self.claim_presence());

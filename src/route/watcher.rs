@@ -19,7 +19,7 @@
 //!   [`HISTORY_READS_PER_ROUND`] reads (these beside the live watch), at most once per
 //!   [`RELIST_DEBOUNCE`]; after compaction the watch restarts from the listing.
 //! - Any other failure (list, watch set-up, a watch that errors or ends) re-lists and re-watches
-//!   with backoff from [`BACKOFF_MIN`] doubling to [`BACKOFF_MAX`]. Meanwhile the last
+//!   with backoff from [`BACKOFF_MIN`] doubling to [`BACKOFF_MAX`], each wait jittered ±50 %. Meanwhile the last
 //!   published routes stay in place: nothing here ever clears them because the store is
 //!   unreachable.
 //! - Own-subnet changes (from the lease driver) re-publish without the own subnet at once, also
@@ -225,6 +225,12 @@ async fn next_batch(
     }
 }
 
+/// `delay` spread over half to one and a half of itself: a thousand watchers that failed
+/// together (an overloaded or restarted etcd) must not come back together.
+fn jittered(delay: Duration) -> Duration {
+    delay.mul_f64(rand::random_range(0.5..1.5))
+}
+
 /// Runs the route watcher until `shutdown`. See the module docs for the contract.
 pub async fn run(
     store: Arc<dyn Store>,
@@ -289,7 +295,7 @@ pub async fn run(
                 Err(e) => {
                     stats.watch_errors.fetch_add(1, Ordering::Relaxed);
                     warn!(error = %e, retry_in = ?backoff, "listing leases failed; keeping the last routes");
-                    list_at = Some(Instant::now() + backoff);
+                    list_at = Some(Instant::now() + jittered(backoff));
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
@@ -307,7 +313,7 @@ pub async fn run(
                     Err(e) => {
                         stats.watch_errors.fetch_add(1, Ordering::Relaxed);
                         warn!(error = %e, retry_in = ?backoff, "watching leases failed; keeping the last routes");
-                        list_at = Some(Instant::now() + backoff);
+                        list_at = Some(Instant::now() + jittered(backoff));
                         backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
                 }
@@ -398,14 +404,14 @@ pub async fn run(
                 stats.watch_errors.fetch_add(1, Ordering::Relaxed);
                 warn!(error = %e, retry_in = ?backoff, "lease watch failed; keeping the last routes");
                 stream = None;
-                list_at = Some(Instant::now() + backoff);
+                list_at = Some(Instant::now() + jittered(backoff));
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
             Some(None) => {
                 stats.watch_errors.fetch_add(1, Ordering::Relaxed);
                 warn!(retry_in = ?backoff, "lease watch ended; keeping the last routes");
                 stream = None;
-                list_at = Some(Instant::now() + backoff);
+                list_at = Some(Instant::now() + jittered(backoff));
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         }
