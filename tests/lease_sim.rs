@@ -502,12 +502,12 @@ fn renewals_leave_the_subnet_keys_alone_and_move_the_history_records() {
 }
 
 #[test]
-fn a_renewal_may_take_half_the_time_left_on_the_lease_and_all_of_the_call_timeout_after() {
+fn a_renewal_may_take_three_quarters_of_the_time_left_and_all_of_the_call_timeout_after() {
     let (mut w, _) = one_host_past_its_first_renewal();
     let expires = w.keeper("a").expires_at().expect("held");
     let at = |before: Duration| expires - before;
-    // TTL/2 left at the renewal: a quarter TTL to finish it, then a retry still fits.
-    assert_eq!(w.keeper("a").renew_budget(at(TTL / 2)), Some(TTL / 4));
+    // TTL/2 left at the renewal: 3/8 TTL to finish it, then a retry still fits.
+    assert_eq!(w.keeper("a").renew_budget(at(TTL / 2)), Some(TTL * 3 / 8));
     assert_eq!(w.keeper("a").renew_budget(at(ms(300))), Some(MIN_RENEW_BUDGET));
     assert_eq!(w.keeper("a").renew_budget(expires), None);
     w.suspend("a");

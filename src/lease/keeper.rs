@@ -424,15 +424,18 @@ impl Keeper {
     }
 
     /// How long a renewal issued at `now` may take before the driver gives up on it and the
-    /// keeper retries: half the time left on the lease, at least [`MIN_RENEW_BUDGET`]. A
-    /// renewal stuck on an etcd member that just died would otherwise wait out the whole call
-    /// timeout while the lease runs out; a retry goes to a member that answers. `None` when no
+    /// keeper retries: three quarters of the time left on the lease, at least
+    /// [`MIN_RENEW_BUDGET`]. A renewal stuck on an etcd member that just died would otherwise
+    /// wait out the whole call timeout while the lease runs out; the last quarter leaves time
+    /// for a retry, which goes to a member that answers. Not less: under load a slow renewal
+    /// that succeeds is worth more than a retry that adds to the load (half the time left cut
+    /// renewals that would have succeeded when 1,000 hosts joined at once). `None` when no
     /// lease is held, or once it has expired locally: then the store's own call timeout
     /// applies, since a loaded etcd may need all of it and nothing is left to save.
     pub fn renew_budget(&self, now: Instant) -> Option<Duration> {
         self.held?;
         let left = self.expires_at.saturating_since(now);
-        (!left.is_zero()).then(|| (left / 2).max(MIN_RENEW_BUDGET))
+        (!left.is_zero()).then(|| (left * 3 / 4).max(MIN_RENEW_BUDGET))
     }
 
     /// The value this keeper publishes.
