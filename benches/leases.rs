@@ -59,7 +59,7 @@ use weft::time::{BootClock, Clock};
 const NETWORK_JSON: &str =
     r#"{"Network":"10.244.0.0/16","SubnetLen":28,"Backend":{"Type":"vxlan","VNI":1}}"#;
 const PREFIX: &str = "/coreos.com/network";
-const POLL: Duration = Duration::from_millis(5);
+const POLL: Duration = Duration::from_millis(10);
 
 /// CLOCK_MONOTONIC in nanoseconds: system-wide, so workers' stamps compare.
 fn mono_ns() -> u64 {
@@ -272,6 +272,8 @@ struct Host {
     table: Arc<RouteTable>,
     /// Last reported (subnet, ready).
     reported: (Option<Subnet>, bool),
+    /// The own subnet at the last tick.
+    own: Option<Subnet>,
     /// Set after the worker was stopped: report the first time this host is ready again.
     await_rehold: bool,
 }
@@ -280,6 +282,8 @@ struct Host {
 struct Pending {
     seen: Vec<bool>,
     left: usize,
+    /// Discovered this tick: look at every host once, not only those whose table changed.
+    fresh: bool,
 }
 
 fn rss_kb() -> u64 {
@@ -425,6 +429,7 @@ async fn run_hosts(
             subnet: subnet_rx,
             table,
             reported: (None, false),
+            own: None,
             await_rehold: false,
         });
     }
@@ -442,7 +447,7 @@ async fn run_hosts(
     emit(json!({"ev": "exit", "t": mono_ns()}));
 }
 
-/// Every 5 ms: which route changes every host of this worker has, and each host's lease state.
+/// Every 10 ms: which route changes every host of this worker has, and each host's lease state.
 async fn poll(
     mut hosts: Vec<Host>,
     calls: Arc<Calls>,
@@ -479,11 +484,19 @@ async fn poll(
             emit(json!({"ev": "listed", "t": now}));
         }
         // Discover route changes from the first hosts' tables.
+        // A host can only have come to see a change if its table or its own subnet changed
+        // since the last tick: only those are looked at (with 1,000 changes pending and 100
+        // hosts per worker, looking at every host every tick cost the hosts most of the CPU).
         let mut changed = vec![false; n];
         for (k, h) in hosts.iter_mut().enumerate() {
             let table = h.routes.load();
             if !Arc::ptr_eq(&table, &h.table) {
                 h.table = table.clone();
+                changed[k] = true;
+            }
+            let own = *h.subnet.borrow();
+            if own != h.own {
+                h.own = own;
                 changed[k] = true;
             }
         }
@@ -495,16 +508,20 @@ async fn poll(
                 hosts[d].table.peers().iter().map(|p| (p.subnet, p.public_ip)).collect();
             for &(s, ip) in now_set.difference(&known[d]) {
                 if !done.contains(&(s, ip, false)) {
-                    pending
-                        .entry((s, ip, false))
-                        .or_insert_with(|| Pending { seen: vec![false; n], left: n });
+                    pending.entry((s, ip, false)).or_insert_with(|| Pending {
+                        seen: vec![false; n],
+                        left: n,
+                        fresh: true,
+                    });
                 }
             }
             for &(s, ip) in known[d].difference(&now_set) {
                 if !done.contains(&(s, ip, true)) {
-                    pending
-                        .entry((s, ip, true))
-                        .or_insert_with(|| Pending { seen: vec![false; n], left: n });
+                    pending.entry((s, ip, true)).or_insert_with(|| Pending {
+                        seen: vec![false; n],
+                        left: n,
+                        fresh: true,
+                    });
                 }
             }
             known[d] = now_set;
@@ -513,8 +530,12 @@ async fn poll(
         let mut finished = Vec::new();
         for (key, p) in pending.iter_mut() {
             let (s, ip, gone) = *key;
+            let fresh = std::mem::take(&mut p.fresh);
             for (k, h) in hosts.iter().enumerate() {
-                if p.seen[k] || h.stats.updates.load(Ordering::Relaxed) == 0 {
+                if p.seen[k]
+                    || !(fresh || changed[k])
+                    || h.stats.updates.load(Ordering::Relaxed) == 0
+                {
                     continue;
                 }
                 let own = h.ip == ip && *h.subnet.borrow() == Some(s);

@@ -336,17 +336,22 @@ impl RouteSet {
         self.pending_history.iter().map(|(s, r)| (*s, *r)).collect()
     }
 
-    /// The history reads to issue now: every pending one, if there are at most `max`. With
-    /// more (a wave of deletes: an outage's expiries, a rack leaving) one listing answers
-    /// them all for less than that many reads: they are dropped and the set asks for a
-    /// re-list ([`RouteSet::needs_relist`]) instead, and none are returned.
-    pub fn history_reads_or_relist(&mut self, max: usize) -> Vec<(Subnet, Revision)> {
-        if self.pending_history.len() > max {
+    /// The history reads to issue in this round: at most `per_round` of the pending ones (the
+    /// rest wait for the next round). When more are pending than half the routes known (a wave
+    /// of deletes: an outage's expiries, a rack leaving), one listing answers them all for
+    /// less than that many reads: they are dropped and the set asks for a re-list
+    /// ([`RouteSet::needs_relist`]) instead, and none are returned. Not sooner: with 1,000
+    /// hosts, 100 leases expiring together made every watcher re-list 2,000 keys where 100
+    /// reads of one key each would do, and the listings kept etcd past its call timeouts until
+    /// most hosts' leases expired too.
+    pub fn history_reads_or_relist(&mut self, per_round: usize) -> Vec<(Subnet, Revision)> {
+        let worth_a_listing = per_round.max(self.entries.len() / 2);
+        if self.pending_history.len() > worth_a_listing {
             self.pending_history.clear();
             self.needs_relist = true;
             return Vec::new();
         }
-        self.pending_history_reads()
+        self.pending_history.iter().take(per_round).map(|(s, r)| (*s, *r)).collect()
     }
 
     /// Applies the answer to a history read: `history` is `subnet`'s history record as of
@@ -654,6 +659,34 @@ mod tests {
         let h = history("10.244.1.0/24", HistoryState::Relinquished, 11);
         assert!(!s.apply_history(subnet("10.244.1.0/24"), Revision(11), Some(&h)));
         assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)]);
+    }
+
+    #[test]
+    fn deletes_fewer_than_half_the_routes_are_read_in_rounds_not_re_listed() {
+        let leases = (1..=40).map(|i| lease(&format!("10.244.{i}.0/24"), i, 5)).collect();
+        let mut s = set();
+        s.apply_listing(&listing(10, leases, vec![]));
+        for i in 1..=20 {
+            s.apply_batch(&delete(&format!("10.244.{i}.0/24"), 10 + i64::from(i)));
+        }
+        // 20 pending, 40 routes: a round of 16, then one of 4; never a listing.
+        let first = s.history_reads_or_relist(16);
+        assert_eq!(first.len(), 16);
+        assert!(!s.needs_relist());
+        for (subnet, at) in first {
+            s.apply_history(subnet, at, None);
+        }
+        assert_eq!(s.history_reads_or_relist(16).len(), 4);
+        assert!(!s.needs_relist());
+        // One more than half the routes known: a listing is worth it.
+        let mut s = set();
+        let leases = (1..=40).map(|i| lease(&format!("10.244.{i}.0/24"), i, 5)).collect();
+        s.apply_listing(&listing(10, leases, vec![]));
+        for i in 1..=21 {
+            s.apply_batch(&delete(&format!("10.244.{i}.0/24"), 10 + i64::from(i)));
+        }
+        assert!(s.history_reads_or_relist(16).is_empty());
+        assert!(s.needs_relist());
     }
 
     #[test]

@@ -9,14 +9,15 @@
 //!   (at most [`BATCHES_AT_ONCE`]) are applied with it and published with it.
 //! - A delete (expiry or relinquish?) costs one read: the deleted subnet's history record as of
 //!   the delete's revision ([`Store::get_history`]; at most [`HISTORY_READS_AT_ONCE`] at a
-//!   time), in rounds at most one per [`HISTORY_DEBOUNCE`]. A round due when the batches
+//!   time), in rounds of at most [`HISTORY_READS_PER_ROUND`] reads, at most one round per
+//!   [`HISTORY_DEBOUNCE`]. A round due when the batches
 //!   that brought the deletes arrive runs right after them, and one table shows both;
 //!   otherwise the batches publish at once and the round publishes what it changes. A delete
 //!   does not re-list: with N hosts a re-list per delete per watcher is O(N²) keys read per
 //!   wave of deletes.
 //! - A re-list runs after [`StoreError::Compacted`], after the store went back in time, after a
-//!   history read that failed, and instead of a round of more than
-//!   [`HISTORY_READS_PER_ROUND`] reads (these beside the live watch), at most once per
+//!   history read that failed, and instead of the reads when more deletes wait than half
+//!   the routes known (a listing then costs less; these beside the live watch), at most once per
 //!   [`RELIST_DEBOUNCE`]; after compaction the watch restarts from the listing.
 //! - Any other failure (list, watch set-up, a watch that errors or ends) re-lists and re-watches
 //!   with backoff from [`BACKOFF_MIN`] doubling to [`BACKOFF_MAX`], each wait jittered ±50 %. Meanwhile the last
@@ -177,10 +178,11 @@ fn note_skipped(
     }
 }
 
-/// One round of history reads: the record of every subnet the set saw deleted (as of its
-/// delete), at most [`HISTORY_READS_AT_ONCE`] at a time, the answers applied; a read that
-/// fails leaves the set asking for a re-list, and so do more than [`HISTORY_READS_PER_ROUND`]
-/// deletes. Returns whether the table changed.
+/// One round of history reads: the record of up to [`HISTORY_READS_PER_ROUND`] subnets the
+/// set saw deleted (as of their delete), at most [`HISTORY_READS_AT_ONCE`] at a time, the
+/// answers applied; a read that fails leaves the set asking for a re-list, and so do more
+/// deletes pending than half the routes known ([`RouteSet::history_reads_or_relist`]).
+/// Returns whether the table changed.
 async fn read_history(store: &dyn Store, set: &mut RouteSet, stats: &RouteStats) -> bool {
     let reads = set.history_reads_or_relist(HISTORY_READS_PER_ROUND);
     if reads.is_empty() {
@@ -213,6 +215,15 @@ async fn read_history(store: &dyn Store, set: &mut RouteSet, stats: &RouteStats)
         }
     }
     changed
+}
+
+/// When the next round of history reads is due: one debounce after the last, if reads are
+/// still pending (a round reads at most [`HISTORY_READS_PER_ROUND`]).
+fn next_round(set: &RouteSet, last_read: Option<Instant>) -> Option<Instant> {
+    if set.pending_history_reads().is_empty() || set.needs_relist() {
+        return None;
+    }
+    Some(last_read.map_or_else(Instant::now, |t| t + HISTORY_DEBOUNCE))
 }
 
 /// The next item of the watch, or never if there is none (for `select!`).
@@ -264,7 +275,6 @@ pub async fn run(
             return;
         }
         if read_at.is_some_and(|t| t <= Instant::now()) {
-            read_at = None;
             last_read = Some(Instant::now());
             if read_history(&*store, &mut set, &stats).await {
                 publish(&routes, &set, &stats);
@@ -272,6 +282,7 @@ pub async fn run(
             if set.needs_relist() && list_at.is_none() {
                 list_at = Some(debounced(last_list));
             }
+            read_at = next_round(&set, last_read);
         }
         if list_at.is_some_and(|t| t <= Instant::now()) {
             list_at = None;
@@ -374,6 +385,7 @@ pub async fn run(
                 if at <= now {
                     last_read = Some(now);
                     changed |= read_history(&*store, &mut set, &stats).await;
+                    read_at = next_round(&set, last_read);
                 } else {
                     read_at = Some(at);
                 }
@@ -964,6 +976,30 @@ mod tests {
         h.expect(PROMPTLY, &[]).await;
         assert!(round.elapsed() <= HISTORY_DEBOUNCE + Duration::from_millis(20));
         assert_eq!(stat(&h.stats.history_reads), 3);
+        assert_eq!(stat(&h.stats.relists), 0);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wave_of_relinquishes_is_read_in_rounds_without_a_relist() {
+        let h = Harness::start();
+        let mut joined = Vec::new();
+        for host in 1..=50u8 {
+            let s = format!("10.244.{host}.0/24");
+            let (client, held) = h.join(host, &s).await;
+            joined.push((host, s, client, held));
+        }
+        let all: Vec<(&str, u8, bool)> =
+            joined.iter().map(|(n, s, _, _)| (s.as_str(), *n, false)).collect();
+        h.expect(PROMPTLY, &all).await;
+        // A rack of 20 leaves at once: more than a round, fewer than half the routes.
+        for (n, _, client, held) in &joined[..20] {
+            client.release(held, &node(*n)).await.unwrap();
+        }
+        let rest: Vec<(&str, u8, bool)> =
+            joined[20..].iter().map(|(n, s, _, _)| (s.as_str(), *n, false)).collect();
+        h.expect(HISTORY_DEBOUNCE * 3 + PROMPTLY, &rest).await;
+        assert_eq!(stat(&h.stats.history_reads), 20);
         assert_eq!(stat(&h.stats.relists), 0);
         h.stop().await;
     }
