@@ -386,4 +386,33 @@ mod tests {
         assert_eq!(samples.first(), Some(&"weft_lease_state{state=\"starting\"} 1"));
         assert_eq!(samples[samples.len() - 2..], ["weft_z 1", "weft_a 1"]);
     }
+
+    /// `/metrics` over HTTP: the text, with the Content-Type of the format it is in.
+    #[tokio::test]
+    async fn metrics_are_served_as_prometheus_text_0_0_4() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let h = Arc::new(Health::new(Arc::new(ManualClock::new())));
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, h, async move {
+            let _ = stopped.await;
+        }));
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).await.unwrap();
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let head = head.to_ascii_lowercase();
+        assert!(
+            head.contains("\r\ncontent-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            "{head}"
+        );
+        assert!(body.contains("\nweft_lease_ready 0\n"), "{body}");
+    }
 }
