@@ -21,6 +21,8 @@
 # to bench-results.json (or $BENCH_JSON).
 #
 # Usage: scripts/bench.sh [--quick]      RUNS=3 DURATION=5 by default; --quick: RUNS=1 DURATION=2
+#   BENCH_PATHS="weft-vxlan"  only some paths (default: all five)
+#   WEFT_BIN=/path/to/weft    bench that binary (e.g. another commit's build) instead of building
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/netns.sh
@@ -33,8 +35,12 @@ PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-udp weft-base"}
 
 [ "$(id -u)" -eq 0 ] || { echo "bench: run as root (it creates network namespaces)" >&2; exit 1; }
 scripts/setup.sh >/dev/null
-cargo build --release --quiet
-WEFT="$PWD/target/release/weft"
+if [ -n "${WEFT_BIN:-}" ]; then
+    WEFT=$(realpath "$WEFT_BIN")
+else
+    cargo build --release --quiet
+    WEFT="${CARGO_TARGET_DIR:-$PWD/target}/release/weft"
+fi
 
 P="weftb$$-"
 WORK=$(mktemp -d /tmp/weft-bench.XXXXXX)

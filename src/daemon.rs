@@ -619,8 +619,7 @@ fn start_route_watcher(
 ) -> (Arc<Routes>, tokio::task::JoinHandle<()>) {
     let routes = Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
     let stats = Arc::new(RouteStats::default());
-    let s = stats.clone();
-    health.add_source(Box::new(move |out| s.render(out)));
+    health.add_collector(stats.clone());
     let watcher = tokio::spawn(crate::route::watcher::run(
         store.clone(),
         routes.clone(),
@@ -671,10 +670,8 @@ fn start_dataplane(
         )
         .context("starting the data plane")?,
     );
-    let c = dp.counters.clone();
-    health.add_source(Box::new(move |out| c.render(out)));
-    let w = dp.workers.clone();
-    health.add_source(Box::new(move |out| w.render(out)));
+    health.add_collector(dp.counters.clone());
+    health.add_collector(dp.workers.clone());
     let w = dp.workers.clone();
     health.add_check(Box::new(move || w.problem()));
     let dp2 = dp.clone();

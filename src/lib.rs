@@ -13,7 +13,8 @@
 //!   ([`dataplane::wire`]), forwarding decisions ([`dataplane::pipeline`]) and offload
 //!   split/coalesce ([`dataplane::offload`]) are pure; [`dataplane::sys`] and
 //!   [`dataplane::udp`] are the syscall layers, [`dataplane::driver`] owns the threads.
-//! - [`daemon`] wires them into `weft run`; [`health`] serves `/healthz`, `/readyz`, `/metrics`;
+//! - [`daemon`] wires them into `weft run`; [`health`] serves `/healthz`, `/readyz`, `/metrics`
+//!   (every component's metrics rendered by [`metrics`]);
 //!   [`instance`] keeps a second `weft run` on the same state dir or TUN device waiting.
 //!
 //! Files weft owns (`subnet.env`, the state dir) are written and read by [`atomic_file`].
@@ -32,6 +33,7 @@ pub mod dataplane;
 pub mod health;
 pub mod instance;
 pub mod lease;
+pub mod metrics;
 pub mod route;
 #[allow(unsafe_code)]
 pub mod time;

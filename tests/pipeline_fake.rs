@@ -140,13 +140,13 @@ fn two_hosts_with(
 
 /// A counter's value once the worker threads have added to it: they count a batch after
 /// handing it on, so a packet can arrive before its count does.
-fn count_settles(counter: &std::sync::atomic::AtomicU64) -> u64 {
+fn count_settles(counter: impl Fn() -> u64) -> u64 {
     let deadline = std::time::Instant::now() + WAIT;
-    while counter.load(Ordering::Relaxed) == 0 && std::time::Instant::now() < deadline {
+    while counter() == 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
     }
     std::thread::sleep(Duration::from_millis(20));
-    counter.load(Ordering::Relaxed)
+    counter()
 }
 
 #[test]
@@ -155,8 +155,8 @@ fn vxlan_packet_crosses_from_one_fake_host_to_the_other_unchanged() {
     let p = echo(Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2), 63);
     a.tun.inject(&p);
     assert_eq!(b.tun.take_written(WAIT).expect("delivered to host 2"), p);
-    assert_eq!(count_settles(&a.counters.tx_packets), 1);
-    assert_eq!(count_settles(&b.counters.rx_packets), 1);
+    assert_eq!(count_settles(|| a.counters.packets().tx_packets), 1);
+    assert_eq!(count_settles(|| b.counters.packets().rx_packets), 1);
     stop.store(true, Ordering::Relaxed);
 }
 
@@ -169,8 +169,8 @@ fn one_thread_workers_carry_packets_both_ways() {
     assert_eq!(b.tun.take_written(WAIT).expect("delivered to host 2"), there);
     b.tun.inject(&back);
     assert_eq!(a.tun.take_written(WAIT).expect("delivered back to host 1"), back);
-    assert_eq!(count_settles(&a.counters.tx_packets), 1);
-    assert_eq!(count_settles(&b.counters.rx_packets), 1);
+    assert_eq!(count_settles(|| a.counters.packets().tx_packets), 1);
+    assert_eq!(count_settles(|| b.counters.packets().rx_packets), 1);
     stop.store(true, Ordering::Relaxed);
 }
 
@@ -283,14 +283,13 @@ fn a_flood_to_unleased_destinations_gets_at_most_a_burst_of_icmp_errors() {
         replies
     };
     assert_eq!(flood(1), burst, "replies to the first flood");
-    let suppressed = a.counters.icmp_suppressed.load(Ordering::Relaxed);
+    let suppressed = a.counters.packets().icmp_suppressed;
     assert_eq!(suppressed, FLOOD - burst);
     // A second later the bucket is full again: one more burst, no more.
     clock.advance(Duration::from_secs(1));
     assert_eq!(flood(2), burst, "replies to the second flood");
-    assert_eq!(a.counters.icmp_suppressed.load(Ordering::Relaxed), 2 * (FLOOD - burst));
-    let mut metrics = String::new();
-    a.counters.render(&mut metrics);
+    assert_eq!(a.counters.packets().icmp_suppressed, 2 * (FLOOD - burst));
+    let metrics = weft::metrics::render_collector(a.counters.clone()).expect("metrics render");
     let line = format!("weft_dataplane_icmp_suppressed_total {}\n", 2 * (FLOOD - burst));
     assert!(metrics.contains(&line), "{line} missing from\n{metrics}");
     stop.store(true, Ordering::Relaxed);

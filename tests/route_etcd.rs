@@ -125,9 +125,7 @@ impl Watcher {
     }
 
     fn metrics(&self) -> String {
-        let mut text = String::new();
-        self.stats.render(&mut text);
-        text
+        weft::metrics::render_collector(self.stats.clone()).expect("metrics render")
     }
 }
 

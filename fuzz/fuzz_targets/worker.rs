@@ -13,7 +13,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use weft::config::BackendKind;
 use weft::dataplane::fake::{FakeNet, FakeTun};
-use weft::dataplane::pipeline::{Counters, Forwarder, OwnSubnet};
+use weft::dataplane::pipeline::{Forwarder, OwnSubnet, PacketCounters};
 use weft::dataplane::wire::virtio_net::{self, Header};
 use weft::dataplane::wire::vxlan;
 use weft::dataplane::worker::{RxPath, TxPath, WorkerConfig};
@@ -105,7 +105,7 @@ fuzz_target!(|data: &[u8]| {
     ));
     let targets: Vec<Ipv4Addr> = table.peers().iter().map(|p| p.subnet.first_host()).collect();
     let routes = Routes::new(table);
-    let counters = Counters::default();
+    let counters = PacketCounters::default();
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new());
 
     for r in input.reads.iter().take(24) {

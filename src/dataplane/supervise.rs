@@ -18,14 +18,16 @@
 #![forbid(unsafe_code)]
 
 use std::any::Any;
-use std::fmt::Write as _;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
 use tracing::{error, info};
 
+use crate::metrics;
 use crate::time::{Clock, Instant};
 
 /// When a panicked thread is restarted, and when weft gives up instead.
@@ -153,36 +155,28 @@ impl WorkerStates {
         self.given_up.store(true, Ordering::SeqCst);
         self.given_up_notify.notify_waiters();
     }
+}
 
-    /// Prometheus text: panics and up/down per thread.
-    pub fn render(&self, out: &mut String) {
+impl Collector for WorkerStates {
+    /// Panics and up/down per thread.
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> std::fmt::Result {
         let threads = self.threads.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = writeln!(
-            out,
-            "# HELP weft_dataplane_worker_panics_total Data plane thread panics, by thread."
-        );
-        let _ = writeln!(out, "# TYPE weft_dataplane_worker_panics_total counter");
-        for t in threads.iter() {
-            let _ = writeln!(
-                out,
-                "weft_dataplane_worker_panics_total{{thread=\"{}\"}} {}",
-                t.name,
-                t.panics.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP weft_dataplane_worker_up Whether a data plane thread runs (1) or is down (0)."
-        );
-        let _ = writeln!(out, "# TYPE weft_dataplane_worker_up gauge");
-        for t in threads.iter() {
-            let _ = writeln!(
-                out,
-                "weft_dataplane_worker_up{{thread=\"{}\"}} {}",
-                t.name,
-                u8::from(t.up.load(Ordering::Relaxed))
-            );
-        }
+        metrics::counter_family(
+            &mut e,
+            "weft_dataplane_worker_panics_total",
+            "Data plane thread panics, by thread.",
+            threads
+                .iter()
+                .map(|t| ([("thread", t.name.as_str())], t.panics.load(Ordering::Relaxed))),
+        )?;
+        metrics::gauge_family(
+            &mut e,
+            "weft_dataplane_worker_up",
+            "Whether a data plane thread runs (1) or is down (0).",
+            threads
+                .iter()
+                .map(|t| ([("thread", t.name.as_str())], u64::from(t.up.load(Ordering::Relaxed)))),
+        )
     }
 }
 
@@ -331,7 +325,7 @@ mod tests {
 
     #[test]
     fn a_panicking_body_is_restarted_counted_and_then_runs_on() {
-        let states = WorkerStates::default();
+        let states = Arc::new(WorkerStates::default());
         let clock = ManualClock::default();
         let stop = AtomicBool::new(false);
         let mut runs = 0;
@@ -344,8 +338,7 @@ mod tests {
         assert_eq!(runs, 3, "the body did not run again after its panics");
         assert!(states.problem().is_none(), "{:?}", states.problem());
         assert!(!states.has_given_up());
-        let mut out = String::new();
-        states.render(&mut out);
+        let out = metrics::render_collector(states.clone()).unwrap();
         assert!(
             out.contains("weft_dataplane_worker_panics_total{thread=\"weft-q0\"} 2\n"),
             "{out}"
@@ -355,7 +348,7 @@ mod tests {
 
     #[test]
     fn a_body_that_always_panics_is_given_up_on_and_named() {
-        let states = WorkerStates::default();
+        let states = Arc::new(WorkerStates::default());
         let clock = ManualClock::default();
         let stop = AtomicBool::new(false);
         let mut runs = 0;
@@ -368,9 +361,28 @@ mod tests {
         let problem = states.problem().expect("a problem");
         assert!(problem.contains("weft-q1-tx (panicked: always)"), "{problem}");
         assert!(problem.contains("exiting"), "{problem}");
-        let mut out = String::new();
-        states.render(&mut out);
+        let out = metrics::render_collector(states.clone()).unwrap();
         assert!(out.contains("weft_dataplane_worker_up{thread=\"weft-q1-tx\"} 0\n"), "{out}");
+    }
+
+    /// The worker metrics byte for byte as weft's hand-written renderer wrote them before
+    /// prometheus-client (`tests/golden/metrics_workers.prom` is its output for this state).
+    #[test]
+    fn worker_metrics_render_exactly_as_before() {
+        let states = Arc::new(WorkerStates::default());
+        let (clock, stop) = (ManualClock::default(), AtomicBool::new(false));
+        let mut runs = 0;
+        supervise("weft-q0", &states, quiet_policy(), &clock, &stop, || {
+            runs += 1;
+            if runs <= 2 {
+                panic!("boom");
+            }
+        });
+        supervise("weft-q1", &states, quiet_policy(), &clock, &stop, || {});
+        assert_eq!(
+            metrics::render_collector(states).unwrap(),
+            include_str!("../../tests/golden/metrics_workers.prom")
+        );
     }
 
     #[test]

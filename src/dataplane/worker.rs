@@ -20,7 +20,8 @@
 //! # Contract
 //! Buffers are allocated once per worker; the per-packet path allocates nothing, takes no lock
 //! (the route table is loaded wait-free once per batch) and logs nothing: every drop is counted
-//! by reason in [`Counters`]. The TX path reads its [`Clock`] once per batch read and passes
+//! by reason in the thread's own [`PacketCounters`] block (see [`Counters::thread`]: one per
+//! thread, on cache lines of its own, summed only when `/metrics` is read). The TX path reads its [`Clock`] once per batch read and passes
 //! that `now` to the pipeline (for the ICMP rate limit) and to the sockets (for the GSO retry). Loops return when `stop` is set
 //! (checked at least every `wake`).
 
@@ -31,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::offload::{self, GroConfig, GroTable, MAX_CHAIN, PacketRef};
-use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, Refusal, Rx, Tx};
+use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, PacketCounters, Refusal, Rx, Tx};
 use super::supervise::{self, RestartPolicy, WorkerStates, supervise};
 use super::udp::{self, MAX_BATCH, MAX_GSO_BYTES, RecvMeta, Transmit, UdpError};
 use super::wire::virtio_net::{self, Header};
@@ -164,7 +165,7 @@ impl TxPath {
         pool: &mut [U],
         fwd: &Forwarder,
         routes: &Routes,
-        counters: &Counters,
+        counters: &PacketCounters,
         wait: Duration,
     ) -> bool {
         if pool.is_empty() {
@@ -277,7 +278,7 @@ fn send_pending<U: UdpIo>(
     pending: &[Pending],
     pool: &mut [U],
     buf: &mut [u8],
-    counters: &Counters,
+    counters: &PacketCounters,
     now: Instant,
 ) {
     let sockets = pool.len();
@@ -332,7 +333,7 @@ fn send_messages<U: UdpIo>(
     slots: &[Vec<u8>],
     buf: &[u8],
     pool: &mut [U],
-    counters: &Counters,
+    counters: &PacketCounters,
     now: Instant,
 ) {
     let mut txs = [Transmit {
@@ -367,7 +368,12 @@ fn send_messages<U: UdpIo>(
 /// unreachable peer, a full queue to it) is skipped, counted in `io_errors`, and the rest of
 /// the batch sent again, so that one bad destination costs only its own datagrams and not those
 /// queued behind it to other peers. An error of the socket itself drops the rest of the batch.
-fn send_skipping<U: UdpIo>(sock: &mut U, txs: &[Transmit<'_>], now: Instant, counters: &Counters) {
+fn send_skipping<U: UdpIo>(
+    sock: &mut U,
+    txs: &[Transmit<'_>],
+    now: Instant,
+    counters: &PacketCounters,
+) {
     let mut rest = txs;
     // Each pass sends or skips at least one message, so this ends.
     while !rest.is_empty() {
@@ -406,7 +412,7 @@ pub fn run_tx<T: TunIo, U: UdpIo>(
     pool: &mut [U],
     fwd: &Forwarder,
     routes: &Routes,
-    counters: &Counters,
+    counters: &PacketCounters,
     cfg: WorkerConfig,
     clock: Arc<dyn Clock>,
     stop: &AtomicBool,
@@ -420,7 +426,7 @@ pub fn run_tx<T: TunIo, U: UdpIo>(
 }
 
 /// Counts the messages the kernel took.
-fn account_sent(txs: &[Transmit<'_>], counters: &Counters) {
+fn account_sent(txs: &[Transmit<'_>], counters: &PacketCounters) {
     let mut packets = 0u64;
     let mut bytes = 0u64;
     for t in txs {
@@ -455,7 +461,7 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
     pool: &mut [U],
     fwd: &Forwarder,
     table: &crate::route::RouteTable,
-    counters: &Counters,
+    counters: &PacketCounters,
     tun: &T,
     reply: &mut [u8],
     now: Instant,
@@ -556,7 +562,7 @@ impl RxPath {
         sock: &mut U,
         fwd: &Forwarder,
         routes: &Routes,
-        counters: &Counters,
+        counters: &PacketCounters,
         wait: Duration,
     ) -> bool {
         let Self { bufs, metas, refs, gro, vnet } = self;
@@ -573,8 +579,8 @@ impl RxPath {
         }
         let table = routes.load();
         refs.clear();
-        // Counted once per batch, not per packet: the workers share these counters, and an
-        // atomic add per packet on a cache line every worker writes costs more than the count.
+        // Counted once per batch, not per packet: an atomic add is not free even on a cache
+        // line no other thread writes.
         let (mut delivered, mut delivered_bytes) = (0u64, 0u64);
         for (b, meta) in metas.iter().enumerate().take(n) {
             if meta.truncated {
@@ -622,7 +628,7 @@ fn write_coalesced<T: TunIo>(
     gro: &mut GroTable,
     bufs: &mut [Vec<u8>],
     refs: &[PacketRef],
-    counters: &Counters,
+    counters: &PacketCounters,
 ) {
     if refs.is_empty() {
         return;
@@ -651,7 +657,7 @@ pub fn run_rx<T: TunIo, U: UdpIo>(
     sock: &mut U,
     fwd: &Forwarder,
     routes: &Routes,
-    counters: &Counters,
+    counters: &PacketCounters,
     cfg: WorkerConfig,
     stop: &AtomicBool,
 ) {
@@ -674,7 +680,7 @@ pub fn run_both<T: TunIo, U: UdpIo>(
     sock: &mut U,
     fwd: &Forwarder,
     routes: &Routes,
-    counters: &Counters,
+    counters: &PacketCounters,
     cfg: WorkerConfig,
     clock: Arc<dyn Clock>,
     stop: &AtomicBool,
@@ -715,7 +721,8 @@ pub struct Worker<T, U> {
     pub fwd: Forwarder,
     /// The route table.
     pub routes: Arc<Routes>,
-    /// Counters.
+    /// The data plane's counters; each thread counts in its own block of them
+    /// ([`Counters::thread`], by thread name).
     pub counters: Arc<Counters>,
     /// Batch size and timing.
     pub cfg: WorkerConfig,
@@ -740,6 +747,7 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
         let policy = RestartPolicy::default();
         if cfg.one_thread {
             let thread = name.to_owned();
+            let counters = counters.thread(&thread);
             let t = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
                 supervise(&thread, &states, policy, &*clock, &stop, || {
                     run_both(
@@ -758,16 +766,16 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
             return Ok(vec![t]);
         }
         let tx = {
+            let thread = format!("{name}-tx");
             let (tun, fwd, routes, counters, stop, states, clock) = (
                 tun.clone(),
                 fwd.clone(),
                 routes.clone(),
-                counters.clone(),
+                counters.thread(&thread),
                 stop.clone(),
                 states.clone(),
                 clock.clone(),
             );
-            let thread = format!("{name}-tx");
             std::thread::Builder::new().name(thread.clone()).spawn(move || {
                 supervise(&thread, &states, policy, &*clock, &stop, || {
                     run_tx(&*tun, &mut tx_pool, &fwd, &routes, &counters, cfg, clock.clone(), &stop)
@@ -775,6 +783,7 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
             })?
         };
         let thread = format!("{name}-rx");
+        let counters = counters.thread(&thread);
         let rx = std::thread::Builder::new().name(thread.clone()).spawn(move || {
             supervise(&thread, &states, policy, &*clock, &stop, || {
                 run_rx(&*tun, &mut rx, &fwd, &routes, &counters, cfg, &stop)
@@ -840,7 +849,7 @@ mod tests {
             .iter()
             .map(|&dst| Transmit { dst, contents: &payload, segment_size: None })
             .collect();
-        let counters = Counters::default();
+        let counters = PacketCounters::default();
         send_skipping(&mut sock, &txs, Instant::ZERO, &counters);
         assert_eq!(sock.sent, vec![peer(2), peer(3), peer(4)], "live peers lost datagrams");
         assert_eq!(counters.io_errors.load(Ordering::Relaxed), 2);
@@ -936,7 +945,7 @@ mod tests {
         let mut sock2 = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
         let ((fwd1, routes1), (fwd2, routes2)) =
             (host(BackendKind::Vxlan, 1, 2), host(BackendKind::Vxlan, 2, 1));
-        let (c1, c2) = (Counters::default(), Counters::default());
+        let (c1, c2) = (PacketCounters::default(), PacketCounters::default());
         let stream = inject_stream(&tun1);
         let mut tx = TxPath::new(&*tun1, &CFG, clock());
         assert!(tx.step(&*tun1, &mut pool, &fwd1, &routes1, &c1, Duration::from_secs(1)));
@@ -967,7 +976,7 @@ mod tests {
         let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
         let mut peer_sock = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
         let (fwd, routes) = host(BackendKind::Vxlan, 1, 2);
-        let counters = Counters::default();
+        let counters = PacketCounters::default();
         let sizes = [1000, 1000, 1000, 1000, 600, 1200, 1200];
         for (i, size) in sizes.into_iter().enumerate() {
             let mut p = Pkt::tcp4(size);
@@ -1002,7 +1011,7 @@ mod tests {
         let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
         let _peer = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
         let (fwd, routes) = host(BackendKind::Vxlan, 1, 2);
-        let counters = Counters::default();
+        let counters = PacketCounters::default();
         pool[0].set_gso(false);
         inject_stream(&tun);
         let mut tx = TxPath::new(&*tun, &CFG, clock());
@@ -1016,7 +1025,7 @@ mod tests {
         let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
         let mut peer_sock = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
         let (fwd, routes) = host(backend, 1, 2);
-        let counters = Counters::default();
+        let counters = PacketCounters::default();
         inject_stream(&tun);
         let mut tx = TxPath::new(&*tun, &CFG, clock());
         assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));

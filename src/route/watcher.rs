@@ -27,16 +27,17 @@
 //!   while the store is unreachable.
 //! - Stops when `shutdown` turns `true` or its sender is dropped.
 //!
-//! [`RouteStats`] counts what happened; register [`RouteStats::render`] as a
-//! [`crate::health::MetricsSource`].
+//! [`RouteStats`] counts what happened; it is the route watcher's metrics collector (add it
+//! with [`crate::health::Health::add_collector`]).
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -46,6 +47,7 @@ use super::set::RouteSet;
 use crate::config::NetworkConfig;
 use crate::lease::record::Subnet;
 use crate::lease::store::{Store, StoreError, WatchStream};
+use crate::metrics;
 
 /// The least time between two re-lists asked for by failed history reads or compaction.
 pub const RELIST_DEBOUNCE: Duration = Duration::from_millis(200);
@@ -96,54 +98,52 @@ pub struct RouteStats {
     pub ignored_keys: AtomicU64,
 }
 
-impl RouteStats {
-    /// Appends the Prometheus text exposition of these stats to `out`.
-    pub fn render(&self, out: &mut String) {
-        let metrics: [(&str, &str, &str, &AtomicU64); 8] = [
-            ("weft_routes", "gauge", "Routes to peers in the published table.", &self.routes),
+impl Collector for RouteStats {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let load = |v: &AtomicU64| v.load(Ordering::Relaxed);
+        let gauges: [(&str, &str, &AtomicU64); 3] = [
+            ("weft_routes", "Routes to peers in the published table.", &self.routes),
             (
                 "weft_routes_stale",
-                "gauge",
                 "Published routes whose lease expired (peer presumed partitioned).",
                 &self.stale_routes,
             ),
             (
                 "weft_route_ignored_keys",
-                "gauge",
                 "Keys under subnets/ ignored: not a lease of this network, or unreadable.",
                 &self.ignored_keys,
             ),
-            ("weft_route_updates_total", "counter", "Route tables published.", &self.updates),
+        ];
+        for (name, help, v) in gauges {
+            metrics::gauge(&mut e, name, help, load(v))?;
+        }
+        let counters: [(&str, &str, &AtomicU64); 5] = [
+            ("weft_route_updates_total", "Route tables published.", &self.updates),
             (
                 "weft_route_bad_entries_total",
-                "counter",
                 "Lease entries skipped because they did not parse or could not be routed to.",
                 &self.bad_entries,
             ),
             (
                 "weft_route_relists_total",
-                "counter",
                 "Re-lists of all leases (after compaction, a rewound store or store failures).",
                 &self.relists,
             ),
             (
                 "weft_route_history_reads_total",
-                "counter",
                 "History records read to tell an expired lease from a relinquished one.",
                 &self.history_reads,
             ),
             (
                 "weft_route_watch_errors_total",
-                "counter",
                 "Failed lease list, watch or history read calls.",
                 &self.watch_errors,
             ),
         ];
-        for (name, kind, help, v) in metrics {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            let _ = writeln!(out, "{name} {}", v.load(Ordering::Relaxed));
+        for (name, help, v) in counters {
+            metrics::counter(&mut e, name, help, load(v))?;
         }
+        Ok(())
     }
 }
 
@@ -695,6 +695,30 @@ mod tests {
         h.stop().await;
     }
 
+    /// The route metrics byte for byte as weft's hand-written renderer wrote them before
+    /// prometheus-client (`tests/golden/metrics_routes.prom` is its output for these values).
+    #[test]
+    fn route_metrics_render_exactly_as_before() {
+        let stats = Arc::new(RouteStats::default());
+        let all = [
+            &stats.routes,
+            &stats.stale_routes,
+            &stats.ignored_keys,
+            &stats.updates,
+            &stats.bad_entries,
+            &stats.relists,
+            &stats.history_reads,
+            &stats.watch_errors,
+        ];
+        for (v, n) in all.into_iter().zip(1..) {
+            v.store(n, Ordering::Relaxed);
+        }
+        assert_eq!(
+            metrics::render_collector(stats).unwrap(),
+            include_str!("../../tests/golden/metrics_routes.prom")
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn garbage_entries_are_counted_and_skipped() {
         let h = Harness::start();
@@ -711,8 +735,7 @@ mod tests {
         h.join(2, "10.244.2.0/24").await;
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
         assert_eq!(stat(&h.stats.bad_entries), 3);
-        let mut text = String::new();
-        h.stats.render(&mut text);
+        let text = metrics::render_collector(h.stats.clone()).unwrap();
         assert!(text.contains("weft_route_bad_entries_total 3\n"), "{text}");
         assert!(text.contains("# TYPE weft_routes gauge\nweft_routes 2\n"), "{text}");
         for name in [
