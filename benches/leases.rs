@@ -15,6 +15,14 @@
 //! Phases: join (all at once), renew (2 TTLs), suspend (SIGSTOP one worker past the TTL, then
 //! SIGCONT), churn (SIGTERM one worker, its hosts relinquishing, while a new worker joins).
 //!
+//! `--policy flannel` (default `weft`) runs flanneld's lease logic instead of weft's driver and
+//! keeper in every host (see [`flanneld`]: acquire by public IP or create-if-absent, renew by
+//! an unconditional put on a fresh etcd lease, exit on a lost create race or on its own key's
+//! delete, restarted by a supervisor after 1 s), for a side-by-side row. Everything else is the
+//! same in both modes: the store client per host, weft's route watcher per host, the phases and
+//! the measurements. In the churn phase flanneld's SIGTERMed hosts release nothing: their keys
+//! just expire.
+//!
 //! Store calls are counted per worker, the lease drivers' and the route watchers' apart: every
 //! phase reports the drivers' listings and creates, and the watchers' listings (the first one
 //! of each and re-lists) and history reads (one per delete a watcher sees).
@@ -29,6 +37,7 @@
 mod etcd;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -38,6 +47,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -51,15 +62,17 @@ use weft::lease::record::{
 };
 use weft::lease::store::{
     CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
-    RenewOutcome, Store, StoreError, WatchStream,
+    RenewOutcome, Store, StoreError, WatchEvent, WatchStream,
 };
 use weft::route::{RouteStats, RouteTable, Routes};
-use weft::time::{BootClock, Clock};
+use weft::time::{BootClock, Clock, Instant};
 
 const NETWORK_JSON: &str =
     r#"{"Network":"10.244.0.0/16","SubnetLen":28,"Backend":{"Type":"vxlan","VNI":1}}"#;
 const PREFIX: &str = "/coreos.com/network";
 const POLL: Duration = Duration::from_millis(10);
+/// The deadline of every single etcd call (weft's daemon default).
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// CLOCK_MONOTONIC in nanoseconds: system-wide, so workers' stamps compare.
 fn mono_ns() -> u64 {
@@ -84,6 +97,14 @@ fn main() {
     let get = |name: &str| {
         args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
     };
+    let policy = match get("--policy").unwrap_or("weft") {
+        "weft" => Policy::Weft,
+        "flannel" => Policy::Flannel,
+        other => {
+            eprintln!("leases: --policy is weft or flannel, not {other:?}");
+            std::process::exit(2);
+        }
+    };
     if args.iter().any(|a| a == "--worker") {
         let endpoints: Vec<String> =
             get("--endpoints").expect("--endpoints").split(',').map(String::from).collect();
@@ -91,7 +112,7 @@ fn main() {
         let count: u32 = get("--count").expect("--count").parse().expect("--count");
         let ttl: u64 = get("--ttl").expect("--ttl").parse().expect("--ttl");
         let dir = PathBuf::from(get("--dir").expect("--dir"));
-        worker(endpoints, first, count, Duration::from_secs(ttl), &dir);
+        worker(endpoints, first, count, Duration::from_secs(ttl), &dir, policy);
         return;
     }
     let Some(hosts) = get("--hosts") else {
@@ -103,7 +124,25 @@ fn main() {
     let hosts: u32 = hosts.parse().expect("--hosts N");
     let workers: u32 = get("--workers").map_or(10, |w| w.parse().expect("--workers N"));
     let ttl: u64 = get("--ttl").map_or(10, |t| t.parse().expect("--ttl SECONDS"));
-    coordinator(hosts, workers, ttl);
+    coordinator(hosts, workers, ttl, policy);
+}
+
+/// Which lease logic the hosts run (`--policy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Policy {
+    /// weft's own [`LeaseDriver`] and [`Keeper`].
+    Weft,
+    /// flanneld's lease logic ([`flanneld`]).
+    Flannel,
+}
+
+impl Policy {
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Weft => "weft",
+            Policy::Flannel => "flannel",
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -276,6 +315,13 @@ struct Host {
     own: Option<Subnet>,
     /// Set after the worker was stopped: report the first time this host is ready again.
     await_rehold: bool,
+    /// How many times this host's flanneld exited (weft's driver never does).
+    exits: Arc<AtomicU64>,
+    /// `exits` at the last tick.
+    exits_seen: u64,
+    /// Whether the worker was stopped and resumed: from then on an exit of flanneld asks for
+    /// the rehold again (it is the restarted process whose lease counts).
+    resumed: bool,
 }
 
 /// A route change some host of this worker saw, until every host has it.
@@ -311,7 +357,14 @@ fn clk_tck() -> f64 {
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
 }
 
-fn worker(endpoints: Vec<String>, first: u32, count: u32, ttl: Duration, dir: &Path) {
+fn worker(
+    endpoints: Vec<String>,
+    first: u32,
+    count: u32,
+    ttl: Duration,
+    dir: &Path,
+    policy: Policy,
+) {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("WEFT_LOG"))
         .with_writer(std::io::stderr)
@@ -323,27 +376,35 @@ fn worker(endpoints: Vec<String>, first: u32, count: u32, ttl: Duration, dir: &P
         .build()
         .expect("tokio runtime");
     let opts = EtcdOptions {
-        endpoints,
+        endpoints: endpoints.clone(),
         prefix: PREFIX.into(),
-        call_timeout: Duration::from_secs(5),
+        call_timeout: CALL_TIMEOUT,
         ..EtcdOptions::default()
     };
-    let (stores, network) = rt.block_on(async {
+    let (stores, putters, network) = rt.block_on(async {
         let mut stores = Vec::new();
+        let mut putters = Vec::new();
         for _ in 0..count {
             stores.push(EtcdStore::connect(opts.clone()).await.expect("etcd client"));
+            if policy == Policy::Flannel {
+                putters.push(flannel_client(&endpoints).await.expect("etcd client for puts"));
+            }
         }
         let raw = stores[0].config().await.expect("read config").expect("config set");
-        (stores, NetworkConfig::parse(&raw).expect("valid config"))
+        (stores, putters, NetworkConfig::parse(&raw).expect("valid config"))
     });
     emit(json!({"ev": "ready", "pid": std::process::id(), "rss_kb": rss_kb()}));
     let mut line = String::new();
     let _ = std::io::stdin().read_line(&mut line);
-    rt.block_on(run_hosts(stores, network, first, ttl, dir));
+    rt.block_on(run_hosts(stores, putters, network, first, ttl, dir));
 }
 
+/// Runs this worker's hosts until SIGTERM: weft's driver per host, or flanneld's logic per host
+/// when `putters` (one raw etcd client per host, for flannel's unconditional puts) is not
+/// empty; weft's route watcher per host in both cases.
 async fn run_hosts(
     stores: Vec<EtcdStore>,
+    putters: Vec<etcd_client::Client>,
     network: NetworkConfig,
     first: u32,
     ttl: Duration,
@@ -352,21 +413,80 @@ async fn run_hosts(
     let clock: Arc<dyn Clock> = Arc::new(BootClock);
     let calls = Arc::new(Calls::default());
     let route_calls = Arc::new(Calls::default());
+    let flannel_counts = Arc::new(FlannelCounts::default());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut hosts = Vec::new();
     let mut drivers = Vec::new();
+    let mut putters = putters.into_iter();
     for (k, store) in stores.into_iter().enumerate() {
         let idx = first + k as u32;
         let ip = host_ip(idx);
+        let etcd = store.clone();
         let raw: Arc<dyn Store> = Arc::new(store);
         let counting: Arc<dyn Store> =
             Arc::new(Counting { inner: raw.clone(), calls: calls.clone(), host: idx, ip });
         let node = NodeId::generate();
         let state_dir = dir.join(format!("h{idx}"));
         std::fs::create_dir_all(&state_dir).expect("host dir");
-        emit(json!({"ev": "host_info", "h": idx, "node": node.as_str(), "ip": ip.to_string()}));
         let mac = [0x02, 0, (idx >> 16) as u8, (idx >> 8) as u8, idx as u8, 1];
         let attrs = weft::daemon::lease_attrs(&network, ip, mac);
+        let health = Arc::new(Health::new(clock.clone()));
+        let (subnet_tx, subnet_rx) = watch::channel(None);
+        let routes =
+            Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
+        let stats = Arc::new(RouteStats::default());
+        let route_store: Arc<dyn Store> =
+            Arc::new(Counting { inner: raw, calls: route_calls.clone(), host: idx, ip });
+        tokio::spawn(weft::route::watcher::run(
+            route_store,
+            routes.clone(),
+            network.clone(),
+            subnet_rx.clone(),
+            stats.clone(),
+            shutdown_rx.clone(),
+        ));
+        let exits = Arc::new(AtomicU64::new(0));
+        let table = routes.load().clone();
+        let host = Host {
+            idx,
+            ip,
+            routes,
+            stats,
+            health: health.clone(),
+            subnet: subnet_rx,
+            table,
+            reported: (None, false),
+            own: None,
+            await_rehold: false,
+            exits: exits.clone(),
+            exits_seen: 0,
+            resumed: false,
+        };
+        if let Some(putter) = putters.next() {
+            // flannel knows a host by its public IP: that is the identity the store check uses.
+            emit(
+                json!({"ev": "host_info", "h": idx, "node": ip.to_string(), "ip": ip.to_string()}),
+            );
+            let f = FlannelHost {
+                idx,
+                store: counting,
+                etcd,
+                putter,
+                network: network.clone(),
+                attrs,
+                ttl,
+                clock: clock.clone(),
+                health,
+                subnet_tx,
+                calls: calls.clone(),
+                counts: flannel_counts.clone(),
+                exits,
+            };
+            drivers.push(tokio::spawn(flannel_supervisor(f, shutdown_rx.clone())));
+            hosts.push(host);
+            continue;
+        }
+        emit(json!({"ev": "host_info", "h": idx, "node": node.as_str(), "ip": ip.to_string()}));
         let (presence_ttl, retry_min, retry_max) = KeeperConfig::timings_for(ttl);
         let keeper = Keeper::new(
             KeeperConfig {
@@ -384,27 +504,12 @@ async fn run_hosts(
             },
             clock.now(),
         );
-        let health = Arc::new(Health::new(clock.clone()));
-        let (subnet_tx, subnet_rx) = watch::channel(None);
-        let routes =
-            Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
-        let stats = Arc::new(RouteStats::default());
-        let route_store: Arc<dyn Store> =
-            Arc::new(Counting { inner: raw, calls: route_calls.clone(), host: idx, ip });
-        tokio::spawn(weft::route::watcher::run(
-            route_store,
-            routes.clone(),
-            network.clone(),
-            subnet_rx.clone(),
-            stats.clone(),
-            shutdown_rx.clone(),
-        ));
         let driver = LeaseDriver::new(
             counting,
             keeper,
             node,
             clock.clone(),
-            health.clone(),
+            health,
             DriverConfig {
                 network: network.clone(),
                 subnet_file: state_dir.join("subnet.env"),
@@ -419,21 +524,9 @@ async fn run_hosts(
             subnet_tx,
         );
         drivers.push(tokio::spawn(driver.run(shutdown_rx.clone())));
-        let table = routes.load().clone();
-        hosts.push(Host {
-            idx,
-            ip,
-            routes,
-            stats,
-            health,
-            subnet: subnet_rx,
-            table,
-            reported: (None, false),
-            own: None,
-            await_rehold: false,
-        });
+        hosts.push(host);
     }
-    let poller = tokio::spawn(poll(hosts, calls, route_calls, shutdown_rx.clone()));
+    let poller = tokio::spawn(poll(hosts, calls, route_calls, flannel_counts, shutdown_rx.clone()));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("SIGTERM handler");
     term.recv().await;
@@ -452,6 +545,7 @@ async fn poll(
     mut hosts: Vec<Host>,
     calls: Arc<Calls>,
     route_calls: Arc<Calls>,
+    flannel: Arc<FlannelCounts>,
     shutdown: watch::Receiver<bool>,
 ) {
     let n = hosts.len();
@@ -476,6 +570,7 @@ async fn poll(
             emit(json!({"ev": "resumed", "t": now, "gap_ms": (now - last_tick) / 1_000_000}));
             for h in &mut hosts {
                 h.await_rehold = true;
+                h.resumed = true;
             }
         }
         last_tick = now;
@@ -562,6 +657,15 @@ async fn poll(
         }
         // Lease state per host.
         for h in &mut hosts {
+            let exits = h.exits.load(Ordering::Relaxed);
+            if exits != h.exits_seen {
+                h.exits_seen = exits;
+                // A flanneld that held its lease again after the stop and then exited (its
+                // own key's delete came after): the rehold is the restarted process's.
+                if h.resumed {
+                    h.await_rehold = true;
+                }
+            }
             let subnet = *h.subnet.borrow();
             let ready = h.health.readiness().is_ok();
             if (subnet, ready) != h.reported {
@@ -611,7 +715,396 @@ async fn poll(
                 "releases": c.releases.load(Ordering::Relaxed),
                 "call_errors": c.errors.load(Ordering::Relaxed),
                 "pending_props": pending.len(),
+                "restarts": hosts.iter().map(|h| h.exits.load(Ordering::Relaxed)).sum::<u64>(),
+                "exits_race": flannel.exits_race.load(Ordering::Relaxed),
+                "exits_revoked": flannel.exits_revoked.load(Ordering::Relaxed),
+                "exits_exhausted": flannel.exits_exhausted.load(Ordering::Relaxed),
+                "flannel_puts": flannel.puts.load(Ordering::Relaxed),
+                "flannel_ttl_reads": flannel.ttl_reads.load(Ordering::Relaxed),
             }));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// flannel's lease policy (--policy flannel)
+// ---------------------------------------------------------------------------------------------
+//
+// tests/sim/mod.rs (`FlannelProc`, `step_flannel`, `flannel_acquire`, `flannel_put`,
+// `flannel_margin`; docs/lease-rules.md, "flannel's lease logic") is the model of what follows:
+// flanneld v0.18 and later (`FlannelVersion::V0_18`). It is duplicated here rather than shared
+// because the simulation's is synchronous, one store call per step over the in-memory store
+// and its manual clock, while this runs flanneld's loop as it runs: async, against real etcd,
+// on real timers.
+
+/// flanneld's renew retry: "trying again in 1 min" of a 24 h lease, scaled as the simulation
+/// scales it (200 ms of its 4 s TTL: TTL/20, 500 ms at the bench's 10 s).
+fn flannel_retry(ttl: Duration) -> Duration {
+    ttl / 20
+}
+
+/// flannel's renew margin (1 h before a 24 h expiry), scaled as the simulation scales it: TTL/4,
+/// weft's daemon default for short TTLs, so that both renew at comparable points.
+fn flannel_margin(ttl: Duration) -> Duration {
+    ttl / 4
+}
+
+/// How long flanneld's acquire loop waits after a failed store call (the etcd client blocks
+/// and retries; flanneld does not exit), as in the simulation.
+const FLANNEL_ACQUIRE_RETRY: Duration = Duration::from_secs(1);
+
+/// How long the supervisor (systemd's `Restart=always`, a DaemonSet's restart) waits before it
+/// starts an exited flanneld again. Real ones wait longer and back off (kubelet: 10 s doubling
+/// to 5 min); 1 s is the simulation's and the kindest to flannel.
+const FLANNEL_RESTART: Duration = Duration::from_secs(1);
+
+/// What the flannel hosts of a worker did, beyond the store calls [`Counting`] sees.
+#[derive(Default)]
+struct FlannelCounts {
+    /// Unconditional puts (acquire by public IP and renewals), each on a fresh etcd lease.
+    puts: AtomicU64,
+    /// `LeaseTimeToLive` calls, one per event of its own key's watch.
+    ttl_reads: AtomicU64,
+    /// Exits after a create that lost its race (`errSubnetAlreadyexists`).
+    exits_race: AtomicU64,
+    /// Exits on a delete of its own key ("Lease has been revoked. Shutting down daemon.").
+    exits_revoked: AtomicU64,
+    /// Exits with no free subnet left.
+    exits_exhausted: AtomicU64,
+}
+
+/// One flannel host: what its flanneld process and its supervisor need.
+struct FlannelHost {
+    idx: u32,
+    /// The host's store client, counted: listings, creates (weft's create-if-absent is
+    /// flannel's: `version == 0`, no history record for a value without weft's node ID) and
+    /// the own-key watch.
+    store: Arc<dyn Store>,
+    /// The same client, uncounted, for `LeaseTimeToLive` ([`EtcdStore::lease_ttl`]).
+    etcd: EtcdStore,
+    /// A raw etcd client for the unconditional put, which the [`Store`] contract leaves out.
+    putter: etcd_client::Client,
+    network: NetworkConfig,
+    /// flannel's value: [`LeaseAttrs`] without weft's node fields.
+    attrs: LeaseAttrs,
+    ttl: Duration,
+    clock: Arc<dyn Clock>,
+    /// Ready while flanneld runs and its last write's etcd lease is live as far as it knows.
+    health: Arc<Health>,
+    subnet_tx: watch::Sender<Option<Subnet>>,
+    calls: Arc<Calls>,
+    counts: Arc<FlannelCounts>,
+    exits: Arc<AtomicU64>,
+}
+
+/// Why a flanneld process ended.
+enum FlannelExit {
+    RaceLost(Subnet),
+    Revoked(Subnet),
+    Exhausted,
+}
+
+/// A raw etcd client like [`EtcdStore`]'s (bounded dials, leader required), for
+/// [`flannel_put`].
+async fn flannel_client(endpoints: &[String]) -> Result<etcd_client::Client, etcd_client::Error> {
+    let opts = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(CALL_TIMEOUT)
+        .with_require_leader(true);
+    etcd_client::Client::connect(endpoints, Some(opts)).await
+}
+
+fn subnet_key(s: Subnet) -> String {
+    format!("{PREFIX}/subnets/{}", s.key_name())
+}
+
+/// One etcd call of [`flannel_put`] under the call deadline.
+async fn etcd_call<T>(
+    fut: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(StoreError::Unavailable(Box::new(e))),
+        Err(_) => Err(StoreError::Timeout(CALL_TIMEOUT)),
+    }
+}
+
+/// flannel's `updateSubnet`: a fresh etcd lease and an unconditional put of the subnet key, no
+/// compare (the old etcd lease is left to expire, as flannel leaves it). Returns the put's
+/// revision. Counted as a driver store call (errors too).
+async fn flannel_put(h: &mut FlannelHost, s: Subnet) -> Result<Revision, StoreError> {
+    h.counts.puts.fetch_add(1, Ordering::Relaxed);
+    let ttl_secs = i64::try_from(h.ttl.as_secs()).unwrap_or(i64::MAX).max(1);
+    let (key, value) = (subnet_key(s), h.attrs.to_json());
+    let client = &mut h.putter;
+    let r = async {
+        let lease = etcd_call(client.lease_grant(ttl_secs, None)).await?;
+        let opts = etcd_client::PutOptions::new().with_lease(lease.id());
+        let put = etcd_call(client.put(key, value, Some(opts))).await?;
+        Ok(Revision(put.header().map_or(0, |hd| hd.revision())))
+    }
+    .await;
+    if r.is_err() {
+        h.calls.errors.fetch_add(1, Ordering::Relaxed);
+    }
+    r
+}
+
+fn store_trouble(h: &FlannelHost, what: &str, s: Option<Subnet>, e: &StoreError) {
+    weft::health::Counters::inc(&h.health.counters.store_errors);
+    tracing::warn!(host = h.idx, subnet = ?s.map(|s| s.to_string()), error = %e, "flanneld: {what} failed");
+}
+
+/// Marks the host's lease held until `expires` (its last write plus the TTL).
+fn flannel_held(h: &FlannelHost, s: Subnet, expires: Instant) {
+    h.health.set_lease(weft::health::LeaseStatus {
+        state: "held",
+        subnet: Some(s),
+        expires_at: Some(expires),
+        not_ready: None,
+    });
+}
+
+/// The supervisor: runs flanneld, restarts it [`FLANNEL_RESTART`] after every exit, until the
+/// worker is told to stop. On SIGTERM flanneld just ends: it never releases its lease.
+async fn flannel_supervisor(mut h: FlannelHost, mut shutdown: watch::Receiver<bool>) {
+    // subnet.env: written by one flanneld process, read by the next.
+    let mut subnet_env: Option<Subnet> = None;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    loop {
+        let exit = tokio::select! {
+            exit = flanneld(&mut h, &mut subnet_env, &mut rng) => exit,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        let (counter, reason) = match exit {
+            FlannelExit::RaceLost(s) => {
+                (&h.counts.exits_race, format!("{s}: errSubnetAlreadyexists (exit 1)"))
+            }
+            FlannelExit::Revoked(s) => (
+                &h.counts.exits_revoked,
+                format!("{s}: Lease has been revoked. Shutting down daemon. (exit 0)"),
+            ),
+            FlannelExit::Exhausted => (&h.counts.exits_exhausted, "out of subnets (exit 1)".into()),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        h.health.set_lease(weft::health::LeaseStatus {
+            state: "exited",
+            not_ready: Some(reason.clone()),
+            ..Default::default()
+        });
+        h.exits.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(host = h.idx, "flanneld exits: {reason}; restarted in {FLANNEL_RESTART:?}");
+        tokio::select! {
+            _ = tokio::time::sleep(FLANNEL_RESTART) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+/// What one flanneld process acquired.
+struct FlannelLease {
+    subnet: Subnet,
+    revision: Revision,
+    expires: tokio::time::Instant,
+}
+
+/// One flanneld process: acquire, then renew and watch its own key until it exits.
+async fn flanneld(
+    h: &mut FlannelHost,
+    subnet_env: &mut Option<Subnet>,
+    rng: &mut rand::rngs::StdRng,
+) -> FlannelExit {
+    let lease = loop {
+        match flannel_acquire(h, *subnet_env, rng).await {
+            Ok(Some(lease)) => break lease,
+            Ok(None) => tokio::time::sleep(FLANNEL_ACQUIRE_RETRY).await,
+            Err(exit) => return exit,
+        }
+    };
+    let s = lease.subnet;
+    weft::health::Counters::inc(&h.health.counters.acquisitions);
+    if *subnet_env != Some(s) {
+        if subnet_env.is_some() {
+            weft::health::Counters::inc(&h.health.counters.subnet_changes);
+        }
+        *subnet_env = Some(s);
+    }
+    h.subnet_tx.send_replace(Some(s));
+    let ttl = h.ttl;
+    let margin = flannel_margin(ttl);
+    // flannel's MonitorLease: a timer to expiry − margin, re-armed by every event of its own
+    // key's watch (from the lease's TimeToLive); a delete of the key ends the process.
+    let mut renew_at = lease.expires - margin;
+    let mut watch: Option<WatchStream> = None;
+    let mut watch_from = Revision(lease.revision.0 + 1);
+    let mut watch_retry_at = tokio::time::Instant::now();
+    let mut watch_backoff = Duration::from_millis(100);
+    enum Wake {
+        Renew,
+        Watched(Option<Result<weft::lease::store::WatchBatch, StoreError>>),
+        Rewatch,
+    }
+    loop {
+        let watching = watch.is_some();
+        let next = async {
+            match watch.as_mut() {
+                Some(w) => w.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        // Go's select picks at random among ready cases; so does tokio's.
+        let wake = tokio::select! {
+            _ = tokio::time::sleep_until(renew_at) => Wake::Renew,
+            item = next => Wake::Watched(item),
+            _ = tokio::time::sleep_until(watch_retry_at), if !watching => Wake::Rewatch,
+        };
+        match wake {
+            Wake::Renew => {
+                let issued = tokio::time::Instant::now();
+                let issued_clock = h.clock.now();
+                match flannel_put(h, s).await {
+                    Ok(_) => {
+                        weft::health::Counters::inc(&h.health.counters.renewals);
+                        flannel_held(h, s, issued_clock + ttl);
+                        renew_at = issued + ttl - margin;
+                    }
+                    Err(e) => {
+                        store_trouble(h, "renew", Some(s), &e);
+                        renew_at = tokio::time::Instant::now() + flannel_retry(ttl);
+                    }
+                }
+            }
+            Wake::Rewatch => match h.store.watch(watch_from, Some(s)).await {
+                Ok(w) => {
+                    watch = Some(w);
+                    watch_backoff = Duration::from_millis(100);
+                }
+                Err(e) => {
+                    store_trouble(h, "watch", Some(s), &e);
+                    watch_retry_at = tokio::time::Instant::now() + watch_backoff;
+                    watch_backoff = (watch_backoff * 2).min(Duration::from_secs(5));
+                }
+            },
+            Wake::Watched(Some(Ok(batch))) => {
+                watch_from = Revision(batch.revision.0 + 1);
+                for ev in batch.events {
+                    match ev {
+                        // EventAdded: the new expiration, from the key's etcd lease.
+                        WatchEvent::Put(l) => {
+                            h.counts.ttl_reads.fetch_add(1, Ordering::Relaxed);
+                            let now = tokio::time::Instant::now();
+                            let now_clock = h.clock.now();
+                            let left = match h.etcd.lease_ttl(l.lease_id).await {
+                                Ok(Some(left)) => left,
+                                Ok(None) => ttl,
+                                Err(e) => {
+                                    store_trouble(h, "lease TimeToLive", Some(s), &e);
+                                    ttl
+                                }
+                            };
+                            flannel_held(h, s, now_clock + left);
+                            renew_at = (now + left).checked_sub(margin).unwrap_or(now);
+                        }
+                        WatchEvent::Delete { .. } => return FlannelExit::Revoked(s),
+                        WatchEvent::Bad(_) => {}
+                    }
+                }
+            }
+            Wake::Watched(Some(Err(StoreError::Compacted { .. }))) => {
+                // v0.28.9: read the key again; gone means an EventRemoved.
+                match h.store.get(s).await {
+                    Ok(None) => return FlannelExit::Revoked(s),
+                    Ok(Some(_)) => watch_from = Revision(0),
+                    Err(e) => store_trouble(h, "get", Some(s), &e),
+                }
+                watch = None;
+                watch_retry_at = tokio::time::Instant::now();
+            }
+            Wake::Watched(Some(Err(StoreError::Rewound { .. }))) => {
+                // EtcdStore's watch says "rewound" when the member serving it has not applied
+                // the revision asked for yet: here, a follower a few revisions behind our own
+                // write. etcd's watch would just wait for it and flanneld see nothing, so
+                // this is no store error: watch again from the same revision.
+                watch = None;
+                watch_retry_at = tokio::time::Instant::now() + Duration::from_millis(100);
+            }
+            Wake::Watched(other) => {
+                if let Some(Err(e)) = &other {
+                    store_trouble(h, "watch", Some(s), e);
+                }
+                watch = None;
+                watch_retry_at = tokio::time::Instant::now() + watch_backoff;
+                watch_backoff = (watch_backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// flannel's `tryAcquireLease`, one attempt: `Ok(None)` after a failed store call (try again in
+/// [`FLANNEL_ACQUIRE_RETRY`]); `Err` when flanneld exits.
+async fn flannel_acquire(
+    h: &mut FlannelHost,
+    subnet_env: Option<Subnet>,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<Option<FlannelLease>, FlannelExit> {
+    let listing = match h.store.list().await {
+        Ok(l) => l,
+        Err(e) => {
+            store_trouble(h, "list", None, &e);
+            return Ok(None);
+        }
+    };
+    let ip = h.attrs.public_ip;
+    let fits = |s: Subnet| h.network.fits(s);
+    // 1. Reuse the first lease whose PublicIP is ours: an unconditional put.
+    if let Some(s) =
+        listing.leases.iter().find(|l| l.attrs.public_ip == ip && fits(l.subnet)).map(|l| l.subnet)
+    {
+        let issued = tokio::time::Instant::now();
+        let (issued_clock, issued_ns) = (h.clock.now(), mono_ns());
+        return match flannel_put(h, s).await {
+            Ok(revision) => {
+                emit(json!({
+                    "ev": "created", "h": h.idx, "s": s.to_string(), "ip": ip.to_string(),
+                    "t_issue": issued_ns, "t": mono_ns(),
+                }));
+                flannel_held(h, s, issued_clock + h.ttl);
+                Ok(Some(FlannelLease { subnet: s, revision, expires: issued + h.ttl }))
+            }
+            Err(e) => {
+                store_trouble(h, "put", Some(s), &e);
+                Ok(None)
+            }
+        };
+    }
+    let taken: HashSet<Subnet> = listing.leases.iter().map(|l| l.subnet).collect();
+    // 2. The subnet.env subnet if no key exists for it; else 3. random among the lowest 100 free.
+    let candidate = match subnet_env {
+        Some(prev) if fits(prev) && !taken.contains(&prev) => prev,
+        _ => {
+            let free: Vec<Subnet> =
+                h.network.subnets().filter(|s| !taken.contains(s)).take(100).collect();
+            if free.is_empty() {
+                return Err(FlannelExit::Exhausted);
+            }
+            free[rng.random_range(0..free.len())]
+        }
+    };
+    let issued = tokio::time::Instant::now();
+    let issued_clock = h.clock.now();
+    // `Counting` stamps a committed create for the propagation figures.
+    match h.store.create(candidate, &h.attrs, h.ttl).await {
+        Ok(CreateOutcome::Created(held)) => {
+            flannel_held(h, candidate, issued_clock + h.ttl);
+            Ok(Some(FlannelLease {
+                subnet: candidate,
+                revision: held.mod_revision,
+                expires: issued + h.ttl,
+            }))
+        }
+        Ok(CreateOutcome::Exists(_)) => Err(FlannelExit::RaceLost(candidate)),
+        Err(e) => {
+            store_trouble(h, "create", Some(candidate), &e);
+            Ok(None)
         }
     }
 }
@@ -672,6 +1165,7 @@ struct Coord {
     endpoints: String,
     ttl: u64,
     dir: PathBuf,
+    policy: Policy,
 }
 
 impl Coord {
@@ -691,6 +1185,7 @@ impl Coord {
             .args(["--worker", "--endpoints", &self.endpoints])
             .args(["--first", &first.to_string(), "--count", &count.to_string()])
             .args(["--ttl", &self.ttl.to_string()])
+            .args(["--policy", self.policy.name()])
             .arg("--dir")
             .arg(self.dir.join("hosts"))
             .env("WEFT_LOG", "warn")
@@ -885,6 +1380,12 @@ impl Coord {
             "renew_conflicts",
             "releases",
             "call_errors",
+            "restarts",
+            "exits_race",
+            "exits_revoked",
+            "exits_exhausted",
+            "flannel_puts",
+            "flannel_ttl_reads",
         ]
         .into_iter()
         .map(|k| (k, self.stat_sum(k)))
@@ -995,7 +1496,13 @@ fn check_store(
     };
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
     for l in &listing.leases {
-        let node = l.attrs.node_id.as_ref().map(|n| n.as_str().to_string()).unwrap_or_default();
+        // weft's keys name their node; flannel's only their public IP, which is how flannel
+        // knows its own (its hosts report their IP as their node).
+        let node = l
+            .attrs
+            .node_id
+            .as_ref()
+            .map_or_else(|| l.attrs.public_ip.to_string(), |n| n.as_str().to_string());
         by_node.entry(node).or_default().push(l.subnet.to_string());
     }
     let two_keys = by_node.values().filter(|v| v.len() > 1).count();
@@ -1070,7 +1577,7 @@ fn phase_row(
     (row, repeats)
 }
 
-fn print_row(r: &PhaseRow) {
+fn print_row(r: &PhaseRow, policy: Policy) {
     let c = &r.counters;
     let g = |k: &str| c.get(k).copied().unwrap_or(0);
     println!(
@@ -1104,15 +1611,35 @@ fn print_row(r: &PhaseRow) {
         "[{}] propagation p50 {:.0} ms p99 {:.0} ms over {} changes ({} never reached every watcher) | etcd CPU {:.1} s in {:.1} s wall",
         r.name, r.p50, r.p99, r.timed, r.missing, r.etcd_cpu, r.wall
     );
+    if policy == Policy::Flannel {
+        println!(
+            "[{}] flanneld exits {} (lost create race {}, own key deleted {}, out of subnets {}), each restarted {FLANNEL_RESTART:?} later | unconditional puts {} | lease TimeToLive reads {}",
+            r.name,
+            g("restarts"),
+            g("exits_race"),
+            g("exits_revoked"),
+            g("exits_exhausted"),
+            g("flannel_puts"),
+            g("flannel_ttl_reads"),
+        );
+    }
 }
 
-fn coordinator(n: u32, nworkers: u32, ttl: u64) {
+fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "leases bench: {n} hosts in {nworkers} workers (nice {}), TTL {ttl} s, network {NETWORK_JSON}; load before: {}",
         std::env::var("WEFT_BENCH_NICE").unwrap_or_else(|_| "10".into()),
         load.trim()
     );
+    match policy {
+        Policy::Weft => {
+            println!("lease policy: weft's (LeaseDriver + Keeper); route watchers: weft's")
+        }
+        Policy::Flannel => println!(
+            "lease policy: flannel's (v0.18+, as tests/sim/mod.rs models it; renew margin TTL/4, renew retry TTL/20, an exited flanneld restarted after {FLANNEL_RESTART:?}); route watchers: weft's, as in the weft runs: only the lease policy differs"
+        ),
+    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     // etcd's default raft timing: with the fast test timing (50/500 ms) the members of a
     // starved 2-core machine lost their leader under the join's load and never got it back.
@@ -1150,6 +1677,7 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64) {
         endpoints: endpoints.join(","),
         ttl,
         dir: dir.path().to_path_buf(),
+        policy,
     };
     let per = n.div_ceil(nworkers);
     let mut first = 0;
@@ -1207,7 +1735,7 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64) {
     c.sleep(Duration::from_millis(1200));
     let start = PhaseStart { before: BTreeMap::new(), cpu0, t0 };
     let (row, _) = phase_row(&c, "join", settle as f64 / 1e9, &start, &pids, &rt, &store);
-    print_row(&row);
+    print_row(&row, policy);
     let (m50, mmax) = c.memory_per_host_kb();
     println!(
         "[join] memory per host: {:.0} KiB median over workers (max {:.0}); {:.0} KiB per host with clients connected, before starting",
@@ -1233,7 +1761,7 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64) {
     c.sleep(Duration::from_millis(1200));
     let start = PhaseStart { before, cpu0, t0 };
     let (row, _) = phase_row(&c, "renew", 0.0, &start, &pids, &rt, &store);
-    print_row(&row);
+    print_row(&row, policy);
     println!("[renew] hosts that stopped holding at some point: {}", dropped.len());
     rows.push(row);
 
@@ -1271,7 +1799,7 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64) {
     c.sleep(Duration::from_millis(1200));
     let start = PhaseStart { before, cpu0, t0 };
     let (row, repeats) = phase_row(&c, "suspend", back as f64 / 1e9, &start, &pids, &rt, &store);
-    print_row(&row);
+    print_row(&row, policy);
     println!(
         "[suspend] {} hosts stopped {} s (TTL {ttl} s); all hold again {:.2} s after SIGCONT; {}/{} on the same subnet; {repeats} re-creates of a known route not timed",
         suspended.len(),
@@ -1318,16 +1846,31 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64) {
     c.sleep(Duration::from_millis(1200));
     let start = PhaseStart { before, cpu0, t0 };
     let (row, _) = phase_row(&c, "churn", settled as f64 / 1e9, &start, &pids, &rt, &store);
-    print_row(&row);
+    print_row(&row, policy);
     let (created, _, _) = c.propagation_of("churn", Some(false));
     let (gone, _, _) = c.propagation_of("churn", Some(true));
-    println!(
-        "[churn] {per} hosts left (relinquishing), {per} joined; propagation of creates p50 {:.0} p99 {:.0} ms, of relinquishes p50 {:.0} p99 {:.0} ms",
-        pct(&created, 0.5),
-        pct(&created, 0.99),
-        pct(&gone, 0.5),
-        pct(&gone, 0.99)
-    );
+    match policy {
+        Policy::Weft => println!(
+            "[churn] {per} hosts left (relinquishing), {per} joined; propagation of creates p50 {:.0} p99 {:.0} ms, of relinquishes p50 {:.0} p99 {:.0} ms",
+            pct(&created, 0.5),
+            pct(&created, 0.99),
+            pct(&gone, 0.5),
+            pct(&gone, 0.99)
+        ),
+        Policy::Flannel => {
+            println!(
+                "[churn] {per} hosts left (flanneld releases nothing: their keys expire up to {ttl} s later, and weft's route watchers keep an expired key's route, marked stale: no relinquish to time), {per} joined; propagation of creates p50 {:.0} p99 {:.0} ms",
+                pct(&created, 0.5),
+                pct(&created, 0.99),
+            );
+            c.pump(t0 + (ttl + 2) * 1_000_000_000, |_| false);
+            let (two, without, orphans) = check_store(&rt, &store, &c);
+            println!(
+                "[churn] {} s after the SIGTERM: orphan keys {orphans} (the leavers' keys expired), nodes with 2 keys {two}, hosts without their key {without}",
+                ttl + 2
+            );
+        }
+    }
     rows.push(row);
 
     let (all, missing_all, _) = {
@@ -1342,8 +1885,18 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64) {
         (all, m, 0)
     };
     let (m50, _) = c.memory_per_host_kb();
+    let (label, exits) = match policy {
+        Policy::Weft => ("", String::new()),
+        Policy::Flannel => (
+            " (flannel's policy)",
+            format!(
+                ", flanneld exits {}",
+                rows.iter().map(|r| r.counters["restarts"]).sum::<u64>()
+            ),
+        ),
+    };
     println!(
-        "SUMMARY N={n}: join {:.2} s, duplicates {}, create races lost {} , renew conflicts {}, store errors {}, propagation p50 {:.0} ms p99 {:.0} ms ({} changes, {} missing), memory/host {:.0} KiB, etcd CPU s join/renew/suspend/churn {:.1}/{:.1}/{:.1}/{:.1}",
+        "SUMMARY N={n}{label}: join {:.2} s, duplicates {}, create races lost {} , renew conflicts {}, store errors {}, propagation p50 {:.0} ms p99 {:.0} ms ({} changes, {} missing), memory/host {:.0} KiB, etcd CPU s join/renew/suspend/churn {:.1}/{:.1}/{:.1}/{:.1}{exits}",
         rows[0].settle_s,
         rows.iter().map(|r| r.dups).sum::<u64>()
             + rows.iter().map(|r| (r.store_check.0 + r.store_check.1) as u64).sum::<u64>(),

@@ -9,8 +9,12 @@
 # them the store calls: the lease drivers' listings and creates, the route watchers' listings and
 # history reads) and a SUMMARY line. Needs etcd (scripts/setup.sh) and /dev/shm.
 #
-# Usage: scripts/bench-leases.sh [N]      env: WORKERS=10 TTL=10 (seconds), WEFT_BENCH_KEEP=1
-#                                              keeps the worker logs
+# POLICY=flannel runs flanneld's lease logic (as tests/sim/mod.rs models it) in every host
+# instead of weft's driver and keeper, for a side-by-side row: same etcd, same clients, same
+# route watchers (weft's), same phases; only the lease policy differs.
+#
+# Usage: scripts/bench-leases.sh [N]      env: WORKERS=10 TTL=10 (seconds), POLICY=weft|flannel,
+#                                              WEFT_BENCH_KEEP=1 keeps the worker logs
 #
 # etcd's data dirs go to tmpfs (/dev/shm) unless ETCD_TMPDIR says otherwise: on this 2-core VM's
 # shared virtual disk a WAL fsync took 53 ms on average and 1,000 joining hosts never settled
@@ -21,8 +25,9 @@ cd "$(dirname "$0")/.."
 N=${1:-1000}
 WORKERS=${WORKERS:-10}
 TTL=${TTL:-10}
+POLICY=${POLICY:-weft}
 export TMPDIR=${ETCD_TMPDIR:-/dev/shm}
 # The bench opens about 3 connections per host per process (one per etcd member).
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 cargo bench --bench leases --no-run
-exec cargo bench --bench leases -- --hosts "$N" --workers "$WORKERS" --ttl "$TTL"
+exec cargo bench --bench leases -- --hosts "$N" --workers "$WORKERS" --ttl "$TTL" --policy "$POLICY"
