@@ -370,6 +370,15 @@ impl EtcdStore {
         }
     }
 
+    /// The store's revision now, as a linearizable read sees it (the leader's, whichever member
+    /// answers).
+    async fn linearizable_revision(&self) -> Result<i64, StoreError> {
+        let mut c = self.client().await?;
+        let options = GetOptions::new().with_count_only();
+        let resp = self.call(c.get(self.config_key(), Some(options))).await?;
+        Ok(resp.header().map_or(0, |h| h.revision()))
+    }
+
     fn config_key(&self) -> String {
         format!("{}/config", self.inner.prefix)
     }
@@ -1053,10 +1062,18 @@ impl WatchState {
                         // round again and deliver nothing meanwhile.
                         let current = resp.header().map_or(0, |h| h.revision());
                         if current > 0 && current.saturating_add(1) < self.requested.0 {
-                            Err(StoreError::Rewound {
-                                requested: self.requested,
-                                current: Revision(current),
-                            })
+                            // The member that answered may only lag (a follower that has not
+                            // applied our own latest write yet): ask the cluster. A linearizable
+                            // read waits for its member to catch up with the leader, so its
+                            // revision is below ours only if the store really went back.
+                            match self.store.linearizable_revision().await {
+                                Ok(now) if now.saturating_add(1) >= self.requested.0 => continue,
+                                Ok(now) => Err(StoreError::Rewound {
+                                    requested: self.requested,
+                                    current: Revision(now),
+                                }),
+                                Err(e) => Err(e),
+                            }
                         } else {
                             continue;
                         }
