@@ -55,6 +55,9 @@ struct Entry {
     mod_revision: Revision,
 }
 
+/// How many times a history read may fail before a re-list answers it instead.
+pub const HISTORY_READ_TRIES: u32 = 3;
+
 /// The latest known route per subnet, built from listings and watch events. See the module
 /// docs for the rules.
 #[derive(Clone, Debug)]
@@ -70,6 +73,8 @@ pub struct RouteSet {
     /// Visible subnets deleted at a revision whose history record has not been read yet:
     /// subnet → the latest such delete's revision.
     pending_history: BTreeMap<Subnet, Revision>,
+    /// Pending history reads that failed, by subnet: how many times.
+    history_failures: BTreeMap<Subnet, u32>,
     bad_entries: u64,
     /// Keys under `subnets/` that are skipped, by key, with why: rebuilt by every listing,
     /// added to by watch events (and removed by a delete of a key that parses).
@@ -88,6 +93,7 @@ impl RouteSet {
             resume: Revision(0),
             needs_relist: false,
             pending_history: BTreeMap::new(),
+            history_failures: BTreeMap::new(),
             bad_entries: 0,
             ignored: BTreeMap::new(),
         }
@@ -385,9 +391,20 @@ impl RouteSet {
     }
 
     /// A history read for the delete of `subnet` at `deleted_at` failed: the route stays
-    /// stale, and a re-list ([`RouteSet::needs_relist`]) will tell.
+    /// stale and the read stays pending, for a later round, until it has failed
+    /// [`HISTORY_READ_TRIES`] times; then a re-list ([`RouteSet::needs_relist`]) will tell.
+    /// Not at once: reads fail when etcd is overloaded, and a re-list is the costlier call (at
+    /// 1,000 hosts, failed reads turned into a thousand re-lists of 2,000 keys each).
     pub fn history_read_failed(&mut self, subnet: Subnet, deleted_at: Revision) {
-        if self.pending_history.get(&subnet) == Some(&deleted_at) {
+        if self.pending_history.get(&subnet) != Some(&deleted_at) {
+            return;
+        }
+        let pending = &self.pending_history;
+        self.history_failures.retain(|s, _| pending.contains_key(s));
+        let failures = self.history_failures.entry(subnet).or_insert(0);
+        *failures += 1;
+        if *failures >= HISTORY_READ_TRIES {
+            self.history_failures.remove(&subnet);
             self.pending_history.remove(&subnet);
             self.needs_relist = true;
         }
@@ -725,10 +742,16 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_history_read_falls_back_to_a_relist() {
+    fn a_history_read_that_keeps_failing_falls_back_to_a_relist() {
         let mut s = set();
         s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
         s.apply_batch(&delete("10.244.1.0/24", 11));
+        // Retried in later rounds first: a read costs less than a listing.
+        for _ in 1..HISTORY_READ_TRIES {
+            s.history_read_failed(subnet("10.244.1.0/24"), Revision(11));
+            assert!(!s.needs_relist());
+            assert_eq!(s.pending_history_reads(), [(subnet("10.244.1.0/24"), Revision(11))]);
+        }
         s.history_read_failed(subnet("10.244.1.0/24"), Revision(11));
         assert!(s.needs_relist());
         assert!(s.pending_history_reads().is_empty());

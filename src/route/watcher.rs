@@ -16,7 +16,8 @@
 //!   does not re-list: with N hosts a re-list per delete per watcher is O(N²) keys read per
 //!   wave of deletes.
 //! - A re-list runs after [`StoreError::Compacted`], after the store went back in time, after a
-//!   history read that failed, and instead of the reads when more deletes wait than half
+//!   history read that failed [`HISTORY_READ_TRIES`](super::set::HISTORY_READ_TRIES) times (a failed read is retried after
+//!   [`HISTORY_RETRY`]), and instead of the reads when more deletes wait than half
 //!   the routes known (a listing then costs less; these beside the live watch), at most once per
 //!   [`RELIST_DEBOUNCE`]; after compaction the watch restarts from the listing.
 //! - Any other failure (list, watch set-up, a watch that errors or ends) re-lists and re-watches
@@ -64,6 +65,9 @@ pub const HISTORY_DEBOUNCE: Duration = Duration::from_millis(100);
 /// listing answers them all, and at a few hundred leases costs etcd about as much as this many
 /// single-key reads (each read is a request of its own; a listing is a few pages).
 pub const HISTORY_READS_PER_ROUND: usize = 16;
+
+/// The wait before a round that retries failed history reads (jittered ±50 %).
+pub const HISTORY_RETRY: Duration = Duration::from_secs(1);
 
 /// The most watch batches applied together (the one that woke the watcher and those already
 /// waiting behind it) before their deletes' history is read and the table published: enough
@@ -183,13 +187,13 @@ fn note_skipped(
 /// answers applied; a read that fails leaves the set asking for a re-list, and so do more
 /// deletes pending than half the routes known ([`RouteSet::history_reads_or_relist`]).
 /// Returns whether the table changed.
-async fn read_history(store: &dyn Store, set: &mut RouteSet, stats: &RouteStats) -> bool {
+async fn read_history(store: &dyn Store, set: &mut RouteSet, stats: &RouteStats) -> Round {
     let reads = set.history_reads_or_relist(HISTORY_READS_PER_ROUND);
     if reads.is_empty() {
         if set.needs_relist() {
             debug!("more deletes than a listing is worth in reads; re-listing");
         }
-        return false;
+        return Round::default();
     }
     stats.history_reads.fetch_add(reads.len() as u64, Ordering::Relaxed);
     let answers: Vec<_> = futures::stream::iter(reads)
@@ -199,31 +203,43 @@ async fn read_history(store: &dyn Store, set: &mut RouteSet, stats: &RouteStats)
         .buffer_unordered(HISTORY_READS_AT_ONCE)
         .collect()
         .await;
-    let mut changed = false;
+    let mut round = Round::default();
     for (subnet, deleted_at, answer) in answers {
         match answer {
             // A record that does not parse tells nothing: the route stays, stale.
             Ok(entry) => {
-                changed |=
+                round.changed |=
                     set.apply_history(subnet, deleted_at, entry.and_then(Result::ok).as_ref())
             }
             Err(e) => {
                 stats.watch_errors.fetch_add(1, Ordering::Relaxed);
-                warn!(%subnet, revision = deleted_at.0, error = %e, "reading a deleted lease's history failed; re-listing");
+                warn!(%subnet, revision = deleted_at.0, error = %e, "reading a deleted lease's history failed; retrying");
                 set.history_read_failed(subnet, deleted_at);
+                round.failed = true;
             }
         }
     }
-    changed
+    round
 }
 
-/// When the next round of history reads is due: one debounce after the last, if reads are
-/// still pending (a round reads at most [`HISTORY_READS_PER_ROUND`]).
-fn next_round(set: &RouteSet, last_read: Option<Instant>) -> Option<Instant> {
+/// What a round of history reads did.
+#[derive(Clone, Copy, Debug, Default)]
+struct Round {
+    /// The table changed.
+    changed: bool,
+    /// A read failed.
+    failed: bool,
+}
+
+/// When the next round of history reads is due, if reads are still pending (a round reads at
+/// most [`HISTORY_READS_PER_ROUND`]): one debounce after the last round, or after
+/// [`HISTORY_RETRY`] (jittered) if a read of the last round failed.
+fn next_round(set: &RouteSet, last_read: Option<Instant>, failed: bool) -> Option<Instant> {
     if set.pending_history_reads().is_empty() || set.needs_relist() {
         return None;
     }
-    Some(last_read.map_or_else(Instant::now, |t| t + HISTORY_DEBOUNCE))
+    let wait = if failed { jittered(HISTORY_RETRY) } else { HISTORY_DEBOUNCE };
+    Some(last_read.map_or_else(Instant::now, |t| t + wait))
 }
 
 /// The next item of the watch, or never if there is none (for `select!`).
@@ -276,13 +292,14 @@ pub async fn run(
         }
         if read_at.is_some_and(|t| t <= Instant::now()) {
             last_read = Some(Instant::now());
-            if read_history(&*store, &mut set, &stats).await {
+            let round = read_history(&*store, &mut set, &stats).await;
+            if round.changed {
                 publish(&routes, &set, &stats);
             }
             if set.needs_relist() && list_at.is_none() {
                 list_at = Some(debounced(last_list));
             }
-            read_at = next_round(&set, last_read);
+            read_at = next_round(&set, last_read, round.failed);
         }
         if list_at.is_some_and(|t| t <= Instant::now()) {
             list_at = None;
@@ -384,8 +401,9 @@ pub async fn run(
                 let at = last_read.map_or(now, |t| (t + HISTORY_DEBOUNCE).max(now));
                 if at <= now {
                     last_read = Some(now);
-                    changed |= read_history(&*store, &mut set, &stats).await;
-                    read_at = next_round(&set, last_read);
+                    let round = read_history(&*store, &mut set, &stats).await;
+                    changed |= round.changed;
+                    read_at = next_round(&set, last_read, round.failed);
                 } else {
                     read_at = Some(at);
                 }
@@ -439,6 +457,7 @@ async fn sleep_until(at: Option<Instant>) {
 
 #[cfg(test)]
 mod tests {
+    use crate::route::set::HISTORY_READ_TRIES;
     use std::net::Ipv4Addr;
     use std::sync::Mutex;
 
@@ -1052,31 +1071,34 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_failed_history_read_falls_back_to_a_relist() {
-        let clock = ManualClock::new();
-        let store = MemoryStore::new(Arc::new(clock.clone()), PREFIX);
-        let flaky = RacingStore {
-            inner: store.client("routes"),
-            before_watch: Mutex::new(None),
-            failing_history_reads: AtomicU64::new(1),
-        };
-        let h = Harness::start_with(clock, store, Arc::new(flaky));
-        let (client, held) = h.join(1, "10.244.1.0/24").await;
-        h.join(2, "10.244.2.0/24").await;
-        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
-        client.release(&held, &node(1)).await.unwrap();
-        // Stale at once, then the re-list (debounced) drops it.
-        h.expect(RELIST_DEBOUNCE + PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;
-        assert_eq!(stat(&h.stats.history_reads), 1);
-        assert_eq!(stat(&h.stats.relists), 1);
-        assert_eq!(stat(&h.stats.watch_errors), 1);
-        // The next delete is read again, not re-listed.
-        h.expire_all();
-        h.expect(PROMPTLY, &[("10.244.2.0/24", 2, true)]).await;
-        h.idle(Duration::from_secs(1)).await;
-        assert_eq!(stat(&h.stats.history_reads), 2);
-        assert_eq!(stat(&h.stats.relists), 1);
-        h.stop().await;
+    async fn a_failed_history_read_is_retried_and_one_that_keeps_failing_re_lists() {
+        // One failure is retried; three (HISTORY_READ_TRIES) are given up on.
+        for failing in [1, 3] {
+            let clock = ManualClock::new();
+            let store = MemoryStore::new(Arc::new(clock.clone()), PREFIX);
+            let flaky = RacingStore {
+                inner: store.client("routes"),
+                before_watch: Mutex::new(None),
+                failing_history_reads: AtomicU64::new(failing),
+            };
+            let h = Harness::start_with(clock, store, Arc::new(flaky));
+            let (client, held) = h.join(1, "10.244.1.0/24").await;
+            h.join(2, "10.244.2.0/24").await;
+            h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+            client.release(&held, &node(1)).await.unwrap();
+            // Stale at once; dropped once a retried read, or the re-list, tells.
+            let retries = HISTORY_RETRY.mul_f64(1.5) * HISTORY_READ_TRIES;
+            h.expect(retries + RELIST_DEBOUNCE + PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;
+            assert_eq!(stat(&h.stats.watch_errors), failing);
+            if failing == 1 {
+                assert_eq!(stat(&h.stats.history_reads), failing + 1, "retried");
+                assert_eq!(stat(&h.stats.relists), 0);
+            } else {
+                assert_eq!(stat(&h.stats.history_reads), failing);
+                assert_eq!(stat(&h.stats.relists), 1, "given up on: re-listed");
+            }
+            h.stop().await;
+        }
     }
 
     #[tokio::test(start_paused = true)]
