@@ -1,5 +1,6 @@
 //! The lease control plane: which subnet this host holds, and keeping it.
 //!
+//! - [`keys`]: the store's key layout; builds and parses every key (both stores use it).
 //! - [`record`]: subnet keys, lease values, identity, history (pure parsing).
 //! - [`store`]: the store trait; [`etcd`] and [`memory`] implement it.
 //! - [`policy`]: which subnet to try, in which order (pure).
@@ -13,6 +14,7 @@ pub mod driver;
 pub mod etcd;
 pub mod hooks;
 pub mod keeper;
+pub mod keys;
 pub mod memory;
 pub mod policy;
 pub mod record;
