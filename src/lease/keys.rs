@@ -1,6 +1,6 @@
 //! The store's key layout, in one place: which key holds what, and how a key and its value are
 //! read back into a lease, a history record or a deleted subnet. Both stores
-//! ([`crate::lease::etcd`] and [`crate::lease::memory`]) build and parse every key here, so the
+//! ([`crate::lease::etcd`] and `crate::lease::memory`) build and parse every key here, so the
 //! simulation reads the store exactly as production does: the same keys are leases, the same
 //! keys are skipped, with the same words.
 //!

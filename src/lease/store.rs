@@ -1,5 +1,5 @@
 //! The store: what the control plane needs from etcd, as a trait with two implementations —
-//! [`crate::lease::etcd::EtcdStore`] (etcd v3) and [`crate::lease::memory::MemoryStore`]
+//! [`crate::lease::etcd::EtcdStore`] (etcd v3) and `crate::lease::memory::MemoryStore`
 //! (simulation and unit tests).
 //!
 //! # Layout
