@@ -17,6 +17,7 @@ use weft::config::NetworkConfig;
 use weft::daemon::{self, RunOptions};
 use weft::dataplane::driver::UdpGsoConfig;
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
+use weft::lease::keys::{self, KeyLayout};
 use weft::lease::record::{HistoryState, Subnet};
 use weft::lease::store::Store;
 
@@ -302,7 +303,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         Command::Network { command: NetworkCommand::Get(etcd) } => {
             let store = etcd.connect().await?;
             let Some(raw) = store.config().await? else {
-                bail!("no network config at {}/config", etcd.etcd_prefix);
+                bail!("no network config at {}", KeyLayout::new(store.prefix()).config());
             };
             println!("{}", String::from_utf8_lossy(&raw).trim_end());
             if let Err(e) = NetworkConfig::parse(&raw) {
@@ -370,7 +371,7 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
     }
     for l in &listing.leases {
         if let Some(Err(e)) = config.as_ref().map(|c| c.check_lease(l.subnet)) {
-            ignored.push((format!("subnets/{}", l.subnet.key_name()), e.to_string()));
+            ignored.push((keys::relative_subnet_key(&l.subnet.key_name()), e.to_string()));
             continue;
         }
         let ttl = store.lease_ttl(l.lease_id).await.ok().flatten();

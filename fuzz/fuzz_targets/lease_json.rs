@@ -1,12 +1,14 @@
 //! Lease store values and keys: LeaseAttrs::from_json (then Peer::from_lease, which reads
 //! BackendData and the VtepMAC), HistoryRecord::from_json and Subnet::parse_key_name, each with
-//! its round trip (to_json / key_name parse back to the same value).
+//! its round trip (to_json / key_name parse back to the same value); KeyLayout's parsers, which
+//! both stores read keys with, agree with them.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use weft::lease::record::{
     HistoryRecord, LeaseAttrs, Revision, StoreLeaseId, StoredLease, Subnet, SubnetError,
 };
+use weft::lease::keys::KeyLayout;
 use weft::lease::store::BadEntry;
 use weft::route::{Peer, parse_mac};
 
@@ -48,6 +50,24 @@ fuzz_target!(|data: &[u8]| {
     let bad =
         BadEntry { key: format!("/coreos.com/network/subnets/{text}"), problem: String::new() };
     let _ = (bad.subnet_key(), bad.is_ipv6_only_lease());
+    // The stores' key parsers: a key under subnets/ (or history/) reads as a lease (a record)
+    // exactly when its name and the value parse, and a subnet's own key reads back to it.
+    let keys = KeyLayout::new("/coreos.com/network/");
+    let name = Subnet::parse_key_name(text);
+    let lease = keys.parse_lease(&bad.key, data, Revision(3), StoreLeaseId(5));
+    assert_eq!(lease.is_ok(), name.is_ok() && LeaseAttrs::from_json(data).is_ok());
+    if let Err(e) = &lease {
+        assert_eq!(e.key, bad.key);
+        assert!(!e.problem.is_empty());
+    }
+    let history_key = format!("/coreos.com/network/weft/history/{text}");
+    let record = keys.parse_history(&history_key, data, Revision(3));
+    assert_eq!(record.is_ok(), name.is_ok() && HistoryRecord::from_json(data).is_ok());
+    assert_eq!(keys.parse_deleted(&bad.key).ok(), name.ok());
+    if let Ok(s) = name {
+        assert_eq!(keys.parse_deleted(&keys.subnet(s)), Ok(s), "subnet key round trip");
+        assert!(keys.parse_deleted(&keys.history(s)).is_err(), "a history key is no lease");
+    }
 });
 
 fn has_float(v: &serde_json::Value) -> bool {

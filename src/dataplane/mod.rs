@@ -5,10 +5,11 @@
 //! allocation on the per-packet path, never panic on input); so are [`link`], which plans the
 //! repairs of the TUN device's link state, and [`supervise`]'s restart policy. Only the syscall
 //! layers ([`sys`]: TUN and interface ioctls; [`udp`]: batched sockets) touch file descriptors,
-//! and only [`driver`] creates them and the threads that run [`worker`]'s loops; [`fake`] stands
-//! in for both edges in tests.
+//! and only [`driver`] creates them and the threads that run [`worker`]'s loops; `fake` stands
+//! in for both edges in tests (only with the `test-util` feature or in unit tests).
 
 pub mod driver;
+#[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub mod gso_retry;
 pub mod link;

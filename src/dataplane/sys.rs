@@ -681,14 +681,14 @@ mod netlink {
     }
 }
 
-/// Reads an interface's MTU from sysfs.
-pub fn mtu_of(name: &str) -> Option<u32> {
-    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?.trim().parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An interface's MTU as sysfs says it: a second reading, independent of the ioctls.
+    fn mtu_of(name: &str) -> Option<u32> {
+        std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?.trim().parse().ok()
+    }
 
     #[test]
     fn interface_names_are_checked_before_any_syscall() {

@@ -36,7 +36,7 @@
 //!
 //! With GRO on, one received buffer can hold up to 64 datagrams of [`RecvMeta::segment_size`]
 //! bytes (the last possibly shorter); every receive buffer must then be [`GRO_BUFFER_LEN`] bytes,
-//! and [`split_gro`] walks the datagrams.
+//! and the reader cuts it into datagrams (the worker's RX loop does, in place).
 
 use std::io;
 use std::mem;
@@ -179,7 +179,7 @@ pub struct RecvMeta {
     /// Bytes in the buffer: one datagram, or with `segment_size` several. 0 when `truncated`.
     pub len: usize,
     /// From the `UDP_GRO` control message: the buffer holds datagrams of this size back to back,
-    /// the last possibly shorter. Walk them with [`split_gro`].
+    /// the last possibly shorter.
     pub segment_size: Option<usize>,
     /// The message did not fit its buffer (`MSG_TRUNC`); it is dropped (`len` is 0) and the
     /// caller should count it.
@@ -491,8 +491,7 @@ impl BatchSocket {
     /// `bufs[i]`. Returns how many buffers were filled; 0 on timeout or a signal, so the caller
     /// can check for a stop and call again.
     ///
-    /// With GRO on, a buffer can hold several datagrams ([`RecvMeta::segment_size`]; walk them
-    /// with [`split_gro`]). A message that did not fit is reported with
+    /// With GRO on, a buffer can hold several datagrams ([`RecvMeta::segment_size`]). A message that did not fit is reported with
     /// [`RecvMeta::truncated`] and `len` 0.
     ///
     /// # Errors
@@ -755,15 +754,6 @@ impl Transmit<'_> {
     }
 }
 
-/// The datagrams in a received buffer: `buf[..meta.len]` cut every `meta.segment_size` bytes (the
-/// last piece possibly shorter), or whole without GRO. Yields nothing for an empty or truncated
-/// message.
-pub fn split_gro<'a>(buf: &'a [u8], meta: &RecvMeta) -> impl Iterator<Item = &'a [u8]> + 'a {
-    let data = &buf[..meta.len.min(buf.len())];
-    let seg = meta.segment_size.filter(|&s| s > 0).unwrap_or(data.len()).max(1);
-    data.chunks(seg)
-}
-
 /// A run of datagrams that [`coalesce_plan`] puts into one [`Transmit`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Coalesced {
@@ -893,6 +883,15 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+
+    /// The datagrams in a received buffer: `buf[..meta.len]` cut every `meta.segment_size`
+    /// bytes (the last piece possibly shorter), or whole without GRO; nothing for an empty
+    /// message. The worker's RX loop cuts them the same way, in place.
+    fn split_gro<'a>(buf: &'a [u8], meta: &RecvMeta) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let data = &buf[..meta.len.min(buf.len())];
+        let seg = meta.segment_size.filter(|&s| s > 0).unwrap_or(data.len()).max(1);
+        data.chunks(seg)
+    }
 
     const LOOPBACK: Ipv4Addr = Ipv4Addr::LOCALHOST;
     const WAIT: Duration = Duration::from_secs(2);

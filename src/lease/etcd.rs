@@ -47,6 +47,7 @@ use etcd_client::{
     WatchOptions,
 };
 
+use super::keys::KeyLayout;
 use super::record::{
     HistoryEntry, HistoryRecord, HistoryState, LeaseAttrs, NodeId, Revision, StoreLeaseId,
     StoredLease, Subnet,
@@ -128,7 +129,7 @@ struct Inner {
     client: tokio::sync::Mutex<Option<Client>>,
     /// Set by [`Store::reconnect`]: the next call drops the cached client and connects anew.
     stale: std::sync::atomic::AtomicBool,
-    prefix: String,
+    keys: KeyLayout,
     call_timeout: Duration,
 }
 
@@ -305,7 +306,7 @@ impl EtcdStore {
                 has_user,
                 client: tokio::sync::Mutex::new(None),
                 stale: std::sync::atomic::AtomicBool::new(false),
-                prefix: opts.prefix.trim_end_matches('/').to_owned(),
+                keys: KeyLayout::new(&opts.prefix),
                 call_timeout: opts.call_timeout,
             }),
         };
@@ -319,7 +320,7 @@ impl EtcdStore {
 
     /// The key prefix, without a trailing `/`.
     pub fn prefix(&self) -> &str {
-        &self.inner.prefix
+        self.inner.keys.prefix()
     }
 
     /// Time left on a store lease (for `weft lease list`): `None` for no lease (a reservation)
@@ -375,33 +376,12 @@ impl EtcdStore {
     async fn linearizable_revision(&self) -> Result<i64, StoreError> {
         let mut c = self.client().await?;
         let options = GetOptions::new().with_count_only();
-        let resp = self.call(c.get(self.config_key(), Some(options))).await?;
+        let resp = self.call(c.get(self.keys().config(), Some(options))).await?;
         Ok(resp.header().map_or(0, |h| h.revision()))
     }
 
-    fn config_key(&self) -> String {
-        format!("{}/config", self.inner.prefix)
-    }
-
-    fn subnets_dir(&self) -> String {
-        // The trailing slash keeps `<prefix>/subnetsX` out (flannel's listing lacks it).
-        format!("{}/subnets/", self.inner.prefix)
-    }
-
-    fn subnet_key(&self, subnet: Subnet) -> String {
-        format!("{}{}", self.subnets_dir(), subnet.key_name())
-    }
-
-    fn history_dir(&self) -> String {
-        format!("{}/weft/history/", self.inner.prefix)
-    }
-
-    fn history_key(&self, subnet: Subnet) -> String {
-        format!("{}{}", self.history_dir(), subnet.key_name())
-    }
-
-    fn node_key(&self, node: &NodeId) -> String {
-        format!("{}/weft/nodes/{}", self.inner.prefix, node)
+    fn keys(&self) -> &KeyLayout {
+        &self.inner.keys
     }
 
     async fn grant(&self, client: &mut Client, ttl: Duration) -> Result<StoreLeaseId, StoreError> {
@@ -444,52 +424,30 @@ impl EtcdStore {
         }
     }
 
-    /// Parses a key under `<prefix>/subnets/`.
+    /// Reads a key under `<prefix>/subnets/` as a lease.
     fn parse_subnet_kv(&self, kv: &KeyValue) -> Result<StoredLease, BadEntry> {
-        let key = key_text(kv);
-        let bad = |problem: String| BadEntry { key: key.clone(), problem };
-        let name = key
-            .strip_prefix(&self.subnets_dir())
-            .ok_or_else(|| bad("not under the subnets prefix".to_owned()))?;
-        let subnet = Subnet::parse_key_name(name).map_err(|e| bad(format!("bad key: {e}")))?;
-        let attrs =
-            LeaseAttrs::from_json(kv.value()).map_err(|e| bad(format!("bad value: {e}")))?;
-        Ok(StoredLease {
-            subnet,
-            attrs,
-            mod_revision: Revision(kv.mod_revision()),
-            lease_id: StoreLeaseId(kv.lease()),
-        })
+        self.keys().parse_lease(
+            &key_text(kv),
+            kv.value(),
+            Revision(kv.mod_revision()),
+            StoreLeaseId(kv.lease()),
+        )
     }
 
-    /// Parses a key under `<prefix>/weft/history/`.
+    /// Reads a key under `<prefix>/weft/history/` as a history record.
     fn parse_history_kv(&self, kv: &KeyValue) -> Result<HistoryEntry, BadEntry> {
-        let key = key_text(kv);
-        let bad = |problem: String| BadEntry { key: key.clone(), problem };
-        let name = key
-            .strip_prefix(&self.history_dir())
-            .ok_or_else(|| bad("not under the history prefix".to_owned()))?;
-        let subnet = Subnet::parse_key_name(name).map_err(|e| bad(format!("bad key: {e}")))?;
-        let record =
-            HistoryRecord::from_json(kv.value()).map_err(|e| bad(format!("bad value: {e}")))?;
-        Ok(HistoryEntry { subnet, record, mod_revision: Revision(kv.mod_revision()) })
+        self.keys().parse_history(&key_text(kv), kv.value(), Revision(kv.mod_revision()))
     }
 
     /// The `put key + put history` operations of a create or renew.
     fn write_ops(&self, subnet: Subnet, attrs: &LeaseAttrs, lease: StoreLeaseId) -> Vec<TxnOp> {
         let mut ops = vec![TxnOp::put(
-            self.subnet_key(subnet),
+            self.keys().subnet(subnet),
             attrs.to_json(),
             Some(PutOptions::new().with_lease(lease.0)),
         )];
-        // A lease without a node identity (a test's or a tool's) has no history to record.
-        if let Some(node) = &attrs.node_id {
-            let record = HistoryRecord {
-                state: HistoryState::Held,
-                node: node.clone(),
-                public_ip: attrs.public_ip,
-            };
-            ops.push(TxnOp::put(self.history_key(subnet), record.to_json(), None));
+        if let Some(record) = HistoryRecord::held(attrs) {
+            ops.push(TxnOp::put(self.keys().history(subnet), record.to_json(), None));
         }
         ops
     }
@@ -624,27 +582,18 @@ fn is_too_large(e: &StoreError) -> bool {
         if source.to_string().contains("message length too large"))
 }
 
-fn parse_presence(kv: &KeyValue) -> Option<PresenceRecord> {
-    serde_json::from_slice(kv.value()).ok()
-}
-
-fn presence_json(record: &PresenceRecord) -> Vec<u8> {
-    // Two plain fields: serializing cannot fail.
-    serde_json::to_vec(record).unwrap_or_default()
-}
-
 #[async_trait::async_trait]
 impl Store for EtcdStore {
     async fn config(&self) -> Result<Option<Vec<u8>>, StoreError> {
         let mut c = self.client().await?;
-        let resp = self.call(c.get(self.config_key(), None)).await?;
+        let resp = self.call(c.get(self.keys().config(), None)).await?;
         Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
     async fn set_config(&self, value: &[u8]) -> Result<(), StoreError> {
         let mut c = self.client().await?;
         // The config is the operator's to overwrite; only subnet keys need a compare.
-        self.call(c.put(self.config_key(), value.to_vec(), None)).await?;
+        self.call(c.put(self.keys().config(), value.to_vec(), None)).await?;
         Ok(())
     }
 
@@ -652,8 +601,8 @@ impl Store for EtcdStore {
         let mut c = self.client().await?;
         // Both prefixes at one revision: no torn view between a subnet key and its history.
         let mut pages = PagedRange::default();
-        let subnets = pages.read(self, &mut c, &self.subnets_dir()).await?;
-        let history = pages.read(self, &mut c, &self.history_dir()).await?;
+        let subnets = pages.read(self, &mut c, self.keys().subnets_dir()).await?;
+        let history = pages.read(self, &mut c, self.keys().history_dir()).await?;
         let mut listing =
             Listing { revision: Revision(pages.revision.unwrap_or(0)), ..Listing::default() };
         listing.skipped = pages.unreadable;
@@ -677,7 +626,7 @@ impl Store for EtcdStore {
         subnet: Subnet,
     ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError> {
         let mut c = self.client().await?;
-        let resp = self.call(c.get(self.subnet_key(subnet), None)).await?;
+        let resp = self.call(c.get(self.keys().subnet(subnet), None)).await?;
         Ok(resp.kvs().first().map(|kv| self.parse_subnet_kv(kv)))
     }
 
@@ -687,7 +636,7 @@ impl Store for EtcdStore {
         at: Revision,
     ) -> Result<Option<Result<HistoryEntry, BadEntry>>, StoreError> {
         let mut c = self.client().await?;
-        let key = self.history_key(subnet);
+        let key = self.keys().history(subnet);
         // Revision 0 is etcd's "now"; a compacted revision fails as `Compacted` (map_err).
         let opts = GetOptions::new().with_revision(at.0.max(0));
         // A past revision reads the same on every member that has applied it, so the member
@@ -714,12 +663,12 @@ impl Store for EtcdStore {
     ) -> Result<CreateOutcome, StoreError> {
         let mut c = self.client().await?;
         let lease = self.grant(&mut c, ttl).await?;
-        let key = self.subnet_key(subnet);
+        let key = self.keys().subnet(subnet);
         let mut ops = self.write_ops(subnet, attrs, lease);
         // Each prune is a nested transaction with its own compare: one that fails (the record
         // was rewritten since) deletes nothing and fails nothing else.
         ops.extend(prune.iter().filter(|p| p.subnet != subnet).map(|p| {
-            let history = self.history_key(p.subnet);
+            let history = self.keys().history(p.subnet);
             TxnOp::txn(
                 Txn::new()
                     .when([Compare::mod_revision(
@@ -756,7 +705,7 @@ impl Store for EtcdStore {
     ) -> Result<RenewOutcome, StoreError> {
         let mut c = self.client().await?;
         let lease = self.grant(&mut c, ttl).await?;
-        let key = self.subnet_key(held.subnet);
+        let key = self.keys().subnet(held.subnet);
         let txn = Txn::new()
             .when([Compare::mod_revision(key.clone(), CompareOp::Equal, held.mod_revision.0)])
             .and_then(self.write_ops(held.subnet, attrs, lease))
@@ -789,20 +738,15 @@ impl Store for EtcdStore {
     ) -> Result<RenewOutcome, StoreError> {
         let mut c = self.client().await?;
         let alive = self.keep_alive_once(&mut c, held.lease_id).await?;
-        let key = self.subnet_key(held.subnet);
+        let key = self.keys().subnet(held.subnet);
         let mut ours =
             vec![Compare::mod_revision(key.clone(), CompareOp::Equal, held.mod_revision.0)];
         // The compare alone would do: a key still at our revision is on our store lease. With
         // the lease gone the key is too, so this only makes a racing answer fail safe.
         ours.push(Compare::lease(key.clone(), CompareOp::Equal, held.lease_id.0));
-        let then = match (&attrs.node_id, alive) {
-            (Some(node), true) => {
-                let record = HistoryRecord {
-                    state: HistoryState::Held,
-                    node: node.clone(),
-                    public_ip: attrs.public_ip,
-                };
-                vec![TxnOp::put(self.history_key(held.subnet), record.to_json(), None)]
+        let then = match HistoryRecord::held(attrs) {
+            Some(record) if alive => {
+                vec![TxnOp::put(self.keys().history(held.subnet), record.to_json(), None)]
             }
             _ => Vec::new(),
         };
@@ -828,7 +772,7 @@ impl Store for EtcdStore {
 
     async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError> {
         let mut c = self.client().await?;
-        let key = self.subnet_key(held.subnet);
+        let key = self.keys().subnet(held.subnet);
         // The history wants the holder's public IP, which only the key's value has. Reading it
         // first is safe: the transaction below compares the same mod revision, so the value
         // it deletes is the value read here.
@@ -854,7 +798,7 @@ impl Store for EtcdStore {
             .when([Compare::mod_revision(key.clone(), CompareOp::Equal, held.mod_revision.0)])
             .and_then([
                 TxnOp::delete(key, None),
-                TxnOp::put(self.history_key(held.subnet), record.to_json(), None),
+                TxnOp::put(self.keys().history(held.subnet), record.to_json(), None),
             ]);
         let resp = self.call(c.txn(txn)).await?;
         if !resp.succeeded() {
@@ -866,7 +810,7 @@ impl Store for EtcdStore {
 
     async fn revoke(&self, subnet: Subnet) -> Result<bool, StoreError> {
         let mut c = self.client().await?;
-        let key = self.subnet_key(subnet);
+        let key = self.keys().subnet(subnet);
         let resp = self.call(c.get(key.clone(), None)).await?;
         let Some(kv) = resp.kvs().first() else {
             return Ok(false);
@@ -880,7 +824,7 @@ impl Store for EtcdStore {
         {
             let record =
                 HistoryRecord { state: HistoryState::Revoked, node, public_ip: attrs.public_ip };
-            ops.push(TxnOp::put(self.history_key(subnet), record.to_json(), None));
+            ops.push(TxnOp::put(self.keys().history(subnet), record.to_json(), None));
         }
         let txn = Txn::new()
             .when([Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision())])
@@ -901,8 +845,8 @@ impl Store for EtcdStore {
         const ROUNDS: usize = 4;
         let mut c = self.client().await?;
         let lease = self.grant(&mut c, ttl).await?;
-        let key = self.node_key(node);
-        let value = presence_json(record);
+        let key = self.keys().node(node);
+        let value = record.to_json();
         // `None`: expect the key absent; `Some(rev)`: expect it at that mod revision.
         let mut expect: Option<i64> = None;
         for _ in 0..ROUNDS {
@@ -927,7 +871,7 @@ impl Store for EtcdStore {
                 expect = None;
                 continue;
             };
-            match parse_presence(kv) {
+            match PresenceRecord::from_json(kv.value()).ok() {
                 Some(seen) if seen.incarnation != record.incarnation => {
                     self.revoke_lease(&mut c, lease).await;
                     return Ok(PresenceOutcome::HeldBy {
@@ -982,7 +926,7 @@ impl Store for EtcdStore {
         let mut c = self.client().await?;
         if beat {
             // Rewrite the key in place (value and lease kept) only while it is on our lease.
-            let key = self.node_key(node);
+            let key = self.keys().node(node);
             let txn = Txn::new()
                 .when([Compare::lease(key.clone(), CompareOp::Equal, lease.0)])
                 .and_then([TxnOp::put(
@@ -999,7 +943,7 @@ impl Store for EtcdStore {
 
     async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError> {
         let mut c = self.client().await?;
-        let key = self.node_key(node);
+        let key = self.keys().node(node);
         // Only if the key is still on our lease: a successor's claim is not ours to delete.
         let txn = Txn::new()
             .when([Compare::lease(key.clone(), CompareOp::Equal, lease.0)])
@@ -1013,10 +957,10 @@ impl Store for EtcdStore {
         let mut c = self.client().await?;
         let mut options = WatchOptions::new().with_start_revision(from.0);
         let key = match only {
-            Some(subnet) => self.subnet_key(subnet),
+            Some(subnet) => self.keys().subnet(subnet),
             None => {
                 options = options.with_prefix();
-                self.subnets_dir()
+                self.keys().subnets_dir().to_owned()
             }
         };
         let stream = self.call(c.watch(key, Some(options))).await?;
@@ -1108,19 +1052,14 @@ impl EtcdStore {
                     Err(bad) => WatchEvent::Bad(bad),
                 }),
                 EventType::Delete => {
-                    let key = key_text(kv);
-                    let name = key.strip_prefix(&self.subnets_dir()).unwrap_or(&key);
-                    match Subnet::parse_key_name(name) {
-                        Ok(subnet) => events.push(WatchEvent::Delete {
+                    events.push(match self.keys().parse_deleted(&key_text(kv)) {
+                        Ok(subnet) => WatchEvent::Delete {
                             subnet,
                             // A delete event's kv carries the revision of the delete.
                             revision: Revision(kv.mod_revision()),
-                        }),
-                        Err(e) => events.push(WatchEvent::Bad(BadEntry {
-                            key,
-                            problem: format!("bad key: {e}"),
-                        })),
-                    }
+                        },
+                        Err(bad) => WatchEvent::Bad(bad),
+                    })
                 }
             }
         }

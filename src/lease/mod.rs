@@ -1,7 +1,9 @@
 //! The lease control plane: which subnet this host holds, and keeping it.
 //!
+//! - [`keys`]: the store's key layout; builds and parses every key (both stores use it).
 //! - [`record`]: subnet keys, lease values, identity, history (pure parsing).
-//! - [`store`]: the store trait; [`etcd`] and [`memory`] implement it.
+//! - [`store`]: the store trait; [`etcd`] and `memory` (the simulation's, only with the
+//!   `test-util` feature or in unit tests) implement it.
 //! - [`policy`]: which subnet to try, in which order (pure).
 //! - [`keeper`]: the lease lifecycle state machine (pure; `handle_*`/`poll_*`).
 //! - [`subnet_env`]: flannel's `subnet.env`, read and written atomically.
@@ -13,6 +15,8 @@ pub mod driver;
 pub mod etcd;
 pub mod hooks;
 pub mod keeper;
+pub mod keys;
+#[cfg(any(test, feature = "test-util"))]
 pub mod memory;
 pub mod policy;
 pub mod record;

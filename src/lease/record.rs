@@ -391,6 +391,13 @@ pub struct HistoryRecord {
 }
 
 impl HistoryRecord {
+    /// The record a create, renew or refresh writes for `attrs`: `Held` by its node. `None`
+    /// for a lease without a node identity (a test's or a tool's): it has no history.
+    pub fn held(attrs: &LeaseAttrs) -> Option<Self> {
+        let node = attrs.node_id.clone()?;
+        Some(Self { state: HistoryState::Held, node, public_ip: attrs.public_ip })
+    }
+
     /// Parses a history key's value.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ValueError> {
         Ok(serde_json::from_slice(bytes)?)

@@ -1,11 +1,12 @@
 //! The store: what the control plane needs from etcd, as a trait with two implementations —
-//! [`crate::lease::etcd::EtcdStore`] (etcd v3) and [`crate::lease::memory::MemoryStore`]
+//! [`crate::lease::etcd::EtcdStore`] (etcd v3) and `crate::lease::memory::MemoryStore`
 //! (simulation and unit tests).
 //!
-//! # Layout (flannel-compatible)
-//! - `<prefix>/config`: the network config JSON.
-//! - `<prefix>/subnets/<a.b.c.d>-<len>`: one lease per subnet, a `LeaseAttrs` JSON value,
-//!   attached to a store lease whose TTL is the subnet lease TTL.
+//! # Layout
+//! flannel's, with weft's history and presence keys beside it: see [`super::keys`], which
+//! builds and parses every key.
+//! - `<prefix>/subnets/<a.b.c.d>-<len>`: one lease per subnet, attached to a store lease
+//!   whose TTL is the subnet lease TTL.
 //! - `<prefix>/weft/history/<a.b.c.d>-<len>`: weft's allocation history
 //!   ([`HistoryRecord`](super::record::HistoryRecord)),
 //!   written in the same transaction as every create, renew and release, so its mod revision
@@ -13,9 +14,6 @@
 //! - `<prefix>/weft/nodes/<node-id>`: presence of a running process of that node
 //!   ([`PresenceRecord`]), attached to a short store lease the process keeps alive. It tells a
 //!   restart (the previous process is gone) from a clone (it is alive).
-//!
-//! Nothing of weft's lives under a name that starts with `<prefix>/subnets`: flannel lists that
-//! prefix without a trailing slash.
 //!
 //! # Contract
 //! Every write is a transaction with a compare: there is no blind put of a subnet key anywhere.
@@ -32,8 +30,10 @@ use std::time::Duration;
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 
+use super::keys;
 use super::record::{
     HistoryEntry, Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
+    SubnetError, ValueError,
 };
 
 /// A boxed error from a client library, kept as the source of a [`StoreError`].
@@ -103,17 +103,14 @@ impl BadEntry {
     /// `Some` if this is a key under `<prefix>/subnets/` — still a live key, whatever its value
     /// — holding the subnet its name parses to, if it does.
     pub fn subnet_key(&self) -> Option<Option<Subnet>> {
-        let (dir, name) = self.key.rsplit_once('/')?;
-        dir.ends_with("/subnets").then(|| Subnet::parse_key_name(name).ok())
+        keys::subnet_key_name(&self.key).map(|name| Subnet::parse_key_name(name).ok())
     }
 
     /// Whether this is flannel's IPv6-only lease (`<prefix>/subnets/0.0.0.0-0&<v6>-<len>`): a
     /// lease with no IPv4 subnet, not garbage.
     pub fn is_ipv6_only_lease(&self) -> bool {
-        self.key.rsplit_once('/').is_some_and(|(dir, name)| {
-            dir.ends_with("/subnets")
-                && Subnet::parse_key_name(name) == Err(super::record::SubnetError::Ipv6Only)
-        })
+        keys::subnet_key_name(&self.key)
+            .is_some_and(|name| Subnet::parse_key_name(name) == Err(SubnetError::Ipv6Only))
     }
 }
 
@@ -187,6 +184,19 @@ pub struct PresenceRecord {
     pub incarnation: Incarnation,
     /// Its public IP.
     pub public_ip: Ipv4Addr,
+}
+
+impl PresenceRecord {
+    /// Parses a presence key's value.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ValueError> {
+        Ok(serde_json::from_slice(bytes)?)
+    }
+
+    /// The JSON written to the store.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Two plain fields: serializing cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
 }
 
 /// The outcome of claiming presence.

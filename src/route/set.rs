@@ -44,6 +44,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ipnet::Ipv4Net;
 
 use super::table::{Peer, RouteTable};
+use crate::lease::keys;
 use crate::lease::record::{HistoryEntry, HistoryState, Revision, StoredLease, Subnet};
 use crate::lease::store::{BadEntry, Listing, WatchBatch, WatchEvent};
 
@@ -283,7 +284,7 @@ impl RouteSet {
             return None;
         }
         let name = bad.key.rsplit('/').next().unwrap_or(&bad.key);
-        self.ignore(format!("subnets/{name}"), bad.problem.clone());
+        self.ignore(keys::relative_subnet_key(name), bad.problem.clone());
         subnet.filter(|s| s.check_lease_of(self.network, self.subnet_len).is_ok())
     }
 
@@ -453,7 +454,7 @@ enum Skip {
 
 /// How [`RouteSet::ignored`] names the key of a parsed lease.
 fn lease_key(subnet: Subnet) -> String {
-    format!("subnets/{}", subnet.key_name())
+    keys::relative_subnet_key(&subnet.key_name())
 }
 
 #[cfg(test)]

@@ -238,7 +238,10 @@ pub struct GroTable {
     /// Batch indices to write, ascending.
     order: Vec<usize>,
     writes: Vec<GroWrite>,
+    /// [`GroTable::coalesce`]'s scratch (test-util only).
+    #[cfg(any(test, feature = "test-util"))]
     refs: Vec<PacketRef>,
+    #[cfg(any(test, feature = "test-util"))]
     out: Vec<usize>,
     merged: usize,
     invalid: usize,
@@ -254,7 +257,9 @@ impl GroTable {
             item_of: Vec::with_capacity(batch),
             order: Vec::with_capacity(batch),
             writes: Vec::with_capacity(batch),
+            #[cfg(any(test, feature = "test-util"))]
             refs: Vec::with_capacity(batch),
+            #[cfg(any(test, feature = "test-util"))]
             out: Vec::with_capacity(batch),
             merged: 0,
             invalid: 0,
@@ -317,6 +322,11 @@ impl GroTable {
     /// start (0 for the rest). See the module docs for the exact contract. Never panics,
     /// whatever the bytes; indices past `min(bufs.len(), lens.len())` are ignored (and
     /// untouched).
+    ///
+    /// Only with the `test-util` feature: the data path coalesces in place
+    /// ([`coalesce_refs`](Self::coalesce_refs)); this is the reference the tests, the
+    /// benchmark and the fuzz target compare it with.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn coalesce<B: AsRef<[u8]> + AsMut<[u8]>>(
         &mut self,
         bufs: &mut [B],
@@ -597,6 +607,7 @@ impl GroTable {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 fn bufs_len<B: AsRef<[u8]>>(bufs: &[B], i: usize) -> usize {
     bufs.get(i).map_or(0, |b| b.as_ref().len())
 }

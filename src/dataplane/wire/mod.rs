@@ -297,7 +297,7 @@ pub mod checksum {
 /// A deterministic hash of an IP packet's flow: source and destination addresses, the protocol
 /// and, for TCP and UDP packets that are not fragments, the two ports.
 ///
-/// Used to pick the outer UDP source port of a VXLAN packet (RFC 7348 §5), so one inner flow
+/// Used to pick the sending socket, so the outer UDP source port, of a packet (RFC 7348 §5), so one inner flow
 /// stays on one outer 5-tuple (no reordering through ECMP or RSS) while different flows spread.
 ///
 /// Accepts any bytes and never panics. IPv4 and IPv6 are recognised from the version nibble;
@@ -368,26 +368,6 @@ impl FlowHasher {
     }
 }
 
-/// The lowest VXLAN outer UDP source port [`vxlan_source_port`] returns.
-pub const VXLAN_SOURCE_PORT_MIN: u16 = 49152;
-/// The highest VXLAN outer UDP source port [`vxlan_source_port`] returns.
-pub const VXLAN_SOURCE_PORT_MAX: u16 = 65535;
-
-/// Map a [`flow_hash`] to a VXLAN outer UDP source port in the IANA dynamic range
-/// 49152..=65535, as RFC 7348 §5 recommends ("the UDP source port number [...] within the
-/// dynamic/private port range 49152-65535").
-///
-/// The Linux kernel instead uses the local ephemeral range (`ip_local_port_range`, by default
-/// 32768..=60999). Receivers, kernel ones included, ignore the source port, so either choice
-/// interoperates with flannel; only middlebox hashing sees it.
-pub fn vxlan_source_port(hash: u32) -> u16 {
-    let span = u64::from(VXLAN_SOURCE_PORT_MAX - VXLAN_SOURCE_PORT_MIN) + 1;
-    // Multiply-shift maps the full u32 range evenly onto the span without a division.
-    let offset = (u64::from(hash) * span) >> 32;
-    // offset < span = 16384, so the sum is at most 65535.
-    VXLAN_SOURCE_PORT_MIN + offset as u16
-}
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -443,12 +423,6 @@ mod tests {
         assert_eq!(flow_hash(&[0x00; 64]), flow_hash(&[]));
     }
 
-    #[test]
-    fn source_port_range_ends() {
-        assert_eq!(vxlan_source_port(0), 49152);
-        assert_eq!(vxlan_source_port(u32::MAX), 65535);
-    }
-
     proptest! {
         #[test]
         fn flow_hash_never_panics(buf in proptest::collection::vec(any::<u8>(), 0..128)) {
@@ -463,12 +437,6 @@ mod tests {
             let mut buf = vec![0x40 | ihl];
             buf.extend(rest);
             let _ = flow_hash(&buf);
-        }
-
-        #[test]
-        fn source_port_in_range(h in any::<u32>()) {
-            let p = vxlan_source_port(h);
-            prop_assert!((VXLAN_SOURCE_PORT_MIN..=VXLAN_SOURCE_PORT_MAX).contains(&p));
         }
     }
 }

@@ -1,0 +1,257 @@
+//! The store's key layout, in one place: which key holds what, and how a key and its value are
+//! read back into a lease, a history record or a deleted subnet. Both stores
+//! ([`crate::lease::etcd`] and `crate::lease::memory`) build and parse every key here, so the
+//! simulation reads the store exactly as production does: the same keys are leases, the same
+//! keys are skipped, with the same words.
+//!
+//! # Layout (flannel-compatible)
+//! - `<prefix>/config`: the network config JSON.
+//! - `<prefix>/subnets/<a.b.c.d>-<len>`: one lease per subnet ([`LeaseAttrs`] JSON).
+//! - `<prefix>/weft/history/<a.b.c.d>-<len>`: weft's allocation history ([`HistoryRecord`]).
+//! - `<prefix>/weft/nodes/<node-id>`: presence of a running process of that node.
+//!
+//! Nothing of weft's lives under a name that starts with `<prefix>/subnets`: flannel lists that
+//! prefix without a trailing slash.
+//!
+//! # Contract
+//! Pure: no I/O. Parsers take keys and values from the store (untrusted: another tool, an
+//! operator or an older weft may have written them) and return a [`BadEntry`] naming the key and
+//! the [`KeyError`]; they never panic.
+
+#![forbid(unsafe_code)]
+
+use super::record::{
+    HistoryEntry, HistoryRecord, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
+    SubnetError, ValueError,
+};
+use super::store::BadEntry;
+
+/// The directory of subnet leases, relative to the prefix (no trailing slash).
+pub const SUBNETS: &str = "subnets";
+
+/// The directory of weft's history records, relative to the prefix.
+pub const HISTORY: &str = "weft/history";
+
+/// The directory of presence keys, relative to the prefix.
+pub const NODES: &str = "weft/nodes";
+
+/// The network config key, relative to the prefix.
+pub const CONFIG: &str = "config";
+
+/// Why a key under the layout, or its value, does not make a lease or a history record.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The key is not under the directory it was read from.
+    #[error("not under {dir}")]
+    NotUnder {
+        /// The directory (`<prefix>/subnets/`, `<prefix>/weft/history/`).
+        dir: String,
+    },
+    /// The key's last element names no subnet.
+    #[error("bad key: {0}")]
+    Name(#[from] SubnetError),
+    /// The value does not parse.
+    #[error("bad value: {0}")]
+    Value(#[from] ValueError),
+}
+
+impl KeyError {
+    /// The skipped entry this error makes of `key`.
+    pub fn at(self, key: &str) -> BadEntry {
+        BadEntry { key: key.to_owned(), problem: self.to_string() }
+    }
+}
+
+/// Where weft's keys live under one prefix. Cheap to clone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyLayout {
+    prefix: String,
+    subnets_dir: String,
+    history_dir: String,
+}
+
+impl KeyLayout {
+    /// The layout under `prefix` (e.g. `/coreos.com/network`; a trailing `/` is ignored).
+    pub fn new(prefix: &str) -> Self {
+        let prefix = prefix.trim_end_matches('/').to_owned();
+        Self {
+            subnets_dir: format!("{prefix}/{SUBNETS}/"),
+            history_dir: format!("{prefix}/{HISTORY}/"),
+            prefix,
+        }
+    }
+
+    /// The prefix, without a trailing `/`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `<prefix>/config`.
+    pub fn config(&self) -> String {
+        format!("{}/{CONFIG}", self.prefix)
+    }
+
+    /// `<prefix>/subnets/`: the trailing slash keeps `<prefix>/subnetsX` out of a range.
+    pub fn subnets_dir(&self) -> &str {
+        &self.subnets_dir
+    }
+
+    /// `<prefix>/weft/history/`.
+    pub fn history_dir(&self) -> &str {
+        &self.history_dir
+    }
+
+    /// `<prefix>/subnets/<a.b.c.d>-<len>`.
+    pub fn subnet(&self, subnet: Subnet) -> String {
+        format!("{}{}", self.subnets_dir, subnet.key_name())
+    }
+
+    /// `<prefix>/weft/history/<a.b.c.d>-<len>`.
+    pub fn history(&self, subnet: Subnet) -> String {
+        format!("{}{}", self.history_dir, subnet.key_name())
+    }
+
+    /// `<prefix>/weft/nodes/<node-id>`.
+    pub fn node(&self, node: &NodeId) -> String {
+        format!("{}/{NODES}/{}", self.prefix, node.as_str())
+    }
+
+    /// Whether `key` lies under `<prefix>/subnets/` (a lease, or garbage in its place).
+    pub fn is_subnet_key(&self, key: &str) -> bool {
+        key.starts_with(&self.subnets_dir)
+    }
+
+    /// Whether `key` lies under `<prefix>/weft/history/`.
+    pub fn is_history_key(&self, key: &str) -> bool {
+        key.starts_with(&self.history_dir)
+    }
+
+    /// The subnet a key under `<prefix>/subnets/` names.
+    fn subnet_of(&self, key: &str) -> Result<Subnet, KeyError> {
+        let name = key
+            .strip_prefix(&self.subnets_dir)
+            .ok_or_else(|| KeyError::NotUnder { dir: self.subnets_dir.clone() })?;
+        Ok(Subnet::parse_key_name(name)?)
+    }
+
+    /// A key under `<prefix>/subnets/` and its value, read as a lease.
+    pub fn parse_lease(
+        &self,
+        key: &str,
+        value: &[u8],
+        mod_revision: Revision,
+        lease_id: StoreLeaseId,
+    ) -> Result<StoredLease, BadEntry> {
+        let read = || -> Result<StoredLease, KeyError> {
+            let subnet = self.subnet_of(key)?;
+            let attrs = LeaseAttrs::from_json(value)?;
+            Ok(StoredLease { subnet, attrs, mod_revision, lease_id })
+        };
+        read().map_err(|e| e.at(key))
+    }
+
+    /// A key under `<prefix>/weft/history/` and its value, read as a history record.
+    pub fn parse_history(
+        &self,
+        key: &str,
+        value: &[u8],
+        mod_revision: Revision,
+    ) -> Result<HistoryEntry, BadEntry> {
+        let read = || -> Result<HistoryEntry, KeyError> {
+            let name = key
+                .strip_prefix(&self.history_dir)
+                .ok_or_else(|| KeyError::NotUnder { dir: self.history_dir.clone() })?;
+            let subnet = Subnet::parse_key_name(name)?;
+            let record = HistoryRecord::from_json(value)?;
+            Ok(HistoryEntry { subnet, record, mod_revision })
+        };
+        read().map_err(|e| e.at(key))
+    }
+
+    /// The subnet of a deleted key under `<prefix>/subnets/` (a delete has no value).
+    pub fn parse_deleted(&self, key: &str) -> Result<Subnet, BadEntry> {
+        self.subnet_of(key).map_err(|e| e.at(key))
+    }
+}
+
+/// How a key under `subnets/` is shown without its prefix (`weft lease list`, `/metrics`
+/// labels, logs): `subnets/<name>`.
+pub fn relative_subnet_key(name: &str) -> String {
+    format!("{SUBNETS}/{name}")
+}
+
+/// The last element of `key` if its parent directory is `.../subnets` (whatever the prefix):
+/// what tells a skipped key under `subnets/` — a live key, occupied whatever its value — from
+/// any other skipped key.
+pub fn subnet_key_name(key: &str) -> Option<&str> {
+    let (dir, name) = key.rsplit_once('/')?;
+    dir.strip_suffix(SUBNETS).is_some_and(|rest| rest.ends_with('/')).then_some(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sn(s: &str) -> Subnet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn keys_are_flannels_layout_under_the_prefix() {
+        let k = KeyLayout::new("/coreos.com/network/");
+        assert_eq!(k.prefix(), "/coreos.com/network");
+        assert_eq!(k.config(), "/coreos.com/network/config");
+        assert_eq!(k.subnets_dir(), "/coreos.com/network/subnets/");
+        assert_eq!(k.subnet(sn("10.244.3.0/24")), "/coreos.com/network/subnets/10.244.3.0-24");
+        assert_eq!(
+            k.history(sn("10.244.3.0/24")),
+            "/coreos.com/network/weft/history/10.244.3.0-24"
+        );
+        let node = NodeId::parse("node-aaaa").unwrap();
+        assert_eq!(k.node(&node), "/coreos.com/network/weft/nodes/node-aaaa");
+        assert!(k.is_subnet_key("/coreos.com/network/subnets/x"));
+        assert!(!k.is_subnet_key("/coreos.com/network/subnetsx"));
+        assert!(k.is_history_key("/coreos.com/network/weft/history/10.244.3.0-24"));
+        assert!(!k.is_history_key("/coreos.com/network/subnets/10.244.3.0-24"));
+    }
+
+    #[test]
+    fn leases_history_and_deletes_parse_back_or_name_the_problem() {
+        let k = KeyLayout::new("/p");
+        let value = br#"{"PublicIP":"192.0.2.1","PublicIPv6":null}"#;
+        let lease = k.parse_lease("/p/subnets/10.244.3.0-24", value, Revision(7), StoreLeaseId(9));
+        let lease = lease.unwrap();
+        assert_eq!(
+            (lease.subnet, lease.mod_revision, lease.lease_id),
+            (sn("10.244.3.0/24"), Revision(7), StoreLeaseId(9))
+        );
+        let bad = k.parse_lease("/p/subnets/bogus", value, Revision(1), StoreLeaseId(0));
+        assert_eq!(bad.as_ref().unwrap_err().key, "/p/subnets/bogus");
+        assert!(bad.unwrap_err().problem.starts_with("bad key: "));
+        let bad = k.parse_lease("/p/subnets/10.244.3.0-24", b"{", Revision(1), StoreLeaseId(0));
+        assert!(bad.unwrap_err().problem.starts_with("bad value: "));
+        let bad = k.parse_lease("/q/subnets/10.244.3.0-24", value, Revision(1), StoreLeaseId(0));
+        assert_eq!(bad.unwrap_err().problem, "not under /p/subnets/");
+
+        let record = br#"{"state":"held","node":"node-aaaa","public_ip":"192.0.2.1"}"#;
+        let h = k.parse_history("/p/weft/history/10.244.3.0-24", record, Revision(3)).unwrap();
+        assert_eq!((h.subnet, h.mod_revision), (sn("10.244.3.0/24"), Revision(3)));
+        let bad = k.parse_history("/p/weft/history/10.244.3.0-24", b"[]", Revision(3));
+        assert!(bad.unwrap_err().problem.starts_with("bad value: "));
+
+        assert_eq!(k.parse_deleted("/p/subnets/10.244.3.0-24"), Ok(sn("10.244.3.0/24")));
+        assert!(
+            k.parse_deleted("/p/subnets/10.244.3.1-24").unwrap_err().problem.contains("bad key")
+        );
+    }
+
+    #[test]
+    fn skipped_keys_under_subnets_are_told_from_others_whatever_the_prefix() {
+        assert_eq!(subnet_key_name("/p/subnets/bogus"), Some("bogus"));
+        assert_eq!(subnet_key_name("/a/b/subnets/10.0.0.0-24"), Some("10.0.0.0-24"));
+        assert_eq!(subnet_key_name("/p/weft/history/10.0.0.0-24"), None);
+        assert_eq!(subnet_key_name("/p/xsubnets/10.0.0.0-24"), None);
+        assert_eq!(subnet_key_name("/p/subnets/a/b"), None);
+        assert_eq!(relative_subnet_key("10.0.0.0-24"), "subnets/10.0.0.0-24");
+    }
+}
