@@ -12,7 +12,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use weft::config::BackendKind;
 use weft::dataplane::offload::{GroConfig, GroTable, PacketRef, split};
@@ -25,18 +25,19 @@ use weft::time::Instant;
 
 struct Counting;
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
 thread_local! {
     /// Whether this thread's allocations are being counted (const-initialised: reading it
     /// never allocates, so the allocator may read it).
     static COUNTING: Cell<bool> = const { Cell::new(false) };
+    /// This thread's counted allocations. Per thread, not one global count: two tests that
+    /// count at once (the harness runs them on two threads) would each see the other's.
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
 }
 
 fn count_one() {
     // `try_with`: a thread being torn down has no thread-locals left; it is not counting.
     if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
     }
 }
 
@@ -213,11 +214,11 @@ fn the_per_packet_path_allocates_nothing() {
 
 /// What `f` returns, and how many allocations it made on this thread.
 fn allocations_during<R>(f: impl FnOnce() -> R) -> (R, u64) {
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = ALLOCS.with(Cell::get);
     COUNTING.with(|c| c.set(true));
     let r = f();
     COUNTING.with(|c| c.set(false));
-    (r, ALLOCS.load(Ordering::Relaxed) - before)
+    (r, ALLOCS.with(Cell::get) - before)
 }
 
 #[test]
