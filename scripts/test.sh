@@ -18,6 +18,6 @@ cargo test --features fault-injection --lib --bins --tests -- --test-threads 2
 echo "== chaos soak (short): namespace hosts, a 3-member etcd, random faults, invariants"
 # The long soak (minutes) is `scripts/chaos.sh`; CI runs the short one (about 90 s + a build).
 scripts/chaos.sh --short
-echo "== fuzzing: every cargo-fuzz target for 20 s (overflow checks on)"
+echo "== fuzzing: every cargo-fuzz target for 10 s (overflow checks on)"
 # Longer runs: scripts/fuzz.sh 600 (ten minutes a target).
-scripts/fuzz.sh 20
+scripts/fuzz.sh 10
