@@ -407,7 +407,7 @@ fn send_skipping<U: UdpIo>(
 
 /// The TX loop on its own thread: [`TxPath::step`] until `stop`.
 #[allow(clippy::too_many_arguments)]
-pub fn run_tx<T: TunIo, U: UdpIo>(
+pub(crate) fn run_tx<T: TunIo, U: UdpIo>(
     tun: &T,
     pool: &mut [U],
     fwd: &Forwarder,
@@ -652,7 +652,7 @@ fn write_coalesced<T: TunIo>(
 }
 
 /// The RX loop on its own thread: [`RxPath::step`] until `stop`.
-pub fn run_rx<T: TunIo, U: UdpIo>(
+pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
     tun: &T,
     sock: &mut U,
     fwd: &Forwarder,
@@ -674,7 +674,7 @@ pub fn run_rx<T: TunIo, U: UdpIo>(
 /// ICMP echo reply, a TCP ACK) is then picked up by the same thread without a wake-up, which
 /// on a VM costs tens of microseconds.
 #[allow(clippy::too_many_arguments)]
-pub fn run_both<T: TunIo, U: UdpIo>(
+pub(crate) fn run_both<T: TunIo, U: UdpIo>(
     tun: &T,
     pool: &mut [U],
     sock: &mut U,

@@ -26,8 +26,8 @@
 //!   down because the control plane is blind).
 //! - Published routes follow docs/lease-rules.md ("Loss and reclaim"): see [`set`].
 
-pub mod set;
-pub mod table;
+pub(crate) mod set;
+pub(crate) mod table;
 pub mod watcher;
 
 use std::sync::Arc;
@@ -65,7 +65,7 @@ impl Routes {
 
     /// Publishes `table`: every later [`Routes::load`] sees it. Readers holding an older
     /// snapshot keep it until they drop it.
-    pub fn store(&self, table: RouteTable) {
+    pub(crate) fn store(&self, table: RouteTable) {
         self.table.store(Arc::new(table));
     }
 }

@@ -312,7 +312,7 @@ impl RouteSet {
     /// Forgets every revision seen, for a store whose revisions went backwards (restored from
     /// a snapshot): the next listing sets where the watch resumes, and its keys replace the
     /// routes (those it lacks are kept stale, as for any listing).
-    pub fn forget_revisions(&mut self) {
+    pub(crate) fn forget_revisions(&mut self) {
         // Revisions of the old timeline would make every new event look older than the route.
         for e in self.entries.values_mut() {
             e.mod_revision = Revision(0);
@@ -345,7 +345,7 @@ impl RouteSet {
     /// hosts, 100 leases expiring together made every watcher re-list 2,000 keys where 100
     /// reads of one key each would do, and the listings kept etcd past its call timeouts until
     /// most hosts' leases expired too.
-    pub fn history_reads_or_relist(&mut self, per_round: usize) -> Vec<(Subnet, Revision)> {
+    pub(crate) fn history_reads_or_relist(&mut self, per_round: usize) -> Vec<(Subnet, Revision)> {
         let worth_a_listing = per_round.max(self.entries.len() / 2);
         if self.pending_history.len() > worth_a_listing {
             self.pending_history.clear();

@@ -38,17 +38,17 @@ use serde_json::Value;
 use crate::lease::record::{NodeId, StoredLease, Subnet};
 
 /// A slot of the slot array that names no peer.
-pub const NO_PEER: u32 = u32::MAX;
+pub(crate) const NO_PEER: u32 = u32::MAX;
 
 /// Slot arrays up to this many slots (4 MiB) are always built.
-pub const DENSE_ALWAYS_SLOTS: u64 = 1 << 20;
+pub(crate) const DENSE_ALWAYS_SLOTS: u64 = 1 << 20;
 
 /// No slot array is larger than this many slots (64 MiB).
-pub const DENSE_MAX_SLOTS: u64 = 1 << 24;
+pub(crate) const DENSE_MAX_SLOTS: u64 = 1 << 24;
 
 /// Above [`DENSE_ALWAYS_SLOTS`], a slot array is built only if it has at most this many slots
 /// per peer that lands in it.
-pub const DENSE_SLOTS_PER_PEER: u64 = 64;
+pub(crate) const DENSE_SLOTS_PER_PEER: u64 = 64;
 
 /// How packets reach a peer, from its lease's `BackendType`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -373,12 +373,13 @@ impl RouteTable {
     }
 
     /// How many routes are stale (kept after their key expired).
-    pub fn stale_count(&self) -> usize {
+    pub(crate) fn stale_count(&self) -> usize {
         self.peers.iter().filter(|p| p.stale).count()
     }
 
     /// Whether the slot array is in use (for tests and benchmarks).
-    pub fn is_dense(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_dense(&self) -> bool {
         !self.slots.is_empty()
     }
 }

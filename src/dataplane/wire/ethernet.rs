@@ -25,11 +25,13 @@ pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
     /// ff:ff:ff:ff:ff:ff.
-    pub const BROADCAST: Self = Self([0xff; 6]);
+    #[cfg(test)]
+    pub(crate) const BROADCAST: Self = Self([0xff; 6]);
 
     /// Whether the group bit (the least significant bit of the first octet) is set: a
     /// multicast or broadcast address.
-    pub const fn is_multicast(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) const fn is_multicast(&self) -> bool {
         self.0[0] & 0x01 != 0
     }
 }
@@ -48,10 +50,6 @@ pub struct EtherType(pub u16);
 impl EtherType {
     /// IPv4 (RFC 894).
     pub const IPV4: Self = Self(0x0800);
-    /// ARP (RFC 826).
-    pub const ARP: Self = Self(0x0806);
-    /// IPv6 (RFC 2464).
-    pub const IPV6: Self = Self(0x86dd);
 }
 
 /// A read/write view of an Ethernet II frame.
@@ -62,7 +60,7 @@ pub struct Frame<T: AsRef<[u8]>> {
 
 impl<T: AsRef<[u8]>> Frame<T> {
     /// Wrap a buffer without checking it. Accessors may panic unless [`Self::check_len`] passed.
-    pub const fn new_unchecked(buffer: T) -> Self {
+    pub(crate) const fn new_unchecked(buffer: T) -> Self {
         Self { buffer }
     }
 
@@ -77,13 +75,8 @@ impl<T: AsRef<[u8]>> Frame<T> {
     ///
     /// # Errors
     /// [`Error::Truncated`] if shorter than the 14-byte header.
-    pub fn check_len(&self) -> Result<(), Error> {
+    pub(crate) fn check_len(&self) -> Result<(), Error> {
         if self.buffer.as_ref().len() < HEADER_LEN { Err(Error::Truncated) } else { Ok(()) }
-    }
-
-    /// Give the buffer back.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The destination address.
