@@ -365,7 +365,14 @@ async fn run_hosts(
         let state_dir = dir.join(format!("h{idx}"));
         std::fs::create_dir_all(&state_dir).expect("host dir");
         emit(json!({"ev": "host_info", "h": idx, "node": node.as_str(), "ip": ip.to_string()}));
-        let mac = [0x02, 0, (idx >> 16) as u8, (idx >> 8) as u8, idx as u8, 1];
+        let mac = weft::dataplane::wire::ethernet::MacAddr([
+            0x02,
+            0,
+            (idx >> 16) as u8,
+            (idx >> 8) as u8,
+            idx as u8,
+            1,
+        ]);
         let attrs = weft::daemon::lease_attrs(&network, ip, mac);
         let (presence_ttl, retry_min, retry_max) = KeeperConfig::timings_for(ttl);
         let keeper = Keeper::new(

@@ -32,7 +32,6 @@ use crate::lease::keeper::{Keeper, KeeperConfig};
 use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Subnet};
 use crate::lease::store::Store;
 use crate::lease::subnet_env::{self, ReadOutcome};
-use crate::route::parse_mac;
 use crate::route::watcher::RouteStats;
 use crate::route::{RouteTable, Routes};
 use crate::time::{BootClock, Clock};
@@ -116,11 +115,13 @@ pub(crate) fn load_node_id(state_dir: &Path) -> anyhow::Result<NodeId> {
 }
 
 /// A stable, locally administered unicast MAC for the VTEP, kept in `<state-dir>/vtep-mac`.
-pub(crate) fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<[u8; 6]> {
+pub(crate) fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<MacAddr> {
     let path = state_dir.join("vtep-mac");
     match atomic_file::read(&path, MAX_STATE_FILE_LEN) {
         Ok(Some(bytes)) => {
-            if let Some(mac) = std::str::from_utf8(&bytes).ok().and_then(|t| parse_mac(t.trim())) {
+            if let Some(mac) =
+                std::str::from_utf8(&bytes).ok().and_then(|t| MacAddr::parse(t.trim()))
+            {
                 return Ok(mac);
             }
             warn!(path = %path.display(), "ignoring an unreadable VTEP MAC file; generating a new MAC");
@@ -130,7 +131,8 @@ pub(crate) fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<[u8; 6]> {
     }
     let mut mac: [u8; 6] = rand::random();
     mac[0] = (mac[0] & 0xfe) | 0x02;
-    write_state_file(state_dir, "vtep-mac", &MacAddr(mac).to_string())?;
+    let mac = MacAddr(mac);
+    write_state_file(state_dir, "vtep-mac", &mac.to_string())?;
     Ok(mac)
 }
 
@@ -213,12 +215,12 @@ fn default_route_iface() -> Option<String> {
 }
 
 /// The lease value this node publishes.
-pub fn lease_attrs(network: &NetworkConfig, public_ip: Ipv4Addr, vtep_mac: [u8; 6]) -> LeaseAttrs {
+pub fn lease_attrs(network: &NetworkConfig, public_ip: Ipv4Addr, vtep_mac: MacAddr) -> LeaseAttrs {
     let (backend_type, backend_data) = match network.backend.kind {
         BackendKind::Vxlan => (
             Some("vxlan".to_string()),
             Some(
-                serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": MacAddr(vtep_mac).to_string() }),
+                serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": vtep_mac.to_string() }),
             ),
         ),
         // flannel's udp backend writes no BackendType; weft does the same so flannel peers
@@ -644,7 +646,7 @@ fn start_dataplane(
     opts: &RunOptions,
     network: &NetworkConfig,
     underlay: &Underlay,
-    vtep_mac: [u8; 6],
+    vtep_mac: MacAddr,
     routes: Arc<Routes>,
     health: &Arc<Health>,
     mut subnet_rx: watch::Receiver<Option<Subnet>>,

@@ -38,6 +38,7 @@ use super::pipeline::{Counters, Forwarder, Offload, OwnSubnet};
 use super::supervise::WorkerStates;
 use super::sys::{self, Tun, TunError, TunOptions, TunStatus};
 use super::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
+use super::wire::ethernet::MacAddr;
 use super::wire::vxlan::Vni;
 use super::worker::{self, TunIo, UdpIo, WorkerConfig};
 use crate::config::BackendKind;
@@ -64,7 +65,7 @@ pub(crate) struct DataplaneConfig {
     /// The backend's UDP port.
     pub(crate) port: u16,
     /// Our VTEP MAC.
-    pub(crate) our_mac: [u8; 6],
+    pub(crate) our_mac: MacAddr,
     /// The underlay MTU; the TUN MTU is this minus the encapsulation overhead.
     pub(crate) underlay_mtu: u32,
     /// The encapsulation overhead (50 for vxlan, 28 for udp).

@@ -266,7 +266,7 @@ pub(crate) struct TxRoute {
     /// The inner flow's hash (picks the outer source port).
     pub(crate) flow: u32,
     /// The peer's VTEP MAC (vxlan only).
-    pub(crate) peer_mac: Option<[u8; 6]>,
+    pub(crate) peer_mac: Option<MacAddr>,
 }
 
 /// What to do with a received datagram.
@@ -330,7 +330,7 @@ pub struct Forwarder {
     /// The UDP port peers listen on.
     pub port: u16,
     /// Our VTEP MAC (the inner Ethernet source, and the destination peers must use).
-    pub our_mac: [u8; 6],
+    pub our_mac: MacAddr,
     /// Our subnet.
     pub own: Arc<OwnSubnet>,
     /// The source address of the ICMP errors weft answers with: the cluster network's base
@@ -433,8 +433,8 @@ impl Forwarder {
         // the VNI was validated when the forwarder was built.
         let _ = vxlan::Repr { vni: self.vni }.emit(vx);
         let _ = ethernet::Repr {
-            src_addr: MacAddr(self.our_mac),
-            dst_addr: MacAddr(peer_mac),
+            src_addr: self.our_mac,
+            dst_addr: peer_mac,
             ethertype: ethernet::EtherType::IPV4,
         }
         .emit(eth);
@@ -460,7 +460,7 @@ impl Forwarder {
                 let Ok(eth) = ethernet::Frame::new_checked(&datagram[vxlan::HEADER_LEN..]) else {
                     return Rx::Drop(DropReason::RxMalformed);
                 };
-                if eth.dst_addr() != MacAddr(self.our_mac) {
+                if eth.dst_addr() != self.our_mac {
                     return Rx::Drop(DropReason::RxNotOurMac);
                 }
                 if eth.ethertype() != ethernet::EtherType::IPV4 {

@@ -802,7 +802,7 @@ mod tests {
     use crate::dataplane::fake::{FakeNet, FakeTun};
     use crate::dataplane::offload::testutil::Pkt;
     use crate::dataplane::pipeline::OwnSubnet;
-    use crate::dataplane::wire::{read_u32, vxlan::Vni};
+    use crate::dataplane::wire::{ethernet::MacAddr, read_u32, vxlan::Vni};
     use crate::route::{Peer, PeerBackend, RouteTable};
 
     /// A socket on which the kernel refuses every message to `bad` (EHOSTUNREACH), the way
@@ -876,7 +876,7 @@ mod tests {
                 subnet: format!("10.244.{peer}.0/24").parse().unwrap(),
                 public_ip: Ipv4Addr::new(192, 0, 2, peer),
                 backend: peer_backend,
-                vtep_mac: Some([2, 0, 0, 0, 0, peer]),
+                vtep_mac: Some(MacAddr([2, 0, 0, 0, 0, peer])),
                 vni: Some(1),
                 node: None,
                 stale: false,
@@ -888,7 +888,7 @@ mod tests {
             backend,
             vni: Vni::new(1).unwrap(),
             port: 8472,
-            our_mac: [2, 0, 0, 0, 0, n],
+            our_mac: MacAddr([2, 0, 0, 0, 0, n]),
             own,
             icmp_source: Ipv4Addr::new(10, 244, 0, 0),
             icmp_limit: Arc::default(),

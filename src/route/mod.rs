@@ -35,7 +35,7 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, Guard};
 
 pub use set::RouteSet;
-pub use table::{Peer, PeerBackend, PeerError, RouteTable, parse_mac};
+pub use table::{Peer, PeerBackend, PeerError, RouteTable};
 pub use watcher::{RouteStats, run};
 
 /// The published route table: one writer swaps whole snapshots in, many readers load them

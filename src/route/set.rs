@@ -444,6 +444,8 @@ fn lease_key(subnet: Subnet) -> String {
 mod tests {
     use std::net::Ipv4Addr;
 
+    use crate::dataplane::wire::ethernet::MacAddr;
+
     use super::*;
     use crate::lease::record::{
         HistoryEntry, HistoryRecord, LeaseAttrs, NodeId, StoreLeaseId, StoredLease,
@@ -525,7 +527,7 @@ mod tests {
         assert_eq!(routes(&s), [r("10.244.1.0/24", 1, false)]);
         assert_eq!(s.resume_revision(), Revision(12));
         let p = s.table().lookup(Ipv4Addr::new(10, 244, 1, 9)).cloned().unwrap();
-        assert_eq!(p.vtep_mac, Some([2, 0, 0, 0, 0, 1]));
+        assert_eq!(p.vtep_mac, Some(MacAddr([2, 0, 0, 0, 0, 1])));
     }
 
     #[test]

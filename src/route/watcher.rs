@@ -445,6 +445,7 @@ mod tests {
     use tokio::task::JoinHandle;
 
     use super::*;
+    use crate::dataplane::wire::ethernet::MacAddr;
     use crate::lease::memory::{MemoryClient, MemoryStore};
     use crate::lease::record::{
         HistoryEntry, Incarnation, LeaseAttrs, NodeId, Revision, StoredLease,
@@ -588,7 +589,7 @@ mod tests {
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
         let t = h.routes.load();
         let p = t.lookup(Ipv4Addr::new(10, 244, 2, 7)).unwrap();
-        assert_eq!(p.vtep_mac, Some([2, 0, 0, 0, 0, 2]));
+        assert_eq!(p.vtep_mac, Some(MacAddr([2, 0, 0, 0, 0, 2])));
         assert!(t.is_known_peer(Ipv4Addr::new(192, 0, 2, 1)));
         assert_eq!(stat(&h.stats.routes), 2);
         assert!(stat(&h.stats.updates) >= 2);

@@ -24,6 +24,42 @@ pub const HEADER_LEN: usize = field::ETHERTYPE.end;
 pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
+    /// Parses a 48-bit MAC in any form Go's `net.ParseMAC` accepts for 6 bytes:
+    /// `aa:bb:cc:dd:ee:ff`, `aa-bb-cc-dd-ee-ff` (one separator throughout) or `aabb.ccdd.eeff`;
+    /// hex digits in either case. Go also accepts 8- and 20-byte addresses; a VTEP MAC is never
+    /// one, so they are refused.
+    pub fn parse(s: &str) -> Option<Self> {
+        let b = s.as_bytes();
+        let mut out = [0u8; 6];
+        match b.len() {
+            17 => {
+                let sep = b[2];
+                if sep != b':' && sep != b'-' {
+                    return None;
+                }
+                for (i, byte) in out.iter_mut().enumerate() {
+                    let x = i * 3;
+                    *byte = hex2(b[x], b[x + 1])?;
+                    if i < 5 && b[x + 2] != sep {
+                        return None;
+                    }
+                }
+            }
+            14 => {
+                for i in 0..3 {
+                    let x = i * 5;
+                    out[2 * i] = hex2(b[x], b[x + 1])?;
+                    out[2 * i + 1] = hex2(b[x + 2], b[x + 3])?;
+                    if i < 2 && b[x + 4] != b'.' {
+                        return None;
+                    }
+                }
+            }
+            _ => return None,
+        }
+        Some(Self(out))
+    }
+
     /// ff:ff:ff:ff:ff:ff.
     #[cfg(test)]
     pub(crate) const BROADCAST: Self = Self([0xff; 6]);
@@ -41,6 +77,17 @@ impl fmt::Display for MacAddr {
         let [a, b, c, d, e, g] = self.0;
         write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
     }
+}
+
+/// One byte from two hex digits, either case.
+fn hex2(hi: u8, lo: u8) -> Option<u8> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    Some(digit(hi)? << 4 | digit(lo)?)
 }
 
 /// An EtherType (IEEE 802 numbers registry).
@@ -187,6 +234,28 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn parse_mac_accepts_go_forms_only() {
+        let m = Some(MacAddr([0x00, 0x00, 0x5e, 0x00, 0x53, 0x01]));
+        assert_eq!(MacAddr::parse("00:00:5e:00:53:01"), m);
+        assert_eq!(MacAddr::parse("00-00-5E-00-53-01"), m);
+        assert_eq!(MacAddr::parse("0000.5e00.5301"), m);
+        for bad in [
+            "",
+            "00:00:5e:00:53",
+            "00:00:5e:00:53:01:02",
+            "00:00-5e:00:53:01",
+            "00:00:5e:00:53:0g",
+            "+0:00:5e:00:53:01",
+            "0000.5e00.530",
+            "0000:5e00.5301",
+            "00:00:5e:00:53:1 ",
+            "02:00:5e:10:00:00:00:01", // EUI-64: Go takes it, a VTEP MAC is never one
+        ] {
+            assert_eq!(MacAddr::parse(bad), None, "{bad:?}");
+        }
+    }
 
     const FRAME: [u8; 18] = [
         0x0a, 0x58, 0x0a, 0xf4, 0x02, 0x00, // dst: remote flannel.1 VtepMAC
