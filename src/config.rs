@@ -35,10 +35,12 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use serde_json::{Map, Value};
 
+use crate::dataplane::wire::vxlan::Vni;
 use crate::lease::record::{ForeignSubnet, Subnet};
 
 /// flannel's vxlan port: the Linux kernel's legacy VXLAN port, from before IANA assigned 4789.
-/// A peer on 4789 does not interoperate with a default flannel.
+/// A peer on 4789 does not interoperate with a default flannel. This and the two below are the
+/// only home of weft's port and VNI defaults: everything else takes them from the config.
 pub(crate) const DEFAULT_VXLAN_PORT: u16 = 8472;
 
 /// flannel's udp backend port.
@@ -47,8 +49,9 @@ pub(crate) const DEFAULT_UDP_PORT: u16 = 8285;
 /// flannel's `defaultVNI`.
 pub(crate) const DEFAULT_VNI: u32 = 1;
 
-/// The largest VXLAN network identifier: the field is 24 bits (RFC 7348 §5).
-pub(crate) const MAX_VNI: u32 = (1 << 24) - 1;
+/// The largest VXLAN network identifier: the field is 24 bits (RFC 7348 §5). The wire view's
+/// bound is the one source.
+pub(crate) const MAX_VNI: u32 = Vni::MAX;
 
 /// The longest `SubnetLen` flannel allows: a host needs room for its gateway and at least one
 /// more address.

@@ -36,6 +36,7 @@ use ipnet::Ipv4Net;
 use serde_json::Value;
 
 use crate::dataplane::wire::ethernet::MacAddr;
+use crate::dataplane::wire::vxlan::Vni;
 use crate::lease::record::{NodeId, StoredLease, Subnet};
 
 /// A slot of the slot array that names no peer.
@@ -139,7 +140,7 @@ impl Peer {
                     None | Some(Value::Null) => None,
                     Some(v) => Some(
                         v.as_u64()
-                            .filter(|n| *n <= 0x00ff_ffff)
+                            .filter(|n| *n <= u64::from(Vni::MAX))
                             .and_then(|n| u32::try_from(n).ok())
                             .ok_or(PeerError::BadVni)?,
                     ),
