@@ -12,6 +12,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ipnet::Ipv4Net;
 use weft::config::BackendKind;
 use weft::dataplane::pipeline::{Forwarder, HEADROOM, OwnSubnet, Rx, Tx};
+use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::{Vni, ipv4};
 use weft::lease::record::Subnet;
 use weft::route::{Peer, PeerBackend, RouteTable};
@@ -21,8 +22,8 @@ fn subnet(i: u32) -> Subnet {
     Subnet::from_parts(Ipv4Addr::from(0x0a00_0000 | (i << 8)), 24).expect("a /24 of 10/8")
 }
 
-fn mac(i: u32) -> [u8; 6] {
-    [0x02, 0, 0, 0, (i >> 8) as u8, i as u8]
+fn mac(i: u32) -> MacAddr {
+    MacAddr([0x02, 0, 0, 0, (i >> 8) as u8, i as u8])
 }
 
 fn public_ip(i: u32) -> Ipv4Addr {

@@ -428,7 +428,14 @@ async fn run_hosts(
         let node = NodeId::generate();
         let state_dir = dir.join(format!("h{idx}"));
         std::fs::create_dir_all(&state_dir).expect("host dir");
-        let mac = [0x02, 0, (idx >> 16) as u8, (idx >> 8) as u8, idx as u8, 1];
+        let mac = weft::dataplane::wire::ethernet::MacAddr([
+            0x02,
+            0,
+            (idx >> 16) as u8,
+            (idx >> 8) as u8,
+            idx as u8,
+            1,
+        ]);
         let attrs = weft::daemon::lease_attrs(&network, ip, mac);
         let health = Arc::new(Health::new(clock.clone()));
         let (subnet_tx, subnet_rx) = watch::channel(None);

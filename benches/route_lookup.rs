@@ -9,6 +9,7 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ipnet::Ipv4Net;
 use rand::{Rng, SeedableRng};
+use weft::dataplane::wire::ethernet::MacAddr;
 use weft::lease::record::Subnet;
 use weft::route::{Peer, PeerBackend, RouteTable};
 
@@ -25,7 +26,7 @@ fn peer(i: u32) -> Peer {
         subnet: subnet(i),
         public_ip: Ipv4Addr::from(0xc0a8_0000 | i),
         backend: PeerBackend::Vxlan,
-        vtep_mac: Some([0x02, 0, 0, 0, (i >> 8) as u8, i as u8]),
+        vtep_mac: Some(MacAddr([0x02, 0, 0, 0, (i >> 8) as u8, i as u8])),
         vni: Some(1),
         node: None,
         stale: false,

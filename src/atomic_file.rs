@@ -24,11 +24,11 @@ use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt 
 use std::path::{Path, PathBuf};
 
 /// `subnet.env`'s mode (flannel's).
-pub const PUBLIC_MODE: u32 = 0o644;
+pub(crate) const PUBLIC_MODE: u32 = 0o644;
 /// The mode of the files in the state dir.
-pub const PRIVATE_MODE: u32 = 0o600;
+pub(crate) const PRIVATE_MODE: u32 = 0o600;
 /// The mode of a state dir weft creates.
-pub const PRIVATE_DIR_MODE: u32 = 0o700;
+pub(crate) const PRIVATE_DIR_MODE: u32 = 0o700;
 
 /// How many temp names [`write`] tries before giving up.
 const TEMP_ATTEMPTS: usize = 8;
@@ -38,10 +38,10 @@ const TEMP_ATTEMPTS: usize = 8;
 #[error("{}: {source}", path.display())]
 pub struct FileError {
     /// The file or directory the operation was on.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// The error.
     #[source]
-    pub source: io::Error,
+    pub(crate) source: io::Error,
 }
 
 /// Why [`read`] could not read a file that exists.
@@ -80,7 +80,7 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> FileError + '_ {
 ///
 /// # Errors
 /// [`FileError`] naming `dir`.
-pub fn create_dir(dir: &Path, mode: u32) -> Result<(), FileError> {
+pub(crate) fn create_dir(dir: &Path, mode: u32) -> Result<(), FileError> {
     fs::DirBuilder::new().recursive(true).mode(mode).create(dir).map_err(io_error(dir))
 }
 
@@ -89,7 +89,7 @@ pub fn create_dir(dir: &Path, mode: u32) -> Result<(), FileError> {
 ///
 /// # Errors
 /// [`FileError`] naming the path that failed.
-pub fn write(path: &Path, contents: &[u8], mode: u32) -> Result<(), FileError> {
+pub(crate) fn write(path: &Path, contents: &[u8], mode: u32) -> Result<(), FileError> {
     write_with(path, contents, mode, rand::random)
 }
 
@@ -163,7 +163,7 @@ fn create_temp(
 ///
 /// # Errors
 /// [`ReadError`].
-pub fn read(path: &Path, limit: u64) -> Result<Option<Vec<u8>>, ReadError> {
+pub(crate) fn read(path: &Path, limit: u64) -> Result<Option<Vec<u8>>, ReadError> {
     let opened = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)

@@ -35,24 +35,27 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use serde_json::{Map, Value};
 
+use crate::dataplane::wire::vxlan::Vni;
 use crate::lease::record::{ForeignSubnet, Subnet};
 
 /// flannel's vxlan port: the Linux kernel's legacy VXLAN port, from before IANA assigned 4789.
-/// A peer on 4789 does not interoperate with a default flannel.
-pub const DEFAULT_VXLAN_PORT: u16 = 8472;
+/// A peer on 4789 does not interoperate with a default flannel. This and the two below are the
+/// only home of weft's port and VNI defaults: everything else takes them from the config.
+pub(crate) const DEFAULT_VXLAN_PORT: u16 = 8472;
 
 /// flannel's udp backend port.
-pub const DEFAULT_UDP_PORT: u16 = 8285;
+pub(crate) const DEFAULT_UDP_PORT: u16 = 8285;
 
 /// flannel's `defaultVNI`.
-pub const DEFAULT_VNI: u32 = 1;
+pub(crate) const DEFAULT_VNI: u32 = 1;
 
-/// The largest VXLAN network identifier: the field is 24 bits (RFC 7348 §5).
-pub const MAX_VNI: u32 = (1 << 24) - 1;
+/// The largest VXLAN network identifier: the field is 24 bits (RFC 7348 §5). The wire view's
+/// bound is the one source.
+pub(crate) const MAX_VNI: u32 = Vni::MAX;
 
 /// The longest `SubnetLen` flannel allows: a host needs room for its gateway and at least one
 /// more address.
-pub const MAX_SUBNET_LEN: u8 = 30;
+pub(crate) const MAX_SUBNET_LEN: u8 = 30;
 
 /// The data-plane backend named by `Backend.Type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,16 +107,16 @@ pub struct Backend {
     /// The backend type.
     pub kind: BackendKind,
     /// The UDP port peers send to.
-    pub port: u16,
+    pub(crate) port: u16,
     /// The VXLAN network identifier (vxlan only; 1 by default). A parsed udp backend always
     /// carries [`DEFAULT_VNI`] here: flannel's udp backend has no VNI and ignores the field.
-    pub vni: u32,
+    pub(crate) vni: u32,
 }
 
 impl Backend {
     /// A backend of `kind` with flannel's defaults (port 8472 and VNI 1 for vxlan, port 8285 for
     /// udp).
-    pub fn new(kind: BackendKind) -> Self {
+    pub(crate) fn new(kind: BackendKind) -> Self {
         Self { kind, port: kind.default_port(), vni: DEFAULT_VNI }
     }
 
@@ -142,9 +145,9 @@ pub struct NetworkConfig {
     /// The prefix length of each host's subnet (`SubnetLen`).
     pub subnet_len: u8,
     /// The lowest subnet that may be leased (`SubnetMin`).
-    pub subnet_min: Ipv4Addr,
+    pub(crate) subnet_min: Ipv4Addr,
     /// The highest subnet that may be leased (`SubnetMax`).
-    pub subnet_max: Ipv4Addr,
+    pub(crate) subnet_max: Ipv4Addr,
     /// The backend.
     pub backend: Backend,
 }
@@ -365,7 +368,7 @@ impl NetworkConfig {
     ///
     /// # Errors
     /// [`ConfigError`], naming the field and the problem.
-    pub fn new(
+    pub(crate) fn new(
         network: Ipv4Net,
         subnet_len: Option<u8>,
         subnet_min: Option<Ipv4Addr>,
@@ -491,9 +494,9 @@ impl NetworkConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnderlayAddr {
     /// What it is, for the error: "this host's public IP", "etcd endpoint http://…".
-    pub what: String,
+    pub(crate) what: String,
     /// The address.
-    pub addr: Ipv4Addr,
+    pub(crate) addr: Ipv4Addr,
 }
 
 /// A Network that contains an underlay address: routing it into the TUN device would route the
@@ -505,11 +508,11 @@ pub struct UnderlayAddr {
 )]
 pub struct SwallowsUnderlay {
     /// The configured network.
-    pub network: Ipv4Net,
+    pub(crate) network: Ipv4Net,
     /// What it contains.
-    pub what: String,
+    pub(crate) what: String,
     /// The address.
-    pub addr: Ipv4Addr,
+    pub(crate) addr: Ipv4Addr,
 }
 
 impl NetworkConfig {
@@ -527,7 +530,7 @@ impl NetworkConfig {
 
 /// The IPv4 address of an etcd endpoint URL (`http://10.0.0.5:2379`, `10.0.0.5:2379`), if it
 /// names one literally (a host name is resolved by the client, not checked here).
-pub fn endpoint_ipv4(endpoint: &str) -> Option<Ipv4Addr> {
+pub(crate) fn endpoint_ipv4(endpoint: &str) -> Option<Ipv4Addr> {
     let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
     let authority = rest.split('/').next()?;
     let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);

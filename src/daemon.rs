@@ -32,7 +32,6 @@ use crate::lease::keeper::{Keeper, KeeperConfig};
 use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Subnet};
 use crate::lease::store::Store;
 use crate::lease::subnet_env::{self, ReadOutcome};
-use crate::route::parse_mac;
 use crate::route::watcher::RouteStats;
 use crate::route::{RouteTable, Routes};
 use crate::time::{BootClock, Clock};
@@ -90,7 +89,7 @@ pub struct RunOptions {
 const MAX_STATE_FILE_LEN: u64 = 4096;
 
 /// The node's persistent identity, from `<state-dir>/node-id` (created on first start).
-pub fn load_node_id(state_dir: &Path) -> anyhow::Result<NodeId> {
+pub(crate) fn load_node_id(state_dir: &Path) -> anyhow::Result<NodeId> {
     let path = state_dir.join("node-id");
     match atomic_file::read(&path, MAX_STATE_FILE_LEN) {
         Ok(Some(bytes)) => {
@@ -116,11 +115,13 @@ pub fn load_node_id(state_dir: &Path) -> anyhow::Result<NodeId> {
 }
 
 /// A stable, locally administered unicast MAC for the VTEP, kept in `<state-dir>/vtep-mac`.
-pub fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<[u8; 6]> {
+pub(crate) fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<MacAddr> {
     let path = state_dir.join("vtep-mac");
     match atomic_file::read(&path, MAX_STATE_FILE_LEN) {
         Ok(Some(bytes)) => {
-            if let Some(mac) = std::str::from_utf8(&bytes).ok().and_then(|t| parse_mac(t.trim())) {
+            if let Some(mac) =
+                std::str::from_utf8(&bytes).ok().and_then(|t| MacAddr::parse(t.trim()))
+            {
                 return Ok(mac);
             }
             warn!(path = %path.display(), "ignoring an unreadable VTEP MAC file; generating a new MAC");
@@ -130,7 +131,8 @@ pub fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<[u8; 6]> {
     }
     let mut mac: [u8; 6] = rand::random();
     mac[0] = (mac[0] & 0xfe) | 0x02;
-    write_state_file(state_dir, "vtep-mac", &MacAddr(mac).to_string())?;
+    let mac = MacAddr(mac);
+    write_state_file(state_dir, "vtep-mac", &mac.to_string())?;
     Ok(mac)
 }
 
@@ -150,18 +152,21 @@ fn write_state_file(dir: &Path, name: &str, contents: &str) -> anyhow::Result<()
 
 /// The underlay: which address to publish and the interface's MTU.
 #[derive(Clone, Debug)]
-pub struct Underlay {
+pub(crate) struct Underlay {
     /// The interface name, when known.
-    pub iface: Option<String>,
+    pub(crate) iface: Option<String>,
     /// The address published as `PublicIP`.
-    pub public_ip: Ipv4Addr,
+    pub(crate) public_ip: Ipv4Addr,
     /// The interface MTU (1500 when unknown).
-    pub mtu: u32,
+    pub(crate) mtu: u32,
 }
 
 /// Finds the underlay as flanneld does: `--iface` (name or address), else the interface of the
 /// default route; `--public-ip` overrides the published address.
-pub fn find_underlay(iface: Option<&str>, public_ip: Option<Ipv4Addr>) -> anyhow::Result<Underlay> {
+pub(crate) fn find_underlay(
+    iface: Option<&str>,
+    public_ip: Option<Ipv4Addr>,
+) -> anyhow::Result<Underlay> {
     let addrs = v4_addresses()?;
     let by_name = |name: &str| addrs.iter().find(|(n, _)| n == name).map(|(n, a)| (n.clone(), *a));
     let chosen = match iface {
@@ -210,12 +215,12 @@ fn default_route_iface() -> Option<String> {
 }
 
 /// The lease value this node publishes.
-pub fn lease_attrs(network: &NetworkConfig, public_ip: Ipv4Addr, vtep_mac: [u8; 6]) -> LeaseAttrs {
+pub fn lease_attrs(network: &NetworkConfig, public_ip: Ipv4Addr, vtep_mac: MacAddr) -> LeaseAttrs {
     let (backend_type, backend_data) = match network.backend.kind {
         BackendKind::Vxlan => (
             Some("vxlan".to_string()),
             Some(
-                serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": MacAddr(vtep_mac).to_string() }),
+                serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": vtep_mac.to_string() }),
             ),
         ),
         // flannel's udp backend writes no BackendType; weft does the same so flannel peers
@@ -234,7 +239,7 @@ pub fn lease_attrs(network: &NetworkConfig, public_ip: Ipv4Addr, vtep_mac: [u8; 
 
 /// The addresses the overlay must not contain: this host's public IP and every etcd endpoint
 /// given as an address.
-pub fn underlay_addrs(public_ip: Ipv4Addr, etcd_endpoints: &[String]) -> Vec<UnderlayAddr> {
+pub(crate) fn underlay_addrs(public_ip: Ipv4Addr, etcd_endpoints: &[String]) -> Vec<UnderlayAddr> {
     let mut addrs = vec![UnderlayAddr { what: "this host's public IP".into(), addr: public_ip }];
     addrs.extend(etcd_endpoint_addrs(etcd_endpoints));
     addrs
@@ -253,7 +258,7 @@ pub fn etcd_endpoint_addrs(etcd_endpoints: &[String]) -> Vec<UnderlayAddr> {
 
 /// Reads the network config, retrying every second until it is present and valid (flanneld
 /// does the same), or until `shutdown`.
-pub async fn wait_for_config(
+pub(crate) async fn wait_for_config(
     store: &dyn Store,
     shutdown: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<Option<NetworkConfig>> {
@@ -285,7 +290,7 @@ pub async fn wait_for_config(
 
 /// The previous subnet from `subnet.env`, if the file is valid and names a subnet of this
 /// network. A corrupt file is ignored with a warning, never trusted.
-pub fn previous_subnet(path: &Path, network: &NetworkConfig) -> Option<Subnet> {
+pub(crate) fn previous_subnet(path: &Path, network: &NetworkConfig) -> Option<Subnet> {
     match subnet_env::read(path) {
         ReadOutcome::Missing => None,
         ReadOutcome::Corrupt(e) => {
@@ -527,7 +532,7 @@ struct UnderlayFollow {
 /// The address to publish instead of `current`, given the underlay interface's IPv4 addresses:
 /// `None` while `current` is still one of them (an added address changes nothing), else the
 /// interface's first address; `None` too while the interface has none (mid-renumbering).
-pub fn next_public_ip(current: Ipv4Addr, on_iface: &[Ipv4Addr]) -> Option<Ipv4Addr> {
+pub(crate) fn next_public_ip(current: Ipv4Addr, on_iface: &[Ipv4Addr]) -> Option<Ipv4Addr> {
     if on_iface.contains(&current) {
         return None;
     }
@@ -641,7 +646,7 @@ fn start_dataplane(
     opts: &RunOptions,
     network: &NetworkConfig,
     underlay: &Underlay,
-    vtep_mac: [u8; 6],
+    vtep_mac: MacAddr,
     routes: Arc<Routes>,
     health: &Arc<Health>,
     mut subnet_rx: watch::Receiver<Option<Subnet>>,

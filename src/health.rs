@@ -58,9 +58,9 @@ pub struct Counters {
     /// Times the network was found exhausted.
     pub exhaustions: AtomicU64,
     /// Hooks that failed, timed out or exited non-zero.
-    pub hook_failures: AtomicU64,
+    pub(crate) hook_failures: AtomicU64,
     /// Failed attempts to write `subnet.env`.
-    pub subnet_file_write_failures: AtomicU64,
+    pub(crate) subnet_file_write_failures: AtomicU64,
 }
 
 impl Counters {
@@ -72,7 +72,7 @@ impl Counters {
 
 /// Another part of the daemon's say on readiness: `Some(reason)` while it is not ready (a data
 /// plane worker is down).
-pub type ReadinessCheck = Box<dyn Fn() -> Option<String> + Send + Sync>;
+pub(crate) type ReadinessCheck = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// Shared health state.
 pub struct Health {
@@ -110,24 +110,24 @@ impl Health {
     }
 
     /// The lease status.
-    pub fn lease(&self) -> LeaseStatus {
+    pub(crate) fn lease(&self) -> LeaseStatus {
         self.lease.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Records why `subnet.env` could not be written (`None`: it is up to date). While set,
     /// weft is not ready: the CNI plugin would read a stale or missing file.
-    pub fn set_subnet_file_problem(&self, problem: Option<String>) {
+    pub(crate) fn set_subnet_file_problem(&self, problem: Option<String>) {
         *self.subnet_file_problem.lock().unwrap_or_else(PoisonError::into_inner) = problem;
     }
 
     /// Adds another part of the daemon's metrics (the route watcher's, the data plane's),
     /// rendered after the lease metrics and those added before it.
-    pub fn add_collector(&self, collector: Arc<dyn Collector>) {
+    pub(crate) fn add_collector(&self, collector: Arc<dyn Collector>) {
         self.collectors.lock().unwrap_or_else(PoisonError::into_inner).push(collector);
     }
 
     /// Adds a readiness check.
-    pub fn add_check(&self, check: ReadinessCheck) {
+    pub(crate) fn add_check(&self, check: ReadinessCheck) {
         self.checks.lock().unwrap_or_else(PoisonError::into_inner).push(check);
     }
 
@@ -193,7 +193,7 @@ impl Health {
     }
 
     /// The Prometheus text exposition: the lease metrics, then every added collector's.
-    pub fn render_metrics(&self) -> Result<String, metrics::RenderError> {
+    pub(crate) fn render_metrics(&self) -> Result<String, metrics::RenderError> {
         let mut all: Vec<Arc<dyn Collector>> = vec![Arc::new(self.lease_metrics())];
         all.extend(self.collectors.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned());
         metrics::render(&all)
@@ -265,7 +265,7 @@ impl Collector for LeaseMetrics {
 }
 
 /// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `shutdown` resolves.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     health: Arc<Health>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -303,7 +303,7 @@ pub async fn serve(
 }
 
 /// Binds the health listener (`--healthz-ip`, `--healthz-port`).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await
 }
 

@@ -31,14 +31,14 @@ use tracing::{info, warn};
 use crate::health::{Health, LeaseStatus};
 
 /// The lock file's name in the state dir.
-pub const LOCK_FILE: &str = "lock";
+pub(crate) const LOCK_FILE: &str = "lock";
 
 /// How often a waiting weft tries again.
-pub const RETRY: Duration = Duration::from_secs(1);
+pub(crate) const RETRY: Duration = Duration::from_secs(1);
 
 /// Why the state dir could not be locked (other than another weft holding it).
 #[derive(Debug, thiserror::Error)]
-pub enum LockError {
+pub(crate) enum LockError {
     /// The state dir or the lock file could not be created or opened.
     #[error("opening {path}: {source}")]
     Open {
@@ -61,14 +61,13 @@ pub enum LockError {
 
 /// An exclusive lock on `<state-dir>/lock`, held until dropped (or the process ends).
 #[derive(Debug)]
-pub struct StateDirLock {
+pub(crate) struct StateDirLock {
     _file: Flock<File>,
-    path: PathBuf,
 }
 
 /// The outcome of [`StateDirLock::try_acquire`].
 #[derive(Debug)]
-pub enum Attempt {
+pub(crate) enum Attempt {
     /// Ours now; the file holds our PID.
     Acquired(StateDirLock),
     /// Another process holds it; the PID it wrote, if it could be read.
@@ -87,7 +86,7 @@ impl StateDirLock {
     /// # Errors
     /// [`LockError`] when the file cannot be opened or `flock` fails for another reason than
     /// the lock being held.
-    pub fn try_acquire(state_dir: &Path) -> Result<Attempt, LockError> {
+    pub(crate) fn try_acquire(state_dir: &Path) -> Result<Attempt, LockError> {
         let path = state_dir.join(LOCK_FILE);
         let open_err = |source| LockError::Open { path: path.clone(), source };
         crate::atomic_file::create_dir(state_dir, crate::atomic_file::PRIVATE_DIR_MODE)
@@ -110,7 +109,7 @@ impl StateDirLock {
                     .set_len(0)
                     .and_then(|()| locked.seek(SeekFrom::Start(0)))
                     .and_then(|_| writeln!(locked, "{pid}"));
-                Ok(Attempt::Acquired(Self { _file: locked, path }))
+                Ok(Attempt::Acquired(Self { _file: locked }))
             }
             Err((mut file, Errno::EWOULDBLOCK)) => {
                 let mut text = String::new();
@@ -121,15 +120,10 @@ impl StateDirLock {
             Err((_, source)) => Err(LockError::Lock { path, source }),
         }
     }
-
-    /// The lock file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 /// The message for a state dir held by another weft.
-pub fn held_message(path: &Path, pid: Option<u32>) -> String {
+pub(crate) fn held_message(path: &Path, pid: Option<u32>) -> String {
     let pid = pid.map_or_else(|| "pid unknown".to_owned(), |p| format!("pid {p}"));
     format!("another weft holds {} ({pid}); waiting for it to exit", path.display())
 }
@@ -138,7 +132,7 @@ pub fn held_message(path: &Path, pid: Option<u32>) -> String {
 /// `shutdown` fires (returns `Ok(false)`). While `check` returns `Ok(Some(reason))`, `/readyz`
 /// answers 503 with `reason`, and each new reason is logged once at WARN. Errors from `check`
 /// end the wait.
-pub async fn wait_while_busy(
+pub(crate) async fn wait_while_busy(
     health: &Health,
     shutdown: &mut watch::Receiver<bool>,
     mut check: impl FnMut() -> anyhow::Result<Option<String>>,
@@ -190,7 +184,7 @@ mod tests {
         let Attempt::Acquired(first) = StateDirLock::try_acquire(&state).unwrap() else {
             panic!("a fresh state dir is free");
         };
-        assert_eq!(first.path(), state.join(LOCK_FILE));
+        assert!(state.join(LOCK_FILE).is_file());
         let text = fs::read_to_string(state.join(LOCK_FILE)).unwrap();
         assert_eq!(text, format!("{}\n", std::process::id()));
         match StateDirLock::try_acquire(&state).unwrap() {

@@ -32,7 +32,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 /// The `Content-Type` of what [`render`] returns (Prometheus text format 0.0.4).
-pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+pub(crate) const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// The encoder failed: only a collector that returns an error of its own can make it fail, as
 /// writing to a `String` cannot.
@@ -51,7 +51,7 @@ impl Collector for Shared {
 }
 
 /// The Prometheus text exposition of `collectors`, in their order.
-pub fn render(collectors: &[Arc<dyn Collector>]) -> Result<String, RenderError> {
+pub(crate) fn render(collectors: &[Arc<dyn Collector>]) -> Result<String, RenderError> {
     let mut registry = Registry::default();
     for collector in collectors {
         registry.register_collector(Box::new(Shared(collector.clone())));
@@ -72,7 +72,7 @@ fn counter_base(name: &str) -> &str {
 }
 
 /// One counter without labels, `name` ending in `_total`.
-pub fn counter(
+pub(crate) fn counter(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
@@ -88,7 +88,7 @@ pub fn counter(
 }
 
 /// One gauge without labels.
-pub fn gauge<V: EncodeGaugeValue>(
+pub(crate) fn gauge<V: EncodeGaugeValue>(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
@@ -100,7 +100,7 @@ pub fn gauge<V: EncodeGaugeValue>(
 
 /// A counter with labels, `name` ending in `_total`: one sample per `(labels, value)`, in
 /// order (none: only the `# HELP` and `# TYPE` lines).
-pub fn counter_family<L: EncodeLabelSet>(
+pub(crate) fn counter_family<L: EncodeLabelSet>(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
@@ -115,7 +115,7 @@ pub fn counter_family<L: EncodeLabelSet>(
 }
 
 /// A gauge with labels: one sample per `(labels, value)`, in order.
-pub fn gauge_family<L: EncodeLabelSet, V: EncodeGaugeValue>(
+pub(crate) fn gauge_family<L: EncodeLabelSet, V: EncodeGaugeValue>(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,

@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use weft::config::BackendKind;
 use weft::dataplane::offload::{GroConfig, GroTable, PacketRef, split};
 use weft::dataplane::pipeline::{Forwarder, HEADROOM, OwnSubnet, Rx, Tx};
+use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::vxlan::Vni;
 use weft::dataplane::wire::{ipv4, virtio_net};
 use weft::lease::record::Subnet;
@@ -91,7 +92,7 @@ fn peers() -> Vec<Peer> {
             subnet: Subnet::from_parts(Ipv4Addr::new(10, 244, i, 0), 24).unwrap(),
             public_ip: Ipv4Addr::new(192, 0, 2, i),
             backend: PeerBackend::Vxlan,
-            vtep_mac: Some([2, 0, 0, 0, 0, i]),
+            vtep_mac: Some(MacAddr([2, 0, 0, 0, 0, i])),
             vni: Some(1),
             node: None,
             stale: false,
@@ -111,7 +112,7 @@ fn the_per_packet_path_allocates_nothing() {
         backend: BackendKind::Vxlan,
         vni,
         port: 8472,
-        our_mac: [2, 0, 0, 0, 0, 1],
+        our_mac: MacAddr([2, 0, 0, 0, 0, 1]),
         own: a_own,
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),
@@ -120,7 +121,7 @@ fn the_per_packet_path_allocates_nothing() {
         backend: BackendKind::Vxlan,
         vni,
         port: 8472,
-        our_mac: [2, 0, 0, 0, 0, 2],
+        our_mac: MacAddr([2, 0, 0, 0, 0, 2]),
         own: b_own,
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),

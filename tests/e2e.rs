@@ -376,7 +376,8 @@ fn garbage_at_the_vxlan_port_is_dropped_and_counted_while_traffic_flows() {
         wefts[1].subnet().expect("s2"),
         wefts[2].subnet().expect("s3"),
     );
-    let mac2 = weft::route::parse_mac(&vtep_mac(&lab, &s2)).expect("a VtepMAC");
+    let mac2 =
+        weft::dataplane::wire::ethernet::MacAddr::parse(&vtep_mac(&lab, &s2)).expect("a VtepMAC").0;
     let pod2 = pods[1].ip;
 
     // A listener in pod 2: it must get the legitimate datagrams and none of the garbage.

@@ -523,7 +523,11 @@ fn a_due_renewal_goes_before_claiming_a_lapsed_presence_again() {
     let (presence_ttl, retry_min, retry_max) = KeeperConfig::timings_for(ttl);
     let node = NodeId::generate();
     let cfg = KeeperConfig {
-        attrs: weft::daemon::lease_attrs(&network, public_ip(0), [2, 0, 0, 0, 0, 1]),
+        attrs: weft::daemon::lease_attrs(
+            &network,
+            public_ip(0),
+            weft::dataplane::wire::ethernet::MacAddr([2, 0, 0, 0, 0, 1]),
+        ),
         node: node.clone(),
         incarnation: Incarnation::generate(),
         ttl,

@@ -10,6 +10,7 @@ use std::time::Duration;
 use weft::config::BackendKind;
 use weft::dataplane::fake::{FakeNet, FakeTun};
 use weft::dataplane::pipeline::{Counters, DropReason, Forwarder, IcmpLimit, OwnSubnet};
+use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::{icmpv4, ipv4, vxlan::Vni};
 use weft::dataplane::worker::{self, WorkerConfig};
 use weft::lease::record::Subnet;
@@ -28,8 +29,8 @@ fn subnet(s: &str) -> Subnet {
     s.parse().unwrap()
 }
 
-fn mac(n: u8) -> [u8; 6] {
-    [2, 0, 0, 0, 0, n]
+fn mac(n: u8) -> MacAddr {
+    MacAddr([2, 0, 0, 0, 0, n])
 }
 
 fn peer(n: u8, backend: PeerBackend) -> Peer {
@@ -209,8 +210,8 @@ fn garbage_datagrams_are_counted_by_reason_and_never_delivered() {
     let good = echo(Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2), 63);
     // A valid frame as host 1 would send it, to mutate.
     let mut frame = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
-    frame.extend_from_slice(&mac(2));
-    frame.extend_from_slice(&mac(1));
+    frame.extend_from_slice(&mac(2).0);
+    frame.extend_from_slice(&mac(1).0);
     frame.extend_from_slice(&[0x08, 0x00]);
     frame.extend_from_slice(&good);
     let from_host1 = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001);
@@ -220,7 +221,7 @@ fn garbage_datagrams_are_counted_by_reason_and_never_delivered() {
     let mut wrong_vni = frame.clone();
     wrong_vni[6] = 9;
     let mut wrong_mac = frame.clone();
-    wrong_mac[8..14].copy_from_slice(&mac(9));
+    wrong_mac[8..14].copy_from_slice(&mac(9).0);
     let spoofed = {
         let mut f = frame.clone();
         let inner = echo(Ipv4Addr::new(10, 244, 3, 2), Ipv4Addr::new(10, 244, 2, 2), 63);

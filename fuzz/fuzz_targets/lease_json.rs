@@ -5,12 +5,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use weft::dataplane::wire::ethernet::MacAddr;
+use weft::lease::keys::KeyLayout;
 use weft::lease::record::{
     HistoryRecord, LeaseAttrs, Revision, StoreLeaseId, StoredLease, Subnet, SubnetError,
 };
-use weft::lease::keys::KeyLayout;
 use weft::lease::store::BadEntry;
-use weft::route::{Peer, parse_mac};
+use weft::route::Peer;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(attrs) = LeaseAttrs::from_json(data) {
@@ -35,7 +36,9 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(again, record, "HistoryRecord round trip");
     }
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let _ = parse_mac(text);
+    if let Some(mac) = MacAddr::parse(text) {
+        assert_eq!(MacAddr::parse(&mac.to_string()), Some(mac), "MAC round trip");
+    }
     match Subnet::parse_key_name(text) {
         Ok(s) => {
             assert_eq!(Subnet::parse_key_name(&s.key_name()), Ok(s), "key name round trip");

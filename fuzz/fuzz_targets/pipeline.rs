@@ -48,7 +48,7 @@ fuzz_target!(|data: &[u8]| {
         backend: if input.udp_backend { BackendKind::Udp } else { BackendKind::Vxlan },
         vni: vxlan::Vni::new(input.vni % (vxlan::Vni::MAX + 1)).unwrap(),
         port: 8472,
-        our_mac: input.our_mac,
+        our_mac: ethernet::MacAddr(input.our_mac),
         own: own.clone(),
         icmp_source: net.net().network(),
         icmp_limit: Arc::new(IcmpLimit::new(1000, 3)),
@@ -77,8 +77,8 @@ fuzz_target!(|data: &[u8]| {
                     let vx = vxlan::Packet::new_checked(&buf[range.clone()]).unwrap();
                     assert_eq!(vxlan::Repr::parse(&vx).map(|r| r.vni), Ok(fwd.vni));
                     let eth = ethernet::Frame::new_checked(vx.payload()).unwrap();
-                    assert_eq!(Some(eth.dst_addr().0), route.vtep_mac);
-                    assert_eq!(eth.src_addr().0, fwd.our_mac);
+                    assert_eq!(Some(eth.dst_addr()), route.vtep_mac);
+                    assert_eq!(eth.src_addr(), fwd.our_mac);
                     assert_eq!(eth.ethertype(), ethernet::EtherType::IPV4);
                 }
             }
@@ -99,7 +99,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = vxlan::Repr { vni: fwd.vni }.emit(&mut buf);
             let _ = ethernet::Repr {
                 src_addr: ethernet::MacAddr([2; 6]),
-                dst_addr: ethernet::MacAddr(fwd.our_mac),
+                dst_addr: fwd.our_mac,
                 ethertype: ethernet::EtherType::IPV4,
             }
             .emit(&mut buf[vxlan::HEADER_LEN..]);

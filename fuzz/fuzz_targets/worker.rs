@@ -14,6 +14,7 @@ use libfuzzer_sys::fuzz_target;
 use weft::config::BackendKind;
 use weft::dataplane::fake::{FakeNet, FakeTun};
 use weft::dataplane::pipeline::{Forwarder, OwnSubnet, PacketCounters};
+use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::virtio_net::{self, Header};
 use weft::dataplane::wire::vxlan;
 use weft::dataplane::worker::{RxPath, TxPath, WorkerConfig};
@@ -61,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
         backend,
         vni: vxlan::Vni::new(1).unwrap(),
         port,
-        our_mac: [2, 0, 0, 0, 0, 1],
+        our_mac: MacAddr([2, 0, 0, 0, 0, 1]),
         own,
         icmp_source: net.net().network(),
         icmp_limit: Arc::default(),
@@ -85,7 +86,7 @@ fuzz_target!(|data: &[u8]| {
     let own2 = Arc::new(OwnSubnet::default());
     own2.set(looped.as_ref().map(|p| p.subnet));
     let fwd2 = Forwarder {
-        our_mac: looped.as_ref().and_then(|p| p.vtep_mac).unwrap_or([2, 0, 0, 0, 0, 2]),
+        our_mac: looped.as_ref().and_then(|p| p.vtep_mac).unwrap_or(MacAddr([2, 0, 0, 0, 0, 2])),
         own: own2,
         ..fwd.clone()
     };

@@ -212,7 +212,7 @@ impl ArbNetwork {
                 1 => PeerBackend::Udp,
                 _ => PeerBackend::Other,
             },
-            vtep_mac: p.mac,
+            vtep_mac: p.mac.map(weft::dataplane::wire::ethernet::MacAddr),
             vni: p.vni,
             node: None,
             stale: p.stale,

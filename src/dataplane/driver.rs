@@ -38,6 +38,7 @@ use super::pipeline::{Counters, Forwarder, Offload, OwnSubnet};
 use super::supervise::WorkerStates;
 use super::sys::{self, Tun, TunError, TunOptions, TunStatus};
 use super::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
+use super::wire::ethernet::MacAddr;
 use super::wire::vxlan::Vni;
 use super::worker::{self, TunIo, UdpIo, WorkerConfig};
 use crate::config::BackendKind;
@@ -54,37 +55,37 @@ const SOCKET_BUFFER: usize = 7 << 20;
 
 /// What the data plane needs to start.
 #[derive(Clone, Debug)]
-pub struct DataplaneConfig {
+pub(crate) struct DataplaneConfig {
     /// TUN device name.
-    pub tun_name: String,
+    pub(crate) tun_name: String,
     /// vxlan or udp.
-    pub backend: BackendKind,
+    pub(crate) backend: BackendKind,
     /// VNI (vxlan).
-    pub vni: u32,
+    pub(crate) vni: u32,
     /// The backend's UDP port.
-    pub port: u16,
+    pub(crate) port: u16,
     /// Our VTEP MAC.
-    pub our_mac: [u8; 6],
+    pub(crate) our_mac: MacAddr,
     /// The underlay MTU; the TUN MTU is this minus the encapsulation overhead.
-    pub underlay_mtu: u32,
+    pub(crate) underlay_mtu: u32,
     /// The encapsulation overhead (50 for vxlan, 28 for udp).
-    pub overhead: u32,
+    pub(crate) overhead: u32,
     /// The cluster network, routed through the TUN device.
-    pub network: Ipv4Net,
+    pub(crate) network: Ipv4Net,
     /// Our public IP: datagrams are sent from it when it is a local address.
-    pub public_ip: Ipv4Addr,
+    pub(crate) public_ip: Ipv4Addr,
     /// Workers (TUN queues); at least 1.
-    pub workers: usize,
+    pub(crate) workers: usize,
     /// TUN offloads (TSO, checksum, USO) with userspace split and GRO.
-    pub tun_offload: bool,
+    pub(crate) tun_offload: bool,
     /// UDP GSO on send, and when to try it again after a send failed.
-    pub udp_gso: UdpGsoConfig,
+    pub(crate) udp_gso: UdpGsoConfig,
     /// UDP GRO on receive.
-    pub udp_gro: bool,
+    pub(crate) udp_gro: bool,
     /// recvmmsg/sendmmsg batches (off: one packet per syscall).
-    pub batching: bool,
+    pub(crate) batching: bool,
     /// One thread per worker for both directions (else one per direction).
-    pub one_thread: bool,
+    pub(crate) one_thread: bool,
 }
 
 /// UDP GSO: whether to use it, and how soon to try it again after a GSO send failed.
@@ -105,7 +106,7 @@ impl Default for UdpGsoConfig {
 
 /// Why the data plane could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum DataplaneError {
+pub(crate) enum DataplaneError {
     /// The VNI does not fit in 24 bits.
     #[error("VNI {0} does not fit in 24 bits")]
     BadVni(u32),
@@ -169,7 +170,7 @@ struct WorkerSockets {
 
 /// A running data plane. Stops its threads on [`Dataplane::stop`] or drop.
 #[derive(Debug)]
-pub struct Dataplane {
+pub(crate) struct Dataplane {
     cfg: DataplaneConfig,
     /// One TUN queue per worker; kept across a re-bind ([`Dataplane::set_public_ip`]).
     queues: Vec<Arc<Tun>>,
@@ -179,16 +180,16 @@ pub struct Dataplane {
     running: std::sync::Mutex<Running>,
     own: Arc<OwnSubnet>,
     /// Counters, for `/metrics`.
-    pub counters: Arc<Counters>,
+    pub(crate) counters: Arc<Counters>,
     /// Which worker threads run, for `/readyz` and `/metrics`; says when weft should exit.
-    pub workers: Arc<WorkerStates>,
+    pub(crate) workers: Arc<WorkerStates>,
 }
 
 impl Dataplane {
     /// Creates the TUN device (one queue per worker), binds the sockets, probes offloads and
     /// starts the workers. The TUN device gets its address once [`Dataplane::set_subnet`] is
     /// called.
-    pub fn start(cfg: DataplaneConfig, routes: Arc<Routes>) -> Result<Self, DataplaneError> {
+    pub(crate) fn start(cfg: DataplaneConfig, routes: Arc<Routes>) -> Result<Self, DataplaneError> {
         let workers = cfg.workers.max(1);
         let vni = Vni::new(cfg.vni).map_err(|_| DataplaneError::BadVni(cfg.vni))?;
         // Never attach to a device another process has open (a second weft): create it, with
@@ -329,7 +330,7 @@ impl Dataplane {
     /// are opened first, so a failure leaves the old ones forwarding; then the workers are
     /// restarted on them, keeping their TUN queues (packets queued meanwhile wait in the TUN
     /// device). Datagrams always leave from the address published as `PublicIP`.
-    pub fn set_public_ip(&self, public_ip: Ipv4Addr) -> Result<(), DataplaneError> {
+    pub(crate) fn set_public_ip(&self, public_ip: Ipv4Addr) -> Result<(), DataplaneError> {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         if running.public_ip == public_ip {
             return Ok(());
@@ -344,7 +345,7 @@ impl Dataplane {
 
     /// Points the data plane at this host's subnet: the TUN device gets `<subnet>.0/32` and a
     /// route for the whole network, and received packets for that subnet are delivered.
-    pub fn set_subnet(&self, subnet: Option<Subnet>) -> Result<(), TunError> {
+    pub(crate) fn set_subnet(&self, subnet: Option<Subnet>) -> Result<(), TunError> {
         let old = self.own.get();
         self.own.set(subnet);
         if let Some(s) = subnet
@@ -361,7 +362,7 @@ impl Dataplane {
 
     /// The TUN device's link state as weft set it up: the MTU of [`Dataplane::start`], and
     /// while a subnet is held the address and route of [`Dataplane::set_subnet`].
-    pub fn wanted_link(&self) -> WantedLink {
+    pub(crate) fn wanted_link(&self) -> WantedLink {
         let address = self.own.get().map(tun_address);
         WantedLink { mtu: tun_mtu(&self.cfg), address, route: address.map(|_| self.cfg.network) }
     }
@@ -371,7 +372,7 @@ impl Dataplane {
     /// at WARN, once per drift event as `drift` decides (a failing repair is logged once, then
     /// retried quietly at each call). Blocking (ioctls, `getifaddrs`, `/proc/net/route`): call
     /// it from a blocking thread.
-    pub fn repair_link(&self, drift: &mut DriftLog) {
+    pub(crate) fn repair_link(&self, drift: &mut DriftLog) {
         let dev = self.cfg.tun_name.as_str();
         let seen = match sys::observe_link(dev) {
             Ok(seen) => {
@@ -424,7 +425,7 @@ impl Dataplane {
 
     /// Stops the threads and waits for them; the device closes when the last queue goes (a
     /// non-persistent TUN device then disappears).
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.running.lock().unwrap_or_else(|e| e.into_inner()).stop();
     }
 }
@@ -502,7 +503,7 @@ impl std::ops::Drop for Dataplane {
 /// WARN, each recovery once at INFO. After every send it compares three of the socket's
 /// counters with what it saw last; everything else runs only when one moved.
 #[derive(Debug)]
-pub struct MeteredSocket {
+pub(crate) struct MeteredSocket {
     sock: BatchSocket,
     counters: Arc<Counters>,
     /// The socket's GSO fallbacks, retries and recoveries when last looked at.
@@ -513,12 +514,13 @@ pub struct MeteredSocket {
 
 impl MeteredSocket {
     /// Wraps `sock`, reporting to `counters`.
-    pub fn new(sock: BatchSocket, counters: Arc<Counters>) -> Self {
+    pub(crate) fn new(sock: BatchSocket, counters: Arc<Counters>) -> Self {
         Self { sock, counters, seen: (0, 0, 0), counted_off: false }
     }
 
     /// The socket.
-    pub fn socket(&self) -> &BatchSocket {
+    #[cfg(test)]
+    pub(crate) fn socket(&self) -> &BatchSocket {
         &self.sock
     }
 

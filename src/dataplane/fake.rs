@@ -34,10 +34,6 @@ impl Queue {
             q = self.ready.wait_timeout(q, left).unwrap_or_else(PoisonError::into_inner).0;
         }
     }
-
-    fn is_empty(&self) -> bool {
-        self.packets.lock().unwrap_or_else(PoisonError::into_inner).is_empty()
-    }
 }
 
 /// A fake TUN queue: the test [`inject`](FakeTun::inject)s packets the "kernel" routes into
@@ -167,13 +163,9 @@ impl FakeUdp {
     }
 
     /// How many messages (a GSO message counts once) were sent from this socket.
-    pub fn messages_sent(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn messages_sent(&self) -> usize {
         self.messages
-    }
-
-    /// Whether nothing is waiting to be received.
-    pub fn is_idle(&self) -> bool {
-        self.inbox.is_empty()
     }
 }
 

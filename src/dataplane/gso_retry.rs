@@ -30,31 +30,31 @@ use std::time::Duration;
 use crate::time::Instant;
 
 /// How long GSO stays off after the first failure, by default.
-pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// The longest GSO stays off between retries, by default.
-pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 /// The shortest wait: a zero wait would double to zero and retry on every send.
-pub const MIN_RETRY_AFTER: Duration = Duration::from_millis(1);
+pub(crate) const MIN_RETRY_AFTER: Duration = Duration::from_millis(1);
 
 /// The backoff: the first wait and the cap that doubling stops at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GsoRetryConfig {
+pub(crate) struct GsoRetryConfig {
     /// How long GSO stays off after a failure while it was on.
-    pub initial: Duration,
+    pub(crate) initial: Duration,
     /// The longest wait; at least `initial` (see [`GsoRetryConfig::new`]).
-    pub max: Duration,
+    pub(crate) max: Duration,
 }
 
 impl GsoRetryConfig {
     /// A first wait of `initial` (at least [`MIN_RETRY_AFTER`]), doubling up to
     /// [`DEFAULT_MAX_RETRY_AFTER`], or up to `initial` if that is longer.
-    pub fn new(initial: Duration) -> Self {
+    pub(crate) fn new(initial: Duration) -> Self {
         let initial = initial.max(MIN_RETRY_AFTER);
         Self { initial, max: DEFAULT_MAX_RETRY_AFTER.max(initial) }
     }
 
     /// The same first wait, doubling up to `max` (or `initial`, if that is longer).
-    pub fn with_max(self, max: Duration) -> Self {
+    pub(crate) fn with_max(self, max: Duration) -> Self {
         Self { max: max.max(self.initial), ..self }
     }
 }
@@ -67,7 +67,7 @@ impl Default for GsoRetryConfig {
 
 /// Where a socket's GSO stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GsoState {
+pub(crate) enum GsoState {
     /// GSO is used, and the last GSO send (if any) went through.
     On,
     /// A GSO send failed: single datagrams until `until`.
@@ -81,7 +81,7 @@ pub enum GsoState {
 
 /// One socket's GSO retry state (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GsoRetry {
+pub(crate) struct GsoRetry {
     cfg: GsoRetryConfig,
     state: GsoState,
     /// The wait GSO was last turned off for; what a failed retry doubles.
@@ -90,34 +90,36 @@ pub struct GsoRetry {
 
 impl GsoRetry {
     /// GSO on, nothing failed yet.
-    pub fn new(cfg: GsoRetryConfig) -> Self {
+    pub(crate) fn new(cfg: GsoRetryConfig) -> Self {
         let cfg = GsoRetryConfig::new(cfg.initial).with_max(cfg.max);
         Self { cfg, state: GsoState::On, wait: cfg.initial }
     }
 
     /// The backoff it was made with (normalized as [`GsoRetryConfig::new`] does).
-    pub fn config(&self) -> GsoRetryConfig {
+    #[cfg(test)]
+    pub(crate) fn config(&self) -> GsoRetryConfig {
         self.cfg
     }
 
     /// The current state.
-    pub fn state(&self) -> GsoState {
+    pub(crate) fn state(&self) -> GsoState {
         self.state
     }
 
     /// Whether sends should use GSO now: on, or retrying.
-    pub fn uses_gso(&self) -> bool {
+    pub(crate) fn uses_gso(&self) -> bool {
         !matches!(self.state, GsoState::Off { .. })
     }
 
     /// Whether GSO is on and confirmed (not off, not an unconfirmed retry).
-    pub fn is_on(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_on(&self) -> bool {
         self.state == GsoState::On
     }
 
     /// Call before a send at `now`: once the retry time has come, GSO is tried again. Returns
     /// true when this call started a retry (for the caller to count).
-    pub fn poll(&mut self, now: Instant) -> bool {
+    pub(crate) fn poll(&mut self, now: Instant) -> bool {
         match self.state {
             GsoState::Off { until } if now >= until => {
                 self.state = GsoState::Retrying;
@@ -131,7 +133,7 @@ impl GsoRetry {
     /// returned instant. From `On` the wait is [`GsoRetryConfig::initial`]; from `Retrying`, twice
     /// the previous wait, capped. A failure reported while already off changes nothing (no GSO
     /// send should have been made).
-    pub fn failed(&mut self, now: Instant) -> Instant {
+    pub(crate) fn failed(&mut self, now: Instant) -> Instant {
         let wait = match self.state {
             GsoState::Off { until } => return until,
             GsoState::On => self.cfg.initial,
@@ -145,7 +147,7 @@ impl GsoRetry {
 
     /// A GSO send went through. Returns true when that confirmed a retry (GSO works again):
     /// the state is `On` and the next failure waits [`GsoRetryConfig::initial`] again.
-    pub fn succeeded(&mut self) -> bool {
+    pub(crate) fn succeeded(&mut self) -> bool {
         if self.state != GsoState::Retrying {
             return false;
         }

@@ -30,7 +30,7 @@ use ipnet::Ipv4Net;
 /// `weft_dataplane_link_repairs_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(usize)]
-pub enum RepairKind {
+pub(crate) enum RepairKind {
     /// The route for the Network through the device.
     Route,
     /// The link's `IFF_UP` flag.
@@ -43,10 +43,10 @@ pub enum RepairKind {
 
 impl RepairKind {
     /// Every kind, in metric order.
-    pub const ALL: [Self; 4] = [Self::Route, Self::Up, Self::Address, Self::Mtu];
+    pub(crate) const ALL: [Self; 4] = [Self::Route, Self::Up, Self::Address, Self::Mtu];
 
     /// The `what` label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Route => "route",
             Self::Up => "up",
@@ -60,24 +60,24 @@ impl RepairKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WantedLink {
     /// The MTU set at start.
-    pub mtu: u32,
+    pub(crate) mtu: u32,
     /// `<subnet>.0/32`, while a subnet is held.
-    pub address: Option<Ipv4Net>,
+    pub(crate) address: Option<Ipv4Net>,
     /// The Network, routed through the device while a subnet is held.
-    pub route: Option<Ipv4Net>,
+    pub(crate) route: Option<Ipv4Net>,
 }
 
 /// The link state the kernel reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObservedLink {
     /// `IFF_UP` is set.
-    pub up: bool,
+    pub(crate) up: bool,
     /// The MTU.
-    pub mtu: u32,
+    pub(crate) mtu: u32,
     /// The IPv4 addresses on the device, with their prefix lengths.
-    pub addresses: Vec<Ipv4Net>,
+    pub(crate) addresses: Vec<Ipv4Net>,
     /// The destinations of the main table's routes through the device without a gateway.
-    pub routes: Vec<Ipv4Net>,
+    pub(crate) routes: Vec<Ipv4Net>,
 }
 
 /// One change that puts the link back as weft wants it.
@@ -108,7 +108,7 @@ pub enum Repair {
 
 impl Repair {
     /// What it repairs.
-    pub fn kind(&self) -> RepairKind {
+    pub(crate) fn kind(&self) -> RepairKind {
         match self {
             Self::SetMtu { .. } => RepairKind::Mtu,
             Self::SetUp => RepairKind::Up,
@@ -119,7 +119,7 @@ impl Repair {
 
     /// The log line of a repair done on device `dev`: what had drifted and what was done,
     /// e.g. `weft0 was down: set it up`.
-    pub fn repaired_line(&self, dev: &str) -> String {
+    pub(crate) fn repaired_line(&self, dev: &str) -> String {
         let done = match self {
             Self::SetMtu { want, .. } => format!("set it back to {want}"),
             Self::SetUp => "set it up".to_owned(),
@@ -130,7 +130,7 @@ impl Repair {
     }
 
     /// The log line of a repair that failed, e.g. `weft0 was down: could not set it up`.
-    pub fn failed_line(&self, dev: &str) -> String {
+    pub(crate) fn failed_line(&self, dev: &str) -> String {
         let to_do = match self {
             Self::SetMtu { want, .. } => format!("set it back to {want}"),
             Self::SetUp => "set it up".to_owned(),
@@ -225,26 +225,26 @@ fn hex_addr(s: &str) -> Option<Ipv4Addr> {
 /// Which drift the driver has already reported as failing to repair, so that each drift event
 /// is logged once however long it takes to put right (see the module docs).
 #[derive(Clone, Debug, Default)]
-pub struct DriftLog {
+pub(crate) struct DriftLog {
     failing: [bool; RepairKind::ALL.len()],
     observe_failing: bool,
 }
 
 impl DriftLog {
     /// A repair of `kind` failed: whether to log it (its first failure in this drift event).
-    pub fn failed(&mut self, kind: RepairKind) -> bool {
+    pub(crate) fn failed(&mut self, kind: RepairKind) -> bool {
         !std::mem::replace(&mut self.failing[kind as usize], true)
     }
 
     /// A repair of `kind` succeeded (always logged): the drift event is over. Returns whether
     /// it had failed before.
-    pub fn repaired(&mut self, kind: RepairKind) -> bool {
+    pub(crate) fn repaired(&mut self, kind: RepairKind) -> bool {
         std::mem::replace(&mut self.failing[kind as usize], false)
     }
 
     /// This round's `plan`: any kind that was failing and needs no repair now was put right by
     /// someone else; those kinds are returned (to be logged) and forgotten.
-    pub fn settle(&mut self, planned: &[Repair]) -> Vec<RepairKind> {
+    pub(crate) fn settle(&mut self, planned: &[Repair]) -> Vec<RepairKind> {
         let settled: Vec<RepairKind> = RepairKind::ALL
             .into_iter()
             .filter(|k| self.failing[*k as usize] && !planned.iter().any(|r| r.kind() == *k))
@@ -256,12 +256,12 @@ impl DriftLog {
     }
 
     /// Observing the link failed: whether to log it (the first failure in a row).
-    pub fn observe_failed(&mut self) -> bool {
+    pub(crate) fn observe_failed(&mut self) -> bool {
         !std::mem::replace(&mut self.observe_failing, true)
     }
 
     /// Observing the link worked: whether it had failed before (to log the recovery).
-    pub fn observed(&mut self) -> bool {
+    pub(crate) fn observed(&mut self) -> bool {
         std::mem::replace(&mut self.observe_failing, false)
     }
 }

@@ -11,14 +11,14 @@
 pub mod driver;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
-pub mod gso_retry;
+pub(crate) mod gso_retry;
 pub mod link;
 pub mod offload;
 pub mod pipeline;
-pub mod supervise;
+pub(crate) mod supervise;
 #[allow(unsafe_code)]
-pub mod sys;
+pub(crate) mod sys;
 #[allow(unsafe_code)]
-pub mod udp;
+pub(crate) mod udp;
 pub mod wire;
 pub mod worker;

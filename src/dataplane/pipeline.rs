@@ -85,7 +85,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 15] = [
+    pub(crate) const ALL: [DropReason; 15] = [
         DropReason::TxMalformed,
         DropReason::TxIpv6,
         DropReason::TxNoRoute,
@@ -104,7 +104,7 @@ impl DropReason {
     ];
 
     /// The direction and reason labels for `/metrics`.
-    pub fn labels(self) -> (&'static str, &'static str) {
+    pub(crate) fn labels(self) -> (&'static str, &'static str) {
         match self {
             DropReason::TxMalformed => ("tx", "malformed"),
             DropReason::TxIpv6 => ("tx", "ipv6"),
@@ -154,7 +154,7 @@ pub enum Tx {
 /// Why a TUN packet is not sent, from [`Forwarder::route`]: the [`Tx::Drop`], [`Tx::Reply`]
 /// and [`Tx::Suppressed`] cases of [`Tx`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// Drop it.
     Drop(DropReason),
     /// Write `reply[..len]` (an ICMP error) back to TUN, and count the drop.
@@ -213,7 +213,7 @@ impl Default for IcmpLimit {
 
 impl IcmpLimit {
     /// The default rate: the kernel's `icmp_msgs_per_sec`.
-    pub const PER_SEC: u32 = 1000;
+    pub(crate) const PER_SEC: u32 = 1000;
     /// The default burst: the kernel's `icmp_msgs_burst`.
     pub const BURST: u32 = 50;
 
@@ -229,7 +229,7 @@ impl IcmpLimit {
     }
 
     /// Takes a token at `now` if there is one: whether a reply may be sent.
-    pub fn allow(&self, now: Instant) -> bool {
+    pub(crate) fn allow(&self, now: Instant) -> bool {
         let now = u64::try_from(now.since_epoch().as_nanos()).unwrap_or(u64::MAX);
         // Past this, `tat` can only come from a later `now` than this one (time went back).
         let ceiling = now.saturating_add(self.burst_ns);
@@ -260,13 +260,13 @@ impl IcmpLimit {
 
 /// Where a TUN packet goes, from [`Forwarder::route`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TxRoute {
+pub(crate) struct TxRoute {
     /// The peer's address and backend port.
-    pub to: SocketAddrV4,
+    pub(crate) to: SocketAddrV4,
     /// The inner flow's hash (picks the outer source port).
-    pub flow: u32,
+    pub(crate) flow: u32,
     /// The peer's VTEP MAC (vxlan only).
-    pub peer_mac: Option<[u8; 6]>,
+    pub(crate) peer_mac: Option<MacAddr>,
 }
 
 /// What to do with a received datagram.
@@ -311,7 +311,7 @@ impl OwnSubnet {
     }
 
     /// The subnet.
-    pub fn get(&self) -> Option<Subnet> {
+    pub(crate) fn get(&self) -> Option<Subnet> {
         let v = self.0.load(Ordering::Acquire);
         if v == 0 {
             return None;
@@ -330,7 +330,7 @@ pub struct Forwarder {
     /// The UDP port peers listen on.
     pub port: u16,
     /// Our VTEP MAC (the inner Ethernet source, and the destination peers must use).
-    pub our_mac: [u8; 6],
+    pub our_mac: MacAddr,
     /// Our subnet.
     pub own: Arc<OwnSubnet>,
     /// The source address of the ICMP errors weft answers with: the cluster network's base
@@ -380,7 +380,7 @@ impl Forwarder {
     /// allows one at `now`).
     /// Every segment of a TSO super-packet goes where the super-packet goes, so one call
     /// routes them all.
-    pub fn route(
+    pub(crate) fn route(
         &self,
         routes: &RouteTable,
         packet: &[u8],
@@ -423,7 +423,7 @@ impl Forwarder {
 
     /// Writes the encapsulation for `route` into `head`, which is [`Self::headroom`] bytes
     /// long (nothing for udp; the VXLAN and inner Ethernet headers for vxlan).
-    pub fn emit_encap(&self, route: &TxRoute, head: &mut [u8]) {
+    pub(crate) fn emit_encap(&self, route: &TxRoute, head: &mut [u8]) {
         let (Some(peer_mac), Some((vx, eth))) =
             (route.peer_mac, head.split_at_mut_checked(vxlan::HEADER_LEN))
         else {
@@ -433,8 +433,8 @@ impl Forwarder {
         // the VNI was validated when the forwarder was built.
         let _ = vxlan::Repr { vni: self.vni }.emit(vx);
         let _ = ethernet::Repr {
-            src_addr: MacAddr(self.our_mac),
-            dst_addr: MacAddr(peer_mac),
+            src_addr: self.our_mac,
+            dst_addr: peer_mac,
             ethertype: ethernet::EtherType::IPV4,
         }
         .emit(eth);
@@ -460,7 +460,7 @@ impl Forwarder {
                 let Ok(eth) = ethernet::Frame::new_checked(&datagram[vxlan::HEADER_LEN..]) else {
                     return Rx::Drop(DropReason::RxMalformed);
                 };
-                if eth.dst_addr() != MacAddr(self.our_mac) {
+                if eth.dst_addr() != self.our_mac {
                     return Rx::Drop(DropReason::RxNotOurMac);
                 }
                 if eth.ethertype() != ethernet::EtherType::IPV4 {
@@ -509,24 +509,19 @@ pub struct PacketCounters {
     /// Bytes of inner packets sent.
     pub tx_bytes: AtomicU64,
     /// Packets delivered to TUN.
-    pub rx_packets: AtomicU64,
+    pub(crate) rx_packets: AtomicU64,
     /// Bytes delivered.
-    pub rx_bytes: AtomicU64,
+    pub(crate) rx_bytes: AtomicU64,
     /// Send or write errors from the kernel.
-    pub io_errors: AtomicU64,
+    pub(crate) io_errors: AtomicU64,
     /// ICMP errors not sent because the [`IcmpLimit`] bucket was empty.
-    pub icmp_suppressed: AtomicU64,
+    pub(crate) icmp_suppressed: AtomicU64,
 }
 
 impl PacketCounters {
     /// Counts a drop.
-    pub fn count_drop(&self, reason: DropReason) {
+    pub(crate) fn count_drop(&self, reason: DropReason) {
         self.drops[reason as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The count for one reason.
-    pub fn drops(&self, reason: DropReason) -> u64 {
-        self.drops[reason as usize].load(Ordering::Relaxed)
     }
 
     /// Adds this block's counts to `totals`.
@@ -551,20 +546,20 @@ pub struct PacketTotals {
     /// Packets sent to peers.
     pub tx_packets: u64,
     /// Bytes of inner packets sent.
-    pub tx_bytes: u64,
+    pub(crate) tx_bytes: u64,
     /// Packets delivered to TUN.
     pub rx_packets: u64,
     /// Bytes delivered.
-    pub rx_bytes: u64,
+    pub(crate) rx_bytes: u64,
     /// Send or write errors from the kernel.
-    pub io_errors: u64,
+    pub(crate) io_errors: u64,
     /// ICMP errors not sent because of the rate limit.
     pub icmp_suppressed: u64,
 }
 
 impl PacketTotals {
     /// The count for one reason.
-    pub fn drops(&self, reason: DropReason) -> u64 {
+    pub(crate) fn drops(&self, reason: DropReason) -> u64 {
         self.drops[reason as usize]
     }
 }
@@ -578,12 +573,12 @@ pub struct Counters {
     threads: Mutex<Vec<(String, Arc<CachePadded<PacketCounters>>)>>,
     /// GSO sends that failed (`EIO`/`EINVAL`/`EMSGSIZE`) and were re-sent as single datagrams,
     /// each turning GSO off on its socket for now.
-    pub gso_fallbacks: AtomicU64,
+    pub(crate) gso_fallbacks: AtomicU64,
     /// Times a socket's retry time came and it used GSO again.
-    pub gso_reprobes: AtomicU64,
+    pub(crate) gso_reprobes: AtomicU64,
     /// Sockets whose GSO is off after a failure, or back on but not yet confirmed by a GSO send
     /// that went through. While it is not 0, the `udp_gso` gauge shows 0.
-    pub gso_off_sockets: AtomicU64,
+    pub(crate) gso_off_sockets: AtomicU64,
     /// Which offloads are in use (gauges, one per [`Offload`]): set when the data plane
     /// starts; `udp_gso` also needs `gso_off_sockets` to be 0.
     offloads: [AtomicBool; Offload::ALL.len()],
@@ -594,7 +589,7 @@ pub struct Counters {
 /// An offload the data plane may use; each is a gauge on `/metrics`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(usize)]
-pub enum Offload {
+pub(crate) enum Offload {
     /// TUN TSO with user-space segmentation (and TCP GRO on write).
     TunTso,
     /// TUN USO (UDP segmentation offload, Linux 6.2+; UDP GRO on write).
@@ -607,10 +602,10 @@ pub enum Offload {
 
 impl Offload {
     /// Every offload, in metric order.
-    pub const ALL: [Self; 4] = [Self::TunTso, Self::TunUso, Self::UdpGso, Self::UdpGro];
+    pub(crate) const ALL: [Self; 4] = [Self::TunTso, Self::TunUso, Self::UdpGso, Self::UdpGro];
 
     /// The `kind` label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::TunTso => "tun_tso",
             Self::TunUso => "tun_uso",
@@ -648,13 +643,13 @@ impl Counters {
     }
 
     /// Records whether `offload` is in use.
-    pub fn set_offload(&self, offload: Offload, on: bool) {
+    pub(crate) fn set_offload(&self, offload: Offload, on: bool) {
         self.offloads[offload as usize].store(on, Ordering::Relaxed);
     }
 
     /// Whether `offload` is in use: as set when the data plane started, and for UDP GSO, on
     /// every socket now (none has it off after a failure).
-    pub fn offload(&self, offload: Offload) -> bool {
+    pub(crate) fn offload(&self, offload: Offload) -> bool {
         let on = self.offloads[offload as usize].load(Ordering::Relaxed);
         match offload {
             Offload::UdpGso => on && self.gso_off_sockets.load(Ordering::Relaxed) == 0,
@@ -663,12 +658,12 @@ impl Counters {
     }
 
     /// Counts a repair of the TUN device's link state.
-    pub fn count_link_repair(&self, what: RepairKind) {
+    pub(crate) fn count_link_repair(&self, what: RepairKind) {
         self.link_repairs[what as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Repairs of one kind so far.
-    pub fn link_repairs(&self, what: RepairKind) -> u64 {
+    pub(crate) fn link_repairs(&self, what: RepairKind) -> u64 {
         self.link_repairs[what as usize].load(Ordering::Relaxed)
     }
 }

@@ -32,15 +32,15 @@ use crate::time::{Clock, Instant};
 
 /// When a panicked thread is restarted, and when weft gives up instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RestartPolicy {
+pub(crate) struct RestartPolicy {
     /// The first restart's delay; each further panic within the window doubles it.
-    pub first_delay: Duration,
+    pub(crate) first_delay: Duration,
     /// The longest delay.
-    pub max_delay: Duration,
+    pub(crate) max_delay: Duration,
     /// Panics of one thread within `window` beyond which weft gives up.
-    pub max_panics: usize,
+    pub(crate) max_panics: usize,
     /// The window over which panics are counted.
-    pub window: Duration,
+    pub(crate) window: Duration,
 }
 
 impl Default for RestartPolicy {
@@ -56,7 +56,7 @@ impl Default for RestartPolicy {
 
 /// What to do after a panic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AfterPanic {
+pub(crate) enum AfterPanic {
     /// Restart the thread once this much time has passed.
     RestartAfter(Duration),
     /// Too many panics in the window: stop restarting, let the process exit.
@@ -66,7 +66,7 @@ pub enum AfterPanic {
 impl RestartPolicy {
     /// The decision after a panic at `now`, given the earlier panics' times (`recent`, oldest
     /// first, as kept by the caller; entries older than the window are ignored). Pure.
-    pub fn after_panic(&self, recent: &[Instant], now: Instant) -> AfterPanic {
+    pub(crate) fn after_panic(&self, recent: &[Instant], now: Instant) -> AfterPanic {
         let in_window =
             recent.iter().filter(|t| now.saturating_since(**t) < self.window).count() + 1;
         if in_window > self.max_panics {
@@ -118,7 +118,7 @@ impl WorkerStates {
     }
 
     /// `None` while every thread runs; else which are down and why (for `/readyz`).
-    pub fn problem(&self) -> Option<String> {
+    pub(crate) fn problem(&self) -> Option<String> {
         let threads = self.threads.lock().unwrap_or_else(PoisonError::into_inner);
         let down: Vec<String> = threads
             .iter()
@@ -136,12 +136,12 @@ impl WorkerStates {
     }
 
     /// Whether a thread panicked too often and weft should exit.
-    pub fn has_given_up(&self) -> bool {
+    pub(crate) fn has_given_up(&self) -> bool {
         self.given_up.load(Ordering::SeqCst)
     }
 
     /// Resolves once a thread panicked too often.
-    pub async fn wait_given_up(&self) {
+    pub(crate) async fn wait_given_up(&self) {
         loop {
             let notified = self.given_up_notify.notified();
             if self.has_given_up() {
@@ -192,7 +192,7 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 /// Runs `body` (a worker loop) on the current thread, named `name` in `states`, until it returns
 /// or weft gives up: a panic is caught, logged and counted, the thread is marked down, and
 /// after the policy's delay `body` runs again; while waiting, `stop` is honoured.
-pub fn supervise(
+pub(crate) fn supervise(
     name: &str,
     states: &WorkerStates,
     policy: RestartPolicy,
@@ -245,7 +245,7 @@ pub fn supervise(
 /// a thread whose name starts with `WEFT_FAULT_PANIC_THREAD` panics there, as many times in
 /// total as `WEFT_FAULT_PANIC_TIMES` says (default 1).
 #[cfg(feature = "fault-injection")]
-pub fn injected_fault() {
+pub(crate) fn injected_fault() {
     use std::sync::OnceLock;
     use std::sync::atomic::AtomicI64;
     static PLAN: OnceLock<Option<(String, AtomicI64)>> = OnceLock::new();
@@ -267,7 +267,7 @@ pub fn injected_fault() {
 /// Without the `fault-injection` feature: nothing.
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
-pub fn injected_fault() {}
+pub(crate) fn injected_fault() {}
 
 #[cfg(test)]
 mod tests {

@@ -31,7 +31,7 @@ const IFF_TUN_EXCL: libc::c_short = 0x8000u16 as libc::c_short;
 
 /// Why the TUN device could not be set up.
 #[derive(Debug, thiserror::Error)]
-pub enum TunError {
+pub(crate) enum TunError {
     /// The interface name is empty, too long (15 bytes at most) or has a NUL.
     #[error("bad interface name {0:?}: 1 to 15 bytes, no NUL")]
     BadName(String),
@@ -103,28 +103,28 @@ const TUN_F_USO6: libc::c_uint = 0x40;
 
 /// Which offloads a TUN device with `IFF_VNET_HDR` accepted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TunOffloads {
+pub(crate) struct TunOffloads {
     /// Checksum offload plus TCP segmentation (TSO4/TSO6): reads may return TCP
     /// super-packets of up to 64 KiB, and writes may carry GRO-coalesced ones.
-    pub tso: bool,
+    pub(crate) tso: bool,
     /// UDP segmentation (USO4/USO6, Linux 6.2 and later).
-    pub uso: bool,
+    pub(crate) uso: bool,
 }
 
 /// Options for opening the TUN device.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct TunOptions {
+pub(crate) struct TunOptions {
     /// `IFF_MULTI_QUEUE`: one fd per worker.
-    pub multi_queue: bool,
+    pub(crate) multi_queue: bool,
     /// `IFF_VNET_HDR`: a `virtio_net_hdr` before every packet (offloads).
-    pub vnet_hdr: bool,
+    pub(crate) vnet_hdr: bool,
     /// `IFF_TUN_EXCL`: create the device, and fail with [`TunError::InUse`] if it exists.
-    pub exclusive: bool,
+    pub(crate) exclusive: bool,
 }
 
 /// One queue (file descriptor) of a TUN device, in blocking mode.
 #[derive(Debug)]
-pub struct Tun {
+pub(crate) struct Tun {
     fd: OwnedFd,
     name: String,
     vnet_hdr: bool,
@@ -132,7 +132,7 @@ pub struct Tun {
 
 impl Tun {
     /// Creates (or attaches to) the TUN device `name` with `IFF_TUN | IFF_NO_PI`.
-    pub fn open(name: &str, opts: TunOptions) -> Result<Self, TunError> {
+    pub(crate) fn open(name: &str, opts: TunOptions) -> Result<Self, TunError> {
         let mut req = ifreq(name)?;
         let mut flags = IFF_TUN | IFF_NO_PI;
         if opts.multi_queue {
@@ -177,17 +177,17 @@ impl Tun {
     }
 
     /// The interface name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// Whether packets carry a `virtio_net_hdr`.
-    pub fn vnet_hdr(&self) -> bool {
+    pub(crate) fn vnet_hdr(&self) -> bool {
         self.vnet_hdr
     }
 
     /// `TUNSETOFFLOAD` with `TUN_F_*` flags.
-    pub fn set_offload(&self, flags: libc::c_uint) -> io::Result<()> {
+    pub(crate) fn set_offload(&self, flags: libc::c_uint) -> io::Result<()> {
         // SAFETY: TUNSETOFFLOAD takes its argument by value.
         if unsafe { libc::ioctl(self.fd.as_raw_fd(), TUNSETOFFLOAD, flags as libc::c_ulong) } < 0 {
             return Err(io::Error::last_os_error());
@@ -198,7 +198,7 @@ impl Tun {
     /// Turns on checksum offload and TSO, then tries to add USO (Linux ≥ 6.2) and carries on
     /// without it if the kernel refuses, as wireguard-go does. Only meaningful with
     /// `IFF_VNET_HDR`.
-    pub fn enable_offloads(&self, want_uso: bool) -> TunOffloads {
+    pub(crate) fn enable_offloads(&self, want_uso: bool) -> TunOffloads {
         let base = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6;
         if self.set_offload(base).is_err() {
             let _ = self.set_offload(0);
@@ -212,14 +212,14 @@ impl Tun {
     }
 
     /// Reads one packet (blocking).
-    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: buf is valid for writes of buf.len() bytes.
         let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
     }
 
     /// Writes one packet.
-    pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+    pub(crate) fn write(&self, buf: &[u8]) -> io::Result<usize> {
         // SAFETY: buf is valid for reads of buf.len() bytes.
         let n = unsafe { libc::write(self.fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
         if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
@@ -227,7 +227,7 @@ impl Tun {
 
     /// Writes one packet gathered from `parts` (`writev`): a GRO super-packet is written
     /// straight from the receive buffers it lies in.
-    pub fn write_vectored(&self, parts: &[io::IoSlice<'_>]) -> io::Result<usize> {
+    pub(crate) fn write_vectored(&self, parts: &[io::IoSlice<'_>]) -> io::Result<usize> {
         let count = libc::c_int::try_from(parts.len())
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: IoSlice is ABI-compatible with iovec on Unix (std guarantees it), and every
@@ -237,7 +237,7 @@ impl Tun {
     }
 
     /// Waits until a packet can be read, or `timeout` passes (`Ok(false)`).
-    pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+    pub(crate) fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
         poll_readable(self.fd.as_raw_fd(), timeout)
     }
 }
@@ -249,7 +249,7 @@ impl AsRawFd for Tun {
 }
 
 /// `poll(2)` one fd for input.
-pub fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
+pub(crate) fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
     let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
     // SAFETY: one valid pollfd.
@@ -266,7 +266,7 @@ pub fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
 
 /// Sleeps until either of two descriptors is readable or `timeout` passes (one `poll(2)`); an
 /// error or a signal just ends the wait early, and the caller looks at both again.
-pub fn poll_either(a: RawFd, b: RawFd, timeout: Duration) {
+pub(crate) fn poll_either(a: RawFd, b: RawFd, timeout: Duration) {
     let mut fds = [
         libc::pollfd { fd: a, events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: b, events: libc::POLLIN, revents: 0 },
@@ -325,7 +325,7 @@ fn ctl_error<'a>(name: &'a str, call: &'static str) -> impl FnOnce(io::Error) ->
 }
 
 /// Sets an interface's MTU.
-pub fn set_mtu(name: &str, mtu: u32) -> Result<(), TunError> {
+pub(crate) fn set_mtu(name: &str, mtu: u32) -> Result<(), TunError> {
     let s = CtlSocket::new().map_err(ctl_error(name, "socket"))?;
     let mut req = ifreq(name)?;
     req.ifr_ifru.ifru_mtu = libc::c_int::try_from(mtu).unwrap_or(libc::c_int::MAX);
@@ -333,7 +333,7 @@ pub fn set_mtu(name: &str, mtu: u32) -> Result<(), TunError> {
 }
 
 /// Brings an interface up.
-pub fn set_up(name: &str) -> Result<(), TunError> {
+pub(crate) fn set_up(name: &str) -> Result<(), TunError> {
     let s = CtlSocket::new().map_err(ctl_error(name, "socket"))?;
     let mut req = ifreq(name)?;
     s.ioctl("SIOCGIFFLAGS", name, libc::SIOCGIFFLAGS, &mut req)?;
@@ -343,7 +343,7 @@ pub fn set_up(name: &str) -> Result<(), TunError> {
 }
 
 /// Sets the interface's (primary) IPv4 address and prefix, replacing the previous one.
-pub fn set_ipv4(name: &str, addr: Ipv4Net) -> Result<(), TunError> {
+pub(crate) fn set_ipv4(name: &str, addr: Ipv4Net) -> Result<(), TunError> {
     let s = CtlSocket::new().map_err(ctl_error(name, "socket"))?;
     let mut req = ifreq(name)?;
     req.ifr_ifru.ifru_addr = sockaddr_in(addr.addr());
@@ -354,7 +354,7 @@ pub fn set_ipv4(name: &str, addr: Ipv4Net) -> Result<(), TunError> {
 }
 
 /// Adds a route to `dst` through the interface (no gateway). An existing route is fine.
-pub fn add_route(name: &str, dst: Ipv4Net) -> Result<(), TunError> {
+pub(crate) fn add_route(name: &str, dst: Ipv4Net) -> Result<(), TunError> {
     let s = CtlSocket::new().map_err(ctl_error(name, "socket"))?;
     let dev = std::ffi::CString::new(name).map_err(|_| TunError::BadName(name.to_owned()))?;
     // SAFETY: rtentry is plain old data; all-zero is a valid value.
@@ -375,7 +375,7 @@ pub fn add_route(name: &str, dst: Ipv4Net) -> Result<(), TunError> {
 /// ([`super::link`]): `IFF_UP` (`SIOCGIFFLAGS`), the MTU (`SIOCGIFMTU`: of this network
 /// namespace, whatever sysfs is mounted), its IPv4 addresses (`getifaddrs`) and the main table's
 /// routes through it (`/proc/net/route`, which shows this thread's network namespace).
-pub fn observe_link(name: &str) -> Result<ObservedLink, TunError> {
+pub(crate) fn observe_link(name: &str) -> Result<ObservedLink, TunError> {
     let s = CtlSocket::new().map_err(ctl_error(name, "socket"))?;
     let mut req = ifreq(name)?;
     s.ioctl("SIOCGIFFLAGS", name, libc::SIOCGIFFLAGS, &mut req)?;
@@ -409,7 +409,7 @@ pub fn observe_link(name: &str) -> Result<ObservedLink, TunError> {
 
 /// What the kernel says about the interface a TUN device would be opened as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TunStatus {
+pub(crate) enum TunStatus {
     /// No interface has the name.
     Absent,
     /// A TUN/TAP device with no queue attached (a persistent device nobody has open).
@@ -424,7 +424,7 @@ pub enum TunStatus {
 /// Asks the kernel (`RTM_GETLINK`, in this network namespace; needs no privilege) whether the
 /// TUN device `name` exists and how many queues are attached to it. A non-persistent TUN
 /// device exists only while a process holds a queue; a persistent one may have none.
-pub fn tun_status(name: &str) -> Result<TunStatus, TunError> {
+pub(crate) fn tun_status(name: &str) -> Result<TunStatus, TunError> {
     use socket2::{Domain, Protocol, Socket, Type};
     use std::io::Read as _;
     ifreq(name)?;

@@ -51,17 +51,17 @@ use super::gso_retry::{GsoRetry, GsoRetryConfig, GsoState};
 use crate::time::Instant;
 
 /// The most messages one `sendmmsg`/`recvmmsg` call carries; the socket's scratch is this big.
-pub const MAX_BATCH: usize = 64;
+pub(crate) const MAX_BATCH: usize = 64;
 /// The most datagrams in one GSO send (the kernel's `UDP_MAX_SEGMENTS`).
-pub const MAX_GSO_SEGMENTS: usize = 64;
+pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
 /// The most payload bytes in one GSO send over IPv4: 65535 − 20 (IPv4) − 8 (UDP).
-pub const MAX_GSO_BYTES: usize = 65535 - 28;
+pub(crate) const MAX_GSO_BYTES: usize = 65535 - 28;
 /// The size every receive buffer must have when GRO is on (a coalesced buffer is up to 64 KiB).
-pub const GRO_BUFFER_LEN: usize = 65536;
+pub(crate) const GRO_BUFFER_LEN: usize = 65536;
 /// How long [`BatchSocket::send_batch`] waits for `POLLOUT` per slice.
-pub const SEND_POLL: Duration = Duration::from_millis(10);
+pub(crate) const SEND_POLL: Duration = Duration::from_millis(10);
 /// How many [`SEND_POLL`] slices without progress before [`BatchSocket::send_batch`] gives up.
-pub const SEND_STALL_POLLS: u32 = 10;
+pub(crate) const SEND_STALL_POLLS: u32 = 10;
 
 /// `SO_SNDBUFFORCE` and `SO_RCVBUFFORCE` from the generic `asm/socket.h` (x86, arm, riscv);
 /// the `libc` crate does not export them for glibc targets.
@@ -79,28 +79,28 @@ const _: () = assert!(SEGMENT_CMSG_SPACE <= CMSG_BUF_LEN);
 
 /// How to open a [`BatchSocket`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UdpConfig {
+pub(crate) struct UdpConfig {
     /// The local address; port 0 picks an ephemeral port.
-    pub bind: SocketAddrV4,
+    pub(crate) bind: SocketAddrV4,
     /// `SO_REUSEPORT`: several sockets (one per worker) on the same port. Only sockets of the
     /// same effective UID can join the group; without it, no other socket can bind the port
     /// (`SO_REUSEADDR` is never set; see [`BatchSocket::open`]).
-    pub reuse_port: bool,
+    pub(crate) reuse_port: bool,
     /// Use UDP GSO (`UDP_SEGMENT`) for sends when the kernel supports it.
-    pub gso: bool,
+    pub(crate) gso: bool,
     /// Turn on UDP GRO (`UDP_GRO`) for receives when the kernel supports it.
-    pub gro: bool,
+    pub(crate) gro: bool,
     /// When GSO is tried again after a GSO send failed (see [`super::gso_retry`]).
-    pub gso_retry: GsoRetryConfig,
+    pub(crate) gso_retry: GsoRetryConfig,
     /// `SO_RCVBUF`/`SO_SNDBUF`, then `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` (which need
     /// `CAP_NET_ADMIN` and are skipped without it); 0 keeps the kernel's defaults.
-    pub buffer_bytes: usize,
+    pub(crate) buffer_bytes: usize,
 }
 
 impl UdpConfig {
     /// Binds `bind`, with GSO and GRO on, no `SO_REUSEPORT`, GSO retried after the default
     /// backoff, and 7 MiB socket buffers (the size wireguard-go settled on).
-    pub fn new(bind: SocketAddrV4) -> Self {
+    pub(crate) fn new(bind: SocketAddrV4) -> Self {
         Self {
             bind,
             reuse_port: false,
@@ -114,76 +114,76 @@ impl UdpConfig {
 
 /// What a socket found at open: the offloads in effect and the buffer sizes the kernel granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Capabilities {
+pub(crate) struct Capabilities {
     /// GSO was asked for and `UDP_SEGMENT` is supported.
-    pub gso: bool,
+    pub(crate) gso: bool,
     /// GRO was asked for and `UDP_GRO` was turned on.
-    pub gro: bool,
+    pub(crate) gro: bool,
     /// Datagrams per GSO send: [`MAX_GSO_SEGMENTS`] with GSO, 1 without.
-    pub max_gso_segments: usize,
+    pub(crate) max_gso_segments: usize,
     /// `SO_RCVBUF` as read back (the kernel doubles what is set, for bookkeeping).
-    pub recv_buffer: usize,
+    pub(crate) recv_buffer: usize,
     /// `SO_SNDBUF` as read back.
-    pub send_buffer: usize,
+    pub(crate) send_buffer: usize,
 }
 
 /// Counters of the rare events on a socket; read them with [`BatchSocket::stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct UdpStats {
+pub(crate) struct UdpStats {
     /// GSO sends that failed with `EIO`/`EINVAL`/`EMSGSIZE` and were re-sent as single
     /// datagrams; each turned GSO off until its retry time.
-    pub gso_fallbacks: u64,
+    pub(crate) gso_fallbacks: u64,
     /// The last such failure.
-    pub gso_last_failure: Option<GsoFailure>,
+    pub(crate) gso_last_failure: Option<GsoFailure>,
     /// Times the retry time came and GSO was used again.
-    pub gso_retries: u64,
+    pub(crate) gso_retries: u64,
     /// Retries that a GSO send confirmed: GSO works again.
-    pub gso_recoveries: u64,
+    pub(crate) gso_recoveries: u64,
     /// `sendmmsg` calls that sent at least one message.
-    pub send_calls: u64,
+    pub(crate) send_calls: u64,
     /// `recvmmsg` calls that received at least one message.
-    pub recv_calls: u64,
+    pub(crate) recv_calls: u64,
     /// Received messages that did not fit their buffer (`MSG_TRUNC`), and were dropped.
-    pub truncated: u64,
+    pub(crate) truncated: u64,
     /// [`BatchSocket::send_batch`] calls that gave up on a full send buffer.
-    pub send_stalls: u64,
+    pub(crate) send_stalls: u64,
 }
 
 /// A GSO send that failed in a way single datagrams avoid (see [`UdpStats::gso_fallbacks`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GsoFailure {
+pub(crate) struct GsoFailure {
     /// `EIO`, `EINVAL` or `EMSGSIZE`.
-    pub errno: i32,
+    pub(crate) errno: i32,
     /// Where the message was going.
-    pub dst: SocketAddrV4,
+    pub(crate) dst: SocketAddrV4,
 }
 
 /// One message to send: a datagram, or with `segment_size` several.
 #[derive(Clone, Copy, Debug)]
 pub struct Transmit<'a> {
     /// Where to.
-    pub dst: SocketAddrV4,
+    pub(crate) dst: SocketAddrV4,
     /// The payload: one datagram, or with `segment_size` several back to back.
-    pub contents: &'a [u8],
+    pub(crate) contents: &'a [u8],
     /// `contents` holds datagrams of this many bytes, back to back, the last possibly shorter;
     /// sent as one GSO message (or split, without GSO). At most [`MAX_GSO_SEGMENTS`] datagrams
     /// and [`MAX_GSO_BYTES`] in all.
-    pub segment_size: Option<u16>,
+    pub(crate) segment_size: Option<u16>,
 }
 
 /// What [`BatchSocket::recv_batch`] says about one filled buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecvMeta {
     /// The sender.
-    pub src: SocketAddrV4,
+    pub(crate) src: SocketAddrV4,
     /// Bytes in the buffer: one datagram, or with `segment_size` several. 0 when `truncated`.
-    pub len: usize,
+    pub(crate) len: usize,
     /// From the `UDP_GRO` control message: the buffer holds datagrams of this size back to back,
     /// the last possibly shorter.
-    pub segment_size: Option<usize>,
+    pub(crate) segment_size: Option<usize>,
     /// The message did not fit its buffer (`MSG_TRUNC`); it is dropped (`len` is 0) and the
     /// caller should count it.
-    pub truncated: bool,
+    pub(crate) truncated: bool,
 }
 
 impl Default for RecvMeta {
@@ -287,7 +287,8 @@ pub enum UdpError {
 
 impl UdpError {
     /// True when the error is about one message, not the socket: count a drop and go on.
-    pub fn is_per_message(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_per_message(&self) -> bool {
         matches!(self, Self::Send { .. } | Self::InvalidTransmit { .. })
     }
 }
@@ -339,7 +340,7 @@ impl std::fmt::Debug for Scratch {
 
 /// A UDP socket for one data-plane worker, with batched, offloaded sends and receives.
 #[derive(Debug)]
-pub struct BatchSocket {
+pub(crate) struct BatchSocket {
     socket: Socket,
     local: SocketAddrV4,
     caps: Capabilities,
@@ -358,7 +359,7 @@ pub struct BatchSocket {
 
 impl BatchSocket {
     /// Opens and binds a socket, sizes its buffers and probes GSO and GRO (see the module docs).
-    pub fn open(cfg: UdpConfig) -> Result<Self, UdpError> {
+    pub(crate) fn open(cfg: UdpConfig) -> Result<Self, UdpError> {
         let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
             .map_err(UdpError::Socket)?;
         let opt = |option: &'static str| move |source| UdpError::SetOption { option, source };
@@ -433,7 +434,11 @@ impl BatchSocket {
     /// [`UdpError::InvalidTransmit`] before sending anything if a message is malformed;
     /// [`UdpError::Send`] when a message fails (unreachable network, too big, ...): the messages
     /// before it were sent, and the caller can skip it and send the rest; [`UdpError::Poll`].
-    pub fn send_batch(&mut self, msgs: &[Transmit<'_>], now: Instant) -> Result<usize, UdpError> {
+    pub(crate) fn send_batch(
+        &mut self,
+        msgs: &[Transmit<'_>],
+        now: Instant,
+    ) -> Result<usize, UdpError> {
         for (index, t) in msgs.iter().enumerate() {
             t.check().map_err(|reason| UdpError::InvalidTransmit { index, reason })?;
         }
@@ -497,7 +502,7 @@ impl BatchSocket {
     /// # Errors
     /// [`UdpError::BufferTooSmall`] if GRO is on and a buffer is shorter than
     /// [`GRO_BUFFER_LEN`]; [`UdpError::Poll`], [`UdpError::Recv`].
-    pub fn recv_batch<B: AsMut<[u8]>>(
+    pub(crate) fn recv_batch<B: AsMut<[u8]>>(
         &mut self,
         bufs: &mut [B],
         metas: &mut [RecvMeta],
@@ -584,7 +589,8 @@ impl BatchSocket {
     /// Turns GSO on or off for later sends (an operator's switch); it stays off if the kernel
     /// does not support it. Turning it on forgets earlier failures and their backoff. Returns
     /// whether GSO is now on.
-    pub fn set_gso(&mut self, on: bool) -> bool {
+    #[cfg(test)]
+    pub(crate) fn set_gso(&mut self, on: bool) -> bool {
         self.gso_wanted = on && self.caps.gso;
         if on {
             self.gso_retry = GsoRetry::new(self.gso_retry.config());
@@ -593,34 +599,34 @@ impl BatchSocket {
     }
 
     /// The offloads and buffer sizes found at open, for the caller to log once.
-    pub fn capabilities(&self) -> Capabilities {
+    pub(crate) fn capabilities(&self) -> Capabilities {
         self.caps
     }
 
     /// Whether sends use GSO now: the probe, the configuration, [`BatchSocket::set_gso`] and a
     /// run-time failure (until its retry time) all have a say.
-    pub fn gso_enabled(&self) -> bool {
+    pub(crate) fn gso_enabled(&self) -> bool {
         self.gso_wanted && self.gso_retry.uses_gso()
     }
 
     /// Where GSO stands after run-time failures and retries; `None` when GSO is not used at
     /// all (not asked for, not supported, or switched off).
-    pub fn gso_state(&self) -> Option<GsoState> {
+    pub(crate) fn gso_state(&self) -> Option<GsoState> {
         self.gso_wanted.then(|| self.gso_retry.state())
     }
 
     /// Datagrams per [`Transmit`] worth coalescing now: [`MAX_GSO_SEGMENTS`] with GSO on, 1 off.
-    pub fn max_gso_segments(&self) -> usize {
+    pub(crate) fn max_gso_segments(&self) -> usize {
         if self.gso_enabled() { MAX_GSO_SEGMENTS } else { 1 }
     }
 
     /// The bound address (with the port the kernel picked, if 0 was asked for).
-    pub fn local_addr(&self) -> SocketAddrV4 {
+    pub(crate) fn local_addr(&self) -> SocketAddrV4 {
         self.local
     }
 
     /// The socket's counters.
-    pub fn stats(&self) -> UdpStats {
+    pub(crate) fn stats(&self) -> UdpStats {
         self.stats
     }
 
@@ -756,16 +762,16 @@ impl Transmit<'_> {
 
 /// A run of datagrams that [`coalesce_plan`] puts into one [`Transmit`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Coalesced {
+pub(crate) struct Coalesced {
     /// Index of the first datagram of the run.
-    pub start: usize,
+    pub(crate) start: usize,
     /// Datagrams in the run.
-    pub count: usize,
+    pub(crate) count: usize,
     /// Their total length: the [`Transmit::contents`] length once laid back to back.
-    pub bytes: usize,
+    pub(crate) bytes: usize,
     /// The run's [`Transmit::segment_size`]: the first datagram's length, or `None` for a run of
     /// one.
-    pub segment_size: Option<u16>,
+    pub(crate) segment_size: Option<u16>,
 }
 
 /// Groups consecutive datagrams into GSO runs, in order: a run has one destination, at most
@@ -773,7 +779,7 @@ pub struct Coalesced {
 /// all; every datagram has the first one's length except possibly the last, which is shorter
 /// and ends the run (the wireguard-go rule). `key` gives each item's destination and datagram
 /// length. The caller lays each run's datagrams back to back and sends it as one [`Transmit`].
-pub fn coalesce_plan<'a, T, F>(
+pub(crate) fn coalesce_plan<'a, T, F>(
     items: &'a [T],
     max_segments: usize,
     key: F,

@@ -407,7 +407,7 @@ fn send_skipping<U: UdpIo>(
 
 /// The TX loop on its own thread: [`TxPath::step`] until `stop`.
 #[allow(clippy::too_many_arguments)]
-pub fn run_tx<T: TunIo, U: UdpIo>(
+pub(crate) fn run_tx<T: TunIo, U: UdpIo>(
     tun: &T,
     pool: &mut [U],
     fwd: &Forwarder,
@@ -652,7 +652,7 @@ fn write_coalesced<T: TunIo>(
 }
 
 /// The RX loop on its own thread: [`RxPath::step`] until `stop`.
-pub fn run_rx<T: TunIo, U: UdpIo>(
+pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
     tun: &T,
     sock: &mut U,
     fwd: &Forwarder,
@@ -674,7 +674,7 @@ pub fn run_rx<T: TunIo, U: UdpIo>(
 /// ICMP echo reply, a TCP ACK) is then picked up by the same thread without a wake-up, which
 /// on a VM costs tens of microseconds.
 #[allow(clippy::too_many_arguments)]
-pub fn run_both<T: TunIo, U: UdpIo>(
+pub(crate) fn run_both<T: TunIo, U: UdpIo>(
     tun: &T,
     pool: &mut [U],
     sock: &mut U,
@@ -802,7 +802,7 @@ mod tests {
     use crate::dataplane::fake::{FakeNet, FakeTun};
     use crate::dataplane::offload::testutil::Pkt;
     use crate::dataplane::pipeline::OwnSubnet;
-    use crate::dataplane::wire::{read_u32, vxlan::Vni};
+    use crate::dataplane::wire::{ethernet::MacAddr, read_u32, vxlan::Vni};
     use crate::route::{Peer, PeerBackend, RouteTable};
 
     /// A socket on which the kernel refuses every message to `bad` (EHOSTUNREACH), the way
@@ -876,7 +876,7 @@ mod tests {
                 subnet: format!("10.244.{peer}.0/24").parse().unwrap(),
                 public_ip: Ipv4Addr::new(192, 0, 2, peer),
                 backend: peer_backend,
-                vtep_mac: Some([2, 0, 0, 0, 0, peer]),
+                vtep_mac: Some(MacAddr([2, 0, 0, 0, 0, peer])),
                 vni: Some(1),
                 node: None,
                 stale: false,
@@ -888,7 +888,7 @@ mod tests {
             backend,
             vni: Vni::new(1).unwrap(),
             port: 8472,
-            our_mac: [2, 0, 0, 0, 0, n],
+            our_mac: MacAddr([2, 0, 0, 0, 0, n]),
             own,
             icmp_source: Ipv4Addr::new(10, 244, 0, 0),
             icmp_limit: Arc::default(),

@@ -85,12 +85,12 @@ pub struct DriverConfig {
 
 /// The first retry of a failed `subnet.env` write comes after this; each next one after twice
 /// the previous delay, up to [`ENV_RETRY_MAX`].
-pub const ENV_RETRY_MIN: Duration = Duration::from_secs(1);
+pub(crate) const ENV_RETRY_MIN: Duration = Duration::from_secs(1);
 /// The longest wait between two attempts to write `subnet.env`.
-pub const ENV_RETRY_MAX: Duration = Duration::from_secs(10);
+pub(crate) const ENV_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// The delay before the retry after one of `delay`.
-pub fn next_env_retry(delay: Duration) -> Duration {
+pub(crate) fn next_env_retry(delay: Duration) -> Duration {
     (delay * 2).clamp(ENV_RETRY_MIN, ENV_RETRY_MAX)
 }
 
@@ -164,7 +164,7 @@ impl LeaseDriver {
 
     /// Publishes every address `rx` carries as the lease's `PublicIP` (see
     /// [`Keeper::handle_public_ip`]).
-    pub fn follow_public_ip(&mut self, rx: watch::Receiver<Ipv4Addr>) {
+    pub(crate) fn follow_public_ip(&mut self, rx: watch::Receiver<Ipv4Addr>) {
         self.public_ip_rx = Some(rx);
     }
 

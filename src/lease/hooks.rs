@@ -45,19 +45,20 @@ use crate::atomic_file;
 use crate::health::{Counters, Health};
 
 /// The journal's name in the state dir.
-pub const PENDING_FILE: &str = "hook-pending";
+pub(crate) const PENDING_FILE: &str = "hook-pending";
 /// How much of each of stdout and stderr is kept.
-pub const OUTPUT_LIMIT: usize = 64 * 1024;
+pub(crate) const OUTPUT_LIMIT: usize = 64 * 1024;
 /// `PATH` for hooks when weft has none.
-pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const DEFAULT_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long output is still read after the shell exited.
-pub const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
+pub(crate) const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
 /// The longest journal read (a line is under 200 bytes).
 const MAX_JOURNAL_LEN: u64 = 64 * 1024;
 
 /// Which hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HookKind {
+pub(crate) enum HookKind {
     /// `--on-subnet-change`.
     SubnetChange,
     /// `--on-lease-lost`.
@@ -66,7 +67,7 @@ pub enum HookKind {
 
 impl HookKind {
     /// The flag's name without dashes, also `$0` of the hook.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::SubnetChange => "on-subnet-change",
             Self::LeaseLost => "on-lease-lost",
@@ -75,36 +76,36 @@ impl HookKind {
 }
 
 /// The values of `WEFT_REASON`.
-pub const REASONS: [&str; 4] =
+pub(crate) const REASONS: [&str; 4] =
     ["subnet-changed", "taken-by-another-node", "unreadable-value", "identity-clash"];
 
 /// One hook invocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HookRun {
+pub(crate) struct HookRun {
     /// Which hook.
-    pub kind: HookKind,
+    pub(crate) kind: HookKind,
     /// `$1`, `WEFT_OLD_SUBNET`.
-    pub old: Option<Subnet>,
+    pub(crate) old: Option<Subnet>,
     /// `$2`, `WEFT_NEW_SUBNET`.
-    pub new: Option<Subnet>,
+    pub(crate) new: Option<Subnet>,
     /// `WEFT_REASON`, one of [`REASONS`].
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
     /// `WEFT_HOLDER`.
-    pub holder: Option<Ipv4Addr>,
+    pub(crate) holder: Option<Ipv4Addr>,
 }
 
 /// A journal line that could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {problem}")]
-pub struct JournalLineError {
+pub(crate) struct JournalLineError {
     /// The line number, from 1.
-    pub line: usize,
+    pub(crate) line: usize,
     /// What is wrong with it.
-    pub problem: String,
+    pub(crate) problem: String,
 }
 
 /// The journal's text for `runs`.
-pub fn render(runs: &[HookRun]) -> String {
+pub(crate) fn render(runs: &[HookRun]) -> String {
     let opt = |v: Option<String>| v.unwrap_or_default();
     runs.iter()
         .map(|r| {
@@ -122,7 +123,7 @@ pub fn render(runs: &[HookRun]) -> String {
 
 /// Reads the journal's text: each line's hook, or why it could not be read. Blank lines are
 /// skipped. Never panics.
-pub fn parse(text: &str) -> Vec<Result<HookRun, JournalLineError>> {
+pub(crate) fn parse(text: &str) -> Vec<Result<HookRun, JournalLineError>> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -171,15 +172,15 @@ fn parse_line(line: &str) -> Result<HookRun, String> {
 
 /// The hooks' settings.
 #[derive(Clone, Debug)]
-pub struct HookConfig {
+pub(crate) struct HookConfig {
     /// `--on-subnet-change`.
-    pub on_subnet_change: Option<String>,
+    pub(crate) on_subnet_change: Option<String>,
     /// `--on-lease-lost`.
-    pub on_lease_lost: Option<String>,
+    pub(crate) on_lease_lost: Option<String>,
     /// `--hook-timeout`.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// The journal ([`PENDING_FILE`] in the state dir).
-    pub journal: PathBuf,
+    pub(crate) journal: PathBuf,
 }
 
 impl HookConfig {
@@ -197,7 +198,7 @@ struct Job {
 }
 
 /// Runs hooks one at a time on a task of its own, keeping the journal.
-pub struct HookRunner {
+pub(crate) struct HookRunner {
     cfg: Arc<HookConfig>,
     journal: Arc<Journal>,
     tx: mpsc::UnboundedSender<Job>,
@@ -206,7 +207,7 @@ pub struct HookRunner {
 impl HookRunner {
     /// Starts the runner task, and queues again every hook the journal lists. Must be called
     /// inside a tokio runtime.
-    pub fn start(cfg: HookConfig, health: Arc<Health>) -> Self {
+    pub(crate) fn start(cfg: HookConfig, health: Arc<Health>) -> Self {
         let cfg = Arc::new(cfg);
         let journal = Arc::new(Journal::load(&cfg.journal));
         let (tx, rx) = mpsc::unbounded_channel();
@@ -229,20 +230,20 @@ impl HookRunner {
     }
 
     /// Whether a command is configured for `kind`.
-    pub fn configured(&self, kind: HookKind) -> bool {
+    pub(crate) fn configured(&self, kind: HookKind) -> bool {
         self.cfg.command(kind).is_some()
     }
 
     /// Records `run` in the journal (before what it reports becomes visible); a no-op when no
     /// command is configured for it.
-    pub fn record(&self, run: &HookRun) {
+    pub(crate) fn record(&self, run: &HookRun) {
         if self.configured(run.kind) {
             self.journal.record(run.clone());
         }
     }
 
     /// Queues a [`HookRunner::record`]ed run.
-    pub fn start_run(&self, run: HookRun) {
+    pub(crate) fn start_run(&self, run: HookRun) {
         if self.configured(run.kind) {
             let _ = self.tx.send(Job { run, rerun: false });
         }

@@ -52,7 +52,7 @@ use crate::time::Instant;
 /// How long another incarnation's presence key may stand without beating before it counts as
 /// live anyway (a process that keeps the lease alive but never beats, such as an older weft),
 /// in presence TTLs, and at least [`CLASH_AFTER_MIN`]. A beat is proof at once.
-pub const CLASH_AFTER_TTLS: u32 = 10;
+pub(crate) const CLASH_AFTER_TTLS: u32 = 10;
 
 /// The least time a renewal is given ([`Keeper::renew_budget`]), however little is left on
 /// the lease: a retry needs a round trip too.
@@ -60,7 +60,7 @@ pub const MIN_RENEW_BUDGET: Duration = Duration::from_millis(250);
 
 /// The least wait before a presence key that never beats counts as live: long enough for etcd's
 /// minimum lease TTL and a few leader changes, each of which extends every lease.
-pub const CLASH_AFTER_MIN: Duration = Duration::from_secs(60);
+pub(crate) const CLASH_AFTER_MIN: Duration = Duration::from_secs(60);
 
 /// What the keeper needs to know, fixed for its lifetime.
 #[derive(Clone, Debug)]
@@ -436,11 +436,6 @@ impl Keeper {
         self.held?;
         let left = self.expires_at.saturating_since(now);
         (!left.is_zero()).then(|| (left * 3 / 4).max(MIN_RENEW_BUDGET))
-    }
-
-    /// The value this keeper publishes.
-    pub fn attrs(&self) -> &LeaseAttrs {
-        &self.attrs
     }
 
     /// Whether shutdown has finished: nothing more to do.

@@ -27,20 +27,20 @@ use super::record::{
 use super::store::BadEntry;
 
 /// The directory of subnet leases, relative to the prefix (no trailing slash).
-pub const SUBNETS: &str = "subnets";
+pub(crate) const SUBNETS: &str = "subnets";
 
 /// The directory of weft's history records, relative to the prefix.
-pub const HISTORY: &str = "weft/history";
+pub(crate) const HISTORY: &str = "weft/history";
 
 /// The directory of presence keys, relative to the prefix.
-pub const NODES: &str = "weft/nodes";
+pub(crate) const NODES: &str = "weft/nodes";
 
 /// The network config key, relative to the prefix.
-pub const CONFIG: &str = "config";
+pub(crate) const CONFIG: &str = "config";
 
 /// Why a key under the layout, or its value, does not make a lease or a history record.
 #[derive(Debug, thiserror::Error)]
-pub enum KeyError {
+pub(crate) enum KeyError {
     /// The key is not under the directory it was read from.
     #[error("not under {dir}")]
     NotUnder {
@@ -57,7 +57,7 @@ pub enum KeyError {
 
 impl KeyError {
     /// The skipped entry this error makes of `key`.
-    pub fn at(self, key: &str) -> BadEntry {
+    pub(crate) fn at(self, key: &str) -> BadEntry {
         BadEntry { key: key.to_owned(), problem: self.to_string() }
     }
 }
@@ -82,7 +82,7 @@ impl KeyLayout {
     }
 
     /// The prefix, without a trailing `/`.
-    pub fn prefix(&self) -> &str {
+    pub(crate) fn prefix(&self) -> &str {
         &self.prefix
     }
 
@@ -92,12 +92,12 @@ impl KeyLayout {
     }
 
     /// `<prefix>/subnets/`: the trailing slash keeps `<prefix>/subnetsX` out of a range.
-    pub fn subnets_dir(&self) -> &str {
+    pub(crate) fn subnets_dir(&self) -> &str {
         &self.subnets_dir
     }
 
     /// `<prefix>/weft/history/`.
-    pub fn history_dir(&self) -> &str {
+    pub(crate) fn history_dir(&self) -> &str {
         &self.history_dir
     }
 
@@ -112,17 +112,19 @@ impl KeyLayout {
     }
 
     /// `<prefix>/weft/nodes/<node-id>`.
-    pub fn node(&self, node: &NodeId) -> String {
+    pub(crate) fn node(&self, node: &NodeId) -> String {
         format!("{}/{NODES}/{}", self.prefix, node.as_str())
     }
 
     /// Whether `key` lies under `<prefix>/subnets/` (a lease, or garbage in its place).
-    pub fn is_subnet_key(&self, key: &str) -> bool {
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn is_subnet_key(&self, key: &str) -> bool {
         key.starts_with(&self.subnets_dir)
     }
 
     /// Whether `key` lies under `<prefix>/weft/history/`.
-    pub fn is_history_key(&self, key: &str) -> bool {
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn is_history_key(&self, key: &str) -> bool {
         key.starts_with(&self.history_dir)
     }
 
@@ -183,7 +185,7 @@ pub fn relative_subnet_key(name: &str) -> String {
 /// The last element of `key` if its parent directory is `.../subnets` (whatever the prefix):
 /// what tells a skipped key under `subnets/` — a live key, occupied whatever its value — from
 /// any other skipped key.
-pub fn subnet_key_name(key: &str) -> Option<&str> {
+pub(crate) fn subnet_key_name(key: &str) -> Option<&str> {
     let (dir, name) = key.rsplit_once('/')?;
     dir.strip_suffix(SUBNETS).is_some_and(|rest| rest.ends_with('/')).then_some(name)
 }

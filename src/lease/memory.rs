@@ -64,7 +64,7 @@ use super::store::{
 use crate::time::{Clock, Instant};
 
 /// The deadline a simulated lost reply reports in [`StoreError::Timeout`].
-pub const SIMULATED_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const SIMULATED_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The [`WriteRecord::client`] of deletes done by lease expiry (no client asked for them).
 pub const EXPIRY_CLIENT: &str = "<expiry>";
@@ -126,7 +126,7 @@ pub struct WriteRecord {
     /// or its value carried no node ID or did not parse).
     pub previous_node: Option<NodeId>,
     /// The node ID in the value written (`None` for deletes and values without one).
-    pub new_node: Option<NodeId>,
+    pub(crate) new_node: Option<NodeId>,
 }
 
 /// One key of the keyspace, with etcd's per-key metadata.
@@ -616,7 +616,8 @@ impl MemoryStore {
 
     /// Sets how many subnet-key events the watch log keeps (at least 1); beyond it the oldest
     /// revisions are compacted away.
-    pub fn set_event_log_capacity(&self, capacity: usize) {
+    #[cfg(test)]
+    pub(crate) fn set_event_log_capacity(&self, capacity: usize) {
         let mut w = self.world();
         w.event_capacity = capacity.max(1);
         w.trim_events();
@@ -645,7 +646,8 @@ impl MemoryStore {
     }
 
     /// The current compaction horizon: the oldest revision a watch may start from.
-    pub fn compact_revision(&self) -> Revision {
+    #[cfg(test)]
+    pub(crate) fn compact_revision(&self) -> Revision {
         Revision(self.world().compacted)
     }
 
@@ -717,16 +719,6 @@ impl fmt::Debug for MemoryClient {
 }
 
 impl MemoryClient {
-    /// The client's name (what faults and the write log refer to).
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The store this client talks to.
-    pub fn store(&self) -> &MemoryStore {
-        &self.store
-    }
-
     /// Runs one call: expiry, then the reachability check, then `f`, all under one lock.
     fn call<T>(
         &self,

@@ -13,7 +13,7 @@
 
 pub mod driver;
 pub mod etcd;
-pub mod hooks;
+pub(crate) mod hooks;
 pub mod keeper;
 pub mod keys;
 #[cfg(any(test, feature = "test-util"))]

@@ -28,18 +28,18 @@ use super::store::{HistoryPrune, Listing};
 use crate::config::NetworkConfig;
 
 /// How many of the lowest free subnets a fresh pick chooses among (flannel uses 100 too).
-pub const SPREAD: usize = 100;
+pub(crate) const SPREAD: usize = 100;
 
 /// How many more subnets a decision names to try, in order, if the create of its choice loses
 /// a race: the keeper tries them without listing again ([`Decision::fallbacks`]).
-pub const FALLBACKS: usize = 7;
+pub(crate) const FALLBACKS: usize = 7;
 
 /// The widest spread a fallback is drawn from: the `k`-th fallback is a random fresh subnet
 /// among the lowest `SPREAD << k`, up to this many. When hundreds of hosts join at once, the
 /// lowest 100 are gone after the first round; a re-pick among them would lose again, and a
 /// re-list per lost race is what kept 1,000 joining hosts from ever settling (every loser
 /// reading every lease, over and over).
-pub const MAX_SPREAD: usize = SPREAD << 4;
+pub(crate) const MAX_SPREAD: usize = SPREAD << 4;
 
 /// Why a subnet is being created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,11 +76,11 @@ pub enum Choice {
 
 /// A subnet to create if absent, and the rule that chose it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     /// The subnet.
-    pub subnet: Subnet,
+    pub(crate) subnet: Subnet,
     /// Which rule chose it.
-    pub reason: CreateReason,
+    pub(crate) reason: CreateReason,
 }
 
 /// The policy's answer, with what it noticed on the way.
@@ -92,10 +92,10 @@ pub struct Decision {
     /// key taken, before listing again (at most [`FALLBACKS`]). The rules' order holds: fresh
     /// subnets from ever wider spreads first, then the expired ones, oldest first. A stale
     /// listing is safe here: every create is create-if-absent.
-    pub fallbacks: Vec<Candidate>,
+    pub(crate) fallbacks: Vec<Candidate>,
     /// The previous subnet was live under another holder (whose public IP is given): it was
     /// not taken. Worth a warning: someone else has this host's old subnet.
-    pub previous_taken_by: Option<(Subnet, Ipv4Addr)>,
+    pub(crate) previous_taken_by: Option<(Subnet, Ipv4Addr)>,
 }
 
 /// Chooses a subnet for `node` from a listing. `previous` is the subnet this node last held, if
@@ -227,7 +227,7 @@ pub fn superseded_history(listing: &Listing, node: &NodeId, chosen: Subnet) -> V
 
 /// This node's history records of subnets not live in `listing`: what a create prunes, less
 /// the record of the subnet it creates ([`superseded_history`]).
-pub fn own_history(listing: &Listing, node: &NodeId) -> Vec<HistoryPrune> {
+pub(crate) fn own_history(listing: &Listing, node: &NodeId) -> Vec<HistoryPrune> {
     let live: BTreeSet<Subnet> = listing.leases.iter().map(|l| l.subnet).collect();
     listing
         .history

@@ -60,7 +60,7 @@ pub enum ForeignSubnet {
 
 impl Subnet {
     /// A subnet from a network; the address must be the network address.
-    pub fn new(net: Ipv4Net) -> Result<Self, SubnetError> {
+    pub(crate) fn new(net: Ipv4Net) -> Result<Self, SubnetError> {
         if net.addr() != net.network() {
             return Err(SubnetError::NotNetworkAddress);
         }
@@ -255,7 +255,7 @@ impl Incarnation {
     }
 
     /// The incarnation as text.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
@@ -342,12 +342,12 @@ impl LeaseAttrs {
     }
 
     /// Whether this value was written by `node` (any incarnation).
-    pub fn is_node(&self, node: &NodeId) -> bool {
+    pub(crate) fn is_node(&self, node: &NodeId) -> bool {
         self.node_id.as_ref() == Some(node)
     }
 
     /// Whether this value was written by exactly this process.
-    pub fn is_incarnation(&self, node: &NodeId, incarnation: &Incarnation) -> bool {
+    pub(crate) fn is_incarnation(&self, node: &NodeId, incarnation: &Incarnation) -> bool {
         self.is_node(node) && self.incarnation.as_ref() == Some(incarnation)
     }
 }
@@ -393,7 +393,7 @@ pub struct HistoryRecord {
 impl HistoryRecord {
     /// The record a create, renew or refresh writes for `attrs`: `Held` by its node. `None`
     /// for a lease without a node identity (a test's or a tool's): it has no history.
-    pub fn held(attrs: &LeaseAttrs) -> Option<Self> {
+    pub(crate) fn held(attrs: &LeaseAttrs) -> Option<Self> {
         let node = attrs.node_id.clone()?;
         Some(Self { state: HistoryState::Held, node, public_ip: attrs.public_ip })
     }

@@ -37,7 +37,7 @@ use super::record::{
 };
 
 /// A boxed error from a client library, kept as the source of a [`StoreError`].
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a store call failed. Every variant is about reaching or talking to the store; a compare
 /// that fails is not an error but an outcome ([`CreateOutcome`], [`RenewOutcome`]).
@@ -188,12 +188,12 @@ pub struct PresenceRecord {
 
 impl PresenceRecord {
     /// Parses a presence key's value.
-    pub fn from_json(bytes: &[u8]) -> Result<Self, ValueError> {
+    pub(crate) fn from_json(bytes: &[u8]) -> Result<Self, ValueError> {
         Ok(serde_json::from_slice(bytes)?)
     }
 
     /// The JSON written to the store.
-    pub fn to_json(&self) -> Vec<u8> {
+    pub(crate) fn to_json(&self) -> Vec<u8> {
         // Two plain fields: serializing cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
     }

@@ -40,19 +40,19 @@ use crate::config::MAX_SUBNET_LEN;
 use crate::lease::record::Subnet;
 
 /// Files larger than this are refused unread: a real `subnet.env` is about 100 bytes.
-pub const MAX_FILE_LEN: u64 = 64 * 1024;
+pub(crate) const MAX_FILE_LEN: u64 = 64 * 1024;
 
 /// The contents of `subnet.env`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubnetEnv {
     /// The cluster network (`FLANNEL_NETWORK`).
-    pub network: Ipv4Net,
+    pub(crate) network: Ipv4Net,
     /// This host's leased subnet (`FLANNEL_SUBNET`, written as its first host address).
-    pub subnet: Subnet,
+    pub(crate) subnet: Subnet,
     /// The MTU of the overlay interface (`FLANNEL_MTU`).
-    pub mtu: u32,
+    pub(crate) mtu: u32,
     /// Whether the daemon masquerades traffic leaving the overlay (`FLANNEL_IPMASQ`).
-    pub ipmasq: bool,
+    pub(crate) ipmasq: bool,
 }
 
 /// What a line of the file got wrong.
@@ -145,7 +145,7 @@ pub enum SubnetEnvError {
 
 /// What [`read`] found.
 #[derive(Debug)]
-pub enum ReadOutcome {
+pub(crate) enum ReadOutcome {
     /// There is no file (or no directory holding it).
     Missing,
     /// The file parsed and is consistent.
@@ -156,7 +156,8 @@ pub enum ReadOutcome {
 
 impl ReadOutcome {
     /// The contents, if valid.
-    pub fn into_valid(self) -> Option<SubnetEnv> {
+    #[cfg(test)]
+    pub(crate) fn into_valid(self) -> Option<SubnetEnv> {
         match self {
             Self::Valid(env) => Some(env),
             Self::Missing | Self::Corrupt(_) => None,
@@ -341,7 +342,7 @@ fn bad_value(key: &'static str, value: &str, expected: &'static str) -> SubnetEn
 }
 
 /// Reads `subnet.env` (without following a symlink). Never fails hard: see [`ReadOutcome`].
-pub fn read(path: &Path) -> ReadOutcome {
+pub(crate) fn read(path: &Path) -> ReadOutcome {
     let bytes = match atomic_file::read(path, MAX_FILE_LEN) {
         Ok(Some(bytes)) => bytes,
         Ok(None) => return ReadOutcome::Missing,
@@ -367,7 +368,7 @@ pub fn read(path: &Path) -> ReadOutcome {
 /// # Errors
 /// [`SubnetEnvError::Io`] naming the path that failed, or a [`SubnetEnv::validate`] error: a
 /// value that would not read back is never written.
-pub fn write_atomic(path: &Path, env: &SubnetEnv) -> Result<(), SubnetEnvError> {
+pub(crate) fn write_atomic(path: &Path, env: &SubnetEnv) -> Result<(), SubnetEnvError> {
     env.validate()?;
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,

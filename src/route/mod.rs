@@ -26,8 +26,8 @@
 //!   down because the control plane is blind).
 //! - Published routes follow docs/lease-rules.md ("Loss and reclaim"): see [`set`].
 
-pub mod set;
-pub mod table;
+pub(crate) mod set;
+pub(crate) mod table;
 pub mod watcher;
 
 use std::sync::Arc;
@@ -35,7 +35,7 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, Guard};
 
 pub use set::RouteSet;
-pub use table::{Peer, PeerBackend, PeerError, RouteTable, parse_mac};
+pub use table::{Peer, PeerBackend, PeerError, RouteTable};
 pub use watcher::{RouteStats, run};
 
 /// The published route table: one writer swaps whole snapshots in, many readers load them
@@ -65,7 +65,7 @@ impl Routes {
 
     /// Publishes `table`: every later [`Routes::load`] sees it. Readers holding an older
     /// snapshot keep it until they drop it.
-    pub fn store(&self, table: RouteTable) {
+    pub(crate) fn store(&self, table: RouteTable) {
         self.table.store(Arc::new(table));
     }
 }

@@ -318,7 +318,7 @@ impl RouteSet {
     /// Forgets every revision seen, for a store whose revisions went backwards (restored from
     /// a snapshot): the next listing sets where the watch resumes, and its keys replace the
     /// routes (those it lacks are kept stale, as for any listing).
-    pub fn forget_revisions(&mut self) {
+    pub(crate) fn forget_revisions(&mut self) {
         // Revisions of the old timeline would make every new event look older than the route.
         for e in self.entries.values_mut() {
             e.mod_revision = Revision(0);
@@ -351,7 +351,7 @@ impl RouteSet {
     /// hosts, 100 leases expiring together made every watcher re-list 2,000 keys where 100
     /// reads of one key each would do, and the listings kept etcd past its call timeouts until
     /// most hosts' leases expired too.
-    pub fn history_reads_or_relist(&mut self, per_round: usize) -> Vec<(Subnet, Revision)> {
+    pub(crate) fn history_reads_or_relist(&mut self, per_round: usize) -> Vec<(Subnet, Revision)> {
         let worth_a_listing = per_round.max(self.entries.len() / 2);
         if self.pending_history.len() > worth_a_listing {
             self.pending_history.clear();
@@ -461,6 +461,8 @@ fn lease_key(subnet: Subnet) -> String {
 mod tests {
     use std::net::Ipv4Addr;
 
+    use crate::dataplane::wire::ethernet::MacAddr;
+
     use super::*;
     use crate::lease::record::{
         HistoryEntry, HistoryRecord, LeaseAttrs, NodeId, StoreLeaseId, StoredLease,
@@ -542,7 +544,7 @@ mod tests {
         assert_eq!(routes(&s), [r("10.244.1.0/24", 1, false)]);
         assert_eq!(s.resume_revision(), Revision(12));
         let p = s.table().lookup(Ipv4Addr::new(10, 244, 1, 9)).cloned().unwrap();
-        assert_eq!(p.vtep_mac, Some([2, 0, 0, 0, 0, 1]));
+        assert_eq!(p.vtep_mac, Some(MacAddr([2, 0, 0, 0, 0, 1])));
     }
 
     #[test]

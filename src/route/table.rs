@@ -35,20 +35,22 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use serde_json::Value;
 
+use crate::dataplane::wire::ethernet::MacAddr;
+use crate::dataplane::wire::vxlan::Vni;
 use crate::lease::record::{NodeId, StoredLease, Subnet};
 
 /// A slot of the slot array that names no peer.
-pub const NO_PEER: u32 = u32::MAX;
+pub(crate) const NO_PEER: u32 = u32::MAX;
 
 /// Slot arrays up to this many slots (4 MiB) are always built.
-pub const DENSE_ALWAYS_SLOTS: u64 = 1 << 20;
+pub(crate) const DENSE_ALWAYS_SLOTS: u64 = 1 << 20;
 
 /// No slot array is larger than this many slots (64 MiB).
-pub const DENSE_MAX_SLOTS: u64 = 1 << 24;
+pub(crate) const DENSE_MAX_SLOTS: u64 = 1 << 24;
 
 /// Above [`DENSE_ALWAYS_SLOTS`], a slot array is built only if it has at most this many slots
 /// per peer that lands in it.
-pub const DENSE_SLOTS_PER_PEER: u64 = 64;
+pub(crate) const DENSE_SLOTS_PER_PEER: u64 = 64;
 
 /// How packets reach a peer, from its lease's `BackendType`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,7 +74,7 @@ pub struct Peer {
     /// The backend the peer's lease announces.
     pub backend: PeerBackend,
     /// The peer's VTEP MAC (vxlan only): the inner Ethernet destination.
-    pub vtep_mac: Option<[u8; 6]>,
+    pub vtep_mac: Option<MacAddr>,
     /// The VNI the peer's lease announces (vxlan only, when present).
     pub vni: Option<u32>,
     /// The peer's weft node identity (absent for flannel peers and hand-written leases).
@@ -131,14 +133,14 @@ impl Peer {
                 };
                 let mac = match json_field(data, "VtepMAC") {
                     None | Some(Value::Null) => return Err(PeerError::MissingVtepMac),
-                    Some(Value::String(s)) => parse_mac(s).ok_or(PeerError::BadVtepMac)?,
+                    Some(Value::String(s)) => MacAddr::parse(s).ok_or(PeerError::BadVtepMac)?,
                     Some(_) => return Err(PeerError::BadVtepMac),
                 };
                 let vni = match json_field(data, "VNI") {
                     None | Some(Value::Null) => None,
                     Some(v) => Some(
                         v.as_u64()
-                            .filter(|n| *n <= 0x00ff_ffff)
+                            .filter(|n| *n <= u64::from(Vni::MAX))
                             .and_then(|n| u32::try_from(n).ok())
                             .ok_or(PeerError::BadVni)?,
                     ),
@@ -163,52 +165,6 @@ impl Peer {
 /// (Go's `encoding/json` rule for struct fields).
 fn json_field<'a>(obj: &'a serde_json::Map<String, Value>, name: &str) -> Option<&'a Value> {
     obj.get(name).or_else(|| obj.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v))
-}
-
-/// Parses a 48-bit MAC in any form Go's `net.ParseMAC` accepts for 6 bytes:
-/// `aa:bb:cc:dd:ee:ff`, `aa-bb-cc-dd-ee-ff` (one separator throughout) or `aabb.ccdd.eeff`;
-/// hex digits in either case. Go also accepts 8- and 20-byte addresses; a VTEP MAC is never
-/// one, so they are refused.
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let b = s.as_bytes();
-    let mut out = [0u8; 6];
-    match b.len() {
-        17 => {
-            let sep = b[2];
-            if sep != b':' && sep != b'-' {
-                return None;
-            }
-            for (i, byte) in out.iter_mut().enumerate() {
-                let x = i * 3;
-                *byte = hex2(b[x], b[x + 1])?;
-                if i < 5 && b[x + 2] != sep {
-                    return None;
-                }
-            }
-        }
-        14 => {
-            for i in 0..3 {
-                let x = i * 5;
-                out[2 * i] = hex2(b[x], b[x + 1])?;
-                out[2 * i + 1] = hex2(b[x + 2], b[x + 3])?;
-                if i < 2 && b[x + 4] != b'.' {
-                    return None;
-                }
-            }
-        }
-        _ => return None,
-    }
-    Some(out)
-}
-
-fn hex2(hi: u8, lo: u8) -> Option<u8> {
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    };
-    Some(digit(hi)? << 4 | digit(lo)?)
 }
 
 /// The netmask of a prefix length (`0` for `/0`).
@@ -373,12 +329,13 @@ impl RouteTable {
     }
 
     /// How many routes are stale (kept after their key expired).
-    pub fn stale_count(&self) -> usize {
+    pub(crate) fn stale_count(&self) -> usize {
         self.peers.iter().filter(|p| p.stale).count()
     }
 
     /// Whether the slot array is in use (for tests and benchmarks).
-    pub fn is_dense(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_dense(&self) -> bool {
         !self.slots.is_empty()
     }
 }
@@ -433,7 +390,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.backend, PeerBackend::Vxlan);
         assert_eq!(p.public_ip, ip("192.168.64.3"));
-        assert_eq!(p.vtep_mac, Some([0xc6, 0xd2, 0x32, 0x6f, 0x8f, 0x44]));
+        assert_eq!(p.vtep_mac, Some(MacAddr([0xc6, 0xd2, 0x32, 0x6f, 0x8f, 0x44])));
         assert_eq!(p.vni, Some(1));
         assert_eq!(p.subnet, subnet("10.244.3.0/24"));
         assert!(!p.stale);
@@ -506,29 +463,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(p.vni, Some(4096));
-        assert_eq!(p.vtep_mac, Some([0xc6, 0xd2, 0x32, 0x6f, 0x8f, 0x44]));
-    }
-
-    #[test]
-    fn parse_mac_accepts_go_forms_only() {
-        let m = Some([0x00, 0x00, 0x5e, 0x00, 0x53, 0x01]);
-        assert_eq!(parse_mac("00:00:5e:00:53:01"), m);
-        assert_eq!(parse_mac("00-00-5E-00-53-01"), m);
-        assert_eq!(parse_mac("0000.5e00.5301"), m);
-        for bad in [
-            "",
-            "00:00:5e:00:53",
-            "00:00:5e:00:53:01:02",
-            "00:00-5e:00:53:01",
-            "00:00:5e:00:53:0g",
-            "+0:00:5e:00:53:01",
-            "0000.5e00.530",
-            "0000:5e00.5301",
-            "00:00:5e:00:53:1 ",
-            "02:00:5e:10:00:00:00:01", // EUI-64: Go takes it, a VTEP MAC is never one
-        ] {
-            assert_eq!(parse_mac(bad), None, "{bad:?}");
-        }
+        assert_eq!(p.vtep_mac, Some(MacAddr([0xc6, 0xd2, 0x32, 0x6f, 0x8f, 0x44])));
     }
 
     #[test]
@@ -698,7 +633,7 @@ mod tests {
             subnet: Subnet::from_parts(Ipv4Addr::from(0x0a00_0000 | (i << 8)), 24).unwrap(),
             public_ip: Ipv4Addr::from(0xc000_0000 | i),
             backend: PeerBackend::Vxlan,
-            vtep_mac: Some([2, 0, 0, 0, (i >> 8) as u8, i as u8]),
+            vtep_mac: Some(MacAddr([2, 0, 0, 0, (i >> 8) as u8, i as u8])),
             vni: Some(1),
             node: None,
             stale: false,

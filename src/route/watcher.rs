@@ -51,20 +51,20 @@ use crate::lease::store::{Store, StoreError, WatchStream};
 use crate::metrics;
 
 /// The least time between two re-lists asked for by failed history reads or compaction.
-pub const RELIST_DEBOUNCE: Duration = Duration::from_millis(200);
+pub(crate) const RELIST_DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// The most history reads (one per deleted subnet) in flight at once, per watcher.
-pub const HISTORY_READS_AT_ONCE: usize = 4;
+pub(crate) const HISTORY_READS_AT_ONCE: usize = 4;
 
 /// The least time between two rounds of history reads: the first delete after a quiet spell is
 /// read at once; those that follow within this time are read together after it (one round,
 /// one table), so that a wave of deletes costs each watcher a few rounds, not one per delete.
-pub const HISTORY_DEBOUNCE: Duration = Duration::from_millis(100);
+pub(crate) const HISTORY_DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// The most history reads in one round. More pending deletes than that re-list instead: one
 /// listing answers them all, and at a few hundred leases costs etcd about as much as this many
 /// single-key reads (each read is a request of its own; a listing is a few pages).
-pub const HISTORY_READS_PER_ROUND: usize = 16;
+pub(crate) const HISTORY_READS_PER_ROUND: usize = 16;
 
 /// The wait before a round that retries failed history reads (jittered ±50 %).
 pub const HISTORY_RETRY: Duration = Duration::from_secs(1);
@@ -72,13 +72,13 @@ pub const HISTORY_RETRY: Duration = Duration::from_secs(1);
 /// The most watch batches applied together (the one that woke the watcher and those already
 /// waiting behind it) before their deletes' history is read and the table published: enough
 /// to read a wave of deletes together, few enough that shutdown is never kept waiting long.
-pub const BATCHES_AT_ONCE: usize = 64;
+pub(crate) const BATCHES_AT_ONCE: usize = 64;
 
 /// The first retry delay after a store failure.
-pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
+pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(100);
 
 /// The longest retry delay after repeated store failures.
-pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// What the route watcher has done, for `/metrics`.
 #[derive(Debug, Default)]
@@ -86,20 +86,20 @@ pub struct RouteStats {
     /// Tables published.
     pub updates: AtomicU64,
     /// Lease entries skipped because they did not parse or could not be routed to.
-    pub bad_entries: AtomicU64,
+    pub(crate) bad_entries: AtomicU64,
     /// Listings after the first (for compaction, a rewound store or failures).
     pub relists: AtomicU64,
     /// History records read to tell an expiry from a relinquish or revoke (one per delete).
-    pub history_reads: AtomicU64,
+    pub(crate) history_reads: AtomicU64,
     /// Failed list, watch or history read calls and watches that broke.
     pub watch_errors: AtomicU64,
     /// Routes in the published table (gauge).
-    pub routes: AtomicU64,
+    pub(crate) routes: AtomicU64,
     /// Stale routes in the published table (gauge).
-    pub stale_routes: AtomicU64,
+    pub(crate) stale_routes: AtomicU64,
     /// Keys under `subnets/` currently ignored: not a lease of this network, or unreadable
     /// (gauge).
-    pub ignored_keys: AtomicU64,
+    pub(crate) ignored_keys: AtomicU64,
 }
 
 impl Collector for RouteStats {
@@ -464,6 +464,7 @@ mod tests {
     use tokio::task::JoinHandle;
 
     use super::*;
+    use crate::dataplane::wire::ethernet::MacAddr;
     use crate::lease::memory::{MemoryClient, MemoryStore};
     use crate::lease::record::{
         HistoryEntry, Incarnation, LeaseAttrs, NodeId, Revision, StoredLease,
@@ -607,7 +608,7 @@ mod tests {
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
         let t = h.routes.load();
         let p = t.lookup(Ipv4Addr::new(10, 244, 2, 7)).unwrap();
-        assert_eq!(p.vtep_mac, Some([2, 0, 0, 0, 0, 2]));
+        assert_eq!(p.vtep_mac, Some(MacAddr([2, 0, 0, 0, 0, 2])));
         assert!(t.is_known_peer(Ipv4Addr::new(192, 0, 2, 1)));
         assert_eq!(stat(&h.stats.routes), 2);
         assert!(stat(&h.stats.updates) >= 2);

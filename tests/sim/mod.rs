@@ -122,7 +122,7 @@ pub struct Host {
     /// Its public IP; a change takes effect at the next start.
     pub public_ip: Ipv4Addr,
     /// Its VTEP MAC.
-    pub mac: [u8; 6],
+    pub mac: weft::dataplane::wire::ethernet::MacAddr,
     /// What its `subnet.env` names, rewritten on `Acquired` and `Recovered` as the driver does.
     pub subnet_env: Option<Subnet>,
     /// The running process, if any.
@@ -284,7 +284,7 @@ impl World {
             imp,
             node,
             public_ip: ip,
-            mac: [0x02, 0, 0, 0, 0, n + 1],
+            mac: weft::dataplane::wire::ethernet::MacAddr([0x02, 0, 0, 0, 0, n + 1]),
             subnet_env: None,
             proc: None,
             suspended: false,

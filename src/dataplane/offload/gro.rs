@@ -266,11 +266,6 @@ impl GroTable {
         }
     }
 
-    /// The configuration.
-    pub fn config(&self) -> GroConfig {
-        self.config
-    }
-
     /// Packets that the last coalesce appended to another (no write of their own).
     pub fn merged(&self) -> usize {
         self.merged
@@ -296,7 +291,7 @@ impl GroTable {
     }
 
     /// The writes of the last [`coalesce_refs`](Self::coalesce_refs).
-    pub fn writes(&self) -> &[GroWrite] {
+    pub(crate) fn writes(&self) -> &[GroWrite] {
         &self.writes
     }
 

@@ -57,7 +57,7 @@ mod gro;
 mod split;
 
 #[cfg(test)]
-pub(crate) mod testutil;
+pub mod testutil;
 
 pub use gro::{GroConfig, GroTable, GroWrite, MAX_CHAIN, PacketRef, VIRTIO_HEADROOM};
 pub use split::{Segments, finish_checksum, plan, split};

@@ -43,11 +43,6 @@ impl Segments {
         self.stride
     }
 
-    /// The bytes left free in front of each segment.
-    pub const fn headroom(&self) -> usize {
-        self.headroom
-    }
-
     /// The IP length of segment `i` (0 when `i >= count()`).
     pub const fn seg_len(&self, i: usize) -> usize {
         if i + 1 < self.count {

@@ -141,7 +141,7 @@ impl Pkt {
 
     /// `n` consecutive segments of this flow, each with `self.payload.len()` bytes except the
     /// last with `last` bytes; sequence numbers and IDs continue from `self`.
-    pub(crate) fn run(&self, n: usize, last: usize) -> Vec<Vec<u8>> {
+    pub fn run(&self, n: usize, last: usize) -> Vec<Vec<u8>> {
         let mut p = self.clone();
         let mut out = Vec::new();
         for i in 0..n {

@@ -24,12 +24,50 @@ pub const HEADER_LEN: usize = field::ETHERTYPE.end;
 pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
+    /// Parses a 48-bit MAC in any form Go's `net.ParseMAC` accepts for 6 bytes:
+    /// `aa:bb:cc:dd:ee:ff`, `aa-bb-cc-dd-ee-ff` (one separator throughout) or `aabb.ccdd.eeff`;
+    /// hex digits in either case. Go also accepts 8- and 20-byte addresses; a VTEP MAC is never
+    /// one, so they are refused.
+    pub fn parse(s: &str) -> Option<Self> {
+        let b = s.as_bytes();
+        let mut out = [0u8; 6];
+        match b.len() {
+            17 => {
+                let sep = b[2];
+                if sep != b':' && sep != b'-' {
+                    return None;
+                }
+                for (i, byte) in out.iter_mut().enumerate() {
+                    let x = i * 3;
+                    *byte = hex2(b[x], b[x + 1])?;
+                    if i < 5 && b[x + 2] != sep {
+                        return None;
+                    }
+                }
+            }
+            14 => {
+                for i in 0..3 {
+                    let x = i * 5;
+                    out[2 * i] = hex2(b[x], b[x + 1])?;
+                    out[2 * i + 1] = hex2(b[x + 2], b[x + 3])?;
+                    if i < 2 && b[x + 4] != b'.' {
+                        return None;
+                    }
+                }
+            }
+            _ => return None,
+        }
+        Some(Self(out))
+    }
+
     /// ff:ff:ff:ff:ff:ff.
-    pub const BROADCAST: Self = Self([0xff; 6]);
+    #[cfg(test)]
+    pub(crate) const BROADCAST: Self = Self([0xff; 6]);
 
     /// Whether the group bit (the least significant bit of the first octet) is set: a
     /// multicast or broadcast address.
-    pub const fn is_multicast(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) const fn is_multicast(&self) -> bool {
         self.0[0] & 0x01 != 0
     }
 }
@@ -41,6 +79,17 @@ impl fmt::Display for MacAddr {
     }
 }
 
+/// One byte from two hex digits, either case.
+fn hex2(hi: u8, lo: u8) -> Option<u8> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    Some(digit(hi)? << 4 | digit(lo)?)
+}
+
 /// An EtherType (IEEE 802 numbers registry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct EtherType(pub u16);
@@ -48,10 +97,6 @@ pub struct EtherType(pub u16);
 impl EtherType {
     /// IPv4 (RFC 894).
     pub const IPV4: Self = Self(0x0800);
-    /// ARP (RFC 826).
-    pub const ARP: Self = Self(0x0806);
-    /// IPv6 (RFC 2464).
-    pub const IPV6: Self = Self(0x86dd);
 }
 
 /// A read/write view of an Ethernet II frame.
@@ -62,7 +107,7 @@ pub struct Frame<T: AsRef<[u8]>> {
 
 impl<T: AsRef<[u8]>> Frame<T> {
     /// Wrap a buffer without checking it. Accessors may panic unless [`Self::check_len`] passed.
-    pub const fn new_unchecked(buffer: T) -> Self {
+    pub(crate) const fn new_unchecked(buffer: T) -> Self {
         Self { buffer }
     }
 
@@ -77,13 +122,8 @@ impl<T: AsRef<[u8]>> Frame<T> {
     ///
     /// # Errors
     /// [`Error::Truncated`] if shorter than the 14-byte header.
-    pub fn check_len(&self) -> Result<(), Error> {
+    pub(crate) fn check_len(&self) -> Result<(), Error> {
         if self.buffer.as_ref().len() < HEADER_LEN { Err(Error::Truncated) } else { Ok(()) }
-    }
-
-    /// Give the buffer back.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The destination address.
@@ -194,6 +234,28 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn parse_mac_accepts_go_forms_only() {
+        let m = Some(MacAddr([0x00, 0x00, 0x5e, 0x00, 0x53, 0x01]));
+        assert_eq!(MacAddr::parse("00:00:5e:00:53:01"), m);
+        assert_eq!(MacAddr::parse("00-00-5E-00-53-01"), m);
+        assert_eq!(MacAddr::parse("0000.5e00.5301"), m);
+        for bad in [
+            "",
+            "00:00:5e:00:53",
+            "00:00:5e:00:53:01:02",
+            "00:00-5e:00:53:01",
+            "00:00:5e:00:53:0g",
+            "+0:00:5e:00:53:01",
+            "0000.5e00.530",
+            "0000:5e00.5301",
+            "00:00:5e:00:53:1 ",
+            "02:00:5e:10:00:00:00:01", // EUI-64: Go takes it, a VTEP MAC is never one
+        ] {
+            assert_eq!(MacAddr::parse(bad), None, "{bad:?}");
+        }
+    }
 
     const FRAME: [u8; 18] = [
         0x0a, 0x58, 0x0a, 0xf4, 0x02, 0x00, // dst: remote flannel.1 VtepMAC

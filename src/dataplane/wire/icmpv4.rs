@@ -30,7 +30,7 @@ pub const HEADER_LEN: usize = field::REST.end;
 pub const QUOTED_PAYLOAD_LEN: usize = 8;
 
 /// The TTL of the ICMP errors weft originates (Linux's default `ip_default_ttl`).
-pub const TTL: u8 = 64;
+pub(crate) const TTL: u8 = 64;
 
 /// The type of a Destination Unreachable message.
 pub const TYPE_DEST_UNREACHABLE: u8 = 3;
@@ -39,12 +39,8 @@ pub const TYPE_DEST_UNREACHABLE: u8 = 3;
 pub mod code {
     /// Network unreachable: no route to the destination's subnet (flannel uses this).
     pub const NET_UNREACHABLE: u8 = 0;
-    /// Host unreachable.
-    pub const HOST_UNREACHABLE: u8 = 1;
     /// Fragmentation needed and DF set; the message carries the next-hop MTU (RFC 1191).
-    pub const FRAG_NEEDED: u8 = 4;
-    /// Communication administratively prohibited (RFC 1812).
-    pub const ADMIN_PROHIBITED: u8 = 13;
+    pub(crate) const FRAG_NEEDED: u8 = 4;
 }
 
 /// Whether an ICMP message type is a query (informational) rather than an error: echo reply

@@ -16,8 +16,6 @@ pub mod proto {
     pub const TCP: u8 = 6;
     /// UDP (RFC 768).
     pub const UDP: u8 = 17;
-    /// ICMPv6 (RFC 4443).
-    pub const ICMPV6: u8 = 58;
 }
 
 /// The IP version nibble of the first byte, or `None` for an empty buffer.

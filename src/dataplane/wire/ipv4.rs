@@ -27,7 +27,7 @@ mod field {
 pub const HEADER_LEN: usize = field::DST_ADDR.end;
 
 /// The largest payload a header without options can describe (total length is 16 bits).
-pub const MAX_PAYLOAD_LEN: usize = u16::MAX as usize - HEADER_LEN;
+pub(crate) const MAX_PAYLOAD_LEN: usize = u16::MAX as usize - HEADER_LEN;
 
 /// The "don't fragment" bit in the flags/fragment-offset word.
 const FLAG_DF: u16 = 0x4000;
@@ -66,7 +66,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// - [`Error::BadTotalLength`]: total length below the header length or past the buffer.
     ///
     /// The buffer may be longer than the total length (link padding); the excess is ignored.
-    pub fn check_len(&self) -> Result<(), Error> {
+    pub(crate) fn check_len(&self) -> Result<(), Error> {
         let len = self.buffer.as_ref().len();
         if len < HEADER_LEN {
             return Err(Error::Truncated);
@@ -83,11 +83,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::BadTotalLength);
         }
         Ok(())
-    }
-
-    /// Give the buffer back.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The IP version (4 on a checked packet).
@@ -306,7 +301,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Set the checksum field.
     #[inline]
-    pub fn set_checksum(&mut self, value: u16) {
+    pub(crate) fn set_checksum(&mut self, value: u16) {
         write_u16(self.buffer.as_mut(), field::CHECKSUM.start, value);
     }
 
@@ -410,11 +405,6 @@ impl Repr {
             payload_len: packet.payload().len(),
             ttl: packet.ttl(),
         })
-    }
-
-    /// The header length `emit` writes.
-    pub const fn header_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// The length of the whole packet: header plus payload.

@@ -48,7 +48,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// [`Error::Truncated`] below 40 bytes, [`Error::BadVersion`] if the version is not 6,
     /// [`Error::BadLength`] if the payload length runs past the buffer. (A zero payload length
     /// with a Jumbo Payload option, RFC 2675, is taken literally: an empty payload.)
-    pub fn check_len(&self) -> Result<(), Error> {
+    pub(crate) fn check_len(&self) -> Result<(), Error> {
         let len = self.buffer.as_ref().len();
         if len < HEADER_LEN {
             return Err(Error::Truncated);
@@ -60,11 +60,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::BadLength);
         }
         Ok(())
-    }
-
-    /// Give the buffer back.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     fn ver_tc_flow(&self) -> u32 {
@@ -207,15 +202,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repr {
     /// The source address.
-    pub src_addr: Ipv6Addr,
+    pub(crate) src_addr: Ipv6Addr,
     /// The destination address.
-    pub dst_addr: Ipv6Addr,
+    pub(crate) dst_addr: Ipv6Addr,
     /// The next header ([`super::ip::proto`]).
-    pub next_header: u8,
+    pub(crate) next_header: u8,
     /// The payload length in bytes.
-    pub payload_len: usize,
+    pub(crate) payload_len: usize,
     /// The hop limit.
-    pub hop_limit: u8,
+    pub(crate) hop_limit: u8,
 }
 
 impl Repr {

@@ -43,12 +43,6 @@ pub mod udp;
 pub mod virtio_net;
 pub mod vxlan;
 
-pub use ethernet::{EtherType, Frame as EthernetFrame, MacAddr, Repr as EthernetRepr};
-pub use ipv4::{Packet as Ipv4Packet, Repr as Ipv4Repr};
-pub use ipv6::{Packet as Ipv6Packet, Repr as Ipv6Repr};
-pub use tcp::Packet as TcpPacket;
-pub use udp::{Packet as UdpPacket, Repr as UdpRepr};
-pub use virtio_net::Header as VirtioNetHeader;
 pub use vxlan::{Packet as VxlanPacket, Repr as VxlanRepr, Vni};
 
 /// Big-endian reads and writes at a byte offset; callers have proven the bounds (`check_len`).
@@ -176,7 +170,7 @@ pub mod checksum {
 
     /// The sum of the IPv4 pseudo header (RFC 793 §3.1, RFC 768): source, destination, zero,
     /// protocol and the transport length.
-    pub fn pseudo_header_v4(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, length: u16) -> u16 {
+    pub(crate) fn pseudo_header_v4(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, length: u16) -> u16 {
         let s = u64::from(u32::from(src));
         let d = u64::from(u32::from(dst));
         fold(s + d + u64::from(protocol) + u64::from(length))
@@ -184,7 +178,12 @@ pub mod checksum {
 
     /// The sum of the IPv6 pseudo header (RFC 8200 §8.1): source, destination, the 32-bit
     /// upper-layer length and the next header value.
-    pub fn pseudo_header_v6(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, length: u32) -> u16 {
+    pub(crate) fn pseudo_header_v6(
+        src: Ipv6Addr,
+        dst: Ipv6Addr,
+        next_header: u8,
+        length: u32,
+    ) -> u16 {
         let s = u128::from(src);
         let d = u128::from(dst);
         let mut acc: u64 = 0;
@@ -198,7 +197,7 @@ pub mod checksum {
 
     /// The checksum field value for `data` alone: `!data(data)`. Summing a buffer that contains
     /// a correct checksum gives `0xffff`.
-    pub fn of(data: &[u8]) -> u16 {
+    pub(crate) fn of(data: &[u8]) -> u16 {
         !self::data(data)
     }
 

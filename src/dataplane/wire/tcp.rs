@@ -27,24 +27,28 @@ mod field {
 pub const HEADER_LEN: usize = field::URGENT.end;
 
 /// The offset of the checksum field in the header (a virtio `csum_offset`).
-pub const CHECKSUM_OFFSET: usize = field::CHECKSUM.start;
+pub(crate) const CHECKSUM_OFFSET: usize = field::CHECKSUM.start;
 
 /// FIN: no more data from the sender.
-pub const FIN: u8 = 0x01;
+pub(crate) const FIN: u8 = 0x01;
 /// SYN: synchronize sequence numbers.
-pub const SYN: u8 = 0x02;
+#[cfg(test)]
+pub(crate) const SYN: u8 = 0x02;
 /// RST: reset the connection.
-pub const RST: u8 = 0x04;
+#[cfg(test)]
+pub(crate) const RST: u8 = 0x04;
 /// PSH: push function.
 pub const PSH: u8 = 0x08;
 /// ACK: the acknowledgment field is significant.
 pub const ACK: u8 = 0x10;
 /// URG: the urgent pointer is significant.
-pub const URG: u8 = 0x20;
+#[cfg(test)]
+pub(crate) const URG: u8 = 0x20;
 /// ECE: ECN-Echo (RFC 3168).
-pub const ECE: u8 = 0x40;
+#[cfg(test)]
+pub(crate) const ECE: u8 = 0x40;
 /// CWR: congestion window reduced (RFC 3168).
-pub const CWR: u8 = 0x80;
+pub(crate) const CWR: u8 = 0x80;
 
 /// A read/write view of a TCP segment.
 ///
@@ -73,7 +77,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// # Errors
     /// [`Error::Truncated`] below 20 bytes; [`Error::BadHeaderLength`] if the data offset is
     /// below 5 words or the header runs past the buffer.
-    pub fn check_len(&self) -> Result<(), Error> {
+    pub(crate) fn check_len(&self) -> Result<(), Error> {
         let len = self.buffer.as_ref().len();
         if len < HEADER_LEN {
             return Err(Error::Truncated);
@@ -83,11 +87,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::BadHeaderLength);
         }
         Ok(())
-    }
-
-    /// Give the buffer back.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The source port.
@@ -228,7 +227,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Set the checksum field.
     #[inline]
-    pub fn set_checksum(&mut self, value: u16) {
+    pub(crate) fn set_checksum(&mut self, value: u16) {
         write_u16(self.buffer.as_mut(), field::CHECKSUM.start, value);
     }
 

@@ -21,7 +21,7 @@ mod field {
 pub const HEADER_LEN: usize = field::CHECKSUM.end;
 
 /// The offset of the checksum field in the header (a virtio `csum_offset`).
-pub const CHECKSUM_OFFSET: usize = field::CHECKSUM.start;
+pub(crate) const CHECKSUM_OFFSET: usize = field::CHECKSUM.start;
 
 /// A read/write view of a UDP datagram.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +47,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// # Errors
     /// [`Error::Truncated`] below 8 bytes; [`Error::BadLength`] if the length field is below 8
     /// or runs past the buffer.
-    pub fn check_len(&self) -> Result<(), Error> {
+    pub(crate) fn check_len(&self) -> Result<(), Error> {
         let len = self.buffer.as_ref().len();
         if len < HEADER_LEN {
             return Err(Error::Truncated);
@@ -57,11 +57,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::BadLength);
         }
         Ok(())
-    }
-
-    /// Give the buffer back.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The source port.
@@ -146,7 +141,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Set the length field.
     #[inline]
-    pub fn set_len(&mut self, len: u16) {
+    pub(crate) fn set_len(&mut self, len: u16) {
         write_u16(self.buffer.as_mut(), field::LENGTH.start, len);
     }
 
@@ -187,9 +182,9 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repr {
     /// The source port.
-    pub src_port: u16,
+    pub(crate) src_port: u16,
     /// The destination port.
-    pub dst_port: u16,
+    pub(crate) dst_port: u16,
     /// The payload length in bytes (length field − 8).
     pub payload_len: usize,
 }

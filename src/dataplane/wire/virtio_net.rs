@@ -14,8 +14,6 @@ pub const LEN: usize = 10;
 /// `VIRTIO_NET_HDR_F_NEEDS_CSUM`: the L4 checksum is partial; finish it over
 /// `csum_start..` and store it at `csum_start + csum_offset`.
 pub const F_NEEDS_CSUM: u8 = 1;
-/// `VIRTIO_NET_HDR_F_DATA_VALID`: the checksum has been validated (receive side).
-pub const F_DATA_VALID: u8 = 2;
 
 /// `VIRTIO_NET_HDR_GSO_NONE`: a single packet.
 pub const GSO_NONE: u8 = 0;

@@ -40,14 +40,7 @@ mod field {
 pub const HEADER_LEN: usize = field::RESERVED2 + 1;
 
 /// The I flag: "the VNI is valid" (RFC 7348 §5); the only flag flannel's kernel peer sends.
-pub const FLAG_I: u8 = 0x08;
-
-/// The IANA-assigned VXLAN UDP port (RFC 7348 §5). flannel defaults to the Linux kernel's
-/// historical 8472 instead; see [`FLANNEL_PORT`].
-pub const IANA_PORT: u16 = 4789;
-
-/// flannel's default VXLAN UDP destination port (the Linux kernel default).
-pub const FLANNEL_PORT: u16 = 8472;
+pub(crate) const FLAG_I: u8 = 0x08;
 
 /// A VXLAN Network Identifier: 24 bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -93,7 +86,7 @@ pub struct Packet<T: AsRef<[u8]>> {
 
 impl<T: AsRef<[u8]>> Packet<T> {
     /// Wrap a buffer without checking it. Accessors may panic unless [`Self::check_len`] passed.
-    pub const fn new_unchecked(buffer: T) -> Self {
+    pub(crate) const fn new_unchecked(buffer: T) -> Self {
         Self { buffer }
     }
 
@@ -108,13 +101,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
     ///
     /// # Errors
     /// [`Error::Truncated`] if shorter than the 8-byte header.
-    pub fn check_len(&self) -> Result<(), Error> {
+    pub(crate) fn check_len(&self) -> Result<(), Error> {
         if self.buffer.as_ref().len() < HEADER_LEN { Err(Error::Truncated) } else { Ok(()) }
-    }
-
-    /// Give the buffer back.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The flags byte.
