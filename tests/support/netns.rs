@@ -23,8 +23,7 @@
 //!   `WEFT_E2E_KEEP_LOGS=1` to keep it after passing tests too.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -32,6 +31,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use super::weft::http_get;
 
 /// etcd's client URL on the underlay (inside the hub namespace).
 pub const ETCD: &str = "http://192.0.2.254:2379";
@@ -120,23 +121,6 @@ pub fn set_tx_checksum(ns: &str, dev: &str, on: bool) {
         let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL, &mut req) };
         assert_eq!(rc, 0, "ETHTOOL_STXCSUM {dev} in {ns}: {}", std::io::Error::last_os_error());
     });
-}
-
-/// A minimal HTTP/1.0 GET: (status, body); status 0 when nothing answers.
-pub fn http_get_addr(addr: SocketAddr, path: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
-        return (0, String::new());
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let req = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", addr.ip());
-    if s.write_all(req.as_bytes()).is_err() {
-        return (0, String::new());
-    }
-    let mut resp = String::new();
-    let _ = s.read_to_string(&mut resp);
-    let status = resp.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (status, body)
 }
 
 /// Sets `PR_SET_PDEATHSIG` (SIGKILL) in the child before exec.
@@ -423,9 +407,8 @@ impl Lab {
         *self.etcd.lock().expect("etcd") = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let (_, body) = in_netns(&hub, || {
-                http_get_addr(SocketAddr::from(([192, 0, 2, 254], 2379)), "/health")
-            });
+            let (_, body) =
+                in_netns(&hub, || http_get(SocketAddr::from(([192, 0, 2, 254], 2379)), "/health"));
             if body.contains("\"health\":\"true\"") {
                 return;
             }
@@ -867,7 +850,7 @@ impl Weft {
     /// GET a health path inside the host namespace: (status, body); 0 when nothing answers.
     pub fn get(&self, path: &str) -> (u16, String) {
         in_netns(&self.ns, || {
-            http_get_addr(SocketAddr::from((Ipv4Addr::LOCALHOST, self.health_port)), path)
+            http_get(SocketAddr::from((Ipv4Addr::LOCALHOST, self.health_port)), path)
         })
     }
 

@@ -3,7 +3,7 @@
 //! Contract:
 //! - [`WeftNode::spawn`] starts the binary cargo built for this test (`CARGO_BIN_EXE_weft`)
 //!   with its own temp state dir and subnet file (or a given one, to model a cloned disk), a
-//!   loopback health port and short TTLs. The process gets `PR_SET_PDEATHSIG`, and `Drop`
+//!   health server on a loopback address of its own (see [`own_loopback`]) and short TTLs. The process gets `PR_SET_PDEATHSIG`, and `Drop`
 //!   SIGKILLs and reaps it, so no daemon outlives its test.
 //! - [`Proxy`] forwards loopback TCP to etcd; [`Proxy::cut`] closes every connection through it
 //!   and refuses new ones until healed — one node partitioned from a live etcd (S5, S6).
@@ -15,7 +15,7 @@ use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -134,14 +134,26 @@ pub struct WeftNode {
     dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
     child: Option<Child>,
-    health_port: u16,
+    health: SocketAddr,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+/// A loopback address no other node of this test process uses: `127.<p>.<y>.<z>`, with `<p>`
+/// from the process ID and `<y>.<z>` counting nodes.
+///
+/// Why: a port picked by binding port 0 and closing is free only until someone else binds it.
+/// With fifty nodes starting at once, one node's pick was taken by another node's health
+/// server (CI, stop 15): the node failed to bind, and its readiness poll was answered by the
+/// other node. An address of its own cannot be answered by another node, whatever the port.
+fn own_loopback() -> Ipv4Addr {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let p = 64 + (std::process::id() % 128) as u8;
+    Ipv4Addr::new(127, p, (n / 250 % 256) as u8, (n % 250 + 1) as u8)
+}
+
+/// A port on `ip` that was free a moment ago.
+fn free_port_on(ip: Ipv4Addr) -> u16 {
+    TcpListener::bind((ip, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
 impl WeftNode {
@@ -154,7 +166,13 @@ impl WeftNode {
                 (t.path().to_path_buf(), Some(t))
             }
         };
-        let mut node = Self { opts, dir, _tmp: tmp, child: None, health_port: 0 };
+        let mut node = Self {
+            opts,
+            dir,
+            _tmp: tmp,
+            child: None,
+            health: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        };
         node.start();
         node
     }
@@ -163,7 +181,8 @@ impl WeftNode {
     /// state dir and subnet file.
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "node already running");
-        self.health_port = free_port();
+        let ip = own_loopback();
+        self.health = SocketAddr::from((ip, free_port_on(ip)));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -178,7 +197,8 @@ impl WeftNode {
             .args(["--state-dir", &self.dir.join("state").to_string_lossy()])
             .args(["--subnet-file", &self.subnet_file().to_string_lossy()])
             .args(["--subnet-lease-ttl", &self.opts.ttl])
-            .args(["--healthz-ip", "127.0.0.1", "--healthz-port", &self.health_port.to_string()])
+            .args(["--healthz-ip", &self.health.ip().to_string()])
+            .args(["--healthz-port", &self.health.port().to_string()])
             .args(["--dataplane", "none"])
             .args(&self.opts.extra)
             .env("WEFT_LOG", "weft=debug,info")
@@ -270,7 +290,7 @@ impl WeftNode {
 
     /// GET a health path: (status, body). Status 0 when nothing answers.
     pub fn get(&self, path: &str) -> (u16, String) {
-        http_get(self.health_port, path)
+        http_get(self.health, path)
     }
 
     /// The subnet in subnet.env (the `FLANNEL_SUBNET` line), if any.
@@ -339,16 +359,14 @@ impl Drop for WeftNode {
     }
 }
 
-/// A minimal HTTP/1.0 GET against the loopback health server: (status, body).
-pub fn http_get(port: u16, path: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect_timeout(
-        &SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-        Duration::from_secs(1),
-    ) else {
+/// A minimal HTTP/1.0 GET: (status, body); status 0 when nothing answers.
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
         return (0, String::new());
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).is_err() {
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", addr.ip());
+    if s.write_all(req.as_bytes()).is_err() {
         return (0, String::new());
     }
     let mut resp = String::new();
