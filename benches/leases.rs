@@ -58,7 +58,7 @@ use weft::lease::driver::{DriverConfig, LeaseDriver};
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::keeper::{Keeper, KeeperConfig};
 use weft::lease::record::{
-    HistoryEntry, Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
+    Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
 };
 use weft::lease::store::{
     CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
@@ -154,7 +154,6 @@ impl Policy {
 #[derive(Default)]
 struct Calls {
     lists: AtomicU64,
-    history_reads: AtomicU64,
     creates: AtomicU64,
     creates_lost: AtomicU64,
     renews: AtomicU64,
@@ -199,15 +198,6 @@ impl Store for Counting {
         subnet: Subnet,
     ) -> Result<Option<Result<StoredLease, weft::lease::store::BadEntry>>, StoreError> {
         self.inner.get(subnet).await
-    }
-    async fn get_history(
-        &self,
-        subnet: Subnet,
-        at: Revision,
-    ) -> Result<Option<Result<HistoryEntry, weft::lease::store::BadEntry>>, StoreError> {
-        self.calls.history_reads.fetch_add(1, Ordering::Relaxed);
-        let r = self.inner.get_history(subnet, at).await;
-        self.err(r)
     }
     async fn create_pruning(
         &self,
@@ -713,7 +703,6 @@ async fn poll(
                 "route_watch_errors": watch_errors,
                 "lists": c.lists.load(Ordering::Relaxed),
                 "route_lists": route_calls.lists.load(Ordering::Relaxed),
-                "route_history_reads": route_calls.history_reads.load(Ordering::Relaxed),
                 "route_call_errors": route_calls.errors.load(Ordering::Relaxed),
                 "creates": c.creates.load(Ordering::Relaxed),
                 "creates_lost": c.creates_lost.load(Ordering::Relaxed),
@@ -1012,7 +1001,7 @@ async fn flanneld(
                             renew_at = (now + left).checked_sub(margin).unwrap_or(now);
                         }
                         WatchEvent::Delete { .. } => return FlannelExit::Revoked(s),
-                        WatchEvent::Bad(_) => {}
+                        WatchEvent::Bad(_) | WatchEvent::Departed(_) => {}
                     }
                 }
             }
@@ -1377,7 +1366,6 @@ impl Coord {
             "identity_clashes",
             "route_relists",
             "route_lists",
-            "route_history_reads",
             "route_call_errors",
             "route_watch_errors",
             "lists",
@@ -1592,7 +1580,7 @@ fn print_row(r: &PhaseRow, policy: Policy) {
         r.name, r.settle_s, r.dups, r.store_check.0, r.store_check.1, r.store_check.2
     );
     println!(
-        "[{}] acquisitions {} renewals {} recoveries {} losses {} subnet changes {} | lists {} creates {} create races lost {} renew conflicts {} releases {} | store errors {} call errors {} exhaustions {} clashes {} | route watchers: lists {} (re-lists {}) history reads {} call errors {} watch errors {}",
+        "[{}] acquisitions {} renewals {} recoveries {} losses {} subnet changes {} | lists {} creates {} create races lost {} renew conflicts {} releases {} | store errors {} call errors {} exhaustions {} clashes {} | route watchers: lists {} (re-lists {}) call errors {} watch errors {}",
         r.name,
         g("acquisitions"),
         g("renewals"),
@@ -1610,7 +1598,6 @@ fn print_row(r: &PhaseRow, policy: Policy) {
         g("identity_clashes"),
         g("route_lists"),
         g("route_relists"),
-        g("route_history_reads"),
         g("route_call_errors"),
         g("route_watch_errors"),
     );

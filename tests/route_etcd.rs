@@ -1,8 +1,7 @@
 //! The route watcher against a real etcd: a delete is told apart (relinquish or revoke: the
-//! route goes; expiry: it stays, stale) by one read of the subnet's history record as of the
-//! delete's revision, never by a re-list of every lease (issue 8: N watchers re-listing on
-//! every delete is O(N²) keys read). And [`Store::get_history`]'s contract on etcd: a read as
-//! of a past revision sees that revision; a compacted one is [`StoreError::Compacted`].
+//! route goes; expiry: it stays, stale) by the departure marker a release or revoke writes in
+//! the delete's transaction, which etcd delivers in the delete's own watch response: no read
+//! and no re-list per delete (issue 8: with N watchers, a call per delete per watcher is O(N²)).
 //!
 //! Each test starts its own etcd and works under its own prefix.
 
@@ -13,14 +12,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use support::etcd::{EtcdServer, unique_prefix};
 use tokio::sync::watch;
 use weft::config::NetworkConfig;
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::record::{HistoryState, Incarnation, LeaseAttrs, NodeId, Revision, Subnet};
-use weft::lease::store::{
-    CreateOutcome, HeldLease, HistoryPrune, ReleaseOutcome, Store, StoreError,
-};
+use weft::lease::store::{CreateOutcome, HeldLease, ReleaseOutcome, Store, WatchEvent};
 use weft::route::{RouteStats, RouteTable, Routes};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -162,7 +160,6 @@ async fn relinquish_and_revoke_unroute_and_an_expiry_stays_stale_without_any_rel
     w.expect(PROMPTLY, &[("10.244.3.0/24", 3, true), ("10.244.4.0/24", 4, false)]).await;
     let text = w.metrics();
     assert!(text.contains("weft_route_relists_total 0\n"), "{text}");
-    assert!(text.contains("weft_route_history_reads_total 3\n"), "{text}");
     assert!(text.contains("weft_route_watch_errors_total 0\n"), "{text}");
     assert!(text.contains("weft_routes_stale 1\n"), "{text}");
     assert_eq!(w.stats.relists.load(Ordering::Relaxed), 0);
@@ -172,37 +169,46 @@ async fn relinquish_and_revoke_unroute_and_an_expiry_stays_stale_without_any_rel
     w.expect(PROMPTLY, &[("10.244.3.0/24", 5, false), ("10.244.4.0/24", 4, false)]).await;
 }
 
+/// etcd's side of the departure markers: a release's delete and its marker arrive in one watch
+/// response; the next create of the subnet deletes the marker; renewals (`refresh`, which
+/// writes only history) and other keys inside the watched range give the watcher nothing.
 #[tokio::test]
-async fn a_history_read_as_of_the_delete_sees_the_delete_until_it_is_compacted() {
+async fn a_leave_and_its_marker_arrive_in_one_watch_batch_and_renewals_wake_no_watcher() {
     let etcd = EtcdServer::start();
     let prefix = unique_prefix();
     let a = store(&etcd, &prefix).await;
-    let (s, t) = (subnet("10.244.3.0/24"), subnet("10.244.4.0/24"));
+    let s = subnet("10.244.3.0/24");
     let held = created(a.create(s, &attrs(1), LONG_TTL).await.unwrap());
-    assert_eq!(a.get_history(s, Revision(held.mod_revision.0 - 1)).await.unwrap(), None);
-    assert_eq!(a.release(&held, &node(1)).await.unwrap(), ReleaseOutcome::Released);
-    let now = a.get_history(s, Revision(0)).await.unwrap().unwrap().unwrap();
-    let released = now.mod_revision;
-    assert_eq!(now.record.state, HistoryState::Relinquished);
-    assert!(released > held.mod_revision);
-
-    // The same node takes another subnet, pruning its record of `s`; another node takes `s`.
-    let prune = [HistoryPrune { subnet: s, mod_revision: released }];
-    created(a.create_pruning(t, &attrs(1), LONG_TTL, &prune).await.unwrap());
-    assert_eq!(a.get_history(s, Revision(0)).await.unwrap(), None, "pruned");
-    created(a.create(s, &attrs(2), LONG_TTL).await.unwrap());
-    let later = a.get_history(s, Revision(0)).await.unwrap().unwrap().unwrap();
-    assert_eq!(later.record.state, HistoryState::Held);
-    // As of the release, the release is what the record says.
-    let then = a.get_history(s, released).await.unwrap().unwrap().unwrap();
-    assert_eq!(then, now);
-
-    // Compacted past it: the read says so (the watcher then re-lists).
-    let mut raw = etcd.client().await;
-    raw.compact(later.mod_revision.0, None).await.expect("compact");
-    match a.get_history(s, released).await {
-        Err(StoreError::Compacted { .. }) => {}
-        other => panic!("expected Compacted, got {other:?}"),
+    let mut watch = a.watch(Revision(held.mod_revision.0 + 1), None).await.expect("watch");
+    // Renewals and a stranger's key inside the range: no batch for either.
+    for _ in 0..3 {
+        a.refresh(&held, &attrs(1)).await.expect("refresh");
     }
-    assert_eq!(a.get_history(s, later.mod_revision).await.unwrap().unwrap().unwrap(), later);
+    let mut raw = etcd.client().await;
+    let stray = raw.put(format!("{prefix}/weft/a"), "x", None).await.expect("put");
+    let stray = stray.header().expect("a header").revision();
+    assert_eq!(a.release(&held, &node(1)).await.unwrap(), ReleaseOutcome::Released);
+    let mut next = async || {
+        tokio::time::timeout(PROMPTLY, watch.next())
+            .await
+            .expect("a batch in time")
+            .expect("the watch goes on")
+            .expect("a batch")
+    };
+    // The stranger's key: an empty batch (progress), no event. The renewals: nothing at all.
+    let progress = next().await;
+    assert_eq!((progress.revision.0, progress.events.len()), (stray, 0), "{progress:?}");
+    let batch = next().await;
+    let [WatchEvent::Delete { subnet: deleted, revision }, WatchEvent::Departed(d)] =
+        batch.events.as_slice()
+    else {
+        panic!("the leave's first batch: {batch:?}");
+    };
+    assert_eq!((*deleted, d.subnet, d.record.state), (s, s, HistoryState::Relinquished));
+    assert_eq!(*revision, d.mod_revision, "one transaction");
+    let marker = format!("{prefix}/weft/departures/{}", s.key_name());
+    assert_eq!(raw.get(marker.as_str(), None).await.expect("get").kvs().len(), 1);
+    // Taken again: the marker goes in the create's transaction.
+    created(a.create(s, &attrs(2), LONG_TTL).await.unwrap());
+    assert!(raw.get(marker.as_str(), None).await.expect("get").kvs().is_empty());
 }

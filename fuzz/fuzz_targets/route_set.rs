@@ -2,8 +2,8 @@
 //! listings and events (puts of arbitrary lease JSON, deletes, unparsable keys), then table()
 //! and lookups. Invariants: the own subnet is never published; every lookup is the longest
 //! prefix over the table's peers (checked against a naive scan); resume revisions never go
-//! back; a delete or unreadable key keeps the route (stale); a history answer settles its read
-//! and drops a route only for a relinquish or revoke written in the delete's own revision.
+//! back; a delete or unreadable key keeps the route (stale), unless the same batch holds a
+//! departure marker (relinquish or revoke) of that subnet at the delete's own revision.
 #![no_main]
 
 use std::net::Ipv4Addr;
@@ -39,24 +39,14 @@ enum Event {
     Put(ArbLease),
     Delete { index: u32, len: Option<u8>, rev: u8 },
     Bad { name: String, under_subnets: bool },
+    Departed { index: u32, len: Option<u8>, state: u8, rev: u8 },
 }
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Listing {
-        rev: u8,
-        leases: Vec<ArbLease>,
-        history: Vec<(u32, u8, u8)>,
-        bad: Vec<String>,
-    },
-    Batch {
-        rev: u8,
-        events: Vec<Event>,
-    },
+    Listing { rev: u8, leases: Vec<ArbLease>, history: Vec<(u32, u8, u8)>, bad: Vec<String> },
+    Batch { rev: u8, events: Vec<Event> },
     SetOwn(Option<u32>),
-    /// Answers to the pending history reads, in order: `None` is a failed read; `Some((has,
-    /// state, rev))` a record (or none, when `has` is false).
-    History(Vec<Option<(bool, u8, u8)>>),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -187,63 +177,50 @@ fuzz_target!(|data: &[u8]| {
                             },
                             problem: "bad".into(),
                         })),
+                        Event::Departed { index, len, state, rev } => {
+                            Some(WatchEvent::Departed(HistoryEntry {
+                                subnet: net
+                                    .subnet(*index, len.map_or(net.subnet_len(), |x| x % 33)),
+                                record: HistoryRecord {
+                                    state: [
+                                        HistoryState::Held,
+                                        HistoryState::Relinquished,
+                                        HistoryState::Revoked,
+                                    ][usize::from(state % 3)],
+                                    node: node.clone(),
+                                    public_ip: Ipv4Addr::new(192, 0, 2, 1),
+                                },
+                                mod_revision: Revision(i64::from(*rev)),
+                            }))
+                        }
                     })
                     .collect();
+                // A route may go only by a delete with its clean-leave marker in this batch.
+                let left = |s: weft::lease::record::Subnet| {
+                    events.iter().any(|d| {
+                        matches!(d, WatchEvent::Departed(h) if h.subnet == s
+                            && h.record.state != HistoryState::Held
+                            && events.iter().any(|e| matches!(e,
+                                WatchEvent::Delete { subnet, revision }
+                                    if *subnet == s && *revision == h.mod_revision)))
+                    })
+                };
                 let before: Vec<_> = set.table().peers().iter().map(|p| p.subnet).collect();
-                set.apply_batch(&WatchBatch { revision: Revision(i64::from(*rev)), events });
-                // Deletes and unreadable keys never remove a route; only puts replace them.
+                let batch =
+                    WatchBatch { revision: Revision(i64::from(*rev)), events: events.clone() };
+                set.apply_batch(&batch);
                 let after = set.table();
                 for s in before {
                     assert!(
-                        after.peers().iter().any(|p| p.subnet == s) || set.own() == Some(s),
+                        after.peers().iter().any(|p| p.subnet == s)
+                            || set.own() == Some(s)
+                            || left(s),
                         "{s} lost by a batch"
                     );
                 }
             }
             Op::SetOwn(i) => {
                 set.set_own(i.map(|i| net.subnet(i, net.subnet_len())));
-            }
-            Op::History(answers) => {
-                for ((subnet, at), answer) in set.pending_history_reads().into_iter().zip(answers) {
-                    let had = set.peer(subnet).is_some();
-                    match answer {
-                        None => set.history_read_failed(subnet, at),
-                        Some((has, state, rev)) => {
-                            let state = [
-                                HistoryState::Held,
-                                HistoryState::Relinquished,
-                                HistoryState::Revoked,
-                            ][usize::from(state % 3)];
-                            let entry = HistoryEntry {
-                                subnet,
-                                record: HistoryRecord {
-                                    state,
-                                    node: node.clone(),
-                                    public_ip: Ipv4Addr::new(192, 0, 2, 1),
-                                },
-                                mod_revision: Revision(i64::from(*rev)),
-                            };
-                            set.apply_history(subnet, at, has.then_some(&entry));
-                            // Only a clean leave in the delete's own revision drops a route.
-                            let clean =
-                                *has && entry.mod_revision == at && state != HistoryState::Held;
-                            if had && !clean {
-                                assert!(
-                                    set.peer(subnet).is_some(),
-                                    "{subnet} dropped by {answer:?}"
-                                );
-                            }
-                        }
-                    }
-                    // A failed read stays pending for a later round (up to
-                    // HISTORY_READ_TRIES times); an answer settles it.
-                    if answer.is_some() {
-                        assert!(
-                            !set.pending_history_reads().contains(&(subnet, at)),
-                            "{subnet} still pending after its answer"
-                        );
-                    }
-                }
             }
         }
         assert!(set.resume_revision() >= resume, "resume revision went back");

@@ -271,6 +271,8 @@ impl LeaseDriver {
                         WatchEvent::Delete { .. } | WatchEvent::Bad(_) => {
                             self.keeper.handle_own_key(now, None)
                         }
+                        // A one-key watch sees no markers.
+                        WatchEvent::Departed(_) => {}
                     }
                 }
             }

@@ -14,15 +14,14 @@
 //! | [`Store::config`] / [`Store::set_config`] | `Range` / `Put` of `<prefix>/config` |
 //! | [`Store::list`] | paged `Range`s of the subnets, then the history prefix, every page after the first pinned to the first one's revision: one consistent view of any size |
 //! | [`Store::get`] | `Range` of one key |
-//! | [`Store::get_history`] | serializable `Range` of one history key at the revision asked for (etcd keeps every revision until it is compacted); linearizable if that member has not applied the revision yet |
-//! | [`Store::create`] | `LeaseGrant`; `Txn(version == 0 ? put key + history + a nested `Txn(mod_revision == listed ? delete)` per superseded history record : get key)`; on a failed compare `LeaseRevoke` of the new lease |
+//! | [`Store::create`] | `LeaseGrant`; `Txn(version == 0 ? put key + history, delete departure marker, + a nested `Txn(mod_revision == listed ? delete record + its marker)` per superseded history record : get key)`; on a failed compare `LeaseRevoke` of the new lease |
 //! | [`Store::renew`] | `LeaseGrant`; `Txn(mod_revision == held ? put key + history : get key)`; then `LeaseRevoke` of the old lease (success) or of the new one (failed compare) |
-//! | [`Store::release`] | `Range` (for the holder's public IP); `Txn(mod_revision == held ? delete key + put history : -)`; `LeaseRevoke` of the old lease |
-//! | [`Store::revoke`] | `DeleteRange` of one key (operator action) |
+//! | [`Store::release`] | `Range` (for the holder's public IP); `Txn(mod_revision == held ? delete key + put history + put departure marker : -)`; `LeaseRevoke` of the old lease |
+//! | [`Store::revoke`] | `Range`; `Txn(mod_revision == read ? delete key (+ put history + departure marker, for a weft lease) : -)` (operator action) |
 //! | [`Store::claim_presence`] | `LeaseGrant`; `Txn(version == 0 ? put : get)`; if the record is ours (or unreadable), `Txn(mod_revision == seen ? put : get)`; `LeaseRevoke` of whichever lease ends up unused |
 //! | [`Store::keep_presence`] | with `beat`, `Txn(lease == ours ? put key, value and lease kept : -)`; one `LeaseKeepAlive` round trip |
 //! | [`Store::drop_presence`] | `Txn(lease == ours ? delete : -)`; `LeaseRevoke` |
-//! | [`Store::watch`] | `Watch` from a start revision (prefix, or one key) |
+//! | [`Store::watch`] | `Watch` from a start revision: the route watchers' range ([`KeyLayout::route_watch_range`]), or one key |
 //!
 //! # Failures
 //! Every call carries its own deadline ([`EtcdOptions::call_timeout`]) on top of gRPC's: a
@@ -569,12 +568,6 @@ fn key_after(key: &[u8]) -> Vec<u8> {
     next
 }
 
-/// Whether a read at a revision failed because the member has not reached it yet (etcd:
-/// "required revision is a future revision").
-fn is_future_revision(e: &StoreError) -> bool {
-    matches!(e, StoreError::Protocol(source) if source.to_string().contains("future revision"))
-}
-
 /// Whether a reply was refused for being over the client's message size limit (tonic's
 /// "decoded message length too large").
 fn is_too_large(e: &StoreError) -> bool {
@@ -630,30 +623,6 @@ impl Store for EtcdStore {
         Ok(resp.kvs().first().map(|kv| self.parse_subnet_kv(kv)))
     }
 
-    async fn get_history(
-        &self,
-        subnet: Subnet,
-        at: Revision,
-    ) -> Result<Option<Result<HistoryEntry, BadEntry>>, StoreError> {
-        let mut c = self.client().await?;
-        let key = self.keys().history(subnet);
-        // Revision 0 is etcd's "now"; a compacted revision fails as `Compacted` (map_err).
-        let opts = GetOptions::new().with_revision(at.0.max(0));
-        // A past revision reads the same on every member that has applied it, so the member
-        // may answer alone (serializable: no round to the leader, which matters when every
-        // watcher asks at once). A member that has not applied it yet says so; the leader's
-        // view then waits for it.
-        let resp = if at.0 > 0 {
-            match self.call(c.get(key.clone(), Some(opts.clone().with_serializable()))).await {
-                Err(e) if is_future_revision(&e) => self.call(c.get(key, Some(opts))).await?,
-                other => other?,
-            }
-        } else {
-            self.call(c.get(key, Some(opts))).await?
-        };
-        Ok(resp.kvs().first().map(|kv| self.parse_history_kv(kv)))
-    }
-
     async fn create_pruning(
         &self,
         subnet: Subnet,
@@ -667,6 +636,9 @@ impl Store for EtcdStore {
         let mut ops = self.write_ops(subnet, attrs, lease);
         // Each prune is a nested transaction with its own compare: one that fails (the record
         // was rewritten since) deletes nothing and fails nothing else.
+        // A departure marker of this subnet is news of an earlier holder: gone with the create
+        // (deleting an absent key writes nothing and sends no event).
+        ops.push(TxnOp::delete(self.keys().departure(subnet), None));
         ops.extend(prune.iter().filter(|p| p.subnet != subnet).map(|p| {
             let history = self.keys().history(p.subnet);
             TxnOp::txn(
@@ -676,7 +648,10 @@ impl Store for EtcdStore {
                         CompareOp::Equal,
                         p.mod_revision.0,
                     )])
-                    .and_then([TxnOp::delete(history, None)]),
+                    .and_then([
+                        TxnOp::delete(history, None),
+                        TxnOp::delete(self.keys().departure(p.subnet), None),
+                    ]),
             )
         }));
         let txn = Txn::new()
@@ -799,6 +774,9 @@ impl Store for EtcdStore {
             .and_then([
                 TxnOp::delete(key, None),
                 TxnOp::put(self.keys().history(held.subnet), record.to_json(), None),
+                // The marker tells every route watcher, in the delete's own watch batch, that
+                // this was a leave, not an expiry.
+                TxnOp::put(self.keys().departure(held.subnet), record.to_json(), None),
             ]);
         let resp = self.call(c.txn(txn)).await?;
         if !resp.succeeded() {
@@ -815,9 +793,9 @@ impl Store for EtcdStore {
         let Some(kv) = resp.kvs().first() else {
             return Ok(false);
         };
-        // A weft lease names its holder: record the revoke in history in the same transaction,
-        // so peers unroute the subnet (an expiry writes nothing, and its route is kept). The
-        // compare makes sure the value read is the value deleted.
+        // A weft lease names its holder: record the revoke in history and in a departure marker
+        // in the same transaction, so peers unroute the subnet (an expiry writes nothing, and
+        // its route is kept). The compare makes sure the value read is the value deleted.
         let mut ops = vec![TxnOp::delete(key.clone(), None)];
         if let Ok(attrs) = LeaseAttrs::from_json(kv.value())
             && let Some(node) = attrs.node_id
@@ -825,6 +803,7 @@ impl Store for EtcdStore {
             let record =
                 HistoryRecord { state: HistoryState::Revoked, node, public_ip: attrs.public_ip };
             ops.push(TxnOp::put(self.keys().history(subnet), record.to_json(), None));
+            ops.push(TxnOp::put(self.keys().departure(subnet), record.to_json(), None));
         }
         let txn = Txn::new()
             .when([Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision())])
@@ -959,8 +938,9 @@ impl Store for EtcdStore {
         let key = match only {
             Some(subnet) => self.keys().subnet(subnet),
             None => {
-                options = options.with_prefix();
-                self.keys().subnets_dir().to_owned()
+                let (start, end) = self.keys().route_watch_range();
+                options = options.with_range(end);
+                start
             }
         };
         let stream = self.call(c.watch(key, Some(options))).await?;
@@ -1046,13 +1026,25 @@ impl EtcdStore {
         for event in resp.events() {
             let Some(kv) = event.kv() else { continue };
             last = last.max(kv.mod_revision());
+            let key = key_text(kv);
+            if !self.keys().is_subnet_key(&key) {
+                // A departure marker, or another tool's key inside the watched range. A marker's
+                // delete (by the next create) and one that does not parse tell nothing.
+                if event.event_type() == EventType::Put
+                    && let Some(Ok(departed)) =
+                        self.keys().parse_departure(&key, kv.value(), Revision(kv.mod_revision()))
+                {
+                    events.push(WatchEvent::Departed(departed));
+                }
+                continue;
+            }
             match event.event_type() {
                 EventType::Put => events.push(match self.parse_subnet_kv(kv) {
                     Ok(lease) => WatchEvent::Put(lease),
                     Err(bad) => WatchEvent::Bad(bad),
                 }),
                 EventType::Delete => {
-                    events.push(match self.keys().parse_deleted(&key_text(kv)) {
+                    events.push(match self.keys().parse_deleted(&key) {
                         Ok(subnet) => WatchEvent::Delete {
                             subnet,
                             // A delete event's kv carries the revision of the delete.

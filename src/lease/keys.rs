@@ -8,10 +8,21 @@
 //! - `<prefix>/config`: the network config JSON.
 //! - `<prefix>/subnets/<a.b.c.d>-<len>`: one lease per subnet ([`LeaseAttrs`] JSON).
 //! - `<prefix>/weft/history/<a.b.c.d>-<len>`: weft's allocation history ([`HistoryRecord`]).
+//! - `<prefix>/weft/departures/<a.b.c.d>-<len>`: a departure marker ([`HistoryRecord`]), put
+//!   by a release or an operator's revoke in the transaction that deletes the subnet key, and
+//!   deleted by the next create of that subnet or the prune of its history.
 //! - `<prefix>/weft/nodes/<node-id>`: presence of a running process of that node.
 //!
 //! Nothing of weft's lives under a name that starts with `<prefix>/subnets`: flannel lists that
 //! prefix without a trailing slash.
+//!
+//! # The route watchers' range
+//! Route watchers watch one key range ([`KeyLayout::route_watch_range`]): from
+//! `<prefix>/subnets/` to just past `<prefix>/weft/departures/`. It holds the subnet keys and the
+//! departure markers, and none of the keys a renewal writes (history, presence), so a
+//! renewal wakes no watcher. A delete and the marker written with it share a revision, and etcd
+//! never splits a revision's events over two watch responses: a watcher tells a clean leave
+//! from an expiry (a delete without a marker) from the one batch, without a read.
 //!
 //! # Contract
 //! Pure: no I/O. Parsers take keys and values from the store (untrusted: another tool, an
@@ -31,6 +42,10 @@ pub(crate) const SUBNETS: &str = "subnets";
 
 /// The directory of weft's history records, relative to the prefix.
 pub(crate) const HISTORY: &str = "weft/history";
+
+/// The directory of departure markers, relative to the prefix. It must sort after `subnets/`
+/// and before `weft/history/` and `weft/nodes/`: see [`KeyLayout::route_watch_range`].
+pub(crate) const DEPARTURES: &str = "weft/departures";
 
 /// The directory of presence keys, relative to the prefix.
 pub(crate) const NODES: &str = "weft/nodes";
@@ -68,6 +83,7 @@ pub struct KeyLayout {
     prefix: String,
     subnets_dir: String,
     history_dir: String,
+    departures_dir: String,
 }
 
 impl KeyLayout {
@@ -77,6 +93,7 @@ impl KeyLayout {
         Self {
             subnets_dir: format!("{prefix}/{SUBNETS}/"),
             history_dir: format!("{prefix}/{HISTORY}/"),
+            departures_dir: format!("{prefix}/{DEPARTURES}/"),
             prefix,
         }
     }
@@ -111,21 +128,28 @@ impl KeyLayout {
         format!("{}{}", self.history_dir, subnet.key_name())
     }
 
+    /// `<prefix>/weft/departures/<a.b.c.d>-<len>`.
+    pub fn departure(&self, subnet: Subnet) -> String {
+        format!("{}{}", self.departures_dir, subnet.key_name())
+    }
+
+    /// The key range `[start, end)` route watchers watch: every subnet key and every departure
+    /// marker, and no history or presence key (see the module docs). Other keys inside it
+    /// (another tool's `<prefix>/subnetsX` or `<prefix>/weft/a`) are passed over.
+    pub(crate) fn route_watch_range(&self) -> (String, String) {
+        // Just past every key that starts with `<prefix>/weft/departures/`.
+        let end = format!("{}/{DEPARTURES}0", self.prefix);
+        (self.subnets_dir.clone(), end)
+    }
+
     /// `<prefix>/weft/nodes/<node-id>`.
     pub(crate) fn node(&self, node: &NodeId) -> String {
         format!("{}/{NODES}/{}", self.prefix, node.as_str())
     }
 
     /// Whether `key` lies under `<prefix>/subnets/` (a lease, or garbage in its place).
-    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn is_subnet_key(&self, key: &str) -> bool {
         key.starts_with(&self.subnets_dir)
-    }
-
-    /// Whether `key` lies under `<prefix>/weft/history/`.
-    #[cfg(any(test, feature = "test-util"))]
-    pub(crate) fn is_history_key(&self, key: &str) -> bool {
-        key.starts_with(&self.history_dir)
     }
 
     /// The subnet a key under `<prefix>/subnets/` names.
@@ -168,6 +192,23 @@ impl KeyLayout {
             Ok(HistoryEntry { subnet, record, mod_revision })
         };
         read().map_err(|e| e.at(key))
+    }
+
+    /// A key under `<prefix>/weft/departures/` and its value, read as the record of a release
+    /// or revoke; `None` for any other key.
+    pub(crate) fn parse_departure(
+        &self,
+        key: &str,
+        value: &[u8],
+        mod_revision: Revision,
+    ) -> Option<Result<HistoryEntry, BadEntry>> {
+        let name = key.strip_prefix(&self.departures_dir)?;
+        let read = || -> Result<HistoryEntry, KeyError> {
+            let subnet = Subnet::parse_key_name(name)?;
+            let record = HistoryRecord::from_json(value)?;
+            Ok(HistoryEntry { subnet, record, mod_revision })
+        };
+        Some(read().map_err(|e| e.at(key)))
     }
 
     /// The subnet of a deleted key under `<prefix>/subnets/` (a delete has no value).
@@ -213,8 +254,6 @@ mod tests {
         assert_eq!(k.node(&node), "/coreos.com/network/weft/nodes/node-aaaa");
         assert!(k.is_subnet_key("/coreos.com/network/subnets/x"));
         assert!(!k.is_subnet_key("/coreos.com/network/subnetsx"));
-        assert!(k.is_history_key("/coreos.com/network/weft/history/10.244.3.0-24"));
-        assert!(!k.is_history_key("/coreos.com/network/subnets/10.244.3.0-24"));
     }
 
     #[test]
@@ -245,6 +284,31 @@ mod tests {
         assert!(
             k.parse_deleted("/p/subnets/10.244.3.1-24").unwrap_err().problem.contains("bad key")
         );
+    }
+
+    #[test]
+    fn the_route_watch_range_holds_subnets_and_departures_and_nothing_a_renewal_writes() {
+        let k = KeyLayout::new("/coreos.com/network");
+        let (start, end) = k.route_watch_range();
+        let inside = |key: &str| start.as_str() <= key && key < end.as_str();
+        let s = sn("10.244.3.0/24");
+        assert!(inside(&k.subnet(s)));
+        assert!(inside(&k.departure(s)));
+        assert!(inside("/coreos.com/network/subnets/255.255.255.255-32"));
+        assert!(inside("/coreos.com/network/weft/departures/zzz"));
+        // What renewals and presence beats write: outside, so they wake no watcher.
+        assert!(!inside(&k.history(s)));
+        assert!(!inside(&k.node(&NodeId::parse("node-aaaa").unwrap())));
+        assert!(!inside(&k.config()));
+        assert!(!inside("/coreos.com/network/weft/departures0"));
+        assert!(!inside("/coreos.com/network/subnets"));
+
+        let record = br#"{"state":"relinquished","node":"node-aaaa","public_ip":"192.0.2.1"}"#;
+        let d = k.parse_departure(&k.departure(s), record, Revision(5)).unwrap().unwrap();
+        assert_eq!((d.subnet, d.mod_revision), (s, Revision(5)));
+        assert!(k.parse_departure(&k.subnet(s), record, Revision(5)).is_none());
+        let bad = k.parse_departure(&k.departure(s), b"{", Revision(5)).unwrap();
+        assert!(bad.unwrap_err().problem.starts_with("bad value: "));
     }
 
     #[test]

@@ -18,7 +18,8 @@
 //!   at or before `now`, in lease ID order. Like etcd, one expired lease is one transaction that
 //!   deletes its keys (in key order); every lease weft makes carries a single key, so each
 //!   expired key gets its own revision.
-//! - Watches on `<prefix>/subnets/`: a bounded event log plus a compaction horizon. A watch
+//! - Watches on the route watchers' range (subnet keys and departure markers; see
+//!   [`super::keys`]) or on one subnet key: a bounded event log plus a compaction horizon. A watch
 //!   from below the horizon yields [`StoreError::Compacted`] and ends; otherwise it replays the
 //!   log from `from`, then delivers live events, one [`WatchBatch`] per transaction. A `from` of
 //!   zero or below means "from the next revision", as in etcd.
@@ -32,10 +33,7 @@
 //!   one call that restarts the TTL.
 //! - Slow watchers: live watch streams are unbounded and never fall behind, so only a watch that
 //!   starts below the horizon is told it is compacted. Progress notifications are not sent.
-//! - Reads at past revisions, except of history records ([`Store::get_history`]): every
-//!   write of a key under `<prefix>/weft/history/` is kept as a version until the compaction
-//!   horizon passes it, so a read as of a revision at or above the horizon is exact, and one
-//!   below it fails with [`StoreError::Compacted`], as in etcd.
+//! - Reads at past revisions.
 //! - Auth, TLS, request size limits.
 //!
 //! # Contract
@@ -85,12 +83,6 @@ struct Partitioned;
 #[derive(Debug, thiserror::Error)]
 #[error("the store is down (simulated)")]
 struct Down;
-
-/// The source of [`StoreError::Protocol`] for a read at a revision the store has not reached
-/// (etcd: "required revision is a future revision").
-#[derive(Debug, thiserror::Error)]
-#[error("revision {0} is a future revision (simulated)")]
-struct FutureRevision(i64);
 
 /// What kind of operation wrote a subnet key (see [`WriteRecord`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -189,13 +181,8 @@ struct World {
     /// Subnet-key events with revision >= `compacted`, in revision order.
     events: VecDeque<LoggedEvent>,
     event_capacity: usize,
-    /// The compaction horizon: the oldest revision a watch may start from, and the oldest a
-    /// history record may be read at.
+    /// The compaction horizon: the oldest revision a watch may start from.
     compacted: i64,
-    /// Every write of a history key, by key, in revision order: (revision, the key as written,
-    /// `None` for a delete). Versions the horizon has passed are dropped, all but the last one
-    /// at or below it (the value a read at the horizon sees).
-    history_versions: BTreeMap<String, Vec<(i64, Option<KeyValue>)>>,
     watchers: Vec<Watcher>,
     partitioned: BTreeSet<String>,
     down: bool,
@@ -261,11 +248,6 @@ impl World {
         let rev = self.revision;
         let mut batch: Vec<(String, WatchEvent)> = Vec::new();
         for op in ops {
-            if let Op::Put { key, .. } | Op::Delete { key } = &op
-                && self.keys.is_history_key(key)
-            {
-                self.remember_history_version(key, rev, &op);
-            }
             match op {
                 Op::Put { key, value, lease } => {
                     let old = self.kv.remove(&key);
@@ -291,6 +273,11 @@ impl World {
                             Err(bad) => WatchEvent::Bad(bad),
                         };
                         batch.push((key.clone(), event));
+                    } else if let Some(Ok(departed)) =
+                        self.keys.parse_departure(&key, &value, Revision(rev))
+                    {
+                        // A departure marker: route watchers see it beside the delete.
+                        batch.push((key.clone(), WatchEvent::Departed(departed)));
                     }
                     let (create_revision, version) =
                         old.map_or((rev, 1), |kv| (kv.create_revision, kv.version + 1));
@@ -324,48 +311,6 @@ impl World {
             self.publish(rev, batch);
         }
         Some(Revision(rev))
-    }
-
-    /// Records a write of the history key `key` at `rev` (before it is applied), dropping the
-    /// versions the compaction horizon has passed.
-    fn remember_history_version(&mut self, key: &str, rev: i64, op: &Op) {
-        let written = match op {
-            Op::Put { value, lease, .. } => {
-                let old = self.kv.get(key);
-                Some(KeyValue {
-                    value: value.clone(),
-                    create_revision: old.map_or(rev, |kv| kv.create_revision),
-                    mod_revision: rev,
-                    version: old.map_or(1, |kv| kv.version + 1),
-                    lease: *lease,
-                })
-            }
-            Op::Delete { .. } => None,
-        };
-        let versions = self.history_versions.entry(key.to_owned()).or_default();
-        versions.push((rev, written));
-        trim_versions(versions, self.compacted);
-    }
-
-    /// A history key as it was at revision `at` (`0` or less: now).
-    fn history_at(&self, subnet: Subnet, at: i64) -> Result<Option<&KeyValue>, StoreError> {
-        let key = self.keys.history(subnet);
-        if at <= 0 {
-            return Ok(self.kv.get(&key));
-        }
-        if at > self.revision {
-            return Err(StoreError::Protocol(Box::new(FutureRevision(at))));
-        }
-        if at < self.compacted {
-            return Err(StoreError::Compacted {
-                requested: Revision(at),
-                compact_revision: Revision(self.compacted),
-            });
-        }
-        let versions = self.history_versions.get(&key).map(Vec::as_slice).unwrap_or_default();
-        // The store starts empty and every write is recorded: no version at or below `at`
-        // means the key did not exist then.
-        Ok(versions.iter().rev().find(|(rev, _)| *rev <= at).and_then(|(_, kv)| kv.as_ref()))
     }
 
     /// Applies a client's transaction; if the client's next reply is to be lost, the write
@@ -428,12 +373,6 @@ impl World {
         while self.events.front().is_some_and(|e| e.revision < self.compacted) {
             self.events.pop_front();
         }
-        let horizon = self.compacted;
-        self.history_versions.retain(|_, versions| {
-            trim_versions(versions, horizon);
-            // A key deleted before the horizon reads as absent without its version.
-            !matches!(versions.as_slice(), [(rev, None)] if *rev <= horizon)
-        });
     }
 
     /// Ends the watch streams of the clients `cut` selects, with an `Unavailable` error.
@@ -490,14 +429,6 @@ impl World {
     }
 }
 
-/// Drops the versions below `horizon` but the last one at or below it.
-fn trim_versions(versions: &mut Vec<(i64, Option<KeyValue>)>, horizon: i64) {
-    let passed = versions.iter().take_while(|(rev, _)| *rev <= horizon).count();
-    if passed > 1 {
-        versions.drain(..passed - 1);
-    }
-}
-
 /// The node ID in a subnet key's value, if it parses and has one.
 fn node_of(value: &[u8]) -> Option<NodeId> {
     LeaseAttrs::from_json(value).ok().and_then(|attrs| attrs.node_id)
@@ -546,7 +477,6 @@ impl MemoryStore {
             events: VecDeque::new(),
             event_capacity: DEFAULT_EVENT_LOG_CAPACITY,
             compacted: 0,
-            history_versions: BTreeMap::new(),
             watchers: Vec::new(),
             partitioned: BTreeSet::new(),
             down: false,
@@ -756,17 +686,6 @@ impl Store for MemoryClient {
         self.call(|w, _| Ok(w.stored(subnet)))
     }
 
-    async fn get_history(
-        &self,
-        subnet: Subnet,
-        at: Revision,
-    ) -> Result<Option<Result<HistoryEntry, BadEntry>>, StoreError> {
-        self.call(|w, _| {
-            let key = w.keys.history(subnet);
-            Ok(w.history_at(subnet, at.0)?.map(|kv| w.parse_history(&key, kv)))
-        })
-    }
-
     async fn create_pruning(
         &self,
         subnet: Subnet,
@@ -782,9 +701,16 @@ impl Store for MemoryClient {
             let prunes: Vec<Op> = prune
                 .iter()
                 .filter(|p| p.subnet != subnet)
-                .map(|p| (w.keys.history(p.subnet), p.mod_revision))
-                .filter(|(key, rev)| w.kv.get(key).is_some_and(|kv| kv.mod_revision == rev.0))
-                .map(|(key, _)| Op::Delete { key })
+                .filter(|p| {
+                    let key = w.keys.history(p.subnet);
+                    w.kv.get(&key).is_some_and(|kv| kv.mod_revision == p.mod_revision.0)
+                })
+                .flat_map(|p| {
+                    [
+                        Op::Delete { key: w.keys.history(p.subnet) },
+                        Op::Delete { key: w.keys.departure(p.subnet) },
+                    ]
+                })
                 .collect();
             let lease = w.grant(ttl);
             let mut ops =
@@ -796,6 +722,8 @@ impl Store for MemoryClient {
                     lease: 0,
                 });
             }
+            // An earlier holder's departure marker goes with the create.
+            ops.push(Op::Delete { key: w.keys.departure(subnet) });
             ops.extend(prunes);
             let rev = w.client_commit(client, WriteKind::Create, ops)?;
             // A put always changes the keyspace, so `rev` is always `Some`.
@@ -917,6 +845,11 @@ impl Store for MemoryClient {
                     value: record.to_json(),
                     lease: 0,
                 });
+                ops.push(Op::Put {
+                    key: w.keys.departure(held.subnet),
+                    value: record.to_json(),
+                    lease: 0,
+                });
             }
             w.client_commit(client, WriteKind::Release, ops)?;
             w.revoke_lease(held.lease_id.0, client, WriteKind::Release);
@@ -940,6 +873,11 @@ impl Store for MemoryClient {
                 };
                 ops.push(Op::Put {
                     key: w.keys.history(subnet),
+                    value: record.to_json(),
+                    lease: 0,
+                });
+                ops.push(Op::Put {
+                    key: w.keys.departure(subnet),
                     value: record.to_json(),
                     lease: 0,
                 });
@@ -1340,42 +1278,57 @@ mod tests {
     }
 
     #[test]
-    fn history_reads_at_a_past_revision_see_that_revision_until_it_is_compacted() {
+    fn a_release_or_revoke_writes_a_departure_marker_that_the_next_create_or_prune_deletes() {
         let (_, store) = setup();
         let (a, b) = (store.client("a"), store.client("b"));
         let (s, t) = (subnet("10.244.3.0/24"), subnet("10.244.4.0/24"));
+        let marker = |sn: Subnet| format!("{PREFIX}/weft/departures/{}", sn.key_name());
         let held = created(block_on(a.create(s, &attrs("node-aaaa", 7), TTL)).unwrap());
-        assert_eq!(block_on(b.get_history(s, Revision(held.mod_revision.0 - 1))).unwrap(), None);
+        let mut watch = block_on(b.watch(Revision(held.mod_revision.0 + 1), None)).unwrap();
         block_on(a.release(&held, &node("node-aaaa"))).unwrap();
         let released = store.revision();
-        let at_release = |store: &MemoryStore| {
-            block_on(store.client("b").get_history(s, released)).unwrap().unwrap().unwrap()
+        // The delete and the marker: one transaction, one batch, one revision.
+        let got = batches(&mut watch);
+        assert_eq!(got.len(), 1, "{got:?}");
+        let [WatchEvent::Delete { subnet: deleted, revision }, WatchEvent::Departed(d)] =
+            got[0].events.as_slice()
+        else {
+            panic!("{got:?}");
         };
-        let h = at_release(&store);
-        assert_eq!((h.record.state, h.mod_revision), (HistoryState::Relinquished, released));
-        // The same node takes another subnet, pruning its record of `s` in that create; then
-        // another node takes `s`. A read as of the release still sees the release.
-        let listed = block_on(a.list()).unwrap().history;
-        let prune: Vec<HistoryPrune> = listed
+        assert_eq!((*deleted, *revision), (s, released));
+        assert_eq!(
+            (d.subnet, d.mod_revision, d.record.state),
+            (s, released, HistoryState::Relinquished)
+        );
+        assert!(store.raw(&marker(s)).is_some());
+        // A one-key watch sees no markers.
+        let mut own = block_on(a.watch(Revision(0), Some(s))).unwrap();
+        // The same node takes another subnet, pruning its record of `s`: the marker goes too.
+        let prune: Vec<HistoryPrune> = block_on(a.list())
+            .unwrap()
+            .history
             .iter()
             .map(|h| HistoryPrune { subnet: h.subnet, mod_revision: h.mod_revision })
             .collect();
-        created(block_on(a.create_pruning(t, &attrs("node-aaaa", 7), TTL, &prune)).unwrap());
-        assert_eq!(block_on(b.get_history(s, Revision(0))).unwrap(), None, "pruned");
-        created(block_on(b.create(s, &attrs("node-bbbb", 8), TTL)).unwrap());
-        let now = block_on(b.get_history(s, Revision(0))).unwrap().unwrap().unwrap();
-        assert_eq!(now.record.state, HistoryState::Held);
-        assert_eq!(at_release(&store), h);
-        // Revisions the store has not reached, and compacted ones, are not read.
-        let future = Revision(store.revision().0 + 1);
-        assert!(matches!(block_on(b.get_history(s, future)), Err(StoreError::Protocol(_))));
-        store.compact(Revision(released.0 + 1));
-        assert!(matches!(block_on(b.get_history(s, released)), Err(StoreError::Compacted { .. })));
-        // At the horizon itself the record is still readable: the prune's delete is kept.
-        assert_eq!(block_on(b.get_history(s, Revision(released.0 + 1))).unwrap(), None);
-        store.compact(store.revision());
-        let last = block_on(b.get_history(s, store.revision())).unwrap().unwrap().unwrap();
-        assert_eq!(last, now);
+        let on_t =
+            created(block_on(a.create_pruning(t, &attrs("node-aaaa", 7), TTL, &prune)).unwrap());
+        assert_eq!(store.raw(&marker(s)), None, "pruned with its history");
+        // An operator revokes `t`: a marker again; then node b creates `t`, which deletes it.
+        assert!(block_on(b.revoke(t)).unwrap());
+        let revoked = store.raw(&marker(t)).expect("marker of a revoke").0;
+        let d = KeyLayout::new(PREFIX).parse_departure(&marker(t), &revoked, Revision(0));
+        assert_eq!(d.unwrap().unwrap().record.state, HistoryState::Revoked);
+        assert!(on_t.mod_revision < store.revision());
+        created(block_on(b.create(t, &attrs("node-bbbb", 8), TTL)).unwrap());
+        assert_eq!(store.raw(&marker(t)), None, "an earlier holder's news");
+        assert!(batches(&mut own).is_empty());
+        // A flannel lease (no node ID) revoked: no history, no marker; peers keep it stale.
+        let mut flannel = attrs("node-cccc", 9);
+        flannel.node_id = None;
+        let u = subnet("10.244.5.0/24");
+        store.put_raw(&key("10.244.5.0/24"), &flannel.to_json(), None);
+        assert!(block_on(b.revoke(u)).unwrap());
+        assert_eq!(store.raw(&marker(u)), None);
     }
 
     #[test]

@@ -11,6 +11,9 @@
 //!   ([`HistoryRecord`](super::record::HistoryRecord)),
 //!   written in the same transaction as every create, renew and release, so its mod revision
 //!   is the cluster-time of the subnet's last write by its holder.
+//! - `<prefix>/weft/departures/<a.b.c.d>-<len>`: a departure marker, put in the transaction of
+//!   every release and revoke, so that route watchers tell a clean leave from an expiry from the
+//!   watch alone (see [`super::keys`], "The route watchers' range").
 //! - `<prefix>/weft/nodes/<node-id>`: presence of a running process of that node
 //!   ([`PresenceRecord`]), attached to a short store lease the process keeps alive. It tells a
 //!   restart (the previous process is gone) from a clone (it is alive).
@@ -228,6 +231,10 @@ pub enum WatchEvent {
     },
     /// A subnet key was written with something that does not parse. Skip and count it.
     Bad(BadEntry),
+    /// A departure marker (`<prefix>/weft/departures/<subnet>`) was written: a release or an
+    /// operator's revoke, in the transaction (so at the revision) of the subnet key's
+    /// [`WatchEvent::Delete`], which comes in the same batch.
+    Departed(HistoryEntry),
 }
 
 /// A batch of watch events, all at or below `revision`.
@@ -260,23 +267,8 @@ pub trait Store: Send + Sync {
         subnet: Subnet,
     ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError>;
 
-    /// One subnet's history record (`<prefix>/weft/history/<subnet>`) as it was at revision
-    /// `at` (`0` or less: now), with its mod revision. `Ok(None)` if there was none;
-    /// `Ok(Some(Err(..)))` if its value does not parse. [`StoreError::Compacted`] if the store
-    /// no longer keeps revision `at`.
-    ///
-    /// The route watcher asks this about a subnet key deleted at revision `at`: a release or
-    /// revoke writes the record in the delete's own transaction, so a record written at `at`
-    /// says how the key went, and reading as of `at` keeps later writes (a new holder, a
-    /// prune) out of the answer. One key, instead of a whole listing per delete.
-    async fn get_history(
-        &self,
-        subnet: Subnet,
-        at: Revision,
-    ) -> Result<Option<Result<HistoryEntry, BadEntry>>, StoreError>;
-
-    /// Creates the subnet key if absent, attached to a new store lease of `ttl`, and records
-    /// `Held` in history, in one transaction.
+    /// Creates the subnet key if absent, attached to a new store lease of `ttl`, records
+    /// `Held` in history and deletes the subnet's departure marker, in one transaction.
     async fn create(
         &self,
         subnet: Subnet,
@@ -288,7 +280,8 @@ pub trait Store: Send + Sync {
 
     /// [`Store::create`], and in the same transaction, if it creates, deletes the history
     /// records in `prune` whose mod revision is still the one given (each under its own
-    /// compare, so a record rewritten since — another node took that subnet — is left alone).
+    /// compare, so a record rewritten since — another node took that subnet — is left alone),
+    /// each with its subnet's departure marker.
     /// The keeper passes this node's own records of other subnets, which the new lease
     /// supersedes ([`super::policy::superseded_history`]): that bounds the history to about one
     /// record per node.
@@ -322,10 +315,13 @@ pub trait Store: Send + Sync {
     ) -> Result<RenewOutcome, StoreError>;
 
     /// Deletes the key only if its mod revision is still `held.mod_revision`, and records
-    /// `Relinquished` in history, in one transaction.
+    /// `Relinquished` in history and in the subnet's departure marker, in one transaction.
     async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError>;
 
     /// Operator action: deletes a subnet key whoever holds it. `Ok(false)` if it was absent.
+    /// A weft lease (one that names its node) gets `Revoked` in history and in its departure
+    /// marker, in the same transaction; a flannel lease gets neither, and its peers keep its
+    /// route (stale), as for an expiry.
     async fn revoke(&self, subnet: Subnet) -> Result<bool, StoreError>;
 
     /// Claims `<prefix>/weft/nodes/<node>` on a new store lease of `ttl`: succeeds if the key is
@@ -352,8 +348,9 @@ pub trait Store: Send + Sync {
     /// Deletes our presence (clean shutdown), so a restart need not wait for it to expire.
     async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError>;
 
-    /// Watches subnet keys from `from` (inclusive; `0` or less means "from the next
-    /// revision", as in etcd). `only` narrows it to one subnet's key.
+    /// Watches subnet keys and departure markers from `from` (inclusive; `0` or less means
+    /// "from the next revision", as in etcd). `only` narrows it to one subnet's key (and no
+    /// markers).
     async fn watch(&self, from: Revision, only: Option<Subnet>) -> Result<WatchStream, StoreError>;
 
     /// This host's address changed: connections from the old one are dead though nothing

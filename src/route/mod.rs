@@ -19,8 +19,8 @@
 //!   a reader: an old table is freed when the last reader drops its guard.
 //! - Staleness: a snapshot is at most one batch old on top of how far the published table lags
 //!   the store. The watcher publishes a change as soon as the watch delivers it (normally
-//!   milliseconds after the write); a relinquished route goes after one history read, in
-//!   rounds at most one per [`watcher::HISTORY_DEBOUNCE`] (it forwards, stale, meanwhile); it
+//!   milliseconds after the write), a relinquished route in the same batch as its delete
+//!   (the departure marker rides with it); it
 //!   re-lists at most once per [`watcher::RELIST_DEBOUNCE`], and while the store is
 //!   unreachable it keeps the last published table indefinitely (the data plane never tears
 //!   down because the control plane is blind).

@@ -5,20 +5,14 @@
 //! - The route for this host's own subnet ([`RouteSet::set_own`]) is never published; it is
 //!   remembered, so that it appears as soon as the subnet is no longer ours.
 //! - A **Put** adds or replaces the subnet's route: a new holder replaces the old one.
-//! - A **Delete** (expiry, revoke or relinquish — etcd does not say which) keeps the route but
-//!   marks it [`Peer::stale`], and asks for the subnet's history record as of the delete's
-//!   revision ([`RouteSet::pending_history_reads`]) to learn which it was. A stale route is
-//!   still used for forwarding.
-//! - A **history answer** ([`RouteSet::apply_history`]) drops the route only if the record was
-//!   written at the delete's own revision saying `Relinquished` or `Revoked`: a release and a
-//!   revoke write it in the delete's transaction. Anything else — a `Held` record (an expiry),
-//!   an older record (an earlier holder's), no record (a flannel peer writes none) or one that
-//!   does not parse — keeps the route stale. An answer about a delete that is no longer the
-//!   subnet's latest news (a **Put** since: a new holder wins; a listing since) changes
-//!   nothing. A read that fails ([`RouteSet::history_read_failed`]) falls back to a re-list
-//!   ([`RouteSet::needs_relist`]), as compaction and a store that went back in time do, and so
-//!   does a wave of more deletes at once than a listing is worth in reads
-//!   ([`RouteSet::history_reads_or_relist`]).
+//! - A **Delete** with a **departure marker** of the same subnet at the same revision in the
+//!   same batch ([`WatchEvent::Departed`], saying `Relinquished` or `Revoked`) is a clean
+//!   leave: a release and a revoke write the marker in the delete's transaction, and etcd never
+//!   splits a revision over two batches. The route is dropped.
+//! - Any other **Delete** (an expiry; a flannel peer's leave, which writes no marker) keeps the
+//!   route but marks it [`Peer::stale`]: the host is most likely partitioned, not gone. A stale
+//!   route is still used for forwarding. A marker alone (its delete was covered by a listing or
+//!   is older than the route) changes nothing.
 //! - A **listing** is authoritative: keys present become routes (not stale). A key absent from
 //!   it whose history says `Relinquished` after the last write we saw (a clean leave) loses its
 //!   route; any other absent key keeps its route as stale — the host is most likely
@@ -45,7 +39,7 @@ use ipnet::Ipv4Net;
 
 use super::table::{Peer, RouteTable};
 use crate::lease::keys;
-use crate::lease::record::{HistoryEntry, HistoryState, Revision, StoredLease, Subnet};
+use crate::lease::record::{HistoryState, Revision, StoredLease, Subnet};
 use crate::lease::store::{BadEntry, Listing, WatchBatch, WatchEvent};
 
 /// The latest known route of one subnet and the key revision it came from.
@@ -55,9 +49,6 @@ struct Entry {
     /// The mod revision of the key write this route came from.
     mod_revision: Revision,
 }
-
-/// How many times a history read may fail before a re-list answers it instead.
-pub const HISTORY_READ_TRIES: u32 = 3;
 
 /// The latest known route per subnet, built from listings and watch events. See the module
 /// docs for the rules.
@@ -71,11 +62,6 @@ pub struct RouteSet {
     listed_at: Option<Revision>,
     resume: Revision,
     needs_relist: bool,
-    /// Visible subnets deleted at a revision whose history record has not been read yet:
-    /// subnet → the latest such delete's revision.
-    pending_history: BTreeMap<Subnet, Revision>,
-    /// Pending history reads that failed, by subnet: how many times.
-    history_failures: BTreeMap<Subnet, u32>,
     bad_entries: u64,
     /// Keys under `subnets/` that are skipped, by key, with why: rebuilt by every listing,
     /// added to by watch events (and removed by a delete of a key that parses).
@@ -93,8 +79,6 @@ impl RouteSet {
             listed_at: None,
             resume: Revision(0),
             needs_relist: false,
-            pending_history: BTreeMap::new(),
-            history_failures: BTreeMap::new(),
             bad_entries: 0,
             ignored: BTreeMap::new(),
         }
@@ -178,8 +162,6 @@ impl RouteSet {
         self.listed_at = Some(listing.revision);
         self.resume = self.resume.max(Revision(listing.revision.0.saturating_add(1)));
         self.needs_relist = false;
-        // The listing read the history of every delete it covers.
-        self.pending_history.retain(|_, deleted| *deleted > listing.revision);
         changed
     }
 
@@ -189,9 +171,26 @@ impl RouteSet {
             // Already covered by a listing or an earlier batch.
             return false;
         }
+        // The clean leaves of this batch: each delete they name (same subnet, same revision)
+        // drops its route instead of marking it stale.
+        let departed: BTreeSet<(Subnet, Revision)> = batch
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                WatchEvent::Departed(h)
+                    if matches!(
+                        h.record.state,
+                        HistoryState::Relinquished | HistoryState::Revoked
+                    ) =>
+                {
+                    Some((h.subnet, h.mod_revision))
+                }
+                _ => None,
+            })
+            .collect();
         let mut changed = false;
         for event in &batch.events {
-            changed |= self.apply_event(event);
+            changed |= self.apply_event(event, &departed);
         }
         self.resume = Revision(batch.revision.0.saturating_add(1));
         changed
@@ -201,7 +200,7 @@ impl RouteSet {
         self.listed_at.is_some_and(|at| revision <= at)
     }
 
-    fn apply_event(&mut self, event: &WatchEvent) -> bool {
+    fn apply_event(&mut self, event: &WatchEvent, departed: &BTreeSet<(Subnet, Revision)>) -> bool {
         match event {
             WatchEvent::Put(lease) => {
                 if self.covered(lease.mod_revision)
@@ -211,12 +210,6 @@ impl RouteSet {
                         .is_some_and(|e| e.mod_revision > lease.mod_revision)
                 {
                     return false;
-                }
-                // Written after a delete whose history is not read yet: this is the newer
-                // news (a new holder, or the old one back), and it decides.
-                if self.pending_history.get(&lease.subnet).is_some_and(|d| *d < lease.mod_revision)
-                {
-                    self.pending_history.remove(&lease.subnet);
                 }
                 match self.route_of(lease) {
                     Ok(peer) => {
@@ -243,21 +236,21 @@ impl RouteSet {
                 {
                     return false;
                 }
-                let changed = self.mark_stale(*subnet);
-                // Expiry or relinquish? Only the history record says: ask for it.
-                if self.is_visible(*subnet) {
-                    let latest = self.pending_history.entry(*subnet).or_insert(*revision);
-                    *latest = (*latest).max(*revision);
+                if departed.contains(&(*subnet, *revision)) {
+                    self.entries.remove(subnet);
+                    return self.is_visible(*subnet);
                 }
-                changed
+                // An expiry, or a leave that wrote no marker: keep forwarding, stale.
+                self.mark_stale(*subnet)
             }
             WatchEvent::Bad(bad) => {
                 let Some(subnet) = self.ignore_bad(bad) else { return false };
-                // The key was written again (with garbage): whatever the history says about an
-                // earlier delete, the subnet is occupied now, so its route stays stale.
-                self.pending_history.remove(&subnet);
+                // The key was written again (with garbage): the subnet is occupied, by whom we
+                // cannot tell, so its route stays, stale.
                 self.mark_stale(subnet)
             }
+            // Read with the delete it names (see `apply_batch`).
+            WatchEvent::Departed(_) => false,
         }
     }
 
@@ -326,89 +319,12 @@ impl RouteSet {
         self.listed_at = None;
         self.resume = Revision(0);
         self.needs_relist = true;
-        // Their revisions are of the old timeline too; the listing reads the history.
-        self.pending_history.clear();
     }
 
-    /// Whether only a listing can bring the set up to date (a history read failed, or the
-    /// store went back in time); cleared by [`RouteSet::apply_listing`].
+    /// Whether only a listing can bring the set up to date (the store went back in time);
+    /// cleared by [`RouteSet::apply_listing`].
     pub fn needs_relist(&self) -> bool {
         self.needs_relist
-    }
-
-    /// The history reads the set waits for: each deleted subnet whose route is visible, with
-    /// the revision of its latest delete, in subnet order. Answer each with
-    /// [`RouteSet::apply_history`] or [`RouteSet::history_read_failed`].
-    pub fn pending_history_reads(&self) -> Vec<(Subnet, Revision)> {
-        self.pending_history.iter().map(|(s, r)| (*s, *r)).collect()
-    }
-
-    /// The history reads to issue in this round: at most `per_round` of the pending ones (the
-    /// rest wait for the next round). When more are pending than half the routes known (a wave
-    /// of deletes: an outage's expiries, a rack leaving), one listing answers them all for
-    /// less than that many reads: they are dropped and the set asks for a re-list
-    /// ([`RouteSet::needs_relist`]) instead, and none are returned. Not sooner: with 1,000
-    /// hosts, 100 leases expiring together made every watcher re-list 2,000 keys where 100
-    /// reads of one key each would do, and the listings kept etcd past its call timeouts until
-    /// most hosts' leases expired too.
-    pub(crate) fn history_reads_or_relist(&mut self, per_round: usize) -> Vec<(Subnet, Revision)> {
-        let worth_a_listing = per_round.max(self.entries.len() / 2);
-        if self.pending_history.len() > worth_a_listing {
-            self.pending_history.clear();
-            self.needs_relist = true;
-            return Vec::new();
-        }
-        self.pending_history.iter().take(per_round).map(|(s, r)| (*s, *r)).collect()
-    }
-
-    /// Applies the answer to a history read: `history` is `subnet`'s history record as of
-    /// `deleted_at` (`None`: there was none, or it does not parse). Drops the route if the
-    /// record was written by the delete's own transaction as a relinquish or revoke; otherwise
-    /// the route stays (stale). An answer to a read that is no longer pending changes nothing.
-    /// Returns whether the table changed.
-    pub fn apply_history(
-        &mut self,
-        subnet: Subnet,
-        deleted_at: Revision,
-        history: Option<&HistoryEntry>,
-    ) -> bool {
-        if self.pending_history.get(&subnet) != Some(&deleted_at) {
-            return false;
-        }
-        self.pending_history.remove(&subnet);
-        // Same revision as the delete: the same transaction. An older record is about an
-        // earlier write (the holder's own `Held`: an expiry; or an earlier holder's leave).
-        let left_cleanly = history.is_some_and(|h| {
-            h.subnet == subnet
-                && h.mod_revision == deleted_at
-                && matches!(h.record.state, HistoryState::Relinquished | HistoryState::Revoked)
-        });
-        let deleted_route = self.entries.get(&subnet).is_some_and(|e| e.mod_revision < deleted_at);
-        if !(left_cleanly && deleted_route) {
-            return false;
-        }
-        self.entries.remove(&subnet);
-        self.is_visible(subnet)
-    }
-
-    /// A history read for the delete of `subnet` at `deleted_at` failed: the route stays
-    /// stale and the read stays pending, for a later round, until it has failed
-    /// [`HISTORY_READ_TRIES`] times; then a re-list ([`RouteSet::needs_relist`]) will tell.
-    /// Not at once: reads fail when etcd is overloaded, and a re-list is the costlier call (at
-    /// 1,000 hosts, failed reads turned into a thousand re-lists of 2,000 keys each).
-    pub fn history_read_failed(&mut self, subnet: Subnet, deleted_at: Revision) {
-        if self.pending_history.get(&subnet) != Some(&deleted_at) {
-            return;
-        }
-        let pending = &self.pending_history;
-        self.history_failures.retain(|s, _| pending.contains_key(s));
-        let failures = self.history_failures.entry(subnet).or_insert(0);
-        *failures += 1;
-        if *failures >= HISTORY_READ_TRIES {
-            self.history_failures.remove(&subnet);
-            self.pending_history.remove(&subnet);
-            self.needs_relist = true;
-        }
     }
 
     /// The revision to (re)start the watch from: the last listing's or batch's revision + 1
@@ -563,110 +479,114 @@ mod tests {
         assert_eq!(s.resume_revision(), Revision(12));
     }
 
+    /// The delete and the departure marker a release (or revoke) writes in one transaction.
+    fn leave(s: &str, rev: i64, state: HistoryState) -> WatchBatch {
+        WatchBatch {
+            revision: Revision(rev),
+            events: vec![
+                WatchEvent::Delete { subnet: subnet(s), revision: Revision(rev) },
+                WatchEvent::Departed(history(s, state, rev)),
+            ],
+        }
+    }
+
     #[test]
-    fn delete_keeps_the_route_stale_and_asks_for_its_history_not_a_relist() {
+    fn a_delete_without_a_departure_keeps_the_route_stale_and_asks_for_nothing() {
         let mut s = set();
         s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
-        assert!(s.pending_history_reads().is_empty());
         assert!(s.apply_batch(&delete("10.244.1.0/24", 11)));
         assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)]);
-        assert_eq!(s.pending_history_reads(), [(subnet("10.244.1.0/24"), Revision(11))]);
-        assert!(!s.needs_relist(), "one history read, not a listing of everything");
+        assert!(!s.needs_relist(), "an expiry is no reason to list everything");
         assert_eq!(s.table().stale_count(), 1);
         // The stale route still forwards.
         assert!(s.table().lookup(Ipv4Addr::new(10, 244, 1, 1)).is_some());
         // A delete of an unknown subnet is no news.
         assert!(!s.apply_batch(&delete("10.244.9.0/24", 12)));
-        assert_eq!(s.pending_history_reads().len(), 1);
+        // Until another host leases it.
+        assert!(s.apply_batch(&put("10.244.1.0/24", 2, 13)));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 2, false)]);
     }
 
     #[test]
-    fn history_written_with_the_delete_drops_the_route() {
+    fn a_delete_with_its_departure_marker_drops_the_route_in_either_order() {
         for state in [HistoryState::Relinquished, HistoryState::Revoked] {
-            let mut s = set();
-            s.apply_listing(&listing(
-                10,
-                vec![lease("10.244.1.0/24", 1, 5), lease("10.244.2.0/24", 2, 6)],
-                vec![],
-            ));
-            s.apply_batch(&delete("10.244.1.0/24", 11));
-            let h = history("10.244.1.0/24", state, 11);
-            assert!(s.apply_history(subnet("10.244.1.0/24"), Revision(11), Some(&h)), "{state:?}");
-            assert_eq!(routes(&s), [r("10.244.2.0/24", 2, false)], "{state:?}");
-            assert!(s.pending_history_reads().is_empty());
-            assert!(!s.needs_relist());
-            // Asked and answered: a repeated answer is no news.
-            assert!(!s.apply_history(subnet("10.244.1.0/24"), Revision(11), Some(&h)));
+            for reversed in [false, true] {
+                let mut s = set();
+                s.apply_listing(&listing(
+                    10,
+                    vec![lease("10.244.1.0/24", 1, 5), lease("10.244.2.0/24", 2, 6)],
+                    vec![],
+                ));
+                let mut b = leave("10.244.1.0/24", 11, state);
+                if reversed {
+                    b.events.reverse();
+                }
+                assert!(s.apply_batch(&b), "{state:?}");
+                assert_eq!(routes(&s), [r("10.244.2.0/24", 2, false)], "{state:?} {reversed}");
+                assert!(!s.needs_relist());
+            }
         }
     }
 
     #[test]
-    fn an_expiry_or_a_peer_without_history_keeps_the_route_stale() {
-        let held_before = history("10.244.1.0/24", HistoryState::Held, 5);
-        // A release of an earlier holder, before this one's create (a flannel peer, which
-        // writes no history, took the subnet after it).
-        let older_leave = history("10.244.1.0/24", HistoryState::Relinquished, 3);
-        // A `Held` written at the delete's revision is no leave either.
-        let held_then = history("10.244.1.0/24", HistoryState::Held, 11);
-        for answer in [Some(&held_before), Some(&older_leave), Some(&held_then), None] {
-            let mut s = set();
-            s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
-            s.apply_batch(&delete("10.244.1.0/24", 11));
-            assert!(!s.apply_history(subnet("10.244.1.0/24"), Revision(11), answer), "{answer:?}");
-            assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)], "{answer:?}");
-            assert!(s.pending_history_reads().is_empty());
-            assert!(!s.needs_relist());
-            // Until another host leases it.
-            assert!(s.apply_batch(&put("10.244.1.0/24", 2, 12)));
-            assert_eq!(routes(&s), [r("10.244.1.0/24", 2, false)]);
-        }
-    }
-
-    #[test]
-    fn a_put_after_the_delete_wins_over_a_late_history_answer() {
-        let mut s = set();
-        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
-        // Relinquished at 11 and taken by host 2 at 12, both seen before the read went out.
-        let b = WatchBatch {
-            revision: Revision(12),
+    fn a_marker_that_is_not_the_deletes_own_keeps_the_route_stale() {
+        let other_revision = WatchBatch {
+            revision: Revision(11),
             events: vec![
                 WatchEvent::Delete { subnet: subnet("10.244.1.0/24"), revision: Revision(11) },
-                WatchEvent::Put(lease("10.244.1.0/24", 2, 12)),
+                WatchEvent::Departed(history("10.244.1.0/24", HistoryState::Relinquished, 3)),
             ],
         };
-        assert!(s.apply_batch(&b));
-        assert!(s.pending_history_reads().is_empty(), "the new holder needs no history");
-        // The read went out before the put arrived, and its answer comes after.
-        let mut s2 = set();
-        s2.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
-        s2.apply_batch(&delete("10.244.1.0/24", 11));
-        s2.apply_batch(&put("10.244.1.0/24", 2, 12));
-        let h = history("10.244.1.0/24", HistoryState::Relinquished, 11);
-        for set in [&mut s, &mut s2] {
-            assert!(!set.apply_history(subnet("10.244.1.0/24"), Revision(11), Some(&h)));
-            assert_eq!(routes(set), [r("10.244.1.0/24", 2, false)]);
+        let other_subnet = WatchBatch {
+            revision: Revision(11),
+            events: vec![
+                WatchEvent::Delete { subnet: subnet("10.244.1.0/24"), revision: Revision(11) },
+                WatchEvent::Departed(history("10.244.3.0/24", HistoryState::Relinquished, 11)),
+            ],
+        };
+        let held = leave("10.244.1.0/24", 11, HistoryState::Held);
+        for b in [other_revision, other_subnet, held] {
+            let mut s = set();
+            s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
+            s.apply_batch(&b);
+            assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)], "{b:?}");
         }
-    }
-
-    #[test]
-    fn only_the_latest_delete_of_a_subnet_is_asked_about() {
+        // A marker in a later batch than its delete is not the delete's: etcd never splits
+        // a revision, so this is another transaction's (or garbage).
         let mut s = set();
         s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
         s.apply_batch(&delete("10.244.1.0/24", 11));
-        s.apply_batch(&put("10.244.1.0/24", 2, 12));
-        s.apply_batch(&delete("10.244.1.0/24", 13));
-        assert_eq!(s.pending_history_reads(), [(subnet("10.244.1.0/24"), Revision(13))]);
-        // An answer about the first delete is not the answer asked for.
-        let first = history("10.244.1.0/24", HistoryState::Relinquished, 11);
-        assert!(!s.apply_history(subnet("10.244.1.0/24"), Revision(11), Some(&first)));
-        assert_eq!(routes(&s), [r("10.244.1.0/24", 2, true)]);
-        let second = history("10.244.1.0/24", HistoryState::Relinquished, 13);
-        assert!(s.apply_history(subnet("10.244.1.0/24"), Revision(13), Some(&second)));
-        assert!(routes(&s).is_empty());
+        let late = WatchBatch {
+            revision: Revision(12),
+            events: vec![WatchEvent::Departed(history(
+                "10.244.1.0/24",
+                HistoryState::Relinquished,
+                11,
+            ))],
+        };
+        assert!(!s.apply_batch(&late));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)]);
     }
 
     #[test]
-    fn garbage_written_after_the_delete_keeps_the_route_whatever_the_history_says() {
+    fn a_leave_of_an_older_write_than_the_route_changes_nothing() {
+        let mut s = set();
+        // Host 2 took the subnet at 12; a replayed leave of host 1 at 11 is old news.
+        s.apply_listing(&listing(12, vec![lease("10.244.1.0/24", 2, 12)], vec![]));
+        assert!(!s.apply_batch(&leave("10.244.1.0/24", 11, HistoryState::Relinquished)));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 2, false)]);
+        // Left and retaken in one batch: the new holder's put wins.
+        let mut s = set();
+        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
+        let mut b = leave("10.244.1.0/24", 11, HistoryState::Relinquished);
+        b.events.push(WatchEvent::Put(lease("10.244.1.0/24", 2, 12)));
+        b.revision = Revision(12);
+        assert!(s.apply_batch(&b));
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 2, false)]);
+    }
+
+    #[test]
+    fn garbage_written_after_the_delete_keeps_the_route_stale() {
         let mut s = set();
         s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
         s.apply_batch(&delete("10.244.1.0/24", 11));
@@ -675,127 +595,33 @@ mod tests {
             events: vec![WatchEvent::Bad(bad("10.244.1.0-24"))],
         };
         s.apply_batch(&b);
-        assert!(s.pending_history_reads().is_empty());
-        let h = history("10.244.1.0/24", HistoryState::Relinquished, 11);
-        assert!(!s.apply_history(subnet("10.244.1.0/24"), Revision(11), Some(&h)));
         assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)]);
     }
 
     #[test]
-    fn deletes_fewer_than_half_the_routes_are_read_in_rounds_not_re_listed() {
+    fn a_wave_of_leaves_and_expiries_is_told_apart_without_a_listing() {
         let leases = (1..=40).map(|i| lease(&format!("10.244.{i}.0/24"), i, 5)).collect();
         let mut s = set();
         s.apply_listing(&listing(10, leases, vec![]));
-        for i in 1..=20 {
-            s.apply_batch(&delete(&format!("10.244.{i}.0/24"), 10 + i64::from(i)));
+        // 30 leave (every other one cleanly), all in one batch of many revisions.
+        let mut wave = WatchBatch { revision: Revision(40), events: Vec::new() };
+        for i in 1..=30u8 {
+            let b = if i % 2 == 0 {
+                leave(&format!("10.244.{i}.0/24"), 10 + i64::from(i), HistoryState::Relinquished)
+            } else {
+                delete(&format!("10.244.{i}.0/24"), 10 + i64::from(i))
+            };
+            wave.events.extend(b.events);
         }
-        // 20 pending, 40 routes: a round of 16, then one of 4; never a listing.
-        let first = s.history_reads_or_relist(16);
-        assert_eq!(first.len(), 16);
+        assert!(s.apply_batch(&wave));
         assert!(!s.needs_relist());
-        for (subnet, at) in first {
-            s.apply_history(subnet, at, None);
+        let t = routes(&s);
+        assert_eq!(t.len(), 25, "15 left cleanly, 15 expired (stale), 10 untouched");
+        assert_eq!(t.iter().filter(|(_, _, stale)| *stale).count(), 15);
+        for (subnet, host, stale) in &t {
+            assert!(*host % 2 == 1 || *host > 30, "{subnet} left cleanly: no route");
+            assert_eq!(*stale, *host <= 30, "{subnet}");
         }
-        assert_eq!(s.history_reads_or_relist(16).len(), 4);
-        assert!(!s.needs_relist());
-        // One more than half the routes known: a listing is worth it.
-        let mut s = set();
-        let leases = (1..=40).map(|i| lease(&format!("10.244.{i}.0/24"), i, 5)).collect();
-        s.apply_listing(&listing(10, leases, vec![]));
-        for i in 1..=21 {
-            s.apply_batch(&delete(&format!("10.244.{i}.0/24"), 10 + i64::from(i)));
-        }
-        assert!(s.history_reads_or_relist(16).is_empty());
-        assert!(s.needs_relist());
-    }
-
-    #[test]
-    fn a_wave_of_deletes_larger_than_a_listing_is_worth_re_lists_instead() {
-        let leases = (1..=5).map(|i| lease(&format!("10.244.{i}.0/24"), i, 5)).collect();
-        let mut s = set();
-        s.apply_listing(&listing(10, leases, vec![]));
-        for i in 1..=3 {
-            s.apply_batch(&delete(&format!("10.244.{i}.0/24"), 10 + i64::from(i)));
-        }
-        // Up to the limit: the reads.
-        assert_eq!(s.history_reads_or_relist(3).len(), 3);
-        assert!(!s.needs_relist());
-        // Past it: none, and a re-list that answers them all.
-        assert!(s.history_reads_or_relist(2).is_empty());
-        assert!(s.needs_relist());
-        assert!(s.pending_history_reads().is_empty());
-        let l = listing(
-            13,
-            vec![lease("10.244.4.0/24", 4, 5), lease("10.244.5.0/24", 5, 5)],
-            vec![
-                history("10.244.1.0/24", HistoryState::Relinquished, 11),
-                history("10.244.2.0/24", HistoryState::Held, 5),
-                history("10.244.3.0/24", HistoryState::Revoked, 13),
-            ],
-        );
-        s.apply_listing(&l);
-        assert_eq!(
-            routes(&s),
-            [
-                r("10.244.2.0/24", 2, true),
-                r("10.244.4.0/24", 4, false),
-                r("10.244.5.0/24", 5, false)
-            ]
-        );
-    }
-
-    #[test]
-    fn a_history_read_that_keeps_failing_falls_back_to_a_relist() {
-        let mut s = set();
-        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
-        s.apply_batch(&delete("10.244.1.0/24", 11));
-        // Retried in later rounds first: a read costs less than a listing.
-        for _ in 1..HISTORY_READ_TRIES {
-            s.history_read_failed(subnet("10.244.1.0/24"), Revision(11));
-            assert!(!s.needs_relist());
-            assert_eq!(s.pending_history_reads(), [(subnet("10.244.1.0/24"), Revision(11))]);
-        }
-        s.history_read_failed(subnet("10.244.1.0/24"), Revision(11));
-        assert!(s.needs_relist());
-        assert!(s.pending_history_reads().is_empty());
-        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, true)]);
-        // The listing decides, as before targeted reads.
-        let l = listing(11, vec![], vec![history("10.244.1.0/24", HistoryState::Relinquished, 11)]);
-        assert!(s.apply_listing(&l));
-        assert!(routes(&s).is_empty());
-        assert!(!s.needs_relist());
-    }
-
-    #[test]
-    fn a_listing_answers_the_history_reads_it_covers() {
-        let mut s = set();
-        s.apply_listing(&listing(
-            10,
-            vec![lease("10.244.1.0/24", 1, 5), lease("10.244.2.0/24", 2, 6)],
-            vec![],
-        ));
-        s.apply_batch(&delete("10.244.1.0/24", 11));
-        s.apply_batch(&delete("10.244.2.0/24", 12));
-        // Compaction, say, made the watcher re-list at 11: it decides the first delete; the
-        // second one's read still counts.
-        let l = listing(
-            11,
-            vec![lease("10.244.2.0/24", 2, 6)],
-            vec![history("10.244.1.0/24", HistoryState::Relinquished, 11)],
-        );
-        s.apply_listing(&l);
-        assert_eq!(s.pending_history_reads(), [(subnet("10.244.2.0/24"), Revision(12))]);
-        let h = history("10.244.1.0/24", HistoryState::Relinquished, 11);
-        assert!(!s.apply_history(subnet("10.244.1.0/24"), Revision(11), Some(&h)));
-        let h = history("10.244.2.0/24", HistoryState::Revoked, 12);
-        assert!(s.apply_history(subnet("10.244.2.0/24"), Revision(12), Some(&h)));
-        assert!(routes(&s).is_empty());
-        // A store that went back in time forgets every read it waited for.
-        s.apply_batch(&put("10.244.3.0/24", 3, 13));
-        s.apply_batch(&delete("10.244.3.0/24", 14));
-        s.forget_revisions();
-        assert!(s.pending_history_reads().is_empty());
-        assert!(s.needs_relist());
     }
 
     #[test]
@@ -922,11 +748,10 @@ mod tests {
         assert!(s.set_own(Some(subnet("10.244.1.0/24"))));
         assert_eq!(routes(&s), [r("10.244.2.0/24", 2, false)]);
         assert!(!s.set_own(Some(subnet("10.244.1.0/24"))));
-        // Our own key's renewals and deletes are not news, and need no relist or history.
+        // Our own key's renewals and deletes are not news, and need no relist.
         assert!(!s.apply_batch(&put("10.244.1.0/24", 1, 11)));
         assert!(!s.apply_batch(&delete("10.244.1.0/24", 12)));
         assert!(!s.needs_relist());
-        assert!(s.pending_history_reads().is_empty());
         // Our subnet is taken by host 3 and we move to .5: host 3's route appears.
         assert!(!s.apply_batch(&put("10.244.1.0/24", 3, 13)));
         assert!(s.set_own(Some(subnet("10.244.5.0/24"))));
@@ -988,7 +813,6 @@ mod tests {
         let mut s = set();
         s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
         s.apply_batch(&delete("10.244.1.0/24", 11));
-        assert_eq!(s.pending_history_reads().len(), 1);
         // A re-list at 13 while the old watch goes on: it still delivers 12 and 13, then 14.
         s.apply_listing(&listing(
             13,

@@ -7,19 +7,14 @@
 //! - Every batch that changes the routes publishes a new table at once; renewals, which rewrite
 //!   a lease with the same value, publish nothing. Batches that are already waiting behind it
 //!   (at most [`BATCHES_AT_ONCE`]) are applied with it and published with it.
-//! - A delete (expiry or relinquish?) costs one read: the deleted subnet's history record as of
-//!   the delete's revision ([`Store::get_history`]; at most [`HISTORY_READS_AT_ONCE`] at a
-//!   time), in rounds of at most [`HISTORY_READS_PER_ROUND`] reads, at most one round per
-//!   [`HISTORY_DEBOUNCE`]. A round due when the batches
-//!   that brought the deletes arrive runs right after them, and one table shows both;
-//!   otherwise the batches publish at once and the round publishes what it changes. A delete
-//!   does not re-list: with N hosts a re-list per delete per watcher is O(N²) keys read per
-//!   wave of deletes.
-//! - A re-list runs after [`StoreError::Compacted`], after the store went back in time, after a
-//!   history read that failed [`HISTORY_READ_TRIES`](super::set::HISTORY_READ_TRIES) times (a failed read is retried after
-//!   [`HISTORY_RETRY`]), and instead of the reads when more deletes wait than half
-//!   the routes known (a listing then costs less; these beside the live watch), at most once per
-//!   [`RELIST_DEBOUNCE`]; after compaction the watch restarts from the listing.
+//! - A delete costs no call: the watch covers the departure markers a release or revoke writes
+//!   with its delete ([`KeyLayout::route_watch_range`](crate::lease::keys::KeyLayout::route_watch_range)),
+//!   so the batch that brings the delete says whether it was a clean leave (the route goes) or
+//!   an expiry (the route stays, stale). Before the markers, every delete cost every watcher
+//!   one read of the subnet's history: with 1,000 hosts, a wave of 100 leaves was 100,000
+//!   reads, and took half a minute to propagate.
+//! - A re-list runs after [`StoreError::Compacted`] and after the store went back in time, at
+//!   most once per [`RELIST_DEBOUNCE`]; the watch then restarts from the listing.
 //! - Any other failure (list, watch set-up, a watch that errors or ends) re-lists and re-watches
 //!   with backoff from [`BACKOFF_MIN`] doubling to [`BACKOFF_MAX`], each wait jittered ±50 %. Meanwhile the last
 //!   published routes stay in place: nothing here ever clears them because the store is
@@ -50,28 +45,12 @@ use crate::lease::record::Subnet;
 use crate::lease::store::{Store, StoreError, WatchStream};
 use crate::metrics;
 
-/// The least time between two re-lists asked for by failed history reads or compaction.
+/// The least time between two re-lists asked for by compaction or a rewound store.
 pub(crate) const RELIST_DEBOUNCE: Duration = Duration::from_millis(200);
 
-/// The most history reads (one per deleted subnet) in flight at once, per watcher.
-pub(crate) const HISTORY_READS_AT_ONCE: usize = 4;
-
-/// The least time between two rounds of history reads: the first delete after a quiet spell is
-/// read at once; those that follow within this time are read together after it (one round,
-/// one table), so that a wave of deletes costs each watcher a few rounds, not one per delete.
-pub(crate) const HISTORY_DEBOUNCE: Duration = Duration::from_millis(100);
-
-/// The most history reads in one round. More pending deletes than that re-list instead: one
-/// listing answers them all, and at a few hundred leases costs etcd about as much as this many
-/// single-key reads (each read is a request of its own; a listing is a few pages).
-pub(crate) const HISTORY_READS_PER_ROUND: usize = 16;
-
-/// The wait before a round that retries failed history reads (jittered ±50 %).
-pub const HISTORY_RETRY: Duration = Duration::from_secs(1);
-
 /// The most watch batches applied together (the one that woke the watcher and those already
-/// waiting behind it) before their deletes' history is read and the table published: enough
-/// to read a wave of deletes together, few enough that shutdown is never kept waiting long.
+/// waiting behind it) before the table is published: a wave of changes makes one table, and
+/// shutdown is never kept waiting long.
 pub(crate) const BATCHES_AT_ONCE: usize = 64;
 
 /// The first retry delay after a store failure.
@@ -89,9 +68,7 @@ pub struct RouteStats {
     pub(crate) bad_entries: AtomicU64,
     /// Listings after the first (for compaction, a rewound store or failures).
     pub relists: AtomicU64,
-    /// History records read to tell an expiry from a relinquish or revoke (one per delete).
-    pub(crate) history_reads: AtomicU64,
-    /// Failed list, watch or history read calls and watches that broke.
+    /// Failed list or watch calls and watches that broke.
     pub watch_errors: AtomicU64,
     /// Routes in the published table (gauge).
     pub(crate) routes: AtomicU64,
@@ -121,7 +98,7 @@ impl Collector for RouteStats {
         for (name, help, v) in gauges {
             metrics::gauge(&mut e, name, help, load(v))?;
         }
-        let counters: [(&str, &str, &AtomicU64); 5] = [
+        let counters: [(&str, &str, &AtomicU64); 4] = [
             ("weft_route_updates_total", "Route tables published.", &self.updates),
             (
                 "weft_route_bad_entries_total",
@@ -134,13 +111,8 @@ impl Collector for RouteStats {
                 &self.relists,
             ),
             (
-                "weft_route_history_reads_total",
-                "History records read to tell an expired lease from a relinquished one.",
-                &self.history_reads,
-            ),
-            (
                 "weft_route_watch_errors_total",
-                "Failed lease list, watch or history read calls.",
+                "Failed lease list or watch calls.",
                 &self.watch_errors,
             ),
         ];
@@ -182,66 +154,6 @@ fn note_skipped(
     }
 }
 
-/// One round of history reads: the record of up to [`HISTORY_READS_PER_ROUND`] subnets the
-/// set saw deleted (as of their delete), at most [`HISTORY_READS_AT_ONCE`] at a time, the
-/// answers applied; a read that fails leaves the set asking for a re-list, and so do more
-/// deletes pending than half the routes known ([`RouteSet::history_reads_or_relist`]).
-/// Returns whether the table changed.
-async fn read_history(store: &dyn Store, set: &mut RouteSet, stats: &RouteStats) -> Round {
-    let reads = set.history_reads_or_relist(HISTORY_READS_PER_ROUND);
-    if reads.is_empty() {
-        if set.needs_relist() {
-            debug!("more deletes than a listing is worth in reads; re-listing");
-        }
-        return Round::default();
-    }
-    stats.history_reads.fetch_add(reads.len() as u64, Ordering::Relaxed);
-    let answers: Vec<_> = futures::stream::iter(reads)
-        .map(|(subnet, deleted_at)| async move {
-            (subnet, deleted_at, store.get_history(subnet, deleted_at).await)
-        })
-        .buffer_unordered(HISTORY_READS_AT_ONCE)
-        .collect()
-        .await;
-    let mut round = Round::default();
-    for (subnet, deleted_at, answer) in answers {
-        match answer {
-            // A record that does not parse tells nothing: the route stays, stale.
-            Ok(entry) => {
-                round.changed |=
-                    set.apply_history(subnet, deleted_at, entry.and_then(Result::ok).as_ref())
-            }
-            Err(e) => {
-                stats.watch_errors.fetch_add(1, Ordering::Relaxed);
-                warn!(%subnet, revision = deleted_at.0, error = %e, "reading a deleted lease's history failed; retrying");
-                set.history_read_failed(subnet, deleted_at);
-                round.failed = true;
-            }
-        }
-    }
-    round
-}
-
-/// What a round of history reads did.
-#[derive(Clone, Copy, Debug, Default)]
-struct Round {
-    /// The table changed.
-    changed: bool,
-    /// A read failed.
-    failed: bool,
-}
-
-/// When the next round of history reads is due, if reads are still pending (a round reads at
-/// most [`HISTORY_READS_PER_ROUND`]): one debounce after the last round, or after
-/// [`HISTORY_RETRY`] (jittered) if a read of the last round failed.
-fn next_round(set: &RouteSet, last_read: Option<Instant>, failed: bool) -> Option<Instant> {
-    if set.pending_history_reads().is_empty() || set.needs_relist() {
-        return None;
-    }
-    let wait = if failed { jittered(HISTORY_RETRY) } else { HISTORY_DEBOUNCE };
-    Some(last_read.map_or_else(Instant::now, |t| t + wait))
-}
-
 /// The next item of the watch, or never if there is none (for `select!`).
 async fn next_batch(
     stream: &mut Option<WatchStream>,
@@ -278,9 +190,6 @@ pub async fn run(
     let mut bad_seen = 0u64;
     let mut warned = BTreeSet::new();
 
-    let mut read_at: Option<Instant> = None;
-    let mut last_read: Option<Instant> = None;
-
     let debounced = |last_list: Option<Instant>| {
         let now = Instant::now();
         last_list.map_or(now, |t| (t + RELIST_DEBOUNCE).max(now))
@@ -289,17 +198,6 @@ pub async fn run(
     loop {
         if *shutdown.borrow() {
             return;
-        }
-        if read_at.is_some_and(|t| t <= Instant::now()) {
-            last_read = Some(Instant::now());
-            let round = read_history(&*store, &mut set, &stats).await;
-            if round.changed {
-                publish(&routes, &set, &stats);
-            }
-            if set.needs_relist() && list_at.is_none() {
-                list_at = Some(debounced(last_list));
-            }
-            read_at = next_round(&set, last_read, round.failed);
         }
         if list_at.is_some_and(|t| t <= Instant::now()) {
             list_at = None;
@@ -348,10 +246,7 @@ pub async fn run(
             }
         }
 
-        let wake = match (list_at, read_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let wake = list_at;
         let mut watched = None;
         tokio::select! {
             biased;
@@ -375,8 +270,7 @@ pub async fn run(
         }
         let Some(mut item) = watched else { continue };
 
-        // This batch and those already waiting behind it, then (unless a round of reads ran
-        // within the last HISTORY_DEBOUNCE) their deletes' history, then one table for it all.
+        // This batch and those already waiting behind it, then one table for them all.
         let mut applied = 0;
         let mut changed = false;
         let ended = loop {
@@ -396,18 +290,6 @@ pub async fn run(
             }
         };
         if applied > 0 {
-            if read_at.is_none() && !set.pending_history_reads().is_empty() {
-                let now = Instant::now();
-                let at = last_read.map_or(now, |t| (t + HISTORY_DEBOUNCE).max(now));
-                if at <= now {
-                    last_read = Some(now);
-                    let round = read_history(&*store, &mut set, &stats).await;
-                    changed |= round.changed;
-                    read_at = next_round(&set, last_read, round.failed);
-                } else {
-                    read_at = Some(at);
-                }
-            }
             if changed {
                 publish(&routes, &set, &stats);
             }
@@ -457,7 +339,6 @@ async fn sleep_until(at: Option<Instant>) {
 
 #[cfg(test)]
 mod tests {
-    use crate::route::set::HISTORY_READ_TRIES;
     use std::net::Ipv4Addr;
     use std::sync::Mutex;
 
@@ -466,9 +347,7 @@ mod tests {
     use super::*;
     use crate::dataplane::wire::ethernet::MacAddr;
     use crate::lease::memory::{MemoryClient, MemoryStore};
-    use crate::lease::record::{
-        HistoryEntry, Incarnation, LeaseAttrs, NodeId, Revision, StoredLease,
-    };
+    use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Revision, StoredLease};
     use crate::lease::store::{
         BadEntry, CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord,
         ReleaseOutcome, RenewOutcome,
@@ -641,15 +520,14 @@ mod tests {
         h.join(2, "10.244.2.0/24").await;
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
         assert_eq!(client.release(&held, &node(1)).await.unwrap(), ReleaseOutcome::Released);
+        // The departure marker in the delete's batch told it: no read, no re-list.
         h.expect(PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;
-        // One history read told it, not a re-list of everything.
-        assert_eq!(stat(&h.stats.history_reads), 1);
         assert_eq!(stat(&h.stats.relists), 0);
         h.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_revoked_lease_is_removed_by_one_history_read() {
+    async fn a_revoked_lease_is_removed_from_the_watch_alone() {
         let h = Harness::start();
         h.join(1, "10.244.1.0/24").await;
         h.join(2, "10.244.2.0/24").await;
@@ -657,13 +535,12 @@ mod tests {
         let operator = h.store.client("operator");
         assert!(operator.revoke(subnet("10.244.2.0/24")).await.unwrap());
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
-        assert_eq!(stat(&h.stats.history_reads), 1);
         assert_eq!(stat(&h.stats.relists), 0);
         h.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_wave_of_deletes_is_read_together_and_published_once() {
+    async fn a_wave_of_leaves_is_published_once() {
         let h = Harness::start();
         let mut held = Vec::new();
         for host in 1..=4 {
@@ -688,7 +565,6 @@ mod tests {
             assert_eq!(released, ReleaseOutcome::Released);
         }
         h.expect(PROMPTLY, &[("10.244.4.0/24", 4, false)]).await;
-        assert_eq!(stat(&h.stats.history_reads), 3);
         assert_eq!(stat(&h.stats.updates), updates + 1, "one table for the three deletes");
         assert_eq!(stat(&h.stats.relists), 0);
         h.stop().await;
@@ -701,11 +577,10 @@ mod tests {
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
         h.expire_all();
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, true)]).await;
-        // The history read that the delete asked for confirms: expired, not relinquished.
+        // No departure marker came with the delete: expired, not relinquished, for good.
         h.idle(Duration::from_secs(2)).await;
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, true)]).await;
         assert_eq!(stat(&h.stats.stale_routes), 1);
-        assert_eq!(stat(&h.stats.history_reads), 1);
         assert_eq!(stat(&h.stats.relists), 0);
         // Still forwarded to.
         assert!(h.routes.load().lookup(Ipv4Addr::new(10, 244, 1, 1)).is_some());
@@ -727,7 +602,6 @@ mod tests {
             &stats.updates,
             &stats.bad_entries,
             &stats.relists,
-            &stats.history_reads,
             &stats.watch_errors,
         ];
         for (v, n) in all.into_iter().zip(1..) {
@@ -762,7 +636,6 @@ mod tests {
             "weft_routes_stale 0",
             "weft_route_updates_total",
             "weft_route_relists_total",
-            "weft_route_history_reads_total 0",
             "weft_route_watch_errors_total 0",
         ] {
             assert!(text.contains(name), "{name}: {text}");
@@ -850,8 +723,6 @@ mod tests {
     struct RacingStore {
         inner: MemoryClient,
         before_watch: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-        /// How many history reads are still to fail (as an unreachable store fails them).
-        failing_history_reads: AtomicU64,
     }
 
     #[async_trait::async_trait]
@@ -870,21 +741,6 @@ mod tests {
             subnet: Subnet,
         ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError> {
             self.inner.get(subnet).await
-        }
-        async fn get_history(
-            &self,
-            subnet: Subnet,
-            at: Revision,
-        ) -> Result<Option<Result<HistoryEntry, BadEntry>>, StoreError> {
-            let failing = self.failing_history_reads.fetch_update(
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-                |n| n.checked_sub(1),
-            );
-            if failing.is_ok() {
-                return Err(StoreError::Timeout(Duration::from_secs(5)));
-            }
-            self.inner.get_history(subnet, at).await
         }
         async fn create_pruning(
             &self,
@@ -973,7 +829,6 @@ mod tests {
                 world.put_raw(&key("10.244.1.0/24"), &attrs(5).to_json(), Some(TTL));
                 world.compact(world.revision());
             }))),
-            failing_history_reads: AtomicU64::new(0),
         };
         let h = Harness::start_with(clock, store, Arc::new(racing));
         h.expect(
@@ -999,32 +854,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn deletes_right_after_a_round_of_reads_wait_for_the_next_round() {
-        let h = Harness::start();
-        let mut held = Vec::new();
-        for host in 1..=3 {
-            held.push(h.join(host, &format!("10.244.{host}.0/24")).await);
-        }
-        h.idle(Duration::from_secs(1)).await;
-        let (one, two, three) = (&held[0], &held[1], &held[2]);
-        one.0.release(&one.1, &node(1)).await.unwrap();
-        h.expect(PROMPTLY, &[("10.244.2.0/24", 2, false), ("10.244.3.0/24", 3, false)]).await;
-        assert_eq!(stat(&h.stats.history_reads), 1);
-        // Within HISTORY_DEBOUNCE of that round: stale at once, dropped by the next round.
-        let round = Instant::now();
-        two.0.release(&two.1, &node(2)).await.unwrap();
-        three.0.release(&three.1, &node(3)).await.unwrap();
-        h.expect(PROMPTLY, &[("10.244.2.0/24", 2, true), ("10.244.3.0/24", 3, true)]).await;
-        assert_eq!(stat(&h.stats.history_reads), 1);
-        h.expect(PROMPTLY, &[]).await;
-        assert!(round.elapsed() <= HISTORY_DEBOUNCE + Duration::from_millis(20));
-        assert_eq!(stat(&h.stats.history_reads), 3);
-        assert_eq!(stat(&h.stats.relists), 0);
-        h.stop().await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_wave_of_relinquishes_is_read_in_rounds_without_a_relist() {
+    async fn a_wave_of_relinquishes_is_told_from_the_watch_alone() {
         let h = Harness::start();
         let mut joined = Vec::new();
         for host in 1..=50u8 {
@@ -1035,23 +865,22 @@ mod tests {
         let all: Vec<(&str, u8, bool)> =
             joined.iter().map(|(n, s, _, _)| (s.as_str(), *n, false)).collect();
         h.expect(PROMPTLY, &all).await;
-        // A rack of 20 leaves at once: more than a round, fewer than half the routes.
+        // A rack of 20 leaves at once.
         for (n, _, client, held) in &joined[..20] {
             client.release(held, &node(*n)).await.unwrap();
         }
         let rest: Vec<(&str, u8, bool)> =
             joined[20..].iter().map(|(n, s, _, _)| (s.as_str(), *n, false)).collect();
-        h.expect(HISTORY_DEBOUNCE * 3 + PROMPTLY, &rest).await;
-        assert_eq!(stat(&h.stats.history_reads), 20);
+        h.expect(PROMPTLY, &rest).await;
         assert_eq!(stat(&h.stats.relists), 0);
         h.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_wave_of_expiries_re_lists_once_instead_of_reading_each() {
+    async fn a_wave_of_expiries_keeps_every_route_stale_without_a_call() {
         let h = Harness::start();
         let mut want = Vec::new();
-        for host in 1..=(HISTORY_READS_PER_ROUND as u8 + 4) {
+        for host in 1..=20 {
             let s = format!("10.244.{host}.0/24");
             h.join(host, &s).await;
             want.push((s, host));
@@ -1066,40 +895,8 @@ mod tests {
         h.expect(PROMPTLY, &stale).await;
         h.idle(Duration::from_secs(1)).await;
         h.expect(PROMPTLY, &stale).await;
-        assert_eq!(stat(&h.stats.history_reads), 0);
-        assert_eq!(stat(&h.stats.relists), 1, "one listing told every expiry");
+        assert_eq!(stat(&h.stats.relists), 0);
         h.stop().await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failed_history_read_is_retried_and_one_that_keeps_failing_re_lists() {
-        // One failure is retried; three (HISTORY_READ_TRIES) are given up on.
-        for failing in [1, 3] {
-            let clock = ManualClock::new();
-            let store = MemoryStore::new(Arc::new(clock.clone()), PREFIX);
-            let flaky = RacingStore {
-                inner: store.client("routes"),
-                before_watch: Mutex::new(None),
-                failing_history_reads: AtomicU64::new(failing),
-            };
-            let h = Harness::start_with(clock, store, Arc::new(flaky));
-            let (client, held) = h.join(1, "10.244.1.0/24").await;
-            h.join(2, "10.244.2.0/24").await;
-            h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
-            client.release(&held, &node(1)).await.unwrap();
-            // Stale at once; dropped once a retried read, or the re-list, tells.
-            let retries = HISTORY_RETRY.mul_f64(1.5) * HISTORY_READ_TRIES;
-            h.expect(retries + RELIST_DEBOUNCE + PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;
-            assert_eq!(stat(&h.stats.watch_errors), failing);
-            if failing == 1 {
-                assert_eq!(stat(&h.stats.history_reads), failing + 1, "retried");
-                assert_eq!(stat(&h.stats.relists), 0);
-            } else {
-                assert_eq!(stat(&h.stats.history_reads), failing);
-                assert_eq!(stat(&h.stats.relists), 1, "given up on: re-listed");
-            }
-            h.stop().await;
-        }
     }
 
     #[tokio::test(start_paused = true)]

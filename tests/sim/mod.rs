@@ -1017,6 +1017,8 @@ fn step_weft(h: &mut Host, clock: &ManualClock, now: Instant) -> bool {
                         WatchEvent::Delete { .. } | WatchEvent::Bad(_) => {
                             p.keeper.handle_own_key(now, None)
                         }
+                        // A one-key watch sees no departure markers.
+                        WatchEvent::Departed(_) => {}
                     }
                 }
             }
@@ -1170,7 +1172,7 @@ fn step_flannel(h: &mut Host, mut ctx: FlannelCtx<'_>) -> FlannelOutcome {
                             "Lease has been revoked. Shutting down daemon. (exit 0)".into(),
                         );
                     }
-                    WatchEvent::Bad(_) => {}
+                    WatchEvent::Bad(_) | WatchEvent::Departed(_) => {}
                 }
             }
         }
