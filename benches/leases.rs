@@ -2,7 +2,7 @@
 //! `scripts/bench-leases.sh [N]`; `cargo bench` skips it unless given `--hosts`.
 //!
 //! The coordinator (this binary without `--worker`) starts a real 3-member etcd on loopback
-//! (tests/support/etcd.rs, raft heartbeat/election 100/1000 ms, etcd's defaults, data dirs under
+//! (integration/support/etcd.rs, raft heartbeat/election 100/1000 ms, etcd's defaults, data dirs under
 //! `$TMPDIR`, which scripts/bench-leases.sh points at tmpfs: see there),
 //! writes the network config (10.244.0.0/16, SubnetLen 28: 4,094 leasable subnets) and
 //! re-executes itself as worker processes, each running its share of hosts: per host weft's own
@@ -25,16 +25,15 @@
 //!
 //! Store calls are counted per worker, the lease drivers' and the route watchers' apart: every
 //! phase reports the drivers' listings and creates, and the watchers' listings (the first one
-//! of each and re-lists) and history reads (one per delete a watcher sees).
+//! of each and re-lists).
 //!
 //! Propagation latency: every create or relinquish is stamped (CLOCK_MONOTONIC) by the worker
 //! whose store call committed it, when the call returns; each worker polls its hosts' published
 //! route tables every 5 ms and reports when all of them have the route (or no longer have it);
 //! the latency is the last worker's report minus the stamp.
 
-#[allow(dead_code)]
-#[path = "../tests/support/etcd.rs"]
-mod etcd;
+#[path = "../integration/support/mod.rs"]
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -1638,7 +1637,7 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
     // etcd's default raft timing: with the fast test timing (50/500 ms) the members of a
     // starved 2-core machine lost their leader under the join's load and never got it back.
     let (heartbeat, election) = (100, 1000);
-    let cluster = etcd::EtcdCluster::start_with_timing(Some((heartbeat, election)));
+    let cluster = support::etcd::EtcdCluster::start_with_timing(Some((heartbeat, election)));
     let pids = etcd_pids();
     println!(
         "etcd: 3 members (raft heartbeat {heartbeat} ms, election {election} ms), pids {pids:?}"

@@ -6,8 +6,8 @@
 # against a fresh 3-member etcd on loopback (raft 100/1000 ms), through four phases: join (all at
 # once), renew (2 TTLs), suspend (SIGSTOP one worker past the TTL, SIGCONT), churn (SIGTERM one
 # worker, whose hosts relinquish, while a new worker joins). Prints each phase's figures (among
-# them the store calls: the lease drivers' listings and creates, the route watchers' listings and
-# history reads) and a SUMMARY line. Needs etcd (scripts/setup.sh) and /dev/shm.
+# them the store calls: the lease drivers' listings and creates, the route watchers' listings
+# and re-lists) and a SUMMARY line. Needs etcd (scripts/setup.sh) and /dev/shm.
 #
 # POLICY=flannel runs flanneld's lease logic (as tests/sim/mod.rs models it) in every host
 # instead of weft's driver and keeper, for a side-by-side row: same etcd, same clients, same

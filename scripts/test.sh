@@ -9,12 +9,15 @@ scripts/setup.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-# `fault-injection` adds the test-only hooks the end-to-end tests drive (tests/e2e_worker.rs);
-# release builds (scripts/demo.sh, scripts/bench.sh) never have it.
-cargo clippy --all-targets --features fault-injection --quiet -- -D warnings
+# `fault-injection` adds the test-only hooks the end-to-end tests drive
+# (integration/e2e_worker.rs); release builds (scripts/demo.sh, scripts/bench.sh) never have it.
+# `etcd` and `netns` turn on the suites under integration/ (real etcd; network namespaces): a
+# plain `cargo test` runs only tests/, which needs no root and no etcd.
+FEATURES=fault-injection,etcd,netns
+cargo clippy --all-targets --features "$FEATURES" --quiet -- -D warnings
 echo "== cargo test"
 # Benches are built by clippy above; criterion binaries take no test-runner flags.
-cargo test --features fault-injection --lib --bins --tests -- --test-threads 2
+cargo test --features "$FEATURES" --lib --bins --tests -- --test-threads 2
 echo "== chaos soak (short): namespace hosts, a 3-member etcd, random faults, invariants"
 # The long soak (minutes) is `scripts/chaos.sh`; CI runs the short one (about 90 s + a build).
 scripts/chaos.sh --short

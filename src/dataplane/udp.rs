@@ -1257,7 +1257,7 @@ mod tests {
     /// The kernel's rules, as weft relies on them (checked on Linux 6.x): a socket without
     /// `SO_REUSEADDR` shares its port with nobody's `SO_REUSEADDR` socket, whether that one
     /// binds the wildcard or the specific address, and whatever its UID; `SO_REUSEPORT` joins
-    /// only a group that has it, and (not testable here, see tests/e2e.rs) only with the same
+    /// only a group that has it, and (not testable here, see integration/e2e.rs) only with the same
     /// effective UID.
     #[test]
     fn no_neighbour_binds_our_port_with_so_reuseaddr() {

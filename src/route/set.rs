@@ -33,6 +33,8 @@
 //!
 //! [`PeerError`]: super::table::PeerError
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use ipnet::Ipv4Net;

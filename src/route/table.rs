@@ -28,6 +28,8 @@
 //! one peer per [`DENSE_SLOTS_PER_PEER`] slots). Otherwise every peer goes into the levels:
 //! lookups stay correct and allocation-free, at the cost of a binary search.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;

@@ -26,13 +26,14 @@ use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::weft::http_get;
+use super::etcd::{etcd_binary, member_args};
+use super::process::die_with_parent;
+use super::weft::{RunArgs, http_get};
 
 /// etcd's client URL on the underlay (inside the hub namespace).
 pub const ETCD: &str = "http://192.0.2.254:2379";
@@ -121,17 +122,6 @@ pub fn set_tx_checksum(ns: &str, dev: &str, on: bool) {
         let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL, &mut req) };
         assert_eq!(rc, 0, "ETHTOOL_STXCSUM {dev} in {ns}: {}", std::io::Error::last_os_error());
     });
-}
-
-/// Sets `PR_SET_PDEATHSIG` (SIGKILL) in the child before exec.
-fn die_with_parent(cmd: &mut Command) -> &mut Command {
-    // SAFETY: prctl is async-signal-safe; the closure makes only that call.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        })
-    }
 }
 
 /// Runs a command to completion (stdin null) and returns its output, whatever the status.
@@ -394,12 +384,9 @@ impl Lab {
         let log = File::create(self.dir().join("etcd.log")).expect("etcd log");
         let peer = "http://127.0.0.1:2380";
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &hub, "etcd", "--name", "e2e", "--data-dir"])
-            .arg(&data)
-            .args(["--listen-client-urls", ETCD, "--advertise-client-urls", ETCD])
-            .args(["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer])
-            .args(["--initial-cluster", &format!("e2e={peer}")])
-            .args(["--logger", "zap", "--log-level", "error"])
+        cmd.args(["netns", "exec", &hub])
+            .arg(etcd_binary())
+            .args(member_args("e2e", &data, ETCD, peer, &format!("e2e={peer}")))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
@@ -692,20 +679,24 @@ impl Weft {
             .append(true)
             .open(&self.log)
             .expect("open weft log");
-        let state = self.dir.join("state").to_string_lossy().into_owned();
-        let subnet_file = self.subnet_file().to_string_lossy().into_owned();
-        let (public_ip, port) = (format!("192.0.2.{}", self.n), self.health_port.to_string());
-        let mut weft: Vec<&str> = vec![weft_bin(), "run"];
-        weft.extend_from_slice(&["--etcd-endpoints", ETCD, "--etcd-prefix", PREFIX]);
-        weft.extend_from_slice(&["--etcd-timeout", "1s"]);
+        let public_ip = format!("192.0.2.{}", self.n);
+        let run = RunArgs {
+            endpoints: ETCD,
+            prefix: PREFIX,
+            state_dir: &self.dir.join("state"),
+            subnet_file: &self.subnet_file(),
+            ttl: TTL,
+            // Each host's loopback is its own namespace's.
+            health: SocketAddr::from((Ipv4Addr::LOCALHOST, self.health_port)),
+            dataplane: "tun",
+        };
+        let mut weft: Vec<String> = vec![weft_bin().to_owned()];
+        weft.extend(run.to_args());
         if self.public_ip_flag {
-            weft.extend_from_slice(&["--public-ip", &public_ip]);
+            weft.extend(["--public-ip".to_owned(), public_ip]);
         }
-        weft.extend_from_slice(&["--iface", "eth0", "--state-dir", &state]);
-        weft.extend_from_slice(&["--subnet-file", &subnet_file, "--subnet-lease-ttl", TTL]);
-        weft.extend_from_slice(&["--healthz-ip", "127.0.0.1", "--healthz-port", &port]);
-        weft.extend_from_slice(&["--dataplane", "tun"]);
-        weft.extend(self.extra.iter().map(String::as_str));
+        weft.extend(["--iface".to_owned(), "eth0".to_owned()]);
+        weft.extend(self.extra.iter().cloned());
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.ns]);
         match &self.nonroot {

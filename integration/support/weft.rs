@@ -12,12 +12,13 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use super::process::die_with_parent;
 
 /// A TCP proxy on a loopback port that can be cut and healed.
 pub struct Proxy {
@@ -127,6 +128,56 @@ impl NodeOptions {
     }
 }
 
+/// The flags every test's `weft run` gets, in the root namespace ([`WeftNode`]) or in a
+/// namespace host ([`super::netns`]): one place that says how a test runs weft.
+pub struct RunArgs<'a> {
+    /// etcd's client URL(s).
+    pub endpoints: &'a str,
+    /// The key prefix.
+    pub prefix: &'a str,
+    /// `--state-dir`.
+    pub state_dir: &'a Path,
+    /// `--subnet-file`.
+    pub subnet_file: &'a Path,
+    /// `--subnet-lease-ttl`.
+    pub ttl: &'a str,
+    /// The health server's address.
+    pub health: SocketAddr,
+    /// `--dataplane` (`none` or `tun`).
+    pub dataplane: &'a str,
+}
+
+impl RunArgs<'_> {
+    /// `run` and its flags; a test adds its own after them. etcd calls time out after 1 s, so
+    /// that a test's faults show in seconds.
+    pub fn to_args(&self) -> Vec<String> {
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        [
+            "run",
+            "--etcd-endpoints",
+            self.endpoints,
+            "--etcd-prefix",
+            self.prefix,
+            "--etcd-timeout",
+            "1s",
+            "--state-dir",
+            &path(self.state_dir),
+            "--subnet-file",
+            &path(self.subnet_file),
+            "--subnet-lease-ttl",
+            self.ttl,
+            "--healthz-ip",
+            &self.health.ip().to_string(),
+            "--healthz-port",
+            &self.health.port().to_string(),
+            "--dataplane",
+            self.dataplane,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
+}
+
 /// One `weft run` process.
 pub struct WeftNode {
     /// The options it was started with.
@@ -188,32 +239,25 @@ impl WeftNode {
             .append(true)
             .open(self.log_path())
             .expect("open node log");
+        let run = RunArgs {
+            endpoints: &self.opts.endpoints,
+            prefix: &self.opts.prefix,
+            state_dir: &self.dir.join("state"),
+            subnet_file: &self.subnet_file(),
+            ttl: &self.opts.ttl,
+            health: self.health,
+            dataplane: "none",
+        };
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_weft"));
-        cmd.arg("run")
-            .args(["--etcd-endpoints", &self.opts.endpoints])
-            .args(["--etcd-prefix", &self.opts.prefix])
-            .args(["--etcd-timeout", "1s"])
+        cmd.args(run.to_args())
             .args(["--public-ip", &self.opts.public_ip.to_string()])
-            .args(["--state-dir", &self.dir.join("state").to_string_lossy()])
-            .args(["--subnet-file", &self.subnet_file().to_string_lossy()])
-            .args(["--subnet-lease-ttl", &self.opts.ttl])
-            .args(["--healthz-ip", &self.health.ip().to_string()])
-            .args(["--healthz-port", &self.health.port().to_string()])
-            .args(["--dataplane", "none"])
             .args(&self.opts.extra)
             .env("WEFT_LOG", "weft=debug,info")
             .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe; the closure only makes that one call.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        self.child = Some(cmd.spawn().expect("spawn weft"));
+        self.child = Some(die_with_parent(&mut cmd).spawn().expect("spawn weft"));
     }
 
     /// The directory holding `state/`, `subnet.env` and `weft.log`.

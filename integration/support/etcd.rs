@@ -15,10 +15,11 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use super::process::die_with_parent;
 
 /// How long a server may take to become healthy before the test fails.
 const START_DEADLINE: Duration = Duration::from_secs(20);
@@ -33,6 +34,49 @@ pub fn etcd_binary() -> PathBuf {
         .chain([PathBuf::from("/usr/bin/etcd")])
         .find(|p| p.is_file())
         .unwrap_or_else(|| panic!("etcd not found: run scripts/setup.sh"))
+}
+
+/// The command line of one etcd member of a new cluster, as every test starts one (a server, a
+/// cluster member, the hub of a namespace lab): its name, data dir, client URL (listen and
+/// advertise), peer URL (listen and advertise) and the initial cluster.
+pub fn member_args(
+    name: &str,
+    data_dir: &Path,
+    client_url: &str,
+    peer_url: &str,
+    initial_cluster: &str,
+) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    let mut push = |a: &str| args.push(a.into());
+    for a in ["--name", name, "--data-dir"] {
+        push(a);
+    }
+    args.push(data_dir.into());
+    for a in [
+        "--listen-client-urls",
+        client_url,
+        "--advertise-client-urls",
+        client_url,
+        "--listen-peer-urls",
+        peer_url,
+        "--initial-advertise-peer-urls",
+        peer_url,
+        "--initial-cluster",
+        initial_cluster,
+        "--initial-cluster-state",
+        "new",
+        "--initial-cluster-token",
+        "weft-test",
+        "--logger",
+        "zap",
+        "--log-outputs",
+        "stderr",
+        "--log-level",
+        "error",
+    ] {
+        args.push(a.into());
+    }
+    args
 }
 
 /// A fresh key prefix (`/weft-test/<random>`), so tests can share one etcd without seeing each
@@ -193,28 +237,16 @@ impl Member {
             .open(&self.log)
             .expect("open the etcd log file");
         let mut cmd = Command::new(etcd_binary());
-        cmd.arg("--name")
-            .arg(&self.name)
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .arg("--listen-client-urls")
-            .arg(self.client_url())
-            .arg("--advertise-client-urls")
-            .arg(self.client_url())
-            .arg("--listen-peer-urls")
-            .arg(url(self.peer_port))
-            .arg("--initial-advertise-peer-urls")
-            .arg(url(self.peer_port))
-            .arg("--initial-cluster")
-            .arg(&self.initial_cluster)
-            .arg("--initial-cluster-state")
-            .arg("new")
-            .arg("--initial-cluster-token")
-            .arg("weft-test")
-            .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "error"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
+        cmd.args(member_args(
+            &self.name,
+            &self.data_dir,
+            &self.client_url(),
+            &url(self.peer_port),
+            &self.initial_cluster,
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
         if let Some(tls) = &self.tls {
             cmd.arg("--cert-file")
                 .arg(&tls.cert)
@@ -233,14 +265,8 @@ impl Member {
                 .arg("--election-timeout")
                 .arg(election.to_string());
         }
-        // SAFETY: prctl is async-signal-safe and touches only the child's own state.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        self.child = Some(cmd.spawn().unwrap_or_else(|e| panic!("cannot start etcd: {e}")));
+        let child = die_with_parent(&mut cmd).spawn();
+        self.child = Some(child.unwrap_or_else(|e| panic!("cannot start etcd: {e}")));
     }
 
     fn client_url(&self) -> String {

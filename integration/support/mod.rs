@@ -1,0 +1,19 @@
+//! The one harness of the suites under `integration/` (and of `benches/leases.rs`). Each test
+//! binary compiles this module on its own and uses a different part of it, so unused items are
+//! expected.
+//!
+//! - [`etcd`]: real etcd, one server or a 3-member cluster, on loopback; its command line
+//!   ([`etcd::member_args`]) also starts the etcd inside [`netns`]'s hub namespace.
+//! - [`weft`]: real `weft run` processes in the root namespace (`--dataplane none`); its flags
+//!   ([`weft::RunArgs`]) are also those of [`netns`]'s hosts, plus what a TUN host adds.
+//! - [`netns`]: hosts in network namespaces with the TUN data plane, pods, a hub with etcd.
+//! - [`process`]: every child dies with its test (`PR_SET_PDEATHSIG`).
+//!
+//! Which suites need what is in Cargo.toml's features: `etcd` (the etcd suites) and `netns`
+//! (root, namespaces, TUN, iperf3); scripts/test.sh turns both on.
+#![allow(dead_code)]
+
+pub mod etcd;
+pub mod netns;
+pub mod process;
+pub mod weft;
