@@ -63,6 +63,10 @@ pub enum DropReason {
     TxBackendMismatch,
     /// TX: this host holds no subnet yet.
     TxNoSubnet,
+    /// TX: the UDP socket's send buffer stayed full while the worker waited for room (the
+    /// kernel queues to the peers faster than they drain): the rest of the batch is dropped,
+    /// as a full kernel queue drops, rather than stall the TUN reads behind it.
+    TxSendBufferFull,
     /// RX: shorter than the headers it claims, or not a valid IPv4 packet inside.
     RxMalformed,
     /// RX: VXLAN flags other than the I bit alone.
@@ -85,13 +89,14 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub(crate) const ALL: [DropReason; 15] = [
+    pub(crate) const ALL: [DropReason; 16] = [
         DropReason::TxMalformed,
         DropReason::TxIpv6,
         DropReason::TxNoRoute,
         DropReason::TxOwnSubnet,
         DropReason::TxBackendMismatch,
         DropReason::TxNoSubnet,
+        DropReason::TxSendBufferFull,
         DropReason::RxMalformed,
         DropReason::RxBadFlags,
         DropReason::RxWrongVni,
@@ -111,6 +116,7 @@ impl DropReason {
             DropReason::TxNoRoute => ("tx", "no_route"),
             DropReason::TxOwnSubnet => ("tx", "own_subnet"),
             DropReason::TxBackendMismatch => ("tx", "backend_mismatch"),
+            DropReason::TxSendBufferFull => ("tx", "send_buffer_full"),
             DropReason::TxNoSubnet => ("tx", "no_subnet"),
             DropReason::RxMalformed => ("rx", "malformed"),
             DropReason::RxBadFlags => ("rx", "bad_vxlan_flags"),
@@ -525,7 +531,7 @@ impl PacketCounters {
     }
 
     /// Adds this block's counts to `totals`.
-    fn add_to(&self, totals: &mut PacketTotals) {
+    pub(crate) fn add_to(&self, totals: &mut PacketTotals) {
         let load = |v: &AtomicU64| v.load(Ordering::Relaxed);
         for (total, v) in totals.drops.iter_mut().zip(&self.drops) {
             *total += load(v);

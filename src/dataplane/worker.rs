@@ -368,6 +368,8 @@ fn send_messages<U: UdpIo>(
 /// unreachable peer, a full queue to it) is skipped, counted in `io_errors`, and the rest of
 /// the batch sent again, so that one bad destination costs only its own datagrams and not those
 /// queued behind it to other peers. An error of the socket itself drops the rest of the batch.
+/// A send that gave up on a full send buffer (a short count) drops the rest too, each message
+/// counted as [`DropReason::TxSendBufferFull`]: before, those went uncounted.
 fn send_skipping<U: UdpIo>(
     sock: &mut U,
     txs: &[Transmit<'_>],
@@ -379,7 +381,11 @@ fn send_skipping<U: UdpIo>(
     while !rest.is_empty() {
         match sock.send_batch(rest, now) {
             Ok(n) => {
-                account_sent(&rest[..n.min(rest.len())], counters);
+                let n = n.min(rest.len());
+                account_sent(&rest[..n], counters);
+                for _ in n..rest.len() {
+                    counters.count_drop(DropReason::TxSendBufferFull);
+                }
                 return;
             }
             Err(UdpError::Send { sent, .. }) => {
@@ -837,6 +843,48 @@ mod tests {
         fn gro(&self) -> bool {
             false
         }
+    }
+
+    /// A socket whose send buffer has room for `room` messages, then stays full (as
+    /// `BatchSocket::send_batch` reports it: the count sent, after its waits for room).
+    struct Full {
+        room: usize,
+    }
+
+    impl UdpIo for Full {
+        fn send_batch(&mut self, msgs: &[Transmit<'_>], _now: Instant) -> Result<usize, UdpError> {
+            let n = msgs.len().min(self.room);
+            self.room -= n;
+            Ok(n)
+        }
+        fn recv_batch(
+            &mut self,
+            _: &mut [Vec<u8>],
+            _: &mut [RecvMeta],
+            _: Duration,
+        ) -> Result<usize, UdpError> {
+            Ok(0)
+        }
+        fn max_gso_segments(&self) -> usize {
+            1
+        }
+        fn gro(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn datagrams_left_behind_by_a_full_send_buffer_are_counted_as_drops() {
+        let payload = [0u8; 100];
+        let dst = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472);
+        let txs = [Transmit { dst, contents: &payload, segment_size: None }; 5];
+        let counters = PacketCounters::default();
+        send_skipping(&mut Full { room: 2 }, &txs, Instant::ZERO, &counters);
+        let mut totals = crate::dataplane::pipeline::PacketTotals::default();
+        counters.add_to(&mut totals);
+        assert_eq!(totals.tx_packets, 2);
+        assert_eq!(totals.drops(DropReason::TxSendBufferFull), 3);
+        assert_eq!(totals.io_errors, 0);
     }
 
     #[test]
