@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use weft::config::BackendKind;
+use weft::dataplane::counters::Counters;
 use weft::dataplane::fake::{FakeNet, FakeTun};
-use weft::dataplane::pipeline::{Counters, DropReason, Forwarder, IcmpLimit, OwnSubnet};
+use weft::dataplane::pipeline::{DropReason, Forwarder, IcmpLimit, OwnSubnet};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::{icmpv4, ipv4, vxlan::Vni};
 use weft::dataplane::worker::{self, WorkerConfig};

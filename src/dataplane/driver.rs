@@ -32,9 +32,10 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 use tracing::{debug, info, warn};
 
+use super::counters::{Counters, Offload};
 use super::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
 use super::link::{self, DriftLog, Repair, WantedLink};
-use super::pipeline::{Counters, Forwarder, Offload, OwnSubnet};
+use super::pipeline::{Forwarder, OwnSubnet};
 use super::supervise::WorkerStates;
 use super::sys::{self, Tun, TunError, TunOptions, TunStatus};
 use super::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};

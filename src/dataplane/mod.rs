@@ -8,6 +8,7 @@
 //! and only [`driver`] creates them and the threads that run [`worker`]'s loops; `fake` stands
 //! in for both edges in tests (only with the `test-util` feature or in unit tests).
 
+pub mod counters;
 pub mod driver;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;

@@ -20,7 +20,7 @@
 //! # Contract
 //! Buffers are allocated once per worker; the per-packet path allocates nothing, takes no lock
 //! (the route table is loaded wait-free once per batch) and logs nothing: every drop is counted
-//! by reason in the thread's own [`PacketCounters`] block (see [`Counters::thread`]: one per
+//! by reason in the thread's own [`PacketCounters`] block (see [`Counters::thread`](super::counters::Counters::thread): one per
 //! thread, on cache lines of its own, summed only when `/metrics` is read). The TX path reads its [`Clock`] once per batch read and passes
 //! that `now` to the pipeline (for the ICMP rate limit) and to the sockets (for the GSO retry). Loops return when `stop` is set
 //! (checked at least every `wake`).
@@ -31,8 +31,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use super::counters::{Counters, PacketCounters};
 use super::offload::{self, GroConfig, GroTable, MAX_CHAIN, PacketRef};
-use super::pipeline::{Counters, DropReason, Forwarder, HEADROOM, PacketCounters, Refusal, Rx, Tx};
+use super::pipeline::{DropReason, Forwarder, HEADROOM, Refusal, Rx, Tx};
 use super::supervise::{self, RestartPolicy, WorkerStates, supervise};
 use super::udp::{self, MAX_BATCH, MAX_GSO_BYTES, RecvMeta, Transmit, UdpError};
 use super::wire::virtio_net::{self, Header};
@@ -728,7 +729,7 @@ pub struct Worker<T, U> {
     /// The route table.
     pub routes: Arc<Routes>,
     /// The data plane's counters; each thread counts in its own block of them
-    /// ([`Counters::thread`], by thread name).
+    /// ([`Counters::thread`](super::counters::Counters::thread), by thread name).
     pub counters: Arc<Counters>,
     /// Batch size and timing.
     pub cfg: WorkerConfig,
@@ -880,7 +881,7 @@ mod tests {
         let txs = [Transmit { dst, contents: &payload, segment_size: None }; 5];
         let counters = PacketCounters::default();
         send_skipping(&mut Full { room: 2 }, &txs, Instant::ZERO, &counters);
-        let mut totals = crate::dataplane::pipeline::PacketTotals::default();
+        let mut totals = crate::dataplane::counters::PacketTotals::default();
         counters.add_to(&mut totals);
         assert_eq!(totals.tx_packets, 2);
         assert_eq!(totals.drops(DropReason::TxSendBufferFull), 3);

@@ -1,0 +1,399 @@
+//! The data plane's metrics: each forwarding thread's [`PacketCounters`] (drops by reason,
+//! packets and bytes, I/O errors, suppressed ICMP errors) and what the driver counts and sets
+//! ([`Counters`]: GSO fallbacks and retries, offloads in use, link repairs), and how they
+//! appear on `/metrics`. The per-packet decisions they count are in [`super::pipeline`], which
+//! stays pure.
+//!
+//! # Contract
+//! - A forwarding thread counts only in its own block ([`Counters::thread`]), padded to cache
+//!   lines of its own: relaxed adds, no lock, no allocation, on the per-packet path.
+//! - [`Counters`] locks only when a thread starts and when `/metrics` sums the blocks; a block
+//!   is never removed, so the sums never go back.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crossbeam_utils::CachePadded;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+
+use super::link::RepairKind;
+use super::pipeline::DropReason;
+use crate::metrics;
+
+/// What one forwarding thread counts as packets go through it: drops by [`DropReason`], packets
+/// and bytes each way, I/O errors and suppressed ICMP errors.
+///
+/// Every thread has a block of its own ([`Counters::thread`]), padded to cache lines of its
+/// own ([`CachePadded`]), so that the threads' adds (relaxed, a few per batch) never contend
+/// for a cache line; `/metrics` shows the sums ([`Counters::packets`]).
+#[derive(Debug, Default)]
+pub struct PacketCounters {
+    drops: [AtomicU64; DropReason::ALL.len()],
+    /// Packets sent to peers.
+    pub tx_packets: AtomicU64,
+    /// Bytes of inner packets sent.
+    pub tx_bytes: AtomicU64,
+    /// Packets delivered to TUN.
+    pub(crate) rx_packets: AtomicU64,
+    /// Bytes delivered.
+    pub(crate) rx_bytes: AtomicU64,
+    /// Send or write errors from the kernel.
+    pub(crate) io_errors: AtomicU64,
+    /// ICMP errors not sent because the [`IcmpLimit`] bucket was empty.
+    pub(crate) icmp_suppressed: AtomicU64,
+}
+
+impl PacketCounters {
+    /// Counts a drop.
+    pub(crate) fn count_drop(&self, reason: DropReason) {
+        self.drops[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds this block's counts to `totals`.
+    pub(crate) fn add_to(&self, totals: &mut PacketTotals) {
+        let load = |v: &AtomicU64| v.load(Ordering::Relaxed);
+        for (total, v) in totals.drops.iter_mut().zip(&self.drops) {
+            *total += load(v);
+        }
+        totals.tx_packets += load(&self.tx_packets);
+        totals.tx_bytes += load(&self.tx_bytes);
+        totals.rx_packets += load(&self.rx_packets);
+        totals.rx_bytes += load(&self.rx_bytes);
+        totals.io_errors += load(&self.io_errors);
+        totals.icmp_suppressed += load(&self.icmp_suppressed);
+    }
+}
+
+/// The sums of every thread's [`PacketCounters`] at one time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacketTotals {
+    drops: [u64; DropReason::ALL.len()],
+    /// Packets sent to peers.
+    pub tx_packets: u64,
+    /// Bytes of inner packets sent.
+    pub(crate) tx_bytes: u64,
+    /// Packets delivered to TUN.
+    pub rx_packets: u64,
+    /// Bytes delivered.
+    pub(crate) rx_bytes: u64,
+    /// Send or write errors from the kernel.
+    pub(crate) io_errors: u64,
+    /// ICMP errors not sent because of the rate limit.
+    pub icmp_suppressed: u64,
+}
+
+impl PacketTotals {
+    /// The count for one reason.
+    pub(crate) fn drops(&self, reason: DropReason) -> u64 {
+        self.drops[reason as usize]
+    }
+}
+
+/// The data plane's metrics: every forwarding thread's [`PacketCounters`], and what the
+/// driver counts and sets (GSO fallbacks and retries, offloads in use, link repairs).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// One block per forwarding thread, by thread name. A block is never removed, so the sums
+    /// never go back; a thread restarted under the same name counts on in its block.
+    threads: Mutex<Vec<(String, Arc<CachePadded<PacketCounters>>)>>,
+    /// GSO sends that failed (`EIO`/`EINVAL`/`EMSGSIZE`) and were re-sent as single datagrams,
+    /// each turning GSO off on its socket for now.
+    pub(crate) gso_fallbacks: AtomicU64,
+    /// Times a socket's retry time came and it used GSO again.
+    pub(crate) gso_reprobes: AtomicU64,
+    /// Sockets whose GSO is off after a failure, or back on but not yet confirmed by a GSO send
+    /// that went through. While it is not 0, the `udp_gso` gauge shows 0.
+    pub(crate) gso_off_sockets: AtomicU64,
+    /// Which offloads are in use (gauges, one per [`Offload`]): set when the data plane
+    /// starts; `udp_gso` also needs `gso_off_sockets` to be 0.
+    offloads: [AtomicBool; Offload::ALL.len()],
+    /// Repairs of the TUN device's link state after someone else changed it, by what drifted.
+    link_repairs: [AtomicU64; RepairKind::ALL.len()],
+}
+
+/// An offload the data plane may use; each is a gauge on `/metrics`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub(crate) enum Offload {
+    /// TUN TSO with user-space segmentation (and TCP GRO on write).
+    TunTso,
+    /// TUN USO (UDP segmentation offload, Linux 6.2+; UDP GRO on write).
+    TunUso,
+    /// `UDP_SEGMENT` on send.
+    UdpGso,
+    /// `UDP_GRO` on receive.
+    UdpGro,
+}
+
+impl Offload {
+    /// Every offload, in metric order.
+    pub(crate) const ALL: [Self; 4] = [Self::TunTso, Self::TunUso, Self::UdpGso, Self::UdpGro];
+
+    /// The `kind` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::TunTso => "tun_tso",
+            Self::TunUso => "tun_uso",
+            Self::UdpGso => "udp_gso",
+            Self::UdpGro => "udp_gro",
+        }
+    }
+}
+
+impl Counters {
+    /// The packet counters of the forwarding thread named `name`: the same block again for a
+    /// name asked for before (a restarted or re-bound worker counts on where it was).
+    pub fn thread(&self, name: &str) -> Arc<CachePadded<PacketCounters>> {
+        let mut threads = self.threads.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, block)) = threads.iter().find(|(n, _)| n == name) {
+            return block.clone();
+        }
+        let block = Arc::new(CachePadded::new(PacketCounters::default()));
+        threads.push((name.to_owned(), block.clone()));
+        block
+    }
+
+    /// Every thread's packet counters, summed now.
+    pub fn packets(&self) -> PacketTotals {
+        let mut totals = PacketTotals::default();
+        for (_, block) in self.threads.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+            block.add_to(&mut totals);
+        }
+        totals
+    }
+
+    /// Drops for one reason, summed over every thread.
+    pub fn drops(&self, reason: DropReason) -> u64 {
+        self.packets().drops(reason)
+    }
+
+    /// Records whether `offload` is in use.
+    pub(crate) fn set_offload(&self, offload: Offload, on: bool) {
+        self.offloads[offload as usize].store(on, Ordering::Relaxed);
+    }
+
+    /// Whether `offload` is in use: as set when the data plane started, and for UDP GSO, on
+    /// every socket now (none has it off after a failure).
+    pub(crate) fn offload(&self, offload: Offload) -> bool {
+        let on = self.offloads[offload as usize].load(Ordering::Relaxed);
+        match offload {
+            Offload::UdpGso => on && self.gso_off_sockets.load(Ordering::Relaxed) == 0,
+            _ => on,
+        }
+    }
+
+    /// Counts a repair of the TUN device's link state.
+    pub(crate) fn count_link_repair(&self, what: RepairKind) {
+        self.link_repairs[what as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Repairs of one kind so far.
+    pub(crate) fn link_repairs(&self, what: RepairKind) -> u64 {
+        self.link_repairs[what as usize].load(Ordering::Relaxed)
+    }
+}
+
+impl Collector for Counters {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let p = self.packets();
+        metrics::counter_family(
+            &mut e,
+            "weft_dataplane_drops_total",
+            "Packets dropped, by direction and reason.",
+            DropReason::ALL.map(|r| {
+                let (dir, reason) = r.labels();
+                ([("dir", dir), ("reason", reason)], p.drops(r))
+            }),
+        )?;
+        metrics::gauge_family(
+            &mut e,
+            "weft_dataplane_offload",
+            "Whether an offload is in use (1) or not (0), by kind.",
+            Offload::ALL.map(|o| ([("kind", o.label())], u64::from(self.offload(o)))),
+        )?;
+        metrics::counter_family(
+            &mut e,
+            "weft_dataplane_link_repairs_total",
+            "Repairs of the TUN device's link state after someone else changed it, by what had \
+             drifted.",
+            RepairKind::ALL.map(|what| ([("what", what.label())], self.link_repairs(what))),
+        )?;
+        let load = |v: &AtomicU64| v.load(Ordering::Relaxed);
+        for (name, help, v) in [
+            (
+                "weft_dataplane_tx_packets_total",
+                "Packets encapsulated and sent to peers.",
+                p.tx_packets,
+            ),
+            ("weft_dataplane_tx_bytes_total", "Bytes of inner packets sent to peers.", p.tx_bytes),
+            (
+                "weft_dataplane_rx_packets_total",
+                "Packets decapsulated and delivered.",
+                p.rx_packets,
+            ),
+            ("weft_dataplane_rx_bytes_total", "Bytes of inner packets delivered.", p.rx_bytes),
+            ("weft_dataplane_io_errors_total", "Send and write errors.", p.io_errors),
+            (
+                "weft_dataplane_icmp_suppressed_total",
+                "ICMP errors not sent to pods because of the rate limit.",
+                p.icmp_suppressed,
+            ),
+            (
+                "weft_dataplane_gso_fallbacks_total",
+                "UDP GSO sends that failed and went out as single datagrams; each turned GSO off \
+                 on its socket until a retry.",
+                load(&self.gso_fallbacks),
+            ),
+            (
+                "weft_dataplane_gso_reprobes_total",
+                "Times a socket tried UDP GSO again after its retry time.",
+                load(&self.gso_reprobes),
+            ),
+        ] {
+            metrics::counter(&mut e, name, help, v)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offloads_are_gauges_on_metrics() {
+        let c = Arc::new(Counters::default());
+        c.set_offload(Offload::TunTso, true);
+        c.set_offload(Offload::UdpGso, true);
+        c.set_offload(Offload::UdpGso, false);
+        let out = render(&c);
+        assert!(out.contains("# TYPE weft_dataplane_offload gauge\n"));
+        for (kind, v) in [("tun_tso", 1), ("tun_uso", 0), ("udp_gso", 0), ("udp_gro", 0)] {
+            let line = format!("weft_dataplane_offload{{kind=\"{kind}\"}} {v}\n");
+            assert!(out.contains(&line), "{line} missing from\n{out}");
+        }
+    }
+
+    fn render(c: &Arc<Counters>) -> String {
+        metrics::render_collector(c.clone()).unwrap()
+    }
+
+    /// The data plane metrics byte for byte as weft's hand-written renderer wrote them before
+    /// prometheus-client (`tests/golden/metrics_dataplane.prom` is its output for the same
+    /// counts, then in one shared block), here the sums of two threads' blocks.
+    #[test]
+    fn dataplane_metrics_are_the_threads_sums_rendered_exactly_as_before() {
+        let c = Arc::new(Counters::default());
+        let (q0, q1) = (c.thread("weft-q0"), c.thread("weft-q1"));
+        q0.count_drop(DropReason::TxNoRoute);
+        q1.count_drop(DropReason::RxWrongVni);
+        q0.count_drop(DropReason::RxWrongVni);
+        q0.tx_packets.fetch_add(4, Ordering::Relaxed);
+        q1.tx_packets.fetch_add(6, Ordering::Relaxed);
+        q0.tx_bytes.fetch_add(1000, Ordering::Relaxed);
+        q1.rx_packets.fetch_add(20, Ordering::Relaxed);
+        q0.rx_bytes.fetch_add(2000, Ordering::Relaxed);
+        q1.io_errors.fetch_add(5, Ordering::Relaxed);
+        q0.icmp_suppressed.fetch_add(6, Ordering::Relaxed);
+        c.set_offload(Offload::TunTso, true);
+        c.set_offload(Offload::UdpGso, true);
+        c.gso_fallbacks.fetch_add(3, Ordering::Relaxed);
+        c.gso_reprobes.fetch_add(4, Ordering::Relaxed);
+        c.count_link_repair(RepairKind::Mtu);
+        assert_eq!(render(&c), include_str!("../../tests/golden/metrics_dataplane.prom"));
+    }
+
+    /// Each thread counts in a block of its own, on cache lines no other block shares; a thread
+    /// started again under its name counts on in its block; the sums are exact while threads
+    /// add.
+    #[test]
+    fn each_thread_counts_in_its_own_cache_lines_and_the_sums_are_exact() {
+        let c = Counters::default();
+        let (q0, q1) = (c.thread("weft-q0"), c.thread("weft-q1"));
+        assert!(!Arc::ptr_eq(&q0, &q1), "two threads share one block");
+        let line = 64;
+        let (a0, a1) = (&**q0 as *const PacketCounters as usize, &**q1 as *const _ as usize);
+        assert_eq!((a0 % line, a1 % line), (0, 0), "a block does not start a cache line");
+        let size = std::mem::size_of::<CachePadded<PacketCounters>>();
+        assert_eq!(size % line, 0, "a block shares its last cache line");
+        q0.tx_packets.fetch_add(1, Ordering::Relaxed);
+        drop(q0);
+        assert!(Arc::ptr_eq(&c.thread("weft-q0"), &c.thread("weft-q0")));
+        assert_eq!(c.thread("weft-q0").tx_packets.load(Ordering::Relaxed), 1);
+        std::thread::scope(|s| {
+            for name in ["weft-q0", "weft-q1", "weft-q2"] {
+                let block = c.thread(name);
+                s.spawn(move || {
+                    for _ in 0..10_000 {
+                        block.tx_packets.fetch_add(1, Ordering::Relaxed);
+                        block.tx_bytes.fetch_add(100, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        let p = c.packets();
+        assert_eq!((p.tx_packets, p.tx_bytes), (30_001, 3_000_000));
+    }
+
+    #[test]
+    fn the_udp_gso_gauge_is_0_while_any_socket_has_gso_off_and_1_again_after() {
+        let c = Arc::new(Counters::default());
+        c.set_offload(Offload::UdpGso, true);
+        let gauge = "weft_dataplane_offload{kind=\"udp_gso\"} ";
+        assert!(render(&c).contains(&format!("{gauge}1\n")));
+        c.gso_off_sockets.fetch_add(2, Ordering::Relaxed);
+        assert!(!c.offload(Offload::UdpGso));
+        assert!(render(&c).contains(&format!("{gauge}0\n")));
+        c.gso_off_sockets.fetch_sub(1, Ordering::Relaxed);
+        assert!(!c.offload(Offload::UdpGso), "one socket is still off");
+        c.gso_off_sockets.fetch_sub(1, Ordering::Relaxed);
+        assert!(c.offload(Offload::UdpGso));
+        assert!(render(&c).contains(&format!("{gauge}1\n")));
+        // Switched off at start, it stays 0 whatever the sockets do.
+        c.set_offload(Offload::UdpGso, false);
+        assert!(render(&c).contains(&format!("{gauge}0\n")));
+        // The other offloads do not look at GSO's sockets.
+        c.set_offload(Offload::UdpGro, true);
+        c.gso_off_sockets.fetch_add(1, Ordering::Relaxed);
+        assert!(c.offload(Offload::UdpGro));
+    }
+
+    #[test]
+    fn gso_fallbacks_and_reprobes_are_counters_on_metrics() {
+        let c = Arc::new(Counters::default());
+        c.gso_fallbacks.fetch_add(3, Ordering::Relaxed);
+        c.gso_reprobes.fetch_add(2, Ordering::Relaxed);
+        let out = render(&c);
+        for (name, v) in
+            [("weft_dataplane_gso_fallbacks_total", 3), ("weft_dataplane_gso_reprobes_total", 2)]
+        {
+            assert!(out.contains(&format!("# TYPE {name} counter\n")), "{out}");
+            assert!(out.contains(&format!("\n{name} {v}\n")), "{out}");
+        }
+    }
+
+    #[test]
+    fn link_repairs_are_counters_by_what_drifted_on_metrics() {
+        let c = Arc::new(Counters::default());
+        c.count_link_repair(RepairKind::Route);
+        c.count_link_repair(RepairKind::Route);
+        c.count_link_repair(RepairKind::Mtu);
+        let out = render(&c);
+        assert!(out.contains("# TYPE weft_dataplane_link_repairs_total counter\n"), "{out}");
+        for (what, v) in [("route", 2), ("up", 0), ("address", 0), ("mtu", 1)] {
+            let line = format!("weft_dataplane_link_repairs_total{{what=\"{what}\"}} {v}\n");
+            assert!(out.contains(&line), "{line} missing from\n{out}");
+        }
+    }
+
+    #[test]
+    fn suppressed_icmp_errors_are_a_counter_on_metrics() {
+        let c = Arc::new(Counters::default());
+        c.thread("weft-q0").icmp_suppressed.fetch_add(3, Ordering::Relaxed);
+        c.thread("weft-q1").icmp_suppressed.fetch_add(4, Ordering::Relaxed);
+        let out = render(&c);
+        assert!(out.contains("# TYPE weft_dataplane_icmp_suppressed_total counter\n"), "{out}");
+        assert!(out.contains("\nweft_dataplane_icmp_suppressed_total 7\n"), "{out}");
+    }
+}
