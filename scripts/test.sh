@@ -6,6 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+echo "== no merge-conflict markers left in the tree"
+# One survived a merge into README.md for a whole stop (ba98343); nothing else would notice.
+if grep -rnE '^(<<<<<<<|>>>>>>>) ' --include='*.md' --include='*.rs' --include='*.sh' \
+    --include='*.toml' --include='*.py' --exclude-dir=target --exclude-dir=.git .; then
+    echo "test.sh: merge-conflict markers above" >&2
+    exit 1
+fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
