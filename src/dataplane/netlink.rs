@@ -301,12 +301,7 @@ impl Netlink {
     pub(crate) fn add_route(&self, name: &str, dst: Ipv4Net) -> Result<(), NetlinkError> {
         let index = self.link(name)?.header.index;
         let handle = self.handle.clone();
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(dst.network(), dst.prefix_len())
-            .output_interface(index)
-            .scope(RouteScope::Link)
-            .protocol(RouteProtocol::Boot)
-            .build();
+        let route = network_route(dst, index);
         match self.run(
             "RTM_NEWROUTE",
             name,
@@ -506,6 +501,17 @@ fn oif_of(route: &RouteMessage) -> Option<u32> {
     })
 }
 
+/// The route [`Netlink::add_route`] adds: to `dst` through the link `index`, no gateway, link
+/// scope, main table (what `SIOCADDRT` with `RTF_UP` and a device added).
+fn network_route(dst: Ipv4Net, index: u32) -> RouteMessage {
+    RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(dst.network(), dst.prefix_len())
+        .output_interface(index)
+        .scope(RouteScope::Link)
+        .protocol(RouteProtocol::Boot)
+        .build()
+}
+
 /// The destinations of the main table's unicast IPv4 routes through the link `index` without a
 /// gateway: the routes weft adds for the Network.
 pub(crate) fn device_routes(routes: &[RouteMessage], index: u32) -> Vec<Ipv4Net> {
@@ -697,12 +703,7 @@ mod tests {
     #[test]
     fn the_route_weft_adds_is_one_it_then_finds() {
         // What add_route sends is what the observation must find, or it would "repair" forever.
-        let added = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(Ipv4Addr::new(10, 244, 0, 0), 16)
-            .output_interface(WEFT0)
-            .scope(RouteScope::Link)
-            .protocol(RouteProtocol::Boot)
-            .build();
+        let added = network_route(net("10.244.0.0/16"), WEFT0);
         assert_eq!(device_routes(&[added], WEFT0), vec![net("10.244.0.0/16")]);
     }
 
