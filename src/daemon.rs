@@ -8,7 +8,6 @@
 //! with `--dataplane none`), then the lease driver acquires the lease and runs until SIGTERM or
 //! SIGINT. On shutdown the lease is kept for a restart unless `--relinquish-on-exit` is given.
 
-use std::fs;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,7 +22,8 @@ use crate::atomic_file;
 use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
 use crate::dataplane::driver::{Dataplane, DataplaneConfig, DataplaneError};
 use crate::dataplane::link::DriftLog;
-use crate::dataplane::sys::{self, TunError, TunStatus};
+use crate::dataplane::netlink::{Netlink, TunStatus};
+use crate::dataplane::sys::TunError;
 use crate::dataplane::wire::ethernet::MacAddr;
 use crate::health::{self, Health};
 use crate::instance::{self, Attempt, StateDirLock};
@@ -162,11 +162,13 @@ pub(crate) struct Underlay {
 }
 
 /// Finds the underlay as flanneld does: `--iface` (name or address), else the interface of the
-/// default route; `--public-ip` overrides the published address.
+/// main table's IPv4 default route (of lowest metric, asked over netlink); `--public-ip`
+/// overrides the published address. The MTU is the interface's, over netlink too.
 pub(crate) fn find_underlay(
     iface: Option<&str>,
     public_ip: Option<Ipv4Addr>,
 ) -> anyhow::Result<Underlay> {
+    let netlink = Netlink::open().context("finding the underlay")?;
     let addrs = v4_addresses()?;
     let by_name = |name: &str| addrs.iter().find(|(n, _)| n == name).map(|(n, a)| (n.clone(), *a));
     let chosen = match iface {
@@ -178,7 +180,10 @@ pub(crate) fn find_underlay(
         .map(Some)?,
         None => match public_ip {
             Some(ip) => addrs.iter().find(|(_, a)| *a == ip).map(|(n, a)| (n.clone(), *a)),
-            None => default_route_iface().and_then(|n| by_name(&n)),
+            None => netlink
+                .default_route_iface()
+                .context("finding the default route's interface")?
+                .and_then(|n| by_name(&n)),
         },
     };
     let (name, addr) = match (chosen, public_ip) {
@@ -188,11 +193,11 @@ pub(crate) fn find_underlay(
             "no default route to pick the underlay interface from: give --iface or --public-ip"
         ),
     };
-    let mtu = name
-        .as_deref()
-        .and_then(|n| fs::read_to_string(format!("/sys/class/net/{n}/mtu")).ok())
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or(1500);
+    let mtu = match name.as_deref() {
+        Some(n) => netlink.mtu(n).with_context(|| format!("reading the MTU of {n}"))?,
+        None => None,
+    }
+    .unwrap_or(1500);
     Ok(Underlay { iface: name, public_ip: public_ip.unwrap_or(addr), mtu })
 }
 
@@ -204,14 +209,6 @@ fn v4_addresses() -> anyhow::Result<Vec<(String, Ipv4Addr)>> {
         }
     }
     Ok(out)
-}
-
-fn default_route_iface() -> Option<String> {
-    let table = fs::read_to_string("/proc/net/route").ok()?;
-    table.lines().skip(1).find_map(|line| {
-        let cols: Vec<&str> = line.split_whitespace().collect();
-        (cols.len() > 2 && cols[1] == "00000000").then(|| cols[0].to_string())
-    })
 }
 
 /// The lease value this node publishes.
@@ -387,9 +384,10 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     let dataplane = if opts.dataplane {
         // One weft per TUN device: wait while another process has it attached. Should one
         // appear between the check and the start, the start refuses it and we wait again.
+        let netlink = Netlink::open().context("asking the kernel about the TUN device")?;
         loop {
             let free = instance::wait_while_busy(&health, &mut shutdown_rx, || {
-                Ok(match sys::tun_status(&opts.tun_name)? {
+                Ok(match netlink.tun_status(&opts.tun_name)? {
                     TunStatus::Attached(queues) => Some(format!(
                         "{}; waiting for it to be released",
                         TunError::InUse { name: opts.tun_name.clone(), queues }
@@ -744,6 +742,8 @@ async fn signal_shutdown(tx: Arc<watch::Sender<bool>>) {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     #[test]

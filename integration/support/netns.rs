@@ -464,23 +464,29 @@ impl Lab {
 
     /// Starts `weft run` (TUN data plane) in host `n`'s namespace, with a fresh state dir.
     pub fn start_weft(&self, n: u8, extra: &[&str]) -> Weft {
-        self.start_weft_as(n, extra, false, &[], true)
+        self.start_weft_as(n, extra, false, &[], true, true)
     }
 
     /// [`Lab::start_weft`] without `--public-ip`: weft publishes eth0's address and follows it.
     pub fn start_weft_following_eth0(&self, n: u8, extra: &[&str]) -> Weft {
-        self.start_weft_as(n, extra, false, &[], false)
+        self.start_weft_as(n, extra, false, &[], false, true)
+    }
+
+    /// [`Lab::start_weft`] without `--public-ip` and without `--iface`: weft picks the
+    /// interface of the host's default route (eth0, via 192.0.2.254) by itself.
+    pub fn start_weft_by_default_route(&self, n: u8, extra: &[&str]) -> Weft {
+        self.start_weft_as(n, extra, false, &[], false, false)
     }
 
     /// [`Lab::start_weft`] with extra environment variables (the `fault-injection` hooks).
     pub fn start_weft_with_env(&self, n: u8, extra: &[&str], env: &[(&str, &str)]) -> Weft {
-        self.start_weft_as(n, extra, false, env, true)
+        self.start_weft_as(n, extra, false, env, true, true)
     }
 
     /// Starts `weft run` as uid/gid 65534 with only CAP_NET_ADMIN, in a private mount namespace
     /// whose `/dev/net/tun` is a 0666 node of the lab's own (the host's node is left alone).
     pub fn start_weft_nonroot(&self, n: u8, extra: &[&str]) -> Weft {
-        self.start_weft_as(n, extra, true, &[], true)
+        self.start_weft_as(n, extra, true, &[], true, true)
     }
 
     fn start_weft_as(
@@ -490,6 +496,7 @@ impl Lab {
         nonroot: bool,
         env: &[(&str, &str)],
         public_ip_flag: bool,
+        iface_flag: bool,
     ) -> Weft {
         let ns = self.host(n);
         let dir = self.dir().join(format!("h{n}"));
@@ -515,6 +522,7 @@ impl Lab {
             health_port: HEALTH_PORT,
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             public_ip_flag,
+            iface_flag,
             child: None,
         };
         w.start();
@@ -667,6 +675,8 @@ pub struct Weft {
     /// Whether `--public-ip 192.0.2.n` is passed (else weft takes eth0's address, and
     /// follows it when it changes).
     pub public_ip_flag: bool,
+    /// Whether `--iface eth0` is passed (else weft takes the default route's interface).
+    pub iface_flag: bool,
     child: Option<Child>,
 }
 
@@ -695,7 +705,9 @@ impl Weft {
         if self.public_ip_flag {
             weft.extend(["--public-ip".to_owned(), public_ip]);
         }
-        weft.extend(["--iface".to_owned(), "eth0".to_owned()]);
+        if self.iface_flag {
+            weft.extend(["--iface".to_owned(), "eth0".to_owned()]);
+        }
         weft.extend(self.extra.iter().cloned());
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.ns]);
@@ -749,6 +761,7 @@ impl Weft {
             health_port,
             env: Vec::new(),
             public_ip_flag: self.public_ip_flag,
+            iface_flag: self.iface_flag,
             child: None,
         };
         w.start();

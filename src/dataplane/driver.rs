@@ -16,8 +16,8 @@
 //! `SO_REUSEADDR`, so that no other user's socket can bind it beside ours.
 //!
 //! Drift repair ([`Dataplane::repair_link`], called every second by the daemon): the TUN
-//! device's MTU, `IFF_UP`, address and Network route are read back and whatever someone else
-//! changed is put back ([`super::link`]).
+//! device's MTU, `IFF_UP`, address and Network route are read back over netlink
+//! ([`super::netlink`]) and whatever someone else changed is put back ([`super::link`]).
 //!
 //! VXLAN datagrams leave from sockets on ephemeral ports chosen by the inner flow's hash, so the
 //! outer source port differs per flow (RFC 7348 §5) and receivers can spread flows too.
@@ -35,9 +35,10 @@ use tracing::{debug, info, warn};
 use super::counters::{Counters, Offload};
 use super::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
 use super::link::{self, DriftLog, Repair, WantedLink};
+use super::netlink::{Netlink, NetlinkError, TunStatus};
 use super::pipeline::{Forwarder, OwnSubnet};
 use super::supervise::WorkerStates;
-use super::sys::{self, Tun, TunError, TunOptions, TunStatus};
+use super::sys::{self, Tun, TunError, TunOptions};
 use super::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
 use super::wire::ethernet::MacAddr;
 use super::wire::vxlan::Vni;
@@ -114,6 +115,9 @@ pub(crate) enum DataplaneError {
     /// The TUN device.
     #[error(transparent)]
     Tun(#[from] TunError),
+    /// Configuring the TUN device's link over netlink.
+    #[error(transparent)]
+    Link(#[from] NetlinkError),
     /// A UDP socket.
     #[error("UDP socket: {0}")]
     Socket(#[from] UdpError),
@@ -175,6 +179,8 @@ pub(crate) struct Dataplane {
     cfg: DataplaneConfig,
     /// One TUN queue per worker; kept across a re-bind ([`Dataplane::set_public_ip`]).
     queues: Vec<Arc<Tun>>,
+    /// The device's link, address and route are set and read back through it.
+    netlink: Netlink,
     fwd: Forwarder,
     wcfg: WorkerConfig,
     routes: Arc<Routes>,
@@ -196,7 +202,8 @@ impl Dataplane {
         // Never attach to a device another process has open (a second weft): create it, with
         // IFF_TUN_EXCL so that one created in the meantime is refused too, or take a
         // persistent one nobody holds.
-        let status = sys::tun_status(&cfg.tun_name)?;
+        let netlink = Netlink::open()?;
+        let status = netlink.tun_status(&cfg.tun_name)?;
         match status {
             TunStatus::Attached(queues) => {
                 return Err(TunError::InUse { name: cfg.tun_name.clone(), queues }.into());
@@ -223,8 +230,8 @@ impl Dataplane {
         }
         let name = queues[0].name().to_owned();
         let mtu = tun_mtu(&cfg);
-        sys::set_mtu(&name, mtu)?;
-        sys::set_up(&name)?;
+        netlink.set_mtu(&name, mtu)?;
+        netlink.set_up(&name)?;
 
         let fwd = Forwarder {
             backend: cfg.backend,
@@ -274,6 +281,7 @@ impl Dataplane {
         let dp = Self {
             cfg,
             queues,
+            netlink,
             fwd,
             wcfg,
             routes,
@@ -346,16 +354,16 @@ impl Dataplane {
 
     /// Points the data plane at this host's subnet: the TUN device gets `<subnet>.0/32` and a
     /// route for the whole network, and received packets for that subnet are delivered.
-    pub(crate) fn set_subnet(&self, subnet: Option<Subnet>) -> Result<(), TunError> {
+    pub(crate) fn set_subnet(&self, subnet: Option<Subnet>) -> Result<(), NetlinkError> {
         let old = self.own.get();
         self.own.set(subnet);
         if let Some(s) = subnet
             && old != Some(s)
         {
             let addr = tun_address(s);
-            sys::set_ipv4(&self.cfg.tun_name, addr)?;
-            sys::set_up(&self.cfg.tun_name)?;
-            sys::add_route(&self.cfg.tun_name, self.cfg.network)?;
+            self.netlink.set_ipv4(&self.cfg.tun_name, addr)?;
+            self.netlink.set_up(&self.cfg.tun_name)?;
+            self.netlink.add_route(&self.cfg.tun_name, self.cfg.network)?;
             info!(tun = %self.cfg.tun_name, %addr, network = %self.cfg.network, "TUN addressed");
         }
         Ok(())
@@ -371,11 +379,11 @@ impl Dataplane {
     /// Drift repair: reads the TUN device's link state, puts back whatever someone else changed
     /// ([`link::plan`]), counts each repair in `weft_dataplane_link_repairs_total` and logs it
     /// at WARN, once per drift event as `drift` decides (a failing repair is logged once, then
-    /// retried quietly at each call). Blocking (ioctls, `getifaddrs`, `/proc/net/route`): call
-    /// it from a blocking thread.
+    /// retried quietly at each call). Blocking (netlink requests, each answered within
+    /// [`super::netlink::REPLY_TIMEOUT`]): call it from a blocking thread.
     pub(crate) fn repair_link(&self, drift: &mut DriftLog) {
         let dev = self.cfg.tun_name.as_str();
-        let seen = match sys::observe_link(dev) {
+        let seen = match self.netlink.observe_link(dev) {
             Ok(seen) => {
                 if drift.observed() {
                     info!(tun = %dev, "reading the TUN device's link state works again");
@@ -414,13 +422,13 @@ impl Dataplane {
         }
     }
 
-    fn apply_repair(&self, repair: &Repair) -> Result<(), TunError> {
+    fn apply_repair(&self, repair: &Repair) -> Result<(), NetlinkError> {
         let dev = self.cfg.tun_name.as_str();
         match repair {
-            Repair::SetMtu { want, .. } => sys::set_mtu(dev, *want),
-            Repair::SetUp => sys::set_up(dev),
-            Repair::SetAddress { want, .. } => sys::set_ipv4(dev, *want),
-            Repair::AddRoute { network } => sys::add_route(dev, *network),
+            Repair::SetMtu { want, .. } => self.netlink.set_mtu(dev, *want),
+            Repair::SetUp => self.netlink.set_up(dev),
+            Repair::SetAddress { want, .. } => self.netlink.set_ipv4(dev, *want),
+            Repair::AddRoute { network } => self.netlink.add_route(dev, *network),
         }
     }
 

@@ -1,7 +1,7 @@
 //! The TUN device's link state as weft set it, and the repairs that put it back when someone
 //! else changes it ("drift": a deleted route, the link set down, the address flushed, the MTU
 //! changed). Pure: the driver ([`super::driver::Dataplane::repair_link`]) observes the device
-//! ([`super::sys::observe_link`]), asks [`plan`] what to do, applies it and logs as
+//! over netlink ([`super::netlink`]), asks [`plan`] what to do, applies it and logs as
 //! [`DriftLog`] says.
 //!
 //! Contract:
@@ -14,15 +14,11 @@
 //!   MTU, the link up, the address, the route (the kernel refuses a route through a device that
 //!   is down, and removes the device's routes when it goes down or loses its last address, so a
 //!   down link or a flushed address comes back as two repairs).
-//! - [`device_routes`] reads the text of `/proc/net/route` and never panics: a line it cannot
-//!   read is skipped.
 //! - [`DriftLog`] makes every repair one log line per drift event: a repair that succeeds is
 //!   reported each time (each success ends an event); a repair that fails is reported the
 //!   first time only and then retried quietly until it succeeds or is no longer needed.
 
 #![forbid(unsafe_code)]
-
-use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
@@ -180,48 +176,6 @@ pub fn plan(wanted: &WantedLink, seen: &ObservedLink) -> Vec<Repair> {
     repairs
 }
 
-/// `RTF_UP` and `RTF_GATEWAY` (linux/route.h), as `/proc/net/route` prints them.
-const RTF_UP: u16 = 0x0001;
-const RTF_GATEWAY: u16 = 0x0002;
-
-/// The destinations of the gatewayless routes through `dev` in `table`, the text of
-/// `/proc/net/route` (the main table; each line `Iface Destination Gateway Flags RefCnt Use
-/// Metric Mask ...`, addresses as 8 hex digits of the network-order word). The header and any
-/// line that does not parse are skipped.
-pub fn device_routes(table: &str, dev: &str) -> Vec<Ipv4Net> {
-    table.lines().filter_map(|line| device_route(line, dev)).collect()
-}
-
-fn device_route(line: &str, dev: &str) -> Option<Ipv4Net> {
-    let mut cols = line.split_whitespace();
-    let (iface, dst, _gateway, flags) = (cols.next()?, cols.next()?, cols.next()?, cols.next()?);
-    // RefCnt, Use, Metric, then Mask.
-    let mask = cols.nth(3)?;
-    if iface != dev {
-        return None;
-    }
-    let flags = u16::from_str_radix(flags, 16).ok()?;
-    if flags & RTF_UP == 0 || flags & RTF_GATEWAY != 0 {
-        return None;
-    }
-    let mask = u32::from(hex_addr(mask)?);
-    let prefix = mask.leading_ones();
-    // A mask with holes is no prefix (the kernel prints none).
-    if mask.checked_shl(prefix).unwrap_or(0) != 0 {
-        return None;
-    }
-    Ipv4Net::new(hex_addr(dst)?, u8::try_from(prefix).ok()?).ok()
-}
-
-/// An address printed as `%08X` of the network-order word, i.e. its bytes in memory order.
-fn hex_addr(s: &str) -> Option<Ipv4Addr> {
-    if s.len() != 8 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let word = u32::from_str_radix(s, 16).ok()?;
-    Some(Ipv4Addr::from(word.to_ne_bytes()))
-}
-
 /// Which drift the driver has already reported as failing to repair, so that each drift event
 /// is logged once however long it takes to put right (see the module docs).
 #[derive(Clone, Debug, Default)]
@@ -268,8 +222,6 @@ impl DriftLog {
 
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
-
     use super::*;
 
     fn net(s: &str) -> Ipv4Net {
@@ -394,92 +346,6 @@ mod tests {
             "weft0 had lost its address 10.244.3.0/32 (it had 10.9.9.9/32, 10.8.0.1/24): could \
              not set 10.244.3.0/32"
         );
-    }
-
-    /// `/proc/net/route` as Linux 6.x prints it on a little-endian host (the parser reads the
-    /// words in memory order, so the fixture is written that way for either endianness).
-    /// One route: interface, destination, gateway, flags, mask.
-    type ProcRoute<'a> = (&'a str, [u8; 4], [u8; 4], u16, [u8; 4]);
-
-    fn proc_route(rows: &[ProcRoute<'_>]) -> String {
-        let hex = |b: [u8; 4]| format!("{:08X}", u32::from_ne_bytes(b));
-        let mut t = String::from(
-            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n",
-        );
-        for (iface, dst, gw, flags, mask) in rows {
-            t.push_str(&format!(
-                "{iface}\t{}\t{}\t{flags:04X}\t0\t0\t0\t{}\t0\t0\t0\n",
-                hex(*dst),
-                hex(*gw),
-                hex(*mask)
-            ));
-        }
-        t
-    }
-
-    #[test]
-    fn routes_through_the_device_are_read_from_proc_net_route() {
-        let table = proc_route(&[
-            ("eth0", [0, 0, 0, 0], [192, 0, 2, 254], 0x0003, [0, 0, 0, 0]),
-            ("eth0", [192, 0, 2, 0], [0, 0, 0, 0], 0x0001, [255, 255, 255, 0]),
-            ("weft0", [10, 244, 0, 0], [0, 0, 0, 0], 0x0001, [255, 255, 0, 0]),
-            // Through a gateway on weft0: not the device route weft adds.
-            ("weft0", [10, 99, 0, 0], [10, 244, 0, 1], 0x0003, [255, 255, 0, 0]),
-            // Not up.
-            ("weft0", [10, 98, 0, 0], [0, 0, 0, 0], 0x0000, [255, 255, 0, 0]),
-            ("weft01", [10, 97, 0, 0], [0, 0, 0, 0], 0x0001, [255, 255, 0, 0]),
-            ("weft0", [10, 244, 3, 7], [0, 0, 0, 0], 0x0005, [255, 255, 255, 255]),
-        ]);
-        assert_eq!(
-            device_routes(&table, "weft0"),
-            vec![net("10.244.0.0/16"), net("10.244.3.7/32")]
-        );
-        assert_eq!(device_routes(&table, "eth0"), vec![net("192.0.2.0/24")]);
-        assert_eq!(device_routes(&table, "cni0"), vec![]);
-        // The header alone, an empty file, truncated lines, bad hex, a mask with holes.
-        assert_eq!(device_routes(&proc_route(&[]), "weft0"), vec![]);
-        assert_eq!(device_routes("", "weft0"), vec![]);
-        assert_eq!(device_routes("weft0\t0000F40A\t00000000\t0001\t0\t0\t0", "weft0"), vec![]);
-        assert_eq!(
-            device_routes("weft0\t0000F40Z\t00000000\t0001\t0\t0\t0\t0000FFFF\n", "weft0"),
-            vec![]
-        );
-        assert_eq!(
-            device_routes("weft0\t+000F40A\t00000000\t0001\t0\t0\t0\t0000FFFF\n", "weft0"),
-            vec![]
-        );
-        let holes = proc_route(&[("weft0", [10, 244, 0, 0], [0; 4], 1, [255, 0, 255, 0])]);
-        assert_eq!(device_routes(&holes, "weft0"), vec![]);
-    }
-
-    #[test]
-    fn a_planned_route_is_one_that_proc_net_route_then_shows() {
-        // What the driver adds is what the parser must find, or it would "repair" forever.
-        let table = proc_route(&[("weft0", [10, 244, 0, 0], [0; 4], 0x0001, [255, 255, 0, 0])]);
-        let seen = ObservedLink { routes: device_routes(&table, "weft0"), ..healthy() };
-        assert_eq!(plan(&wanted(), &seen), vec![]);
-    }
-
-    proptest! {
-        #[test]
-        fn garbage_never_panics(text in "\\PC*", dev in "[a-z0-9]{1,15}") {
-            let _ = device_routes(&text, &dev);
-        }
-
-        #[test]
-        fn every_printed_device_route_is_read_back(
-            dst in any::<u32>(), prefix in 0u8..=32, metric in any::<u32>(),
-        ) {
-            let route = Ipv4Net::new(Ipv4Addr::from(dst), prefix).unwrap().trunc();
-            let hex = |a: Ipv4Addr| format!("{:08X}", u32::from_ne_bytes(a.octets()));
-            let table = format!(
-                "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
-                 weft0\t{}\t00000000\t0001\t0\t0\t{metric}\t{}\t0\t0\t0\n",
-                hex(route.network()),
-                hex(route.netmask()),
-            );
-            prop_assert_eq!(device_routes(&table, "weft0"), vec![route]);
-        }
     }
 
     #[test]

@@ -1,0 +1,791 @@
+//! The kernel's link, address and route tables over rtnetlink (the `rtnetlink` crate): the TUN
+//! device's MTU, link state, address and Network route, read back for drift repair and put back;
+//! whether a TUN device of a name exists and has queues attached; and the interface of the
+//! default route and its MTU, for the underlay.
+//!
+//! Contract:
+//! - A [`Netlink`] is one `NETLINK_ROUTE` socket, driven by a thread of its own (`weft-netlink`,
+//!   a current-thread tokio runtime), so that its calls are plain blocking calls that work from
+//!   any thread: a data plane thread, a `spawn_blocking` task, or a tokio worker at start-up
+//!   (where a runtime of the caller's own could not be entered). Each call waits for the
+//!   kernel's answer at most [`REPLY_TIMEOUT`]. Dropping it ends the thread.
+//! - Every request runs in the caller's network namespace as the socket was opened in it (a
+//!   socket keeps the namespace it was created in). Reading needs no privilege; changing needs
+//!   `CAP_NET_ADMIN` only.
+//! - Errors are [`NetlinkError`]s naming the request (`RTM_*`) and the interface; the kernel's
+//!   errno stays readable ([`NetlinkError::raw_os_error`]).
+//! - What the kernel answers is turned into weft's types by pure functions ([`tun_status_of`],
+//!   [`device_routes`], [`ipv4_addresses`], [`default_route_oif`]), which never panic on any
+//!   message and are tested on messages built here.
+//! - The writes mirror what the interface ioctls did before: [`Netlink::set_ipv4`] replaces the
+//!   device's primary IPv4 address (the new one is added before the old one is removed, so the
+//!   device never has none and keeps its routes); [`Netlink::add_route`] adds a gatewayless,
+//!   link-scope route to the main table and takes an existing one as success.
+
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use ipnet::Ipv4Net;
+use rtnetlink::packet_core::Nla;
+use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
+use rtnetlink::packet_route::link::{
+    InfoData, InfoKind, InfoTun, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use rtnetlink::{LinkUnspec, RouteMessageBuilder};
+
+use super::link::ObservedLink;
+
+/// How long a request waits for the kernel's answer.
+pub(crate) const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a netlink request failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NetlinkError {
+    /// The interface name is empty, too long (15 bytes at most) or has a NUL.
+    #[error("bad interface name {0:?}: 1 to 15 bytes, no NUL")]
+    BadName(String),
+    /// The netlink socket or its thread could not be set up.
+    #[error("opening a NETLINK_ROUTE socket: {0}")]
+    Open(#[source] io::Error),
+    /// The kernel refused the request, or its answer could not be read.
+    #[error("{op} {name}: {source}")]
+    Request {
+        /// The request, e.g. `RTM_NEWROUTE`.
+        op: &'static str,
+        /// The interface.
+        name: String,
+        /// The error (the kernel's errno where it gave one).
+        #[source]
+        source: io::Error,
+    },
+    /// No answer within [`REPLY_TIMEOUT`].
+    #[error("{op} {name}: no answer from the kernel within {REPLY_TIMEOUT:?}")]
+    TimedOut {
+        /// The request.
+        op: &'static str,
+        /// The interface.
+        name: String,
+    },
+    /// The socket's thread has ended (its socket failed).
+    #[error("{op} {name}: the netlink connection has closed")]
+    Closed {
+        /// The request.
+        op: &'static str,
+        /// The interface.
+        name: String,
+    },
+}
+
+impl NetlinkError {
+    /// The kernel's errno, when the kernel refused the request.
+    pub(crate) fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            Self::Request { source, .. } | Self::Open(source) => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// What the kernel says about the interface a TUN device would be opened as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TunStatus {
+    /// No interface has the name.
+    Absent,
+    /// A TUN/TAP device with no queue attached (a persistent device nobody has open).
+    Detached,
+    /// A TUN/TAP device with queues attached: another process has it open. `None` when the
+    /// kernel does not report queues (before Linux 4.15), then any existing device counts.
+    Attached(Option<u32>),
+    /// An interface of another kind.
+    NotTun,
+}
+
+/// Checks an interface name as the kernel would (`IFNAMSIZ`), before any request.
+pub(crate) fn check_name(name: &str) -> Result<(), NetlinkError> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return Err(NetlinkError::BadName(name.to_owned()));
+    }
+    Ok(())
+}
+
+fn io_error(e: rtnetlink::Error) -> io::Error {
+    match e {
+        rtnetlink::Error::NetlinkError(msg) => msg.to_io(),
+        other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
+    }
+}
+
+/// One `NETLINK_ROUTE` socket on a thread of its own (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Netlink {
+    handle: rtnetlink::Handle,
+    runtime: tokio::runtime::Handle,
+    /// Dropped (or sent) to end the thread.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Netlink {
+    /// Opens the socket in the calling thread's network namespace and starts its thread.
+    pub(crate) fn open() -> Result<Self, NetlinkError> {
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("weft-netlink".into())
+            .spawn(move || {
+                let runtime =
+                    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                runtime.block_on(async move {
+                    let (connection, handle, _) = match rtnetlink::new_connection() {
+                        Ok(c) => c,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = ready_tx.send(Ok((handle, tokio::runtime::Handle::current())));
+                    tokio::select! {
+                        () = connection => {}
+                        _ = stopped => {}
+                    }
+                });
+            })
+            .map_err(NetlinkError::Open)?;
+        match ready_rx.recv() {
+            Ok(Ok((handle, runtime))) => {
+                Ok(Self { handle, runtime, stop: Some(stop), thread: Some(thread) })
+            }
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(NetlinkError::Open(e))
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(NetlinkError::Open(io::Error::other("the netlink thread ended at start")))
+            }
+        }
+    }
+
+    /// Runs `request` on the socket's thread and waits for its result.
+    fn run<T, F>(&self, op: &'static str, name: &str, request: F) -> Result<T, NetlinkError>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, rtnetlink::Error>> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::sync_channel(1);
+        // A runtime that has shut down drops the task, and with it `tx`: `recv` then fails.
+        self.runtime.spawn(async move {
+            let _ = tx.send(tokio::time::timeout(REPLY_TIMEOUT, request).await);
+        });
+        match rx.recv() {
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(e))) => {
+                Err(NetlinkError::Request { op, name: name.to_owned(), source: io_error(e) })
+            }
+            Ok(Err(_elapsed)) => Err(NetlinkError::TimedOut { op, name: name.to_owned() }),
+            Err(_) => Err(NetlinkError::Closed { op, name: name.to_owned() }),
+        }
+    }
+
+    /// The link named `name` (`RTM_GETLINK`); `ENODEV` when there is none.
+    fn link(&self, name: &str) -> Result<LinkMessage, NetlinkError> {
+        check_name(name)?;
+        let (handle, owned) = (self.handle.clone(), name.to_owned());
+        let found = self.run("RTM_GETLINK", name, async move {
+            handle.link().get().match_name(owned).execute().try_next().await
+        })?;
+        found.ok_or_else(|| NetlinkError::Request {
+            op: "RTM_GETLINK",
+            name: name.to_owned(),
+            source: io::Error::from_raw_os_error(libc::ENODEV),
+        })
+    }
+
+    /// The main table's IPv4 routes (`RTM_GETROUTE` dump).
+    fn ipv4_routes(&self, name: &str) -> Result<Vec<RouteMessage>, NetlinkError> {
+        let handle = self.handle.clone();
+        self.run("RTM_GETROUTE", name, async move {
+            let query = RouteMessageBuilder::<Ipv4Addr>::new().build();
+            handle.route().get(query).execute().try_collect::<Vec<_>>().await
+        })
+    }
+
+    /// Every IPv4 address of the link with index `index` (`RTM_GETADDR` dump).
+    fn addresses(&self, name: &str, index: u32) -> Result<Vec<AddressMessage>, NetlinkError> {
+        let handle = self.handle.clone();
+        let all: Vec<AddressMessage> = self.run("RTM_GETADDR", name, async move {
+            handle.address().get().set_link_index_filter(index).execute().try_collect().await
+        })?;
+        Ok(all
+            .into_iter()
+            .filter(|a| a.header.index == index && a.header.family == AddressFamily::Inet)
+            .collect())
+    }
+
+    /// Sets an interface's MTU (`RTM_SETLINK`).
+    pub(crate) fn set_mtu(&self, name: &str, mtu: u32) -> Result<(), NetlinkError> {
+        check_name(name)?;
+        let handle = self.handle.clone();
+        let message = LinkUnspec::new_with_name(name).mtu(mtu).build();
+        self.run(
+            "RTM_SETLINK (mtu)",
+            name,
+            async move { handle.link().set(message).execute().await },
+        )
+    }
+
+    /// Brings an interface up (`RTM_SETLINK`, `IFF_UP`).
+    pub(crate) fn set_up(&self, name: &str) -> Result<(), NetlinkError> {
+        check_name(name)?;
+        let handle = self.handle.clone();
+        let message = LinkUnspec::new_with_name(name).up().build();
+        self.run(
+            "RTM_SETLINK (up)",
+            name,
+            async move { handle.link().set(message).execute().await },
+        )
+    }
+
+    /// Gives the interface `addr` as its primary IPv4 address: adds it (`RTM_NEWADDR`), then
+    /// removes the primary address it had before, if that was another (`RTM_DELADDR`).
+    pub(crate) fn set_ipv4(&self, name: &str, addr: Ipv4Net) -> Result<(), NetlinkError> {
+        let index = self.link(name)?.header.index;
+        let before = self.addresses(name, index)?;
+        if ipv4_addresses(&before, index).contains(&addr) {
+            return Ok(());
+        }
+        let handle = self.handle.clone();
+        self.run("RTM_NEWADDR", name, async move {
+            handle
+                .address()
+                .add(index, IpAddr::V4(addr.addr()), addr.prefix_len())
+                .replace()
+                .execute()
+                .await
+        })?;
+        let old_primary = before.into_iter().find(|a| {
+            !a.header.flags.contains(AddressHeaderFlags::Secondary)
+                && ipv4_addresses(std::slice::from_ref(a), index) != [addr]
+        });
+        if let Some(old) = old_primary {
+            let handle = self.handle.clone();
+            let deleted = self
+                .run("RTM_DELADDR", name, async move { handle.address().del(old).execute().await });
+            match deleted {
+                // Gone already (someone else removed it meanwhile): as wanted.
+                Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {}
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a route to `dst` through the interface, without a gateway, in the main table
+    /// (`RTM_NEWROUTE`). An existing route is fine.
+    pub(crate) fn add_route(&self, name: &str, dst: Ipv4Net) -> Result<(), NetlinkError> {
+        let index = self.link(name)?.header.index;
+        let handle = self.handle.clone();
+        let route = network_route(dst, index);
+        match self.run(
+            "RTM_NEWROUTE",
+            name,
+            async move { handle.route().add(route).execute().await },
+        ) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// The interface's link state as the kernel reports it now, for drift repair
+    /// ([`super::link`]): `IFF_UP`, the MTU, its IPv4 addresses and the main table's
+    /// gatewayless routes through it.
+    pub(crate) fn observe_link(&self, name: &str) -> Result<ObservedLink, NetlinkError> {
+        let link = self.link(name)?;
+        let index = link.header.index;
+        let addresses = ipv4_addresses(&self.addresses(name, index)?, index);
+        let routes = device_routes(&self.ipv4_routes(name)?, index);
+        Ok(ObservedLink {
+            up: link.header.flags.contains(LinkFlags::Up),
+            mtu: link_mtu(&link).unwrap_or(0),
+            addresses,
+            routes,
+        })
+    }
+
+    /// Whether the TUN device `name` exists and how many queues are attached to it. A
+    /// non-persistent TUN device exists only while a process holds a queue; a persistent one
+    /// may have none.
+    pub(crate) fn tun_status(&self, name: &str) -> Result<TunStatus, NetlinkError> {
+        match self.link(name) {
+            Ok(link) => Ok(tun_status_of(&link)),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(TunStatus::Absent),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The MTU of the interface `name`.
+    pub(crate) fn mtu(&self, name: &str) -> Result<Option<u32>, NetlinkError> {
+        Ok(link_mtu(&self.link(name)?))
+    }
+
+    /// The name of the interface the main table's IPv4 default route leaves through (the one
+    /// of lowest metric), if there is one.
+    pub(crate) fn default_route_iface(&self) -> Result<Option<String>, NetlinkError> {
+        let Some(index) = default_route_oif(&self.ipv4_routes("default")?) else {
+            return Ok(None);
+        };
+        let handle = self.handle.clone();
+        let link = self.run("RTM_GETLINK", &format!("#{index}"), async move {
+            handle.link().get().match_index(index).execute().try_next().await
+        })?;
+        Ok(link.as_ref().and_then(link_name))
+    }
+}
+
+impl Drop for Netlink {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn link_mtu(link: &LinkMessage) -> Option<u32> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Mtu(mtu) => Some(*mtu),
+        _ => None,
+    })
+}
+
+fn link_name(link: &LinkMessage) -> Option<String> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfName(name) => Some(name.clone()),
+        _ => None,
+    })
+}
+
+// linux/if_link.h: the attributes of a TUN device's IFLA_INFO_DATA.
+const IFLA_TUN_PERSIST: u16 = 6;
+const IFLA_TUN_NUM_QUEUES: u16 = 8;
+const IFLA_TUN_NUM_DISABLED_QUEUES: u16 = 9;
+/// The nested and byte-order flags of an attribute type.
+const NLA_TYPE_MASK: u16 = 0x3fff;
+
+/// The kind and payload of one of a TUN device's attributes (the crate keeps them raw).
+fn tun_attribute(attr: &InfoTun) -> (u16, Vec<u8>) {
+    let mut value = vec![0u8; attr.value_len()];
+    attr.emit_value(&mut value);
+    (attr.kind() & NLA_TYPE_MASK, value)
+}
+
+fn u32_of(value: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(value.get(..4)?.try_into().ok()?))
+}
+
+/// What a link is, as far as opening a TUN device of its name goes.
+pub(crate) fn tun_status_of(link: &LinkMessage) -> TunStatus {
+    let Some(info) = link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::LinkInfo(info) => Some(info),
+        _ => None,
+    }) else {
+        return TunStatus::NotTun;
+    };
+    // TAP devices are of kind "tun" too.
+    if !info.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Tun))) {
+        return TunStatus::NotTun;
+    }
+    let Some(data) = info.iter().find_map(|i| match i {
+        LinkInfo::Data(InfoData::Tun(data)) => Some(data),
+        _ => None,
+    }) else {
+        return TunStatus::Attached(None);
+    };
+    let (mut persist, mut queues, mut disabled) = (None, None, 0);
+    for (kind, value) in data.iter().map(tun_attribute) {
+        match kind {
+            IFLA_TUN_PERSIST => persist = value.first().map(|b| *b != 0),
+            IFLA_TUN_NUM_QUEUES => queues = u32_of(&value),
+            IFLA_TUN_NUM_DISABLED_QUEUES => disabled = u32_of(&value).unwrap_or(0),
+            _ => {}
+        }
+    }
+    match (persist, queues) {
+        (Some(true), Some(q)) if q.saturating_add(disabled) == 0 => TunStatus::Detached,
+        (_, Some(q)) => TunStatus::Attached(Some(q.saturating_add(disabled))),
+        (_, None) => TunStatus::Attached(None),
+    }
+}
+
+/// The IPv4 addresses, with their prefix lengths, that `addresses` give the link `index`
+/// (`IFA_LOCAL`, the interface's own address; `IFA_ADDRESS` when there is no `IFA_LOCAL`).
+pub(crate) fn ipv4_addresses(addresses: &[AddressMessage], index: u32) -> Vec<Ipv4Net> {
+    addresses
+        .iter()
+        .filter(|a| a.header.index == index)
+        .filter_map(|a| {
+            let local = a.attributes.iter().find_map(|attr| match attr {
+                AddressAttribute::Local(IpAddr::V4(ip)) => Some(*ip),
+                _ => None,
+            });
+            let address = a.attributes.iter().find_map(|attr| match attr {
+                AddressAttribute::Address(IpAddr::V4(ip)) => Some(*ip),
+                _ => None,
+            });
+            Ipv4Net::new(local.or(address)?, a.header.prefix_len).ok()
+        })
+        .collect()
+}
+
+/// The table a route is in (`RTA_TABLE` for ids above 255, else the header's).
+fn table_of(route: &RouteMessage) -> u32 {
+    route
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(u32::from(route.header.table))
+}
+
+fn destination_of(route: &RouteMessage) -> Option<Ipv4Net> {
+    let dst = route.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
+        RouteAttribute::Destination(_) => None,
+        _ => None,
+    });
+    // The default route has no destination attribute.
+    let dst = match (dst, route.header.destination_prefix_length) {
+        (Some(ip), len) => (ip, len),
+        (None, 0) => (Ipv4Addr::UNSPECIFIED, 0),
+        (None, _) => return None,
+    };
+    Ipv4Net::new(dst.0, dst.1).ok()
+}
+
+fn is_main_unicast_v4(route: &RouteMessage) -> bool {
+    route.header.address_family == AddressFamily::Inet
+        && route.header.kind == RouteType::Unicast
+        && table_of(route) == u32::from(RouteHeader::RT_TABLE_MAIN)
+}
+
+fn has_gateway(route: &RouteMessage) -> bool {
+    route.attributes.iter().any(|a| matches!(a, RouteAttribute::Gateway(_)))
+}
+
+fn oif_of(route: &RouteMessage) -> Option<u32> {
+    route.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Oif(i) => Some(*i),
+        // A multipath route: its first hop's.
+        RouteAttribute::MultiPath(hops) => hops.first().map(|h| h.interface_index),
+        _ => None,
+    })
+}
+
+/// The route [`Netlink::add_route`] adds: to `dst` through the link `index`, no gateway, link
+/// scope, main table (what `SIOCADDRT` with `RTF_UP` and a device added).
+fn network_route(dst: Ipv4Net, index: u32) -> RouteMessage {
+    RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(dst.network(), dst.prefix_len())
+        .output_interface(index)
+        .scope(RouteScope::Link)
+        .protocol(RouteProtocol::Boot)
+        .build()
+}
+
+/// The destinations of the main table's unicast IPv4 routes through the link `index` without a
+/// gateway: the routes weft adds for the Network.
+pub(crate) fn device_routes(routes: &[RouteMessage], index: u32) -> Vec<Ipv4Net> {
+    routes
+        .iter()
+        .filter(|r| is_main_unicast_v4(r) && !has_gateway(r))
+        .filter(|r| r.attributes.contains(&RouteAttribute::Oif(index)))
+        .filter_map(destination_of)
+        .collect()
+}
+
+/// The interface index of the main table's IPv4 default route of lowest metric.
+pub(crate) fn default_route_oif(routes: &[RouteMessage]) -> Option<u32> {
+    routes
+        .iter()
+        .filter(|r| is_main_unicast_v4(r) && r.header.destination_prefix_length == 0)
+        .filter_map(|r| {
+            let metric = r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Priority(p) => Some(*p),
+                _ => None,
+            });
+            Some((metric.unwrap_or(0), oif_of(r)?))
+        })
+        .min_by_key(|(metric, _)| *metric)
+        .map(|(_, oif)| oif)
+}
+
+#[cfg(test)]
+mod tests {
+    use rtnetlink::packet_core::DefaultNla;
+    use rtnetlink::packet_route::route::RouteNextHop;
+
+    use super::*;
+
+    fn net(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    fn tun_link(kind: InfoKind, data: Option<Vec<(u16, Vec<u8>)>>) -> LinkMessage {
+        let mut info = vec![LinkInfo::Kind(kind)];
+        if let Some(d) = data {
+            let attrs = d.into_iter().map(|(k, v)| InfoTun::Other(DefaultNla::new(k, v)));
+            info.push(LinkInfo::Data(InfoData::Tun(attrs.collect())));
+        }
+        let mut link = LinkMessage::default();
+        link.attributes.push(LinkAttribute::IfName("weft0".into()));
+        link.attributes.push(LinkAttribute::LinkInfo(info));
+        link
+    }
+
+    fn tun_data(persist: u8, queues: u32, disabled: u32) -> Option<Vec<(u16, Vec<u8>)>> {
+        Some(vec![
+            (IFLA_TUN_PERSIST, vec![persist]),
+            (IFLA_TUN_NUM_QUEUES, queues.to_ne_bytes().to_vec()),
+            (IFLA_TUN_NUM_DISABLED_QUEUES, disabled.to_ne_bytes().to_vec()),
+        ])
+    }
+
+    #[test]
+    fn links_are_absent_detached_attached_or_not_tun() {
+        let cases = [
+            (tun_link(InfoKind::Tun, tun_data(0, 2, 0)), TunStatus::Attached(Some(2))),
+            (tun_link(InfoKind::Tun, tun_data(1, 0, 0)), TunStatus::Detached),
+            (tun_link(InfoKind::Tun, tun_data(1, 0, 1)), TunStatus::Attached(Some(1))),
+            (tun_link(InfoKind::Tun, tun_data(1, 3, 0)), TunStatus::Attached(Some(3))),
+            (tun_link(InfoKind::Tun, None), TunStatus::Attached(None)),
+            (tun_link(InfoKind::Veth, None), TunStatus::NotTun),
+            // No LINKINFO at all (a loopback, say).
+            (LinkMessage::default(), TunStatus::NotTun),
+        ];
+        for (link, want) in cases {
+            assert_eq!(tun_status_of(&link), want, "{link:?}");
+        }
+        // Short or odd payloads never panic.
+        let odd = tun_link(InfoKind::Tun, Some(vec![(IFLA_TUN_NUM_QUEUES, vec![1]), (99, vec![])]));
+        assert_eq!(tun_status_of(&odd), TunStatus::Attached(None));
+    }
+
+    /// `RTM_NEWLINK` as the kernel sends it for a TUN device, byte by byte (linux/if_link.h,
+    /// linux/rtnetlink.h): the crate's parser must hand [`tun_status_of`] what it expects.
+    fn kernel_newlink(kind: &[u8], data: &[(u16, Vec<u8>)]) -> Vec<u8> {
+        fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
+            let mut a = Vec::new();
+            a.extend(u16::try_from(4 + payload.len()).unwrap().to_ne_bytes());
+            a.extend(kind.to_ne_bytes());
+            a.extend(payload);
+            a.resize(a.len().div_ceil(4) * 4, 0);
+            a
+        }
+        const NLA_F_NESTED: u16 = 0x8000;
+        const IFLA_IFNAME: u16 = 3;
+        const IFLA_LINKINFO: u16 = 18;
+        const IFLA_INFO_KIND: u16 = 1;
+        const IFLA_INFO_DATA: u16 = 2;
+        let mut tun_data = Vec::new();
+        for (k, v) in data {
+            tun_data.extend(attr(*k, v));
+        }
+        let mut info = attr(IFLA_INFO_KIND, kind);
+        if !data.is_empty() {
+            info.extend(attr(IFLA_INFO_DATA | NLA_F_NESTED, &tun_data));
+        }
+        let mut body = vec![0u8; 16]; // ifinfomsg: AF_UNSPEC, index 0
+        body.extend(attr(IFLA_IFNAME, b"weft0\0"));
+        body.extend(attr(IFLA_LINKINFO | NLA_F_NESTED, &info));
+        let mut m = Vec::new();
+        m.extend(u32::try_from(16 + body.len()).unwrap().to_ne_bytes());
+        m.extend(16u16.to_ne_bytes()); // RTM_NEWLINK
+        m.extend([0u8; 10]); // flags, sequence, port id
+        m.extend(body);
+        m
+    }
+
+    fn parse_link(bytes: &[u8]) -> LinkMessage {
+        use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
+        use rtnetlink::packet_route::RouteNetlinkMessage;
+        let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes).unwrap();
+        match msg.payload {
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => link,
+            other => panic!("not a link: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_kernels_tun_attributes_are_read_through_the_crates_parser() {
+        let data = tun_data(1, 0, 0).unwrap();
+        assert_eq!(
+            tun_status_of(&parse_link(&kernel_newlink(b"tun\0", &data))),
+            TunStatus::Detached
+        );
+        let data = tun_data(0, 4, 0).unwrap();
+        assert_eq!(
+            tun_status_of(&parse_link(&kernel_newlink(b"tun\0", &data))),
+            TunStatus::Attached(Some(4))
+        );
+        assert_eq!(tun_status_of(&parse_link(&kernel_newlink(b"veth\0", &[]))), TunStatus::NotTun);
+    }
+
+    fn route(dst: Option<(Ipv4Addr, u8)>, attrs: Vec<RouteAttribute>) -> RouteMessage {
+        let mut r = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        if let Some((ip, len)) = dst {
+            r.header.destination_prefix_length = len;
+            r.attributes.push(RouteAttribute::Destination(RouteAddress::Inet(ip)));
+        }
+        r.attributes.extend(attrs);
+        r
+    }
+
+    const WEFT0: u32 = 7;
+    const ETH0: u32 = 2;
+
+    #[test]
+    fn routes_through_the_device_are_the_gatewayless_main_table_ones() {
+        let gw = RouteAttribute::Gateway(RouteAddress::Inet(Ipv4Addr::new(192, 0, 2, 254)));
+        let mut other_table = route(
+            Some((Ipv4Addr::new(10, 96, 0, 0), 16)),
+            vec![RouteAttribute::Oif(WEFT0), RouteAttribute::Table(1000)],
+        );
+        other_table.header.table = 252;
+        let mut local =
+            route(Some((Ipv4Addr::new(10, 244, 3, 0), 32)), vec![RouteAttribute::Oif(WEFT0)]);
+        local.header.kind = RouteType::Local;
+        local.header.table = 255;
+        let routes = [
+            route(None, vec![RouteAttribute::Oif(ETH0), gw.clone()]),
+            route(Some((Ipv4Addr::new(192, 0, 2, 0), 24)), vec![RouteAttribute::Oif(ETH0)]),
+            route(Some((Ipv4Addr::new(10, 244, 0, 0), 16)), vec![RouteAttribute::Oif(WEFT0)]),
+            // Through a gateway on weft0: not the device route weft adds.
+            route(Some((Ipv4Addr::new(10, 99, 0, 0), 16)), vec![RouteAttribute::Oif(WEFT0), gw]),
+            other_table,
+            local,
+            route(Some((Ipv4Addr::new(10, 97, 0, 0), 16)), vec![RouteAttribute::Oif(WEFT0 + 1)]),
+            route(Some((Ipv4Addr::new(10, 244, 3, 7), 32)), vec![RouteAttribute::Oif(WEFT0)]),
+        ];
+        assert_eq!(device_routes(&routes, WEFT0), vec![net("10.244.0.0/16"), net("10.244.3.7/32")]);
+        assert_eq!(device_routes(&routes, ETH0), vec![net("192.0.2.0/24")]);
+        assert_eq!(device_routes(&routes, 99), vec![]);
+        assert_eq!(device_routes(&[], WEFT0), vec![]);
+        // A destination the kernel would never send (a prefix without an address, a prefix
+        // longer than 32) is skipped, not a panic.
+        let mut bad = route(None, vec![RouteAttribute::Oif(WEFT0)]);
+        bad.header.destination_prefix_length = 16;
+        let mut long =
+            route(Some((Ipv4Addr::new(10, 1, 0, 0), 40)), vec![RouteAttribute::Oif(WEFT0)]);
+        long.header.destination_prefix_length = 40;
+        assert_eq!(device_routes(&[bad, long], WEFT0), vec![]);
+    }
+
+    #[test]
+    fn the_route_weft_adds_is_one_it_then_finds() {
+        // What add_route sends is what the observation must find, or it would "repair" forever.
+        let added = network_route(net("10.244.0.0/16"), WEFT0);
+        assert_eq!(device_routes(&[added], WEFT0), vec![net("10.244.0.0/16")]);
+    }
+
+    #[test]
+    fn the_default_route_of_lowest_metric_names_the_underlay() {
+        let gw = || RouteAttribute::Gateway(RouteAddress::Inet(Ipv4Addr::new(192, 0, 2, 254)));
+        let routes = [
+            route(Some((Ipv4Addr::new(192, 0, 2, 0), 24)), vec![RouteAttribute::Oif(4)]),
+            route(None, vec![RouteAttribute::Oif(3), gw(), RouteAttribute::Priority(600)]),
+            route(None, vec![RouteAttribute::Oif(ETH0), gw(), RouteAttribute::Priority(100)]),
+        ];
+        assert_eq!(default_route_oif(&routes), Some(ETH0));
+        assert_eq!(default_route_oif(&routes[..1]), None);
+        let mut hop = RouteNextHop::default();
+        hop.interface_index = 5;
+        let multipath = route(None, vec![RouteAttribute::MultiPath(vec![hop])]);
+        assert_eq!(default_route_oif(&[multipath]), Some(5));
+        // A default route in another table is not the host's.
+        let mut vrf = route(None, vec![RouteAttribute::Oif(9), RouteAttribute::Table(10)]);
+        vrf.header.table = 10;
+        assert_eq!(default_route_oif(&[vrf]), None);
+    }
+
+    #[test]
+    fn addresses_are_read_with_their_prefixes() {
+        let address = |index: u32, ip: [u8; 4], len: u8, local: bool| {
+            let mut a = AddressMessage::default();
+            a.header.family = AddressFamily::Inet;
+            a.header.index = index;
+            a.header.prefix_len = len;
+            let ip = IpAddr::V4(Ipv4Addr::from(ip));
+            a.attributes.push(if local {
+                AddressAttribute::Local(ip)
+            } else {
+                AddressAttribute::Address(ip)
+            });
+            a
+        };
+        let all = [
+            address(WEFT0, [10, 244, 3, 0], 32, true),
+            address(WEFT0, [10, 8, 0, 1], 24, false),
+            address(ETH0, [192, 0, 2, 1], 24, true),
+            address(WEFT0, [10, 9, 9, 9], 33, true),
+        ];
+        assert_eq!(ipv4_addresses(&all, WEFT0), vec![net("10.244.3.0/32"), net("10.8.0.1/24")]);
+        assert_eq!(ipv4_addresses(&all, ETH0), vec![net("192.0.2.1/24")]);
+    }
+
+    #[test]
+    fn interface_names_are_checked_before_any_request() {
+        assert!(matches!(check_name(""), Err(NetlinkError::BadName(_))));
+        assert!(matches!(check_name("a-name-far-too-long"), Err(NetlinkError::BadName(_))));
+        assert!(matches!(check_name("we\0ft"), Err(NetlinkError::BadName(_))));
+        assert!(check_name("weft0").is_ok());
+    }
+
+    /// An interface's MTU as sysfs says it: a second reading, independent of netlink.
+    fn mtu_of(name: &str) -> Option<u32> {
+        std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?.trim().parse().ok()
+    }
+
+    #[test]
+    fn the_link_state_is_read_back_without_privilege() {
+        let nl = Netlink::open().unwrap();
+        let lo = nl.observe_link("lo").unwrap();
+        assert_eq!(lo.mtu, mtu_of("lo").unwrap());
+        assert_eq!(nl.mtu("lo").unwrap(), Some(lo.mtu));
+        if lo.up {
+            let loopback: Ipv4Net = "127.0.0.1/8".parse().unwrap();
+            assert!(lo.addresses.contains(&loopback), "{lo:?}");
+        }
+        let missing = nl.observe_link("weftnosuch0").unwrap_err();
+        let NetlinkError::Request { op, ref name, .. } = missing else { panic!("{missing}") };
+        assert_eq!((op, name.as_str()), ("RTM_GETLINK", "weftnosuch0"));
+        assert_eq!(missing.raw_os_error(), Some(libc::ENODEV));
+        assert!(matches!(nl.observe_link(""), Err(NetlinkError::BadName(_))));
+    }
+
+    #[test]
+    fn a_name_nobody_uses_is_absent() {
+        let nl = Netlink::open().unwrap();
+        assert_eq!(nl.tun_status("weftnosuch0").unwrap(), TunStatus::Absent);
+        assert!(matches!(nl.tun_status("lo"), Ok(TunStatus::NotTun)));
+    }
+}
