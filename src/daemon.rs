@@ -36,6 +36,15 @@ use crate::route::watcher::RouteStats;
 use crate::route::{RouteTable, Routes};
 use crate::time::{BootClock, Clock};
 
+/// What `weft run --dataplane` selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DataplaneMode {
+    /// Forward traffic: the TUN device, its link, address and route, and the workers.
+    Tun,
+    /// The control plane only (leases, subnet.env, hooks, health): no TUN, no privilege.
+    None,
+}
+
 /// Everything `weft run` needs, after flag parsing.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -67,8 +76,8 @@ pub struct RunOptions {
     pub relinquish_on_exit: bool,
     /// `--ip-masq` (only written to subnet.env; weft installs no iptables rules).
     pub ip_masq: bool,
-    /// `--dataplane tun` (`true`) or `none`.
-    pub dataplane: bool,
+    /// `--dataplane`.
+    pub dataplane: DataplaneMode,
     /// `--tun-name`.
     pub tun_name: String,
     /// `--workers`.
@@ -381,7 +390,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     let (subnet_tx, subnet_rx) = watch::channel(None);
     let (routes, route_watcher) =
         start_route_watcher(&network, &store, &health, subnet_rx.clone(), &shutdown_rx);
-    let dataplane = if opts.dataplane {
+    let dataplane = if opts.dataplane == DataplaneMode::Tun {
         // One weft per TUN device: wait while another process has it attached. Should one
         // appear between the check and the start, the start refuses it and we wait again.
         let netlink = Netlink::open().context("asking the kernel about the TUN device")?;

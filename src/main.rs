@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 
 use weft::config::NetworkConfig;
-use weft::daemon::{self, RunOptions};
+use weft::daemon::{self, DataplaneMode, RunOptions};
 use weft::dataplane::driver::UdpGsoConfig;
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::keys::{self, KeyLayout};
@@ -162,8 +162,8 @@ struct RunArgs {
     ip_masq: bool,
     /// Data plane: `tun` forwards traffic; `none` runs the control plane only (leases,
     /// subnet.env, hooks, health) and needs no privilege.
-    #[arg(long, env = "WEFT_DATAPLANE", default_value = "tun", value_parser = ["tun", "none"])]
-    dataplane: String,
+    #[arg(long, env = "WEFT_DATAPLANE", value_enum, default_value_t = DataplaneMode::Tun)]
+    dataplane: DataplaneMode,
     /// Data plane workers (TUN queues, each with its own sockets and thread).
     /// Default: the number of CPUs.
     #[arg(long, env = "WEFT_WORKERS")]
@@ -287,7 +287,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 hook_timeout: args.hook_timeout,
                 relinquish_on_exit: args.relinquish_on_exit,
                 ip_masq: args.ip_masq,
-                dataplane: args.dataplane == "tun",
+                dataplane: args.dataplane,
                 tun_name: args.tun_name.clone(),
                 workers: args.workers.unwrap_or_else(|| {
                     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
