@@ -1,0 +1,527 @@
+//! The forwarding loops, generic over their two I/O edges so the whole path runs in tests with
+//! in-memory fakes (`super::fake`, `test-util` feature) and in the daemon with the TUN device
+//! and batched UDP sockets ([`super::driver`]).
+//!
+//! # TX: TUN → peers
+//! Read up to a batch of packets from one TUN queue. A TSO/USO super-packet (behind a
+//! `virtio_net_hdr`) is routed once, split into wire-sized segments laid out back to back
+//! with the backend's encapsulation in front of each ([`offload::split`]), and goes out as few
+//! `UDP_SEGMENT` (GSO) messages as the kernel allows. Single packets are encapsulated in place
+//! in their read buffer; runs of them to one peer are copied back to back into GSO messages
+//! ([`udp::coalesce_plan`]), and all go out in one `sendmmsg`. Packets leave in the order they
+//! were read: TCP takes reordering for loss.
+//!
+//! # RX: peers → TUN
+//! Receive a batch (`recvmmsg`; with UDP GRO each buffer may hold many datagrams), validate and
+//! decapsulate every datagram ([`Forwarder::decap`]), and write the inner packets to TUN: with
+//! TUN offloads, after TCP/UDP GRO ([`GroTable::coalesce_refs`]) coalesces them into
+//! super-packets where they lie, one vectored write each, straight from the receive buffers.
+//!
+//! # Files
+//! [`edges`] (the two I/O traits), [`tx`] (the TX path), [`plan`] (pure: which socket, which
+//! GSO runs, in which order), [`rx`] (the RX path); here, the threads that run them.
+//!
+//! # Contract
+//! Buffers are allocated once per worker; the per-packet path allocates nothing, takes no lock
+//! (the route table is loaded wait-free once per batch) and logs nothing: every drop is counted
+//! by reason in the thread's own [`PacketCounters`] block (see [`Counters::thread`](super::counters::Counters::thread): one per
+//! thread, on cache lines of its own, summed only when `/metrics` is read). The TX path reads its [`Clock`] once per batch read and passes
+//! that `now` to the pipeline (for the ICMP rate limit) and to the sockets (for the GSO retry). Loops return when `stop` is set
+//! (checked at least every `wake`).
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::counters::{Counters, PacketCounters};
+use super::pipeline::Forwarder;
+use super::supervise::{self, RestartPolicy, WorkerStates, supervise};
+use crate::route::Routes;
+use crate::time::Clock;
+
+mod edges;
+mod plan;
+mod rx;
+mod tx;
+
+pub use edges::{TunIo, UdpIo};
+pub use rx::RxPath;
+pub use tx::TxPath;
+
+/// How one worker runs.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerConfig {
+    /// Packets per batch (1: one packet per syscall, the baseline).
+    pub batch: usize,
+    /// How often loops look at the stop flag.
+    pub wake: Duration,
+    /// Coalesce received TCP segments into super-packets (needs TUN TSO).
+    pub gro_tcp: bool,
+    /// Coalesce received UDP datagrams of one flow into super-packets (needs TUN USO).
+    pub gro_udp: bool,
+    /// Run TX and RX on one thread ([`run_both`]) instead of two.
+    pub one_thread: bool,
+}
+
+/// The TX loop on its own thread: [`TxPath::step`] until `stop`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_tx<T: TunIo, U: UdpIo>(
+    tun: &T,
+    pool: &mut [U],
+    fwd: &Forwarder,
+    routes: &Routes,
+    counters: &PacketCounters,
+    cfg: WorkerConfig,
+    clock: Arc<dyn Clock>,
+    stop: &AtomicBool,
+) {
+    let mut tx = TxPath::new(tun, &cfg, clock);
+    while !stop.load(Ordering::Relaxed) {
+        if tx.step(tun, pool, fwd, routes, counters, cfg.wake) {
+            supervise::injected_fault();
+        }
+    }
+}
+
+/// The RX loop on its own thread: [`RxPath::step`] until `stop`.
+pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
+    tun: &T,
+    sock: &mut U,
+    fwd: &Forwarder,
+    routes: &Routes,
+    counters: &PacketCounters,
+    cfg: WorkerConfig,
+    stop: &AtomicBool,
+) {
+    let mut rx = RxPath::new(tun, sock, &cfg);
+    while !stop.load(Ordering::Relaxed) {
+        if rx.step(tun, sock, fwd, routes, counters, cfg.wake) {
+            supervise::injected_fault();
+        }
+    }
+}
+
+/// Both directions on one thread: drain TX and RX without waiting, and sleep on both file
+/// descriptors only when both are idle. A reply the kernel generates inside our TUN write (an
+/// ICMP echo reply, a TCP ACK) is then picked up by the same thread without a wake-up, which
+/// on a VM costs tens of microseconds.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_both<T: TunIo, U: UdpIo>(
+    tun: &T,
+    pool: &mut [U],
+    sock: &mut U,
+    fwd: &Forwarder,
+    routes: &Routes,
+    counters: &PacketCounters,
+    cfg: WorkerConfig,
+    clock: Arc<dyn Clock>,
+    stop: &AtomicBool,
+) {
+    let mut tx = TxPath::new(tun, &cfg, clock);
+    let mut rx = RxPath::new(tun, sock, &cfg);
+    while !stop.load(Ordering::Relaxed) {
+        let sent = tx.step(tun, pool, fwd, routes, counters, Duration::ZERO);
+        let received = rx.step(tun, sock, fwd, routes, counters, Duration::ZERO);
+        if !sent && !received {
+            wait_either(tun, sock, cfg.wake);
+        } else {
+            supervise::injected_fault();
+        }
+    }
+}
+
+/// Sleeps until TUN or the socket is readable, or `wake` passes.
+fn wait_either<T: TunIo, U: UdpIo>(tun: &T, sock: &U, wake: Duration) {
+    match (tun.poll_fd(), sock.poll_fd()) {
+        (Some(a), Some(b)) => super::sys::poll_either(a, b, wake),
+        // Fakes have no file descriptors: wait on TUN briefly, then look at both again.
+        _ => {
+            let _ = tun.wait_readable(wake.min(Duration::from_millis(1)));
+        }
+    }
+}
+
+/// One queue's worth of forwarding: its TUN queue, its sockets and what they share.
+pub struct Worker<T, U> {
+    /// The TUN queue.
+    pub tun: Arc<T>,
+    /// Sockets datagrams leave from (picked by flow hash).
+    pub tx_pool: Vec<U>,
+    /// The socket on the backend port.
+    pub rx: U,
+    /// The forwarding configuration.
+    pub fwd: Forwarder,
+    /// The route table.
+    pub routes: Arc<Routes>,
+    /// The data plane's counters; each thread counts in its own block of them
+    /// ([`Counters::thread`](super::counters::Counters::thread), by thread name).
+    pub counters: Arc<Counters>,
+    /// Batch size and timing.
+    pub cfg: WorkerConfig,
+    /// Where `now` comes from (the ICMP rate limit, restart back-off).
+    pub clock: Arc<dyn Clock>,
+    /// Where the threads report panics; see [`supervise`].
+    pub states: Arc<WorkerStates>,
+}
+
+impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
+    /// Runs the worker until `stop` is set: [`run_both`] on one thread named `<name>`, or
+    /// [`run_tx`] and [`run_rx`] on two named `<name>-tx` and `<name>-rx`. Each thread runs
+    /// under [`supervise`]: a panic is caught, reported in `states`, and the loop restarted
+    /// with fresh buffers on the same queue and sockets (both stay valid: a panic leaves no
+    /// half-written state in a file descriptor).
+    pub fn spawn(
+        self,
+        name: &str,
+        stop: Arc<AtomicBool>,
+    ) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
+        let Self { tun, mut tx_pool, mut rx, fwd, routes, counters, cfg, clock, states } = self;
+        let policy = RestartPolicy::default();
+        if cfg.one_thread {
+            let thread = name.to_owned();
+            let counters = counters.thread(&thread);
+            let t = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+                supervise(&thread, &states, policy, &*clock, &stop, || {
+                    run_both(
+                        &*tun,
+                        &mut tx_pool,
+                        &mut rx,
+                        &fwd,
+                        &routes,
+                        &counters,
+                        cfg,
+                        clock.clone(),
+                        &stop,
+                    )
+                })
+            })?;
+            return Ok(vec![t]);
+        }
+        let tx = {
+            let thread = format!("{name}-tx");
+            let (tun, fwd, routes, counters, stop, states, clock) = (
+                tun.clone(),
+                fwd.clone(),
+                routes.clone(),
+                counters.thread(&thread),
+                stop.clone(),
+                states.clone(),
+                clock.clone(),
+            );
+            std::thread::Builder::new().name(thread.clone()).spawn(move || {
+                supervise(&thread, &states, policy, &*clock, &stop, || {
+                    run_tx(&*tun, &mut tx_pool, &fwd, &routes, &counters, cfg, clock.clone(), &stop)
+                })
+            })?
+        };
+        let thread = format!("{name}-rx");
+        let counters = counters.thread(&thread);
+        let rx = std::thread::Builder::new().name(thread.clone()).spawn(move || {
+            supervise(&thread, &states, policy, &*clock, &stop, || {
+                run_rx(&*tun, &mut rx, &fwd, &routes, &counters, cfg, &stop)
+            })
+        })?;
+        Ok(vec![tx, rx])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, SocketAddrV4};
+
+    use super::tx::send_skipping;
+    use super::*;
+    use crate::config::BackendKind;
+    use crate::dataplane::fake::{FakeNet, FakeTun};
+    use crate::dataplane::offload::testutil::Pkt;
+    use crate::dataplane::pipeline::OwnSubnet;
+    use crate::dataplane::pipeline::{DropReason, HEADROOM};
+    use crate::dataplane::udp::{RecvMeta, Transmit, UdpError};
+    use crate::dataplane::wire::virtio_net::{self, Header};
+    use crate::dataplane::wire::{ethernet::MacAddr, read_u32, vxlan::Vni};
+    use crate::route::{Peer, PeerBackend, RouteTable};
+    use crate::time::Instant;
+
+    /// A socket on which the kernel refuses every message to `bad` (EHOSTUNREACH), the way
+    /// sendmmsg reports it: the messages before it sent, an error for it.
+    struct Refusing {
+        bad: SocketAddrV4,
+        sent: Vec<SocketAddrV4>,
+    }
+
+    impl UdpIo for Refusing {
+        fn send_batch(&mut self, msgs: &[Transmit<'_>], _now: Instant) -> Result<usize, UdpError> {
+            for (i, m) in msgs.iter().enumerate() {
+                if m.dst == self.bad {
+                    let source = io::Error::from_raw_os_error(libc::EHOSTUNREACH);
+                    return Err(UdpError::Send { sent: i, source });
+                }
+                self.sent.push(m.dst);
+            }
+            Ok(msgs.len())
+        }
+        fn recv_batch(
+            &mut self,
+            _: &mut [Vec<u8>],
+            _: &mut [RecvMeta],
+            _: Duration,
+        ) -> Result<usize, UdpError> {
+            Ok(0)
+        }
+        fn max_gso_segments(&self) -> usize {
+            1
+        }
+        fn gro(&self) -> bool {
+            false
+        }
+    }
+
+    /// A socket whose send buffer has room for `room` messages, then stays full (as
+    /// `BatchSocket::send_batch` reports it: the count sent, after its waits for room).
+    struct Full {
+        room: usize,
+    }
+
+    impl UdpIo for Full {
+        fn send_batch(&mut self, msgs: &[Transmit<'_>], _now: Instant) -> Result<usize, UdpError> {
+            let n = msgs.len().min(self.room);
+            self.room -= n;
+            Ok(n)
+        }
+        fn recv_batch(
+            &mut self,
+            _: &mut [Vec<u8>],
+            _: &mut [RecvMeta],
+            _: Duration,
+        ) -> Result<usize, UdpError> {
+            Ok(0)
+        }
+        fn max_gso_segments(&self) -> usize {
+            1
+        }
+        fn gro(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn datagrams_left_behind_by_a_full_send_buffer_are_counted_as_drops() {
+        let payload = [0u8; 100];
+        let dst = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472);
+        let txs = [Transmit { dst, contents: &payload, segment_size: None }; 5];
+        let counters = PacketCounters::default();
+        send_skipping(&mut Full { room: 2 }, &txs, Instant::ZERO, &counters);
+        let mut totals = crate::dataplane::counters::PacketTotals::default();
+        counters.add_to(&mut totals);
+        assert_eq!(totals.tx_packets, 2);
+        assert_eq!(totals.drops(DropReason::TxSendBufferFull), 3);
+        assert_eq!(totals.io_errors, 0);
+    }
+
+    #[test]
+    fn a_refused_message_costs_only_itself_not_the_batch_behind_it() {
+        let peer = |d| SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, d), 8472);
+        let mut sock = Refusing { bad: peer(9), sent: Vec::new() };
+        let payload = [0u8; 100];
+        let to = [peer(2), peer(9), peer(3), peer(9), peer(4)];
+        let txs: Vec<Transmit<'_>> = to
+            .iter()
+            .map(|&dst| Transmit { dst, contents: &payload, segment_size: None })
+            .collect();
+        let counters = PacketCounters::default();
+        send_skipping(&mut sock, &txs, Instant::ZERO, &counters);
+        assert_eq!(sock.sent, vec![peer(2), peer(3), peer(4)], "live peers lost datagrams");
+        assert_eq!(counters.io_errors.load(Ordering::Relaxed), 2);
+        assert_eq!(counters.tx_packets.load(Ordering::Relaxed), 3);
+        assert_eq!(counters.tx_bytes.load(Ordering::Relaxed), 300);
+    }
+    /// A TSO super-packet read after a short segment of the same flow (which the kernel hands
+    /// over as GSO_NONE) must not overtake it: TCP reads reordering as loss.
+    #[test]
+    fn short_segments_and_super_packets_leave_in_the_order_read() {
+        for backend in [BackendKind::Vxlan, BackendKind::Udp] {
+            segments_leave_in_order(backend);
+        }
+    }
+
+    /// Host `n` (10.244.n.0/24 behind 192.0.2.n) knowing host `peer`: its forwarder and routes.
+    fn host(backend: BackendKind, n: u8, peer: u8) -> (Forwarder, Routes) {
+        let peer_backend =
+            if backend == BackendKind::Vxlan { PeerBackend::Vxlan } else { PeerBackend::Udp };
+        let routes = Routes::new(RouteTable::build(
+            "10.244.0.0/16".parse().unwrap(),
+            24,
+            [Peer {
+                subnet: format!("10.244.{peer}.0/24").parse().unwrap(),
+                public_ip: Ipv4Addr::new(192, 0, 2, peer),
+                backend: peer_backend,
+                vtep_mac: Some(MacAddr([2, 0, 0, 0, 0, peer])),
+                vni: Some(1),
+                node: None,
+                stale: false,
+            }],
+        ));
+        let own = Arc::new(OwnSubnet::default());
+        own.set(Some(format!("10.244.{n}.0/24").parse().unwrap()));
+        let fwd = Forwarder {
+            backend,
+            vni: Vni::new(1).unwrap(),
+            port: 8472,
+            our_mac: MacAddr([2, 0, 0, 0, 0, n]),
+            own,
+            icmp_source: Ipv4Addr::new(10, 244, 0, 0),
+            icmp_limit: Arc::default(),
+        };
+        (fwd, routes)
+    }
+
+    fn clock() -> Arc<dyn Clock> {
+        Arc::new(crate::time::ManualClock::new())
+    }
+
+    const CFG: WorkerConfig = WorkerConfig {
+        batch: 16,
+        wake: Duration::from_millis(10),
+        gro_tcp: true,
+        gro_udp: false,
+        one_thread: true,
+    };
+
+    /// Reads into host 1's TUN (with offloads) one flow's seq 1000..1500 alone, then
+    /// 1500..4500 as a TSO super-packet of 1000-byte segments, then 4500..4600 alone; and
+    /// returns the bytes of the stream.
+    fn inject_stream(tun: &FakeTun) -> Vec<u8> {
+        let tso = Header {
+            flags: 0,
+            gso_type: virtio_net::GSO_TCPV4,
+            hdr_len: 40,
+            gso_size: 1000,
+            csum_start: 20,
+            csum_offset: 16,
+        };
+        let mut stream = Vec::new();
+        for (seq, len, hdr) in
+            [(1000, 500, Header::NONE), (1500, 3000, tso), (4500, 100, Header::NONE)]
+        {
+            let mut p = Pkt::tcp4(len);
+            p.seq = seq;
+            let mut frame = vec![0u8; virtio_net::LEN];
+            hdr.emit(&mut frame).unwrap();
+            frame.extend(p.build());
+            tun.inject(&frame);
+            stream.extend(&p.payload);
+        }
+        stream
+    }
+
+    /// Datagrams from host 1 reach host 2's RX path, which coalesces the segments where they
+    /// lie and writes each run to TUN with one vectored write.
+    #[test]
+    fn received_segments_are_coalesced_into_one_write() {
+        let net = FakeNet::new();
+        let (tun1, tun2) = (FakeTun::with_vnet_hdr(), FakeTun::with_vnet_hdr());
+        let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
+        let mut sock2 = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+        let ((fwd1, routes1), (fwd2, routes2)) =
+            (host(BackendKind::Vxlan, 1, 2), host(BackendKind::Vxlan, 2, 1));
+        let (c1, c2) = (PacketCounters::default(), PacketCounters::default());
+        let stream = inject_stream(&tun1);
+        let mut tx = TxPath::new(&*tun1, &CFG, clock());
+        assert!(tx.step(&*tun1, &mut pool, &fwd1, &routes1, &c1, Duration::from_secs(1)));
+        let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
+        assert!(rx.step(&*tun2, &mut sock2, &fwd2, &routes2, &c2, Duration::from_secs(1)));
+        assert_eq!(c2.rx_packets.load(Ordering::Relaxed), 5);
+
+        // The 500-byte segment alone (a larger one cannot follow it), then the rest merged.
+        let alone = tun2.take_written(Duration::ZERO).expect("first write");
+        assert_eq!(Header::parse(&alone).unwrap(), Header::NONE);
+        let merged = tun2.take_written(Duration::ZERO).expect("second write");
+        assert!(tun2.take_written(Duration::ZERO).is_none());
+        let hdr = Header::parse(&merged).unwrap();
+        assert_eq!((hdr.gso_type, hdr.gso_size), (virtio_net::GSO_TCPV4, 1000));
+        let (p1, p2) = (&alone[virtio_net::LEN..], &merged[virtio_net::LEN..]);
+        assert_eq!(usize::from(u16::from_be_bytes([p2[2], p2[3]])), p2.len());
+        let mut got = p1[40..].to_vec();
+        got.extend_from_slice(&p2[40..]);
+        assert_eq!(got, stream);
+    }
+
+    /// Single datagrams to one peer leave as one GSO message: equal sizes, the last one
+    /// shorter; a longer one starts the next message.
+    #[test]
+    fn single_datagrams_to_one_peer_share_a_gso_message() {
+        let net = FakeNet::new();
+        let tun = FakeTun::with_vnet_hdr();
+        let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
+        let mut peer_sock = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+        let (fwd, routes) = host(BackendKind::Vxlan, 1, 2);
+        let counters = PacketCounters::default();
+        let sizes = [1000, 1000, 1000, 1000, 600, 1200, 1200];
+        for (i, size) in sizes.into_iter().enumerate() {
+            let mut p = Pkt::tcp4(size);
+            p.seq = i as u32;
+            let mut frame = vec![0u8; virtio_net::LEN];
+            frame.extend(p.build());
+            tun.inject(&frame);
+        }
+        let mut tx = TxPath::new(&*tun, &CFG, clock());
+        assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
+        assert_eq!(pool[0].messages_sent(), 2);
+        let mut bufs = vec![vec![0u8; 2048]; 16];
+        let mut metas = vec![RecvMeta::default(); 16];
+        let n = peer_sock.recv_batch(&mut bufs, &mut metas, Duration::from_secs(1)).unwrap();
+        let got: Vec<(u32, usize)> = bufs[..n]
+            .iter()
+            .zip(&metas)
+            .map(|(b, m)| (read_u32(b, HEADROOM + 20 + 4), m.len - HEADROOM - 40))
+            .collect();
+        let want: Vec<(u32, usize)> =
+            sizes.into_iter().enumerate().map(|(i, s)| (i as u32, s)).collect();
+        assert_eq!(got, want);
+        assert_eq!(counters.tx_packets.load(Ordering::Relaxed), 7);
+    }
+
+    /// A socket that turned GSO off sends one datagram per message. (The `udp_gso` gauge follows
+    /// the sockets' state in the driver: see `driver::tests`.)
+    #[test]
+    fn a_socket_with_gso_off_sends_one_datagram_per_message() {
+        let net = FakeNet::new();
+        let tun = FakeTun::with_vnet_hdr();
+        let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
+        let _peer = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+        let (fwd, routes) = host(BackendKind::Vxlan, 1, 2);
+        let counters = PacketCounters::default();
+        pool[0].set_gso(false);
+        inject_stream(&tun);
+        let mut tx = TxPath::new(&*tun, &CFG, clock());
+        assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
+        assert_eq!(pool[0].messages_sent(), 5);
+    }
+
+    fn segments_leave_in_order(backend: BackendKind) {
+        let net = FakeNet::new();
+        let tun = FakeTun::with_vnet_hdr();
+        let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
+        let mut peer_sock = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+        let (fwd, routes) = host(backend, 1, 2);
+        let counters = PacketCounters::default();
+        inject_stream(&tun);
+        let mut tx = TxPath::new(&*tun, &CFG, clock());
+        assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
+
+        let mut bufs = vec![vec![0u8; 2048]; 16];
+        let mut metas = vec![RecvMeta::default(); 16];
+        let n = peer_sock.recv_batch(&mut bufs, &mut metas, Duration::from_secs(1)).unwrap();
+        // The encapsulation (VXLAN and inner Ethernet, or nothing), IPv4 (20), then the TCP
+        // sequence number at 4.
+        let at = fwd.headroom() + 20 + 4;
+        let seqs: Vec<u32> = bufs[..n].iter().map(|b| read_u32(b, at)).collect();
+        assert_eq!(seqs, [1000, 1500, 2500, 3500, 4500], "{backend:?}");
+        let lens: Vec<usize> = metas[..n].iter().map(|m| m.len - fwd.headroom()).collect();
+        assert_eq!(lens, [540, 1040, 1040, 1040, 140], "{backend:?}");
+        assert_eq!(counters.tx_packets.load(Ordering::Relaxed), 5);
+        // The short segment, the super-packet's three segments as one GSO message, the tail.
+        assert_eq!(pool[0].messages_sent(), 3, "{backend:?}");
+    }
+}

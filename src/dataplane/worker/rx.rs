@@ -1,0 +1,145 @@
+//! The RX path: UDP → validation and decapsulation → (GRO) → TUN.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::WorkerConfig;
+use super::edges::{TunIo, UdpIo};
+use crate::dataplane::counters::PacketCounters;
+use crate::dataplane::offload::{GroConfig, GroTable, MAX_CHAIN, PacketRef};
+use crate::dataplane::pipeline::{DropReason, Forwarder, Rx};
+use crate::dataplane::udp::{self, MAX_BATCH, RecvMeta};
+use crate::route::Routes;
+
+/// The RX path's buffers, allocated once: UDP → validation and decapsulation → (GRO) → TUN.
+pub struct RxPath {
+    bufs: Vec<Vec<u8>>,
+    metas: Vec<RecvMeta>,
+    /// Where the decapsulated packets of a batch lie in `bufs`, for GRO.
+    refs: Vec<PacketRef>,
+    gro: GroTable,
+    vnet: bool,
+}
+
+/// The most datagrams UDP GRO puts in one receive buffer (the kernel's `UDP_GRO_CNT_MAX`).
+const GRO_SEGMENTS: usize = 64;
+
+/// The most packets one GRO pass takes: a full batch of receive buffers, each holding as many
+/// datagrams as UDP GRO coalesces.
+const GRO_PASS: usize = MAX_BATCH * GRO_SEGMENTS;
+
+impl RxPath {
+    /// Buffers for batches of `cfg.batch` messages from `sock` to `tun`.
+    pub fn new<T: TunIo, U: UdpIo>(tun: &T, sock: &U, cfg: &WorkerConfig) -> Self {
+        let batch = cfg.batch.clamp(1, MAX_BATCH);
+        let vnet = tun.vnet_hdr();
+        let buf_len = if sock.gro() { udp::GRO_BUFFER_LEN } else { 65536 };
+        // With TUN offloads every write carries a virtio header, and GRO coalesces inner
+        // packets where they lie in the receive buffers.
+        let pass = if vnet { GRO_PASS } else { 0 };
+        Self {
+            bufs: (0..batch).map(|_| vec![0u8; buf_len]).collect(),
+            metas: vec![RecvMeta::default(); batch],
+            refs: Vec::with_capacity(pass),
+            gro: GroTable::new(GroConfig { tcp: cfg.gro_tcp, udp: cfg.gro_udp }, pass.max(1)),
+            vnet,
+        }
+    }
+
+    /// Waits up to `wait` for datagrams, then receives a batch, validates, decapsulates and
+    /// writes the inner packets to TUN. Returns whether anything was received.
+    pub fn step<T: TunIo, U: UdpIo>(
+        &mut self,
+        tun: &T,
+        sock: &mut U,
+        fwd: &Forwarder,
+        routes: &Routes,
+        counters: &PacketCounters,
+        wait: Duration,
+    ) -> bool {
+        let Self { bufs, metas, refs, gro, vnet } = self;
+        let n = match sock.recv_batch(bufs, metas, wait) {
+            Ok(n) => n,
+            Err(_) => {
+                counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(10));
+                return false;
+            }
+        };
+        if n == 0 {
+            return false;
+        }
+        let table = routes.load();
+        refs.clear();
+        // Counted once per batch, not per packet: an atomic add is not free even on a cache
+        // line no other thread writes.
+        let (mut delivered, mut delivered_bytes) = (0u64, 0u64);
+        for (b, meta) in metas.iter().enumerate().take(n) {
+            if meta.truncated {
+                counters.count_drop(DropReason::RxMalformed);
+                continue;
+            }
+            let len = meta.len.min(bufs[b].len());
+            let seg = meta.segment_size.filter(|s| *s > 0).unwrap_or(len).max(1);
+            let mut off = 0;
+            while off < len {
+                let end = (off + seg).min(len);
+                let datagram = &mut bufs[b][off..end];
+                let dlen = datagram.len();
+                match fwd.decap(&table, meta.src, datagram, dlen) {
+                    Rx::Deliver(r) => {
+                        delivered += 1;
+                        delivered_bytes += r.len() as u64;
+                        if *vnet {
+                            refs.push(PacketRef { buf: b, start: off + r.start, len: r.len() });
+                        } else if tun.write(&datagram[r]).is_err() {
+                            counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Rx::Drop(reason) => counters.count_drop(reason),
+                }
+                off = end;
+            }
+            // Room for the next buffer's datagrams, or write what is gathered so far.
+            if refs.len() + GRO_SEGMENTS > refs.capacity() {
+                write_coalesced(tun, gro, bufs, refs, counters);
+                refs.clear();
+            }
+        }
+        write_coalesced(tun, gro, bufs, refs, counters);
+        counters.rx_packets.fetch_add(delivered, Ordering::Relaxed);
+        counters.rx_bytes.fetch_add(delivered_bytes, Ordering::Relaxed);
+        true
+    }
+}
+
+/// Coalesces the packets at `refs` (TCP/UDP GRO) and writes each result to TUN with one
+/// vectored write, straight from the receive buffers.
+fn write_coalesced<T: TunIo>(
+    tun: &T,
+    gro: &mut GroTable,
+    bufs: &mut [Vec<u8>],
+    refs: &[PacketRef],
+    counters: &PacketCounters,
+) {
+    if refs.is_empty() {
+        return;
+    }
+    gro.coalesce_refs(bufs, refs);
+    let bufs = &*bufs;
+    let mut parts = [io::IoSlice::new(&[]); MAX_CHAIN + 1];
+    for w in gro.writes() {
+        let head = &bufs[w.head.buf][w.head.start..w.head.start + w.head.len];
+        parts[0] = io::IoSlice::new(&w.hdr);
+        parts[1] = io::IoSlice::new(head);
+        let mut k = 2;
+        for r in gro.appended(w, refs) {
+            parts[k] = io::IoSlice::new(&bufs[r.buf][r.start..r.start + r.len]);
+            k += 1;
+        }
+        if tun.write_vectored(&parts[..k]).is_err() {
+            counters.io_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! The TX path: TUN → encapsulation → UDP. Reads a batch from one TUN queue, routes and
+//! encapsulates each packet (a TSO/USO super-packet once, split into segments), and sends the
+//! datagrams in the order read, as [`super::plan`] lays them out.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::WorkerConfig;
+use super::edges::{TunIo, UdpIo};
+use super::plan::{Carries, Pending, Planned, TxPlan};
+use crate::dataplane::counters::PacketCounters;
+use crate::dataplane::offload;
+use crate::dataplane::pipeline::{DropReason, Forwarder, HEADROOM, Refusal, Tx};
+use crate::dataplane::udp::{MAX_BATCH, MAX_GSO_BYTES, Transmit, UdpError};
+use crate::dataplane::wire::virtio_net::{self, Header};
+use crate::route::Routes;
+use crate::time::{Clock, Instant};
+
+/// The largest packet a TUN read returns with offloads (64 KiB super-packet) plus its header.
+pub(super) const READ_LEN: usize = virtio_net::LEN + 65535;
+
+/// Room for what is laid out for sending: one split super-packet (64 KiB of payload cut into
+/// segments as small as 536 bytes, each with its headers and encapsulation headroom), or the
+/// GSO runs of a batch of single datagrams.
+const SEND_BUF_LEN: usize = 256 * 1024;
+
+fn zero_vnet_hdr(buf: &mut [u8]) {
+    buf[..virtio_net::LEN].fill(0);
+}
+
+/// The TX path's buffers, allocated once: TUN → encapsulation → UDP.
+pub struct TxPath {
+    slots: Vec<Vec<u8>>,
+    /// Where super-packets are split and GSO runs laid out back to back.
+    send_buf: Vec<u8>,
+    reply: Vec<u8>,
+    pending: Vec<Pending>,
+    vnet: bool,
+    clock: Arc<dyn Clock>,
+}
+
+impl TxPath {
+    /// Buffers for batches of `cfg.batch` packets from `tun`; `clock` stamps each batch.
+    pub fn new<T: TunIo>(tun: &T, cfg: &WorkerConfig, clock: Arc<dyn Clock>) -> Self {
+        let batch = cfg.batch.clamp(1, MAX_BATCH);
+        let vnet = tun.vnet_hdr();
+        Self {
+            // Slot i: [HEADROOM - hdr room][vnet hdr?][packet ...]; the packet at HEADROOM.
+            slots: (0..batch).map(|_| vec![0u8; HEADROOM + READ_LEN]).collect(),
+            send_buf: vec![0u8; SEND_BUF_LEN],
+            reply: vec![0u8; virtio_net::LEN + 1500],
+            pending: Vec::with_capacity(batch),
+            vnet,
+            clock,
+        }
+    }
+
+    /// Waits up to `wait` for TUN, then reads what is queued (one batch), encapsulates and
+    /// sends it. `pool` holds the sockets datagrams leave from; the inner flow's hash picks
+    /// one, so the outer source port is stable per flow. Returns whether anything was read.
+    pub fn step<T: TunIo, U: UdpIo>(
+        &mut self,
+        tun: &T,
+        pool: &mut [U],
+        fwd: &Forwarder,
+        routes: &Routes,
+        counters: &PacketCounters,
+        wait: Duration,
+    ) -> bool {
+        if pool.is_empty() {
+            return false;
+        }
+        let (vnet, hdr_room) = (self.vnet, if self.vnet { virtio_net::LEN } else { 0 });
+        match tun.wait_readable(wait) {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(_) => {
+                counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(wait.max(Duration::from_millis(1)));
+                return false;
+            }
+        }
+        let Self { slots, send_buf, reply, pending, clock, .. } = self;
+        let now = clock.now();
+        let table = routes.load();
+        pending.clear();
+        let mut read_any = false;
+        for i in 0..slots.len() {
+            let n = match tun.read(&mut slots[i][HEADROOM - hdr_room..]) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+            };
+            read_any = true;
+            let Some(len) = n.checked_sub(hdr_room) else {
+                counters.count_drop(DropReason::TxMalformed);
+                continue;
+            };
+            let hdr = if vnet {
+                match Header::parse(&slots[i][HEADROOM - hdr_room..HEADROOM]) {
+                    Ok(h) => h,
+                    Err(_) => {
+                        counters.count_drop(DropReason::TxMalformed);
+                        continue;
+                    }
+                }
+            } else {
+                Header::NONE
+            };
+            if hdr.gso_type & !virtio_net::GSO_ECN != virtio_net::GSO_NONE {
+                // Packets read before this one leave before it: a flow's short segments
+                // (GSO_NONE) and super-packets interleave, and reordering them would make TCP
+                // see losses that never happened.
+                send_pending(slots, pending, pool, send_buf, counters, now);
+                pending.clear();
+                send_super_packet(
+                    &hdr,
+                    &slots[i][HEADROOM..HEADROOM + len],
+                    send_buf,
+                    pool,
+                    fwd,
+                    &table,
+                    counters,
+                    tun,
+                    reply,
+                    now,
+                );
+                continue;
+            }
+            let slot = &mut slots[i];
+            if offload::finish_checksum(&hdr, &mut slot[HEADROOM..HEADROOM + len]).is_err() {
+                counters.count_drop(DropReason::TxMalformed);
+                continue;
+            }
+            match fwd.encap(&table, slot, len, &mut reply[virtio_net::LEN..], now) {
+                Tx::Send { peer, range, flow } => {
+                    pending.push(Pending { slot: i, dst: peer, range, flow })
+                }
+                Tx::Reply { len: r, reason } => {
+                    counters.count_drop(reason);
+                    write_reply(tun, reply, r, vnet);
+                }
+                Tx::Suppressed(reason) => {
+                    counters.count_drop(reason);
+                    counters.icmp_suppressed.fetch_add(1, Ordering::Relaxed);
+                }
+                Tx::Drop(reason) => counters.count_drop(reason),
+            }
+        }
+        send_pending(slots, pending, pool, send_buf, counters, now);
+        read_any
+    }
+}
+
+/// Sends the pending datagrams in order, as [`TxPlan`] lays them out: consecutive datagrams to
+/// one peer from one socket go out as one GSO message when the socket has GSO, copied back to
+/// back into `buf` (the kernel then builds, forwards and, with UDP GRO at the peer, receives
+/// one packet where it would handle dozens), the rest from their read slots; one `sendmmsg`
+/// per stretch of messages leaving from the same socket (in practice one flow, one socket).
+fn send_pending<U: UdpIo>(
+    slots: &[Vec<u8>],
+    pending: &[Pending],
+    pool: &mut [U],
+    buf: &mut [u8],
+    counters: &PacketCounters,
+    now: Instant,
+) {
+    if pool.is_empty() {
+        return;
+    }
+    let mut plan = TxPlan::new(pending);
+    let mut msgs = [Planned {
+        sock: 0,
+        dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+        what: Carries::One { index: 0 },
+    }; MAX_BATCH];
+    loop {
+        let n = plan.next_batch(pool.len(), |s| pool[s].max_gso_segments(), buf.len(), &mut msgs);
+        if n == 0 {
+            return;
+        }
+        for m in &msgs[..n] {
+            if let Carries::Run { first, count, start, .. } = m.what {
+                let mut at = start;
+                for p in &pending[first..first + count] {
+                    buf[at..at + p.range.len()].copy_from_slice(&slots[p.slot][p.range.clone()]);
+                    at += p.range.len();
+                }
+            }
+        }
+        send_messages(&msgs[..n], pending, slots, buf, pool, counters, now);
+    }
+}
+
+/// Sends planned messages, one `sendmmsg` per stretch leaving from the same socket.
+fn send_messages<U: UdpIo>(
+    msgs: &[Planned],
+    pending: &[Pending],
+    slots: &[Vec<u8>],
+    buf: &[u8],
+    pool: &mut [U],
+    counters: &PacketCounters,
+    now: Instant,
+) {
+    let mut txs = [Transmit {
+        dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+        contents: &[],
+        segment_size: None,
+    }; MAX_BATCH];
+    let mut which = usize::MAX;
+    let mut k = 0;
+    for m in msgs {
+        if (m.sock != which || k == MAX_BATCH) && k > 0 {
+            send_skipping(&mut pool[which], &txs[..k], now, counters);
+            k = 0;
+        }
+        which = m.sock;
+        txs[k] = match m.what {
+            Carries::One { index } => {
+                let p = &pending[index];
+                Transmit {
+                    dst: m.dst,
+                    contents: &slots[p.slot][p.range.clone()],
+                    segment_size: None,
+                }
+            }
+            Carries::Run { start, bytes, segment_size, .. } => Transmit {
+                dst: m.dst,
+                contents: &buf[start..start + bytes],
+                segment_size: Some(segment_size),
+            },
+        };
+        k += 1;
+    }
+    if k > 0 {
+        send_skipping(&mut pool[which], &txs[..k], now, counters);
+    }
+}
+
+/// Sends `txs` on `sock`, as [`UdpError::Send`] asks: a message the kernel refuses (an
+/// unreachable peer, a full queue to it) is skipped, counted in `io_errors`, and the rest of
+/// the batch sent again, so that one bad destination costs only its own datagrams and not those
+/// queued behind it to other peers. An error of the socket itself drops the rest of the batch.
+/// A send that gave up on a full send buffer (a short count) drops the rest too, each message
+/// counted as [`DropReason::TxSendBufferFull`]: before, those went uncounted.
+pub(super) fn send_skipping<U: UdpIo>(
+    sock: &mut U,
+    txs: &[Transmit<'_>],
+    now: Instant,
+    counters: &PacketCounters,
+) {
+    let mut rest = txs;
+    // Each pass sends or skips at least one message, so this ends.
+    while !rest.is_empty() {
+        match sock.send_batch(rest, now) {
+            Ok(n) => {
+                let n = n.min(rest.len());
+                account_sent(&rest[..n], counters);
+                for _ in n..rest.len() {
+                    counters.count_drop(DropReason::TxSendBufferFull);
+                }
+                return;
+            }
+            Err(UdpError::Send { sent, .. }) => {
+                counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                let sent = sent.min(rest.len());
+                account_sent(&rest[..sent], counters);
+                rest = rest.get(sent + 1..).unwrap_or(&[]);
+            }
+            Err(UdpError::InvalidTransmit { index, .. }) => {
+                // Nothing was sent: send what came before it, and go on after it.
+                counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                let index = index.min(rest.len());
+                if index > 0 {
+                    send_skipping(sock, &rest[..index], now, counters);
+                }
+                rest = rest.get(index + 1..).unwrap_or(&[]);
+            }
+            Err(_) => {
+                counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+}
+
+/// Counts the messages the kernel took.
+fn account_sent(txs: &[Transmit<'_>], counters: &PacketCounters) {
+    let mut packets = 0u64;
+    let mut bytes = 0u64;
+    for t in txs {
+        let seg = t.segment_size.map_or(t.contents.len(), usize::from).max(1);
+        packets += t.contents.len().div_ceil(seg) as u64;
+        bytes += t.contents.len() as u64;
+    }
+    counters.tx_packets.fetch_add(packets, Ordering::Relaxed);
+    counters.tx_bytes.fetch_add(bytes, Ordering::Relaxed);
+}
+
+fn write_reply<T: TunIo>(tun: &T, reply: &mut [u8], len: usize, vnet: bool) {
+    // The reply was built after room for a virtio header; send that header (zeroed) only if
+    // the device expects one.
+    let start = if vnet {
+        zero_vnet_hdr(reply);
+        0
+    } else {
+        virtio_net::LEN
+    };
+    let _ = tun.write(&reply[start..virtio_net::LEN + len]);
+}
+
+/// Routes a TSO/USO super-packet once (every segment goes where it goes), splits it into
+/// segments laid out back to back with the backend's encapsulation in front of each, and sends
+/// the run as GSO messages (or single datagrams without GSO).
+#[allow(clippy::too_many_arguments)]
+fn send_super_packet<T: TunIo, U: UdpIo>(
+    hdr: &Header,
+    packet: &[u8],
+    out: &mut [u8],
+    pool: &mut [U],
+    fwd: &Forwarder,
+    table: &crate::route::RouteTable,
+    counters: &PacketCounters,
+    tun: &T,
+    reply: &mut [u8],
+    now: Instant,
+) {
+    let route = match fwd.route(table, packet, &mut reply[virtio_net::LEN..], now) {
+        Ok(r) => r,
+        Err(Refusal::Reply { len, reason }) => {
+            counters.count_drop(reason);
+            write_reply(tun, reply, len, tun.vnet_hdr());
+            return;
+        }
+        Err(Refusal::Suppressed(reason)) => {
+            counters.count_drop(reason);
+            counters.icmp_suppressed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        Err(Refusal::Drop(reason)) => {
+            counters.count_drop(reason);
+            return;
+        }
+    };
+    let headroom = fwd.headroom();
+    let segs = match offload::split(hdr, packet, out, headroom) {
+        Ok(s) => s,
+        Err(_) => {
+            counters.count_drop(DropReason::TxMalformed);
+            return;
+        }
+    };
+    for i in 0..segs.count() {
+        let slot = segs.slot(i);
+        fwd.emit_encap(&route, &mut out[slot.start..slot.start + headroom]);
+    }
+    // The datagrams are back to back, each `stride` long but the last: GSO messages of as
+    // many as the socket takes.
+    let sock = route.flow as usize % pool.len();
+    let stride = segs.stride();
+    let per_msg = pool[sock].max_gso_segments().min(MAX_GSO_BYTES / stride.max(1)).max(1);
+    let mut txs = [Transmit { dst: route.to, contents: &[], segment_size: None }; MAX_BATCH];
+    let mut k = 0;
+    let mut i = 0;
+    while i < segs.count() {
+        let end = (i + per_msg).min(segs.count());
+        txs[k] = Transmit {
+            dst: route.to,
+            contents: &out[segs.slot(i).start..segs.slot(end - 1).end],
+            segment_size: if end - i > 1 { u16::try_from(stride).ok() } else { None },
+        };
+        k += 1;
+        i = end;
+        if k == MAX_BATCH || i == segs.count() {
+            send_skipping(&mut pool[sock], &txs[..k], now, counters);
+            k = 0;
+        }
+    }
+}
