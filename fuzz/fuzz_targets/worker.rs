@@ -12,13 +12,13 @@ use std::time::Duration;
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use weft::config::BackendKind;
-use weft::dataplane::fake::{FakeNet, FakeTun};
 use weft::dataplane::counters::PacketCounters;
+use weft::dataplane::fake::{FakeNet, FakeTun};
 use weft::dataplane::pipeline::{Forwarder, OwnSubnet};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::virtio_net::{self, Header};
 use weft::dataplane::wire::vxlan;
-use weft::dataplane::worker::{RxPath, TxPath, WorkerConfig};
+use weft::dataplane::worker::{Context, RxPath, TxPath, WorkerConfig};
 use weft::route::{Peer, PeerBackend, RouteTable, Routes};
 use weft::time::{Clock, ManualClock};
 use weft_fuzz::{AnyPacket, ArbNetwork, ArbPeer};
@@ -152,7 +152,11 @@ fuzz_target!(|data: &[u8]| {
     let mut tx = TxPath::new(&*tun, &cfg, clock);
     // Each step reads at most one batch; drain what was injected.
     for _ in 0..32 {
-        if !tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::ZERO) {
+        if !tx.step(
+            &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
+            &mut pool,
+            Duration::ZERO,
+        ) {
             break;
         }
     }
@@ -162,7 +166,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut rx = RxPath::new(&*tun, &sock, &cfg);
     for _ in 0..64 {
-        if !rx.step(&*tun, &mut sock, &fwd2, &routes2, &counters, Duration::ZERO) {
+        if !rx.step(
+            &Context { tun: &*tun, fwd: &fwd2, routes: &routes2, counters: &counters },
+            &mut sock,
+            Duration::ZERO,
+        ) {
             break;
         }
     }

@@ -64,21 +64,30 @@ pub struct WorkerConfig {
     pub one_thread: bool,
 }
 
+/// What a forwarding loop works with besides its own buffers and sockets: the TUN queue, the
+/// forwarding configuration, the routes, and this thread's counters.
+pub struct Context<'a, T> {
+    /// The TUN queue.
+    pub tun: &'a T,
+    /// The forwarding configuration.
+    pub fwd: &'a Forwarder,
+    /// The route table.
+    pub routes: &'a Routes,
+    /// This thread's counters.
+    pub counters: &'a PacketCounters,
+}
+
 /// The TX loop on its own thread: [`TxPath::step`] until `stop`.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_tx<T: TunIo, U: UdpIo>(
-    tun: &T,
+    cx: &Context<'_, T>,
     pool: &mut [U],
-    fwd: &Forwarder,
-    routes: &Routes,
-    counters: &PacketCounters,
     cfg: WorkerConfig,
     clock: Arc<dyn Clock>,
     stop: &AtomicBool,
 ) {
-    let mut tx = TxPath::new(tun, &cfg, clock);
+    let mut tx = TxPath::new(cx.tun, &cfg, clock);
     while !stop.load(Ordering::Relaxed) {
-        if tx.step(tun, pool, fwd, routes, counters, cfg.wake) {
+        if tx.step(cx, pool, cfg.wake) {
             supervise::injected_fault();
         }
     }
@@ -86,17 +95,14 @@ pub(crate) fn run_tx<T: TunIo, U: UdpIo>(
 
 /// The RX loop on its own thread: [`RxPath::step`] until `stop`.
 pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
-    tun: &T,
+    cx: &Context<'_, T>,
     sock: &mut U,
-    fwd: &Forwarder,
-    routes: &Routes,
-    counters: &PacketCounters,
     cfg: WorkerConfig,
     stop: &AtomicBool,
 ) {
-    let mut rx = RxPath::new(tun, sock, &cfg);
+    let mut rx = RxPath::new(cx.tun, sock, &cfg);
     while !stop.load(Ordering::Relaxed) {
-        if rx.step(tun, sock, fwd, routes, counters, cfg.wake) {
+        if rx.step(cx, sock, cfg.wake) {
             supervise::injected_fault();
         }
     }
@@ -106,25 +112,21 @@ pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
 /// descriptors only when both are idle. A reply the kernel generates inside our TUN write (an
 /// ICMP echo reply, a TCP ACK) is then picked up by the same thread without a wake-up, which
 /// on a VM costs tens of microseconds.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_both<T: TunIo, U: UdpIo>(
-    tun: &T,
+    cx: &Context<'_, T>,
     pool: &mut [U],
     sock: &mut U,
-    fwd: &Forwarder,
-    routes: &Routes,
-    counters: &PacketCounters,
     cfg: WorkerConfig,
     clock: Arc<dyn Clock>,
     stop: &AtomicBool,
 ) {
-    let mut tx = TxPath::new(tun, &cfg, clock);
-    let mut rx = RxPath::new(tun, sock, &cfg);
+    let mut tx = TxPath::new(cx.tun, &cfg, clock);
+    let mut rx = RxPath::new(cx.tun, sock, &cfg);
     while !stop.load(Ordering::Relaxed) {
-        let sent = tx.step(tun, pool, fwd, routes, counters, Duration::ZERO);
-        let received = rx.step(tun, sock, fwd, routes, counters, Duration::ZERO);
+        let sent = tx.step(cx, pool, Duration::ZERO);
+        let received = rx.step(cx, sock, Duration::ZERO);
         if !sent && !received {
-            wait_either(tun, sock, cfg.wake);
+            wait_either(cx.tun, sock, cfg.wake);
         } else {
             supervise::injected_fault();
         }
@@ -182,18 +184,9 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
             let thread = name.to_owned();
             let counters = counters.thread(&thread);
             let t = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+                let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
                 supervise(&thread, &states, policy, &*clock, &stop, || {
-                    run_both(
-                        &*tun,
-                        &mut tx_pool,
-                        &mut rx,
-                        &fwd,
-                        &routes,
-                        &counters,
-                        cfg,
-                        clock.clone(),
-                        &stop,
-                    )
+                    run_both(&cx, &mut tx_pool, &mut rx, cfg, clock.clone(), &stop)
                 })
             })?;
             return Ok(vec![t]);
@@ -210,17 +203,17 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
                 clock.clone(),
             );
             std::thread::Builder::new().name(thread.clone()).spawn(move || {
+                let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
                 supervise(&thread, &states, policy, &*clock, &stop, || {
-                    run_tx(&*tun, &mut tx_pool, &fwd, &routes, &counters, cfg, clock.clone(), &stop)
+                    run_tx(&cx, &mut tx_pool, cfg, clock.clone(), &stop)
                 })
             })?
         };
         let thread = format!("{name}-rx");
         let counters = counters.thread(&thread);
         let rx = std::thread::Builder::new().name(thread.clone()).spawn(move || {
-            supervise(&thread, &states, policy, &*clock, &stop, || {
-                run_rx(&*tun, &mut rx, &fwd, &routes, &counters, cfg, &stop)
-            })
+            let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
+            supervise(&thread, &states, policy, &*clock, &stop, || run_rx(&cx, &mut rx, cfg, &stop))
         })?;
         Ok(vec![tx, rx])
     }
@@ -428,9 +421,17 @@ mod tests {
         let (c1, c2) = (PacketCounters::default(), PacketCounters::default());
         let stream = inject_stream(&tun1);
         let mut tx = TxPath::new(&*tun1, &CFG, clock());
-        assert!(tx.step(&*tun1, &mut pool, &fwd1, &routes1, &c1, Duration::from_secs(1)));
+        assert!(tx.step(
+            &Context { tun: &*tun1, fwd: &fwd1, routes: &routes1, counters: &c1 },
+            &mut pool,
+            Duration::from_secs(1)
+        ));
         let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
-        assert!(rx.step(&*tun2, &mut sock2, &fwd2, &routes2, &c2, Duration::from_secs(1)));
+        assert!(rx.step(
+            &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
+            &mut sock2,
+            Duration::from_secs(1)
+        ));
         assert_eq!(c2.rx_packets.load(Ordering::Relaxed), 5);
 
         // The 500-byte segment alone (a larger one cannot follow it), then the rest merged.
@@ -466,7 +467,11 @@ mod tests {
             tun.inject(&frame);
         }
         let mut tx = TxPath::new(&*tun, &CFG, clock());
-        assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
+        assert!(tx.step(
+            &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
+            &mut pool,
+            Duration::from_secs(1)
+        ));
         assert_eq!(pool[0].messages_sent(), 2);
         let mut bufs = vec![vec![0u8; 2048]; 16];
         let mut metas = vec![RecvMeta::default(); 16];
@@ -495,7 +500,11 @@ mod tests {
         pool[0].set_gso(false);
         inject_stream(&tun);
         let mut tx = TxPath::new(&*tun, &CFG, clock());
-        assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
+        assert!(tx.step(
+            &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
+            &mut pool,
+            Duration::from_secs(1)
+        ));
         assert_eq!(pool[0].messages_sent(), 5);
     }
 
@@ -508,7 +517,11 @@ mod tests {
         let counters = PacketCounters::default();
         inject_stream(&tun);
         let mut tx = TxPath::new(&*tun, &CFG, clock());
-        assert!(tx.step(&*tun, &mut pool, &fwd, &routes, &counters, Duration::from_secs(1)));
+        assert!(tx.step(
+            &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
+            &mut pool,
+            Duration::from_secs(1)
+        ));
 
         let mut bufs = vec![vec![0u8; 2048]; 16];
         let mut metas = vec![RecvMeta::default(); 16];

@@ -4,13 +4,13 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::Context;
 use super::WorkerConfig;
 use super::edges::{TunIo, UdpIo};
 use crate::dataplane::counters::PacketCounters;
 use crate::dataplane::offload::{GroConfig, GroTable, MAX_CHAIN, PacketRef};
-use crate::dataplane::pipeline::{DropReason, Forwarder, Rx};
+use crate::dataplane::pipeline::{DropReason, Rx};
 use crate::dataplane::udp::{self, MAX_BATCH, RecvMeta};
-use crate::route::Routes;
 
 /// The RX path's buffers, allocated once: UDP → validation and decapsulation → (GRO) → TUN.
 pub struct RxPath {
@@ -51,13 +51,11 @@ impl RxPath {
     /// writes the inner packets to TUN. Returns whether anything was received.
     pub fn step<T: TunIo, U: UdpIo>(
         &mut self,
-        tun: &T,
+        cx: &Context<'_, T>,
         sock: &mut U,
-        fwd: &Forwarder,
-        routes: &Routes,
-        counters: &PacketCounters,
         wait: Duration,
     ) -> bool {
+        let &Context { tun, fwd, routes, counters } = cx;
         let Self { bufs, metas, refs, gro, vnet } = self;
         let n = match sock.recv_batch(bufs, metas, wait) {
             Ok(n) => n,

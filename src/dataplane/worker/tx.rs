@@ -8,15 +8,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::Context;
 use super::WorkerConfig;
 use super::edges::{TunIo, UdpIo};
 use super::plan::{Carries, Pending, Planned, TxPlan};
 use crate::dataplane::counters::PacketCounters;
 use crate::dataplane::offload;
-use crate::dataplane::pipeline::{DropReason, Forwarder, HEADROOM, Refusal, Tx};
+use crate::dataplane::pipeline::{DropReason, HEADROOM, Refusal, Tx};
 use crate::dataplane::udp::{MAX_BATCH, MAX_GSO_BYTES, Transmit, UdpError};
 use crate::dataplane::wire::virtio_net::{self, Header};
-use crate::route::Routes;
 use crate::time::{Clock, Instant};
 
 /// The largest packet a TUN read returns with offloads (64 KiB super-packet) plus its header.
@@ -31,12 +31,18 @@ fn zero_vnet_hdr(buf: &mut [u8]) {
     buf[..virtio_net::LEN].fill(0);
 }
 
+/// Where the TX path lays out what it sends besides the read slots.
+struct Scratch {
+    /// Where super-packets are split and GSO runs laid out back to back.
+    send_buf: Vec<u8>,
+    /// An ICMP error for a pod, behind room for a `virtio_net_hdr`.
+    reply: Vec<u8>,
+}
+
 /// The TX path's buffers, allocated once: TUN → encapsulation → UDP.
 pub struct TxPath {
     slots: Vec<Vec<u8>>,
-    /// Where super-packets are split and GSO runs laid out back to back.
-    send_buf: Vec<u8>,
-    reply: Vec<u8>,
+    scratch: Scratch,
     pending: Vec<Pending>,
     vnet: bool,
     clock: Arc<dyn Clock>,
@@ -50,8 +56,10 @@ impl TxPath {
         Self {
             // Slot i: [HEADROOM - hdr room][vnet hdr?][packet ...]; the packet at HEADROOM.
             slots: (0..batch).map(|_| vec![0u8; HEADROOM + READ_LEN]).collect(),
-            send_buf: vec![0u8; SEND_BUF_LEN],
-            reply: vec![0u8; virtio_net::LEN + 1500],
+            scratch: Scratch {
+                send_buf: vec![0u8; SEND_BUF_LEN],
+                reply: vec![0u8; virtio_net::LEN + 1500],
+            },
             pending: Vec::with_capacity(batch),
             vnet,
             clock,
@@ -63,13 +71,11 @@ impl TxPath {
     /// one, so the outer source port is stable per flow. Returns whether anything was read.
     pub fn step<T: TunIo, U: UdpIo>(
         &mut self,
-        tun: &T,
+        cx: &Context<'_, T>,
         pool: &mut [U],
-        fwd: &Forwarder,
-        routes: &Routes,
-        counters: &PacketCounters,
         wait: Duration,
     ) -> bool {
+        let &Context { tun, fwd, routes, counters } = cx;
         if pool.is_empty() {
             return false;
         }
@@ -83,7 +89,7 @@ impl TxPath {
                 return false;
             }
         }
-        let Self { slots, send_buf, reply, pending, clock, .. } = self;
+        let Self { slots, scratch, pending, clock, .. } = self;
         let now = clock.now();
         let table = routes.load();
         pending.clear();
@@ -118,20 +124,10 @@ impl TxPath {
                 // Packets read before this one leave before it: a flow's short segments
                 // (GSO_NONE) and super-packets interleave, and reordering them would make TCP
                 // see losses that never happened.
-                send_pending(slots, pending, pool, send_buf, counters, now);
+                send_pending(slots, pending, pool, &mut scratch.send_buf, counters, now);
                 pending.clear();
-                send_super_packet(
-                    &hdr,
-                    &slots[i][HEADROOM..HEADROOM + len],
-                    send_buf,
-                    pool,
-                    fwd,
-                    &table,
-                    counters,
-                    tun,
-                    reply,
-                    now,
-                );
+                let packet = &slots[i][HEADROOM..HEADROOM + len];
+                send_super_packet(cx, &hdr, packet, scratch, pool, &table, now);
                 continue;
             }
             let slot = &mut slots[i];
@@ -139,13 +135,13 @@ impl TxPath {
                 counters.count_drop(DropReason::TxMalformed);
                 continue;
             }
-            match fwd.encap(&table, slot, len, &mut reply[virtio_net::LEN..], now) {
+            match fwd.encap(&table, slot, len, &mut scratch.reply[virtio_net::LEN..], now) {
                 Tx::Send { peer, range, flow } => {
                     pending.push(Pending { slot: i, dst: peer, range, flow })
                 }
                 Tx::Reply { len: r, reason } => {
                     counters.count_drop(reason);
-                    write_reply(tun, reply, r, vnet);
+                    write_reply(tun, &mut scratch.reply, r, vnet);
                 }
                 Tx::Suppressed(reason) => {
                     counters.count_drop(reason);
@@ -154,7 +150,7 @@ impl TxPath {
                 Tx::Drop(reason) => counters.count_drop(reason),
             }
         }
-        send_pending(slots, pending, pool, send_buf, counters, now);
+        send_pending(slots, pending, pool, &mut scratch.send_buf, counters, now);
         read_any
     }
 }
@@ -319,19 +315,17 @@ fn write_reply<T: TunIo>(tun: &T, reply: &mut [u8], len: usize, vnet: bool) {
 /// Routes a TSO/USO super-packet once (every segment goes where it goes), splits it into
 /// segments laid out back to back with the backend's encapsulation in front of each, and sends
 /// the run as GSO messages (or single datagrams without GSO).
-#[allow(clippy::too_many_arguments)]
 fn send_super_packet<T: TunIo, U: UdpIo>(
+    cx: &Context<'_, T>,
     hdr: &Header,
     packet: &[u8],
-    out: &mut [u8],
+    scratch: &mut Scratch,
     pool: &mut [U],
-    fwd: &Forwarder,
     table: &crate::route::RouteTable,
-    counters: &PacketCounters,
-    tun: &T,
-    reply: &mut [u8],
     now: Instant,
 ) {
+    let &Context { tun, fwd, counters, .. } = cx;
+    let Scratch { send_buf: out, reply } = scratch;
     let route = match fwd.route(table, packet, &mut reply[virtio_net::LEN..], now) {
         Ok(r) => r,
         Err(Refusal::Reply { len, reason }) => {
