@@ -12,15 +12,31 @@
 #   weft-base  weft run, vxlan, one worker, no TUN offload, no UDP GSO/GRO, no batching:
 #              the flannel-udp-like baseline (one packet per syscall)
 #
-# For each: TCP 1 stream, TCP 4 streams, UDP 1400 B and 64 B packet rates (iperf3 -u -b 0),
-# ping RTT, and the TCP 1-stream retransmits (a healthy path shows none: they betray drops or
-# reordering); each figure is the median of RUNS runs. Overlay traffic goes host to host between
-# the overlay addresses (10.244.1.0 -> 10.244.2.0), so every path carries the same hops.
-# Prints a table with each figure's ratio to kernel VXLAN and CPU seconds per GB forwarded
-# (whole-machine busy time from /proc/stat during the TCP 1-stream runs), and writes it as JSON
-# to bench-results.json (or $BENCH_JSON).
+# For each: TCP 1 stream, TCP 4 streams, UDP 1400 B and 64 B packet rates (iperf3 -u -b 0), the
+# TCP 1-stream retransmits (a healthy path shows none: they betray drops or reordering), and the
+# latency figures below; each figure is the median of RUNS runs. Overlay traffic goes host to
+# host between the overlay addresses (10.244.1.0 -> 10.244.2.0), so every path carries the same
+# hops. Prints a throughput table and a latency table, each figure with its ratio to kernel VXLAN,
+# and CPU seconds per GB forwarded (whole-machine busy time from /proc/stat during the TCP
+# 1-stream runs), and writes it all as JSON to bench-results.json (or $BENCH_JSON).
 #
-# Usage: scripts/bench.sh [--quick]      RUNS=3 DURATION=5 by default; --quick: RUNS=1 DURATION=2
+# Latency, all round-trip times in microseconds (issue 12):
+#   ping 5 ms   `ping -i 0.005`, 200 pings: the average RTT with a packet every 5 ms, so the
+#               path's threads have little time to fall asleep (metric ping_us; the older figure)
+#   idle ping   `ping -i 0.05`, IDLE_PINGS pings (100), one second after the bulk runs: the
+#               average and minimum RTT with 50 ms of silence between packets, so every hop
+#               has gone to sleep (idle_ping_avg_us, idle_ping_min_us)
+#   sockperf    `sockperf ping-pong` from h1 to a `sockperf server` on h2's overlay address,
+#               UDP and TCP, SOCKPERF_MSG-byte (64) messages, one in flight, at a low rate
+#               (--mps SOCKPERF_LOW_MPS, 100/s) and back to back (--mps max); p50 and p99.
+#               Run with --full-rtt, so these are full round trips like ping's, not sockperf's
+#               default one-way "latency" (which is RTT/2). Beware: sockperf paces a low rate by
+#               busy-waiting between messages, so its client keeps one vCPU busy: "low rate",
+#               not "idle machine"; the idle ping is the idle figure. (sp_{udp,tcp}_{low,max}_{p50,p99}_us)
+#
+# Usage: scripts/bench.sh [--quick]      RUNS=3 DURATION=5 IDLE_PINGS=100 by default;
+#                                        --quick: RUNS=1 DURATION=2 IDLE_PINGS=40
+#   (DURATION is also each sockperf run's length, warm-up included)
 #   BENCH_PATHS="weft-vxlan"  only some paths (default: all five)
 #   WEFT_BIN=/path/to/weft    bench that binary (e.g. another commit's build) instead of building
 set -euo pipefail
@@ -29,7 +45,12 @@ cd "$(dirname "$0")/.."
 
 RUNS=${RUNS:-3}
 DURATION=${DURATION:-5}
-if [ "${1:-}" = "--quick" ]; then RUNS=1; DURATION=2; fi
+IDLE_PINGS=${IDLE_PINGS:-100}
+if [ "${1:-}" = "--quick" ]; then RUNS=1; DURATION=2; IDLE_PINGS=40; fi
+SOCKPERF_MSG=${SOCKPERF_MSG:-64}
+SOCKPERF_LOW_MPS=${SOCKPERF_LOW_MPS:-100}
+SOCKPERF_UDP_PORT=11111
+SOCKPERF_TCP_PORT=11112
 OUT=${BENCH_JSON:-bench-results.json}
 PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-udp weft-base"}
 
@@ -45,7 +66,21 @@ fi
 P="weftb$$-"
 WORK=$(mktemp -d /tmp/weft-bench.XXXXXX)
 H1="${P}h1"; H2="${P}h2"
+# The servers each measure() starts in h2 (iperf3, sockperf UDP and TCP), by pid file: measure
+# stops them itself; this is for an exit part-way (error, ^C). netns_cleanup then kills whatever
+# else still runs in the namespaces (etcd, weft) and deletes them.
+SERVER_PIDFILES="iperf.pid sockperf-udp.pid sockperf-tcp.pid"
+stop_servers() {
+    local f
+    for f in $SERVER_PIDFILES; do
+        if [ -f "$WORK/$f" ]; then
+            kill "$(cat "$WORK/$f")" 2>/dev/null || true
+            rm -f "$WORK/$f"
+        fi
+    done
+}
 cleanup() {
+    stop_servers
     netns_cleanup "$P"
     rm -rf "$WORK"
 }
@@ -71,9 +106,30 @@ admin() { ip netns exec "$H2" "$WEFT" "$@" --etcd-endpoints http://192.0.2.1:237
 busy_jiffies() { awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat; }
 
 # measure NAME DST: runs every figure against DST (an address in h2), appends JSON lines.
+# sockperf_pp NAME RUN PROTO(udp|tcp) RATE(low|max) DST: one sockperf ping-pong client run from
+# h1 to h2's server; appends the p50 and p99 round-trip times (--full-rtt: RTT, not RTT/2).
+sockperf_pp() {
+    local name=$1 run=$2 proto=$3 rate=$4 dst=$5 args=() mps
+    if [ "$proto" = tcp ]; then args=(--tcp -p "$SOCKPERF_TCP_PORT"); else args=(-p "$SOCKPERF_UDP_PORT"); fi
+    if [ "$rate" = low ]; then mps=$SOCKPERF_LOW_MPS; else mps=max; fi
+    ip netns exec "$H1" sockperf ping-pong -i "$dst" "${args[@]}" -m "$SOCKPERF_MSG" --mps "$mps" \
+        -t "$DURATION" --full-rtt 2>&1 | tee "$WORK/sockperf-$proto-$rate.log" |
+        awk -v n="$name" -v r="$run" -v m="sp_${proto}_${rate}" '
+            /percentile 50\.000 =/ { p50 = $NF }
+            /percentile 99\.000 =/ { p99 = $NF }
+            END {
+                if (p50 != "") printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"%s_p50_us\",\"value\":%f}\n", n, r, m, p50
+                if (p99 != "") printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"%s_p99_us\",\"value\":%f}\n", n, r, m, p99
+            }' >>"$WORK/raw.jsonl" || true
+}
+
 measure() {
-    local name=$1 dst=$2 r
+    local name=$1 dst=$2 r proto rate
     ip netns exec "$H2" iperf3 -s -D --pidfile "$WORK/iperf.pid" >/dev/null 2>&1
+    ip netns exec "$H2" sockperf server -i "$dst" -p "$SOCKPERF_UDP_PORT" >"$WORK/sockperf-udp-server.log" 2>&1 &
+    echo $! >"$WORK/sockperf-udp.pid"
+    ip netns exec "$H2" sockperf server --tcp -i "$dst" -p "$SOCKPERF_TCP_PORT" >"$WORK/sockperf-tcp-server.log" 2>&1 &
+    echo $! >"$WORK/sockperf-tcp.pid"
     sleep 0.3
     for r in $(seq 1 "$RUNS"); do
         local j0 j1 json
@@ -111,11 +167,23 @@ rx = s["packets"] - s["lost_packets"]
 print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "udp" + sys.argv[3] + "_kpps", "value": rx / secs / 1e3}))
 ' "$name" "$r" "$size" <<<"$json" >>"$WORK/raw.jsonl" 2>/dev/null || true
         done
+        # ping 5 ms: a packet every 5 ms (the older figure, ping_us): average RTT.
         ip netns exec "$H1" ping -q -c 200 -i 0.005 -W 1 "$dst" 2>/dev/null |
             awk -F'[/ ]' -v n="$name" -v r="$r" '/^rtt/ {printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"ping_us\",\"value\":%f}\n", n, r, $8*1000}' \
             >>"$WORK/raw.jsonl" || true
+        # idle ping: a packet every 50 ms, after a second of quiet: average and minimum RTT.
+        sleep 1
+        ip netns exec "$H1" ping -q -c "$IDLE_PINGS" -i 0.05 -W 1 "$dst" 2>/dev/null |
+            awk -F'[/ ]' -v n="$name" -v r="$r" '/^rtt/ {
+                printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"idle_ping_avg_us\",\"value\":%f}\n", n, r, $8*1000
+                printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"idle_ping_min_us\",\"value\":%f}\n", n, r, $7*1000 }' \
+            >>"$WORK/raw.jsonl" || true
+        # request/response: sockperf ping-pong, UDP and TCP, at a low rate and back to back.
+        for proto in udp tcp; do
+            for rate in low max; do sockperf_pp "$name" "$r" "$proto" "$rate" "$dst"; done
+        done
     done
-    kill "$(cat "$WORK/iperf.pid" 2>/dev/null)" 2>/dev/null || true
+    stop_servers
     sleep 0.3
 }
 
@@ -180,10 +248,14 @@ for path in $PATHS; do
     esac
 done
 
-python3 - "$WORK/raw.jsonl" "$OUT" "$RUNS" "$DURATION" <<'PY'
+python3 - "$WORK/raw.jsonl" "$OUT" "$RUNS" "$DURATION" "$IDLE_PINGS" "$SOCKPERF_MSG" "$SOCKPERF_LOW_MPS" <<'PY'
 import json, statistics, sys, platform
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-metrics = ["tcp1_gbps", "tcp4_gbps", "udp1400_kpps", "udp64_kpps", "ping_us", "cpu_s_per_gb", "tcp1_retr"]
+runs, duration, idle_pings, sp_msg, sp_low = (int(a) for a in sys.argv[3:8])
+throughput = ["tcp1_gbps", "tcp4_gbps", "udp1400_kpps", "udp64_kpps", "cpu_s_per_gb", "tcp1_retr"]
+sockperf = [f"sp_{proto}_{rate}_{q}_us" for proto in ("udp", "tcp") for rate in ("low", "max") for q in ("p50", "p99")]
+latency = ["ping_us", "idle_ping_avg_us", "idle_ping_min_us"] + sockperf
+metrics = throughput + latency
 paths = []
 for r in rows:
     if r["path"] not in paths:
@@ -195,23 +267,34 @@ for p in paths:
         med[(p, m)] = statistics.median(vals) if vals else None
 def fmt(v, m):
     if v is None: return "-"
-    return f"{v:.0f}" if m in ("udp1400_kpps", "udp64_kpps", "ping_us", "tcp1_retr") else f"{v:.2f}"
-hdr = ["path", "TCP 1 (Gb/s)", "TCP 4 (Gb/s)", "UDP 1400 (kpps)", "UDP 64 (kpps)", "ping (us)", "CPU s/GB", "TCP 1 retr"]
-print("| " + " | ".join(hdr) + " |")
-print("|" + "|".join("---" for _ in hdr) + "|")
-for p in paths:
-    cells = [p]
-    for m in metrics:
-        v = med[(p, m)]
-        k = med.get(("kernel", m))
-        cell = fmt(v, m)
-        if v is not None and k and p != "kernel" and m not in ("cpu_s_per_gb", "tcp1_retr"):
-            cell += f" ({v / k:.2f}x)" if m != "ping_us" else f" ({v - k:+.0f})"
-        cells.append(cell)
-    print("| " + " | ".join(cells) + " |")
-print()
-print("ratios in brackets are to kernel VXLAN (ping: microseconds added); medians of", sys.argv[3], "runs of", sys.argv[4], "s")
-out = {"runs": int(sys.argv[3]), "duration_s": int(sys.argv[4]), "kernel": platform.release(),
+    return f"{v:.2f}" if m in ("tcp1_gbps", "tcp4_gbps", "cpu_s_per_gb") else f"{v:.0f}"
+def cell(p, m):
+    """The median, and its ratio to kernel VXLAN's (not for CPU s/GB and retransmits)."""
+    v, k = med[(p, m)], med.get(("kernel", m))
+    c = fmt(v, m)
+    if v is not None and k and p != "kernel" and m not in ("cpu_s_per_gb", "tcp1_retr"):
+        c += f" ({v / k:.2f}x)"
+    return c
+def table(hdr, cols):
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "|".join("---" for _ in hdr) + "|")
+    for p in paths:
+        print("| " + " | ".join([p] + [" / ".join(cell(p, m) for m in c) for c in cols]) + " |")
+    print()
+table(["path", "TCP 1 (Gb/s)", "TCP 4 (Gb/s)", "UDP 1400 (kpps)", "UDP 64 (kpps)", "CPU s/GB", "TCP 1 retr"],
+      [[m] for m in throughput])
+low = f"{sp_low}/s"
+table(["path", "ping 5 ms avg", "idle ping avg", "idle ping min",
+       f"UDP {low} p50 / p99", "UDP max p50 / p99", f"TCP {low} p50 / p99", "TCP max p50 / p99"],
+      [["ping_us"], ["idle_ping_avg_us"], ["idle_ping_min_us"]] +
+      [[f"sp_{proto}_{rate}_p50_us", f"sp_{proto}_{rate}_p99_us"] for proto in ("udp", "tcp") for rate in ("low", "max")])
+print(f"latency: round-trip times in microseconds. ping 5 ms: ping -i 0.005 (200 pings); idle ping: ping -i 0.05 "
+      f"({idle_pings} pings); UDP/TCP: sockperf ping-pong --full-rtt, {sp_msg} B messages, --mps {sp_low} and --mps max")
+print("ratios in brackets are to kernel VXLAN; medians of", runs, "runs of", duration, "s")
+out = {"runs": runs, "duration_s": duration, "kernel": platform.release(),
+       "latency": {"unit": "microseconds, full round trip", "idle_pings": idle_pings, "idle_ping_interval_s": 0.05,
+                   "sockperf_msg_bytes": sp_msg, "sockperf_low_mps": sp_low,
+                   "sockperf": "ping-pong --full-rtt: RTT percentiles, not sockperf's default one-way RTT/2"},
        "results": {p: {m: med[(p, m)] for m in metrics} for p in paths}, "samples": rows}
 json.dump(out, open(sys.argv[2], "w"), indent=2)
 print("JSON:", sys.argv[2])

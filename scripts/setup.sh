@@ -28,6 +28,7 @@ packages=(
     iproute2            # ip, bridge: network namespaces, veth, addresses, routes
     iputils-ping        # ping across the overlay
     iperf3              # throughput across the overlay (tests, demo, bench)
+    sockperf            # request/response round trips across the overlay (bench)
     openssl             # test CA and certificates for etcd over TLS
     procps              # sysctl (forwarding in namespace hosts), pgrep, ps
     util-linux          # unshare, setpriv (the non-root test), mount namespaces
@@ -41,7 +42,7 @@ packages=(
 checks=(
     cc c++ protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ping iperf3
     openssl sysctl unshare setpriv mount python3 /usr/lib/cni/bridge /usr/lib/cni/host-local
-    iptables
+    iptables sockperf
 )
 
 missing_checks() {
