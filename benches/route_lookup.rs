@@ -1,6 +1,10 @@
 //! Route lookup cost: `RouteTable::lookup` for a destination inside a leased subnet, with 10,
 //! 1,000 and 65,536 leases of 10.0.0.0/8 split into /24s. Destinations are pre-generated, so
 //! only the lookup is measured.
+//!
+//! And what a route watcher pays per publish: `RouteTable::build` of 100 and 1,000 peers (a
+//! whole new table, as the watcher builds on every change it publishes), in the 1,000-host
+//! benchmark's network (10.244.0.0/16 in /28s: a dense table of 4,096 slots).
 
 use std::hint::black_box;
 use std::net::Ipv4Addr;
@@ -56,6 +60,23 @@ fn bench(c: &mut Criterion) {
                 i = (i + 1) & (DSTS - 1);
                 black_box(table.lookup(black_box(dsts[i])))
             })
+        });
+    }
+    group.finish();
+
+    let network: Ipv4Net = "10.244.0.0/16".parse().expect("valid network");
+    let mut group = c.benchmark_group("route_table_build");
+    for n in [100u32, 1_000] {
+        let peers: Vec<Peer> = (0..n)
+            .map(|i| Peer {
+                subnet: Subnet::from_parts(Ipv4Addr::from(0x0af4_0000 | (i << 4)), 28)
+                    .expect("a /28 of 10.244/16"),
+                ..peer(i)
+            })
+            .collect();
+        group.throughput(Throughput::Elements(1));
+        group.bench_function(format!("{n}_peers"), |b| {
+            b.iter(|| black_box(RouteTable::build(network, 28, black_box(&peers).iter().cloned())))
         });
     }
     group.finish();
