@@ -686,6 +686,9 @@ async fn poll(
             let relists: u64 = hosts.iter().map(|h| h.stats.relists.load(Ordering::Relaxed)).sum();
             let watch_errors: u64 =
                 hosts.iter().map(|h| h.stats.watch_errors.load(Ordering::Relaxed)).sum();
+            // Each publish builds a whole route table (see route_lookup's route_table_build).
+            let publishes: u64 =
+                hosts.iter().map(|h| h.stats.updates.load(Ordering::Relaxed)).sum();
             let c = &calls;
             emit(json!({
                 "ev": "stats", "t": now, "rss_kb": rss_kb(),
@@ -700,6 +703,7 @@ async fn poll(
                 "identity_clashes": sum(|c| &c.identity_clashes),
                 "route_relists": relists,
                 "route_watch_errors": watch_errors,
+                "route_publishes": publishes,
                 "lists": c.lists.load(Ordering::Relaxed),
                 "route_lists": route_calls.lists.load(Ordering::Relaxed),
                 "route_call_errors": route_calls.errors.load(Ordering::Relaxed),
@@ -1367,6 +1371,7 @@ impl Coord {
             "route_lists",
             "route_call_errors",
             "route_watch_errors",
+            "route_publishes",
             "lists",
             "creates",
             "creates_lost",
@@ -1579,7 +1584,7 @@ fn print_row(r: &PhaseRow, policy: Policy) {
         r.name, r.settle_s, r.dups, r.store_check.0, r.store_check.1, r.store_check.2
     );
     println!(
-        "[{}] acquisitions {} renewals {} recoveries {} losses {} subnet changes {} | lists {} creates {} create races lost {} renew conflicts {} releases {} | store errors {} call errors {} exhaustions {} clashes {} | route watchers: lists {} (re-lists {}) call errors {} watch errors {}",
+        "[{}] acquisitions {} renewals {} recoveries {} losses {} subnet changes {} | lists {} creates {} create races lost {} renew conflicts {} releases {} | store errors {} call errors {} exhaustions {} clashes {} | route watchers: lists {} (re-lists {}) call errors {} watch errors {} tables published {}",
         r.name,
         g("acquisitions"),
         g("renewals"),
@@ -1599,6 +1604,7 @@ fn print_row(r: &PhaseRow, policy: Policy) {
         g("route_relists"),
         g("route_call_errors"),
         g("route_watch_errors"),
+        g("route_publishes"),
     );
     println!(
         "[{}] propagation p50 {:.0} ms p99 {:.0} ms over {} changes ({} never reached every watcher) | etcd CPU {:.1} s in {:.1} s wall",
