@@ -32,7 +32,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::etcd::{etcd_binary, member_args};
-use super::process::die_with_parent;
+use super::process::{Daemon, die_with_parent};
 use super::weft::{RunArgs, http_get};
 
 /// etcd's client URL on the underlay (inside the hub namespace).
@@ -523,7 +523,7 @@ impl Lab {
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             public_ip_flag,
             iface_flag,
-            child: None,
+            process: Daemon::default(),
         };
         w.start();
         w
@@ -677,13 +677,12 @@ pub struct Weft {
     pub public_ip_flag: bool,
     /// Whether `--iface eth0` is passed (else weft takes the default route's interface).
     pub iface_flag: bool,
-    child: Option<Child>,
+    process: Daemon,
 }
 
 impl Weft {
     /// Starts the process (again), with the same state dir and subnet file.
     pub fn start(&mut self) {
-        assert!(self.child.is_none(), "weft {} already running", self.n);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -734,7 +733,7 @@ impl Weft {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
-        self.child = Some(die_with_parent(&mut cmd).spawn().expect("start weft"));
+        self.process.start(&mut cmd);
     }
 
     /// Starts a second `weft run` with this one's flags — the same state dir, subnet file and
@@ -762,7 +761,7 @@ impl Weft {
             env: Vec::new(),
             public_ip_flag: self.public_ip_flag,
             iface_flag: self.iface_flag,
-            child: None,
+            process: Daemon::default(),
         };
         w.start();
         w
@@ -795,60 +794,37 @@ impl Weft {
 
     /// The process ID.
     pub fn pid(&self) -> i32 {
-        self.child.as_ref().map(|c| c.id() as i32).expect("weft running")
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.pid(), sig) };
+        self.process.pid()
     }
 
     /// SIGSTOP.
     pub fn suspend(&self) {
-        self.signal(libc::SIGSTOP);
+        self.process.suspend();
     }
 
     /// SIGCONT.
     pub fn resume(&self) {
-        self.signal(libc::SIGCONT);
+        self.process.resume();
     }
 
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) on our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.kill();
     }
 
     /// SIGTERM and wait (up to 10 s) for the exit; returns the exit code.
     pub fn stop(&mut self) -> Option<i32> {
-        let mut c = self.child.take()?;
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(Some(status)) = c.try_wait() {
-                return status.code();
-            }
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                let _ = c.wait();
-                panic!(
-                    "weft {} did not exit within 10 s of SIGTERM:\n{}",
-                    self.n,
-                    self.log_tail(40)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let (n, log) = (self.n, self.log.clone());
+        self.process.stop(move || {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            format!("weft {n}:\n{}", lines[lines.len().saturating_sub(40)..].join("\n"))
+        })
     }
 
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.process.running()
     }
 
     /// GET a health path inside the host namespace: (status, body); 0 when nothing answers.

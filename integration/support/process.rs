@@ -20,3 +20,91 @@ pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
         })
     }
 }
+
+/// A daemon a test starts, signals and stops (`weft run`, in the root namespace or a namespace
+/// host): one place for how a test controls a process. Not running until [`Daemon::start`];
+/// dropping it kills and reaps the process.
+#[derive(Debug, Default)]
+pub struct Daemon(Option<std::process::Child>);
+
+impl Daemon {
+    /// Spawns `cmd` with [`die_with_parent`].
+    ///
+    /// # Panics
+    /// If it is running already, or cannot be spawned.
+    pub fn start(&mut self, cmd: &mut Command) {
+        assert!(self.0.is_none(), "{cmd:?}: already running");
+        let child = die_with_parent(cmd).spawn();
+        self.0 = Some(child.unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}")));
+    }
+
+    /// Whether it was started and not killed or stopped since (it may have exited).
+    pub fn started(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The process ID. Panics if it is not started.
+    pub fn pid(&self) -> i32 {
+        self.0.as_ref().map(|c| c.id() as i32).expect("daemon running")
+    }
+
+    /// Sends `signal`.
+    pub fn signal(&self, signal: Signal) {
+        // An exited child that is not reaped yet still has its PID: the signal goes nowhere.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal);
+    }
+
+    /// SIGSTOP: the host is suspended.
+    pub fn suspend(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// SIGCONT: the host resumes.
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    /// SIGKILL and reap (a crash: nothing is released). A suspended process is continued
+    /// first, so that it dies at once.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), Signal::SIGCONT);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait up to 10 s for the exit; its exit code (`None`: not started, or killed
+    /// by a signal).
+    ///
+    /// # Panics
+    /// If it does not exit in time: with `log()` (what it wrote) in the message.
+    pub fn stop(&mut self, log: impl FnOnce() -> String) -> Option<i32> {
+        let mut c = self.0.take()?;
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), Signal::SIGTERM);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = c.try_wait() {
+                return status.code();
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("{c:?} did not exit within 10 s of SIGTERM:\n{}", log());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.0.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -13,12 +13,12 @@
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::process::die_with_parent;
+use super::process::Daemon;
 
 /// A TCP proxy on a loopback port that can be cut and healed.
 pub struct Proxy {
@@ -184,7 +184,7 @@ pub struct WeftNode {
     pub opts: NodeOptions,
     dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
-    child: Option<Child>,
+    process: Daemon,
     health: SocketAddr,
 }
 
@@ -221,7 +221,7 @@ impl WeftNode {
             opts,
             dir,
             _tmp: tmp,
-            child: None,
+            process: Daemon::default(),
             health: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
         };
         node.start();
@@ -231,7 +231,6 @@ impl WeftNode {
     /// Starts the process again (after [`WeftNode::kill`] or [`WeftNode::stop`]), with the same
     /// state dir and subnet file.
     pub fn start(&mut self) {
-        assert!(self.child.is_none(), "node already running");
         let ip = own_loopback();
         self.health = SocketAddr::from((ip, free_port_on(ip)));
         let log = std::fs::OpenOptions::new()
@@ -257,7 +256,7 @@ impl WeftNode {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
-        self.child = Some(die_with_parent(&mut cmd).spawn().expect("spawn weft"));
+        self.process.start(&mut cmd);
     }
 
     /// The directory holding `state/`, `subnet.env` and `weft.log`.
@@ -282,54 +281,33 @@ impl WeftNode {
 
     /// The process ID.
     pub fn pid(&self) -> i32 {
-        self.child.as_ref().map(|c| c.id() as i32).expect("node running")
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        // SAFETY: kill(2) on our own child's PID.
-        unsafe { libc::kill(self.pid(), sig) };
+        self.process.pid()
     }
 
     /// SIGSTOP: the host is suspended.
     pub fn suspend(&self) {
-        self.signal(libc::SIGSTOP);
+        self.process.suspend();
     }
 
     /// SIGCONT: the host resumes.
     pub fn resume(&self) {
-        self.signal(libc::SIGCONT);
+        self.process.resume();
     }
 
     /// SIGKILL: a crash; nothing is released.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.kill();
     }
 
     /// SIGTERM and wait (up to 10 s) for a clean exit; returns the exit code.
     pub fn stop(&mut self) -> Option<i32> {
-        let mut c = self.child.take()?;
-        // SAFETY: kill(2) on our own child's PID.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(Some(status)) = c.try_wait() {
-                return status.code();
-            }
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                let _ = c.wait();
-                panic!("weft did not exit within 10 s of SIGTERM:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let log = self.log_path();
+        self.process.stop(|| std::fs::read_to_string(log).unwrap_or_default())
     }
 
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.process.running()
     }
 
     /// GET a health path: (status, body). Status 0 when nothing answers.
@@ -389,17 +367,6 @@ impl WeftNode {
             .find(|l| l.starts_with(name) && !l.starts_with('#'))
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse().ok())
-    }
-}
-
-impl Drop for WeftNode {
-    fn drop(&mut self) {
-        if let Some(c) = &self.child {
-            // A suspended child must be continued to die promptly and be reaped.
-            // SAFETY: kill(2) on our own child's PID.
-            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
-        }
-        self.kill();
     }
 }
 
