@@ -11,7 +11,7 @@ mod support;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use support::netns::{Lab, Pod, assert_tun_configured, ping_ok, run};
+use support::netns::{Lab, Pod, assert_tun_configured, inet_addrs, ping_ok, run, weft0_link};
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
 const READY: Duration = Duration::from_secs(20);
@@ -31,17 +31,8 @@ fn ping_all_pairs(pods: &[Pod]) {
 
 /// weft0's IPv4 addresses (`a.b.c.d/len`) and MTU on host `host`.
 fn weft0(host: &str) -> (Vec<String>, u64) {
-    let link: serde_json::Value =
-        serde_json::from_str(&run(&["ip", "-n", host, "-j", "addr", "show", "weft0"]))
-            .expect("ip -j addr");
-    let addrs = link[0]["addr_info"]
-        .as_array()
-        .expect("addr_info")
-        .iter()
-        .filter(|a| a["family"] == "inet")
-        .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or("?"), a["prefixlen"]))
-        .collect();
-    (addrs, link[0]["mtu"].as_u64().expect("weft0 mtu"))
+    let link = weft0_link(host);
+    (inet_addrs(&link), link[0]["mtu"].as_u64().expect("weft0 mtu"))
 }
 
 /// With neither `--iface` nor `--public-ip`, weft takes the interface of the default route of

@@ -948,27 +948,36 @@ pub fn first_reply(ns: &str, dst: Ipv4Addr, within: Duration) -> Option<Duration
     None
 }
 
+/// `ip -j addr show weft0` in namespace `host`, parsed.
+pub fn weft0_link(host: &str) -> serde_json::Value {
+    serde_json::from_str(&run(&["ip", "-n", host, "-j", "addr", "show", "weft0"]))
+        .expect("ip -j addr")
+}
+
+/// The IPv4 addresses (`a.b.c.d/len`) of a link as `ip -j addr` shows it.
+pub fn inet_addrs(link: &serde_json::Value) -> Vec<String> {
+    link[0]["addr_info"]
+        .as_array()
+        .expect("addr_info")
+        .iter()
+        .filter(|a| a["family"] == "inet")
+        .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or("?"), a["prefixlen"]))
+        .collect()
+}
+
 /// weft0 on host `w` as docs/dataplane.md ("The TUN device") has it: up, `<subnet>.0/32`,
 /// MTU = underlay (1500) − `overhead`, the whole Network routed through it, and the same MTU in
 /// subnet.env.
 pub fn assert_tun_configured(lab: &Lab, w: &Weft, overhead: u32) {
     let host = lab.host(w.n);
     let subnet = w.subnet().expect("subnet");
-    let link: serde_json::Value =
-        serde_json::from_str(&run(&["ip", "-n", &host, "-j", "addr", "show", "weft0"]))
-            .expect("ip -j addr");
+    let link = weft0_link(&host);
     let mtu = link[0]["mtu"].as_u64().expect("weft0 mtu");
     assert_eq!(mtu, u64::from(1500 - overhead), "weft0 MTU on host {}", w.n);
     let flags: Vec<&str> =
         link[0]["flags"].as_array().expect("flags").iter().filter_map(|f| f.as_str()).collect();
     assert!(flags.contains(&"UP"), "weft0 not up on host {}: {flags:?}", w.n);
-    let addrs: Vec<String> = link[0]["addr_info"]
-        .as_array()
-        .expect("addr_info")
-        .iter()
-        .filter(|a| a["family"] == "inet")
-        .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or("?"), a["prefixlen"]))
-        .collect();
+    let addrs = inet_addrs(&link);
     let want = format!("{}/32", subnet.split('/').next().expect("subnet address"));
     assert_eq!(addrs, vec![want], "weft0 addresses on host {}", w.n);
     let routes = run(&["ip", "-n", &host, "route", "show", "10.244.0.0/16"]);
