@@ -29,7 +29,7 @@ use super::keeper::{
     AcquireKind, Action, ActionResult, Keeper, KeeperEvent, LossReason, Readiness,
 };
 use super::record::{NodeId, Revision, Subnet};
-use super::store::{Store, StoreError, WatchEvent, WatchStream};
+use super::store::{Store, WatchEvent, WatchStream};
 use super::subnet_env::{self, SubnetEnv};
 use crate::config::NetworkConfig;
 use crate::health::{Counters, Health, LeaseStatus};
@@ -180,19 +180,15 @@ impl LeaseDriver {
             self.retry_subnet_env(now);
             if let Some(action) = self.keeper.poll_action(now) {
                 debug!(?action, "store call");
-                let budget = match action {
-                    Action::Renew { .. } | Action::Refresh { .. } => self.keeper.renew_budget(now),
-                    _ => None,
-                };
-                let call = execute(&*self.store, &self.node, action);
-                let result = match budget {
-                    Some(budget) => match tokio::time::timeout(budget, call).await {
-                        Ok(result) => result,
-                        // Dropped mid-call, the renewal's outcome is unknown: the keeper
-                        // retries, and tells its own lost write by the incarnation.
-                        Err(_) => ActionResult::Renew(Err(StoreError::Timeout(budget))),
-                    },
-                    None => call.await,
+                let result = match self.keeper.call_budget(now) {
+                    Some(budget) => {
+                        let timed_out = action.timed_out(budget);
+                        let call = execute(&*self.store, &self.node, action);
+                        // Dropped mid-call, the outcome is unknown: the keeper retries, and
+                        // tells its own lost write by the incarnation.
+                        tokio::time::timeout(budget, call).await.unwrap_or(timed_out)
+                    }
+                    None => execute(&*self.store, &self.node, action).await,
                 };
                 let done = self.clock.now();
                 self.keeper.handle_result(now, done, result);

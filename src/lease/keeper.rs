@@ -10,6 +10,9 @@
 //!    ([`Keeper::handle_own_key`]), then go to 1.
 //!
 //! At most one action is in flight: `poll_action` returns `None` until its result is handled.
+//! The driver gives up on a call after [`Keeper::call_budget`] and feeds back
+//! [`Action::timed_out`]: while a lease is held, no call may keep the one slot so long that the
+//! renewal can no longer be retried before the local expiry.
 //! `now` must never go backwards; drivers pass a boot-time clock so that suspend counts.
 //!
 //! # What it guarantees
@@ -57,6 +60,12 @@ pub(crate) const CLASH_AFTER_TTLS: u32 = 10;
 /// The least time a renewal is given ([`Keeper::renew_budget`]), however little is left on
 /// the lease: a retry needs a round trip too.
 pub const MIN_RENEW_BUDGET: Duration = Duration::from_millis(250);
+
+/// How long before the local expiry the last retry of a failing renewal goes in: a renewal
+/// issued before the expiry renews a lease etcd still has (etcd counts its TTL from later,
+/// when the previous renewal reached it), so a store that comes back just before the expiry
+/// still saves the lease.
+pub const LAST_RENEWAL_LEAD: Duration = Duration::from_millis(1);
 
 /// The least wait before a presence key that never beats counts as live: long enough for etcd's
 /// minimum lease TTL and a few leader changes, each of which extends every lease.
@@ -158,6 +167,24 @@ pub enum Action {
         /// The presence lease.
         lease: StoreLeaseId,
     },
+}
+
+impl Action {
+    /// This action's result when the driver gave up on it after `after`
+    /// ([`Keeper::call_budget`]): a [`StoreError::Timeout`], its outcome unknown, as for a call
+    /// the store itself timed out.
+    pub fn timed_out(&self, after: Duration) -> ActionResult {
+        let e = StoreError::Timeout(after);
+        match self {
+            Action::ClaimPresence { .. } => ActionResult::ClaimPresence(Err(e)),
+            Action::KeepPresence { .. } => ActionResult::KeepPresence(Err(e)),
+            Action::List => ActionResult::List(Err(e)),
+            Action::Create { .. } => ActionResult::Create(Err(e)),
+            Action::Renew { .. } | Action::Refresh { .. } => ActionResult::Renew(Err(e)),
+            Action::Release { .. } => ActionResult::Release(Err(e)),
+            Action::DropPresence { .. } => ActionResult::DropPresence(Err(e)),
+        }
+    }
 }
 
 /// The result of an [`Action`], fed back with [`Keeper::handle_result`].
@@ -438,6 +465,31 @@ impl Keeper {
         (!left.is_zero()).then(|| (left * 3 / 4).max(MIN_RENEW_BUDGET))
     }
 
+    /// How long the call in flight (issued at `now` by [`Keeper::poll_action`]) may take before
+    /// the driver gives up on it and feeds back [`Action::timed_out`]; `None`: the store's own
+    /// call timeout applies.
+    ///
+    /// - A renewal gets [`Keeper::renew_budget`].
+    /// - A presence call while the lease is held shares the one call slot with the renewal, so
+    ///   it must give the slot back by the time the renewal is due (and is given at least
+    ///   [`MIN_RENEW_BUDGET`], within the renewal's own budget). Otherwise one presence
+    ///   keep-alive stuck on an etcd member that just died waits out the whole call timeout
+    ///   (5 s by default, longer than a short TTL) while the lease runs out behind it.
+    /// - Anything else (acquiring, shutting down): `None`.
+    pub fn call_budget(&self, now: Instant) -> Option<Duration> {
+        let (kind, _) = self.in_flight?;
+        match kind {
+            InFlight::Renew => self.renew_budget(now),
+            InFlight::ClaimPresence | InFlight::KeepPresence { .. }
+                if self.phase == Phase::Held =>
+            {
+                let until_renewal = self.renew_at.saturating_since(now).max(MIN_RENEW_BUDGET);
+                self.renew_budget(now).map(|b| b.min(until_renewal))
+            }
+            _ => None,
+        }
+    }
+
     /// Whether shutdown has finished: nothing more to do.
     pub fn is_stopped(&self) -> bool {
         self.phase == Phase::Stopping
@@ -623,12 +675,13 @@ impl Keeper {
             // Only presence, create-if-absent: it succeeds once the other process is gone.
             return (now >= self.retry_at).then(|| self.claim_presence());
         }
-        // A due renewal of a held lease goes first, even while presence is to be claimed
-        // again: the renewal compares the revision this process wrote, so a clone's write
-        // fails it, and it writes no subnet key. Behind a presence claim that an overloaded
-        // etcd times out, it would let the lease expire, and the expiry make more load still.
+        // A due renewal of a held lease goes first, before keeping presence and even while
+        // presence is to be claimed again: the renewal compares the revision this process
+        // wrote, so a clone's write fails it, and it writes no subnet key. Behind a presence
+        // call that an overloaded etcd times out, it would let the lease expire, and the
+        // expiry make more load still.
         if self.phase == Phase::Held
-            && self.presence == Presence::Unclaimed
+            && matches!(self.presence, Presence::Unclaimed | Presence::Claimed { .. })
             && (self.probe || now >= self.renew_at)
             && now >= self.retry_at
             && !self.republish
@@ -1077,10 +1130,17 @@ impl Keeper {
                 if adopting {
                     self.phase = Phase::Acquire;
                 }
-                // Retry soon, but never let the backoff run past the expiry by much.
+                // Retry soon, and never let the backoff run past the expiry: the last try
+                // goes in just before it, while the lease is still ours to renew.
                 self.backoff(now);
-                if !adopting && self.retry_at > self.expires_at && now < self.expires_at {
-                    self.retry_at = self.expires_at;
+                let last_try = self.expires_at - LAST_RENEWAL_LEAD;
+                if !adopting && self.retry_at > last_try && now < last_try {
+                    self.retry_at = last_try;
+                }
+                // The retry goes before the next presence keep-alive: one that hangs must not
+                // take the time the retry needs (see `call_budget`).
+                if !adopting && let Presence::Claimed { keep_at, .. } = &mut self.presence {
+                    *keep_at = (*keep_at).max(self.retry_at);
                 }
             }
         }
