@@ -283,11 +283,14 @@ done
 
 say "report (seed $CHAOS_SEED, $((SECONDS - START))s in all)"
 rc=0
-python3 scripts/chaos_check.py report --work "$WORK" --hosts "$HOSTS" --ttl "$TTL" --max-loss "$MAX_LOSS" || rc=$?
+python3 scripts/chaos_check.py report --work "$WORK" --hosts "$HOSTS" --ttl "$TTL" --max-loss "$MAX_LOSS" \
+    | tee "$WORK/report.txt" || rc=$?
 if [ "$rc" != 0 ]; then
     for n in $(seq 1 "$HOSTS"); do
         echo "--- h$n weft.log (WARN/ERROR, last 15)"; grep -E "WARN|ERROR" "$WORK/h$n/weft.log" | tail -15 || true
     done
+    # Again at the end, where a CI log's tail shows it: the faults and what broke.
+    echo "--- the report again"; cat "$WORK/report.txt"
 fi
 say "seed $CHAOS_SEED: $([ "$rc" = 0 ] && echo "all invariants held" || echo "INVARIANTS BROKEN (rc $rc)")"
 exit "$rc"
