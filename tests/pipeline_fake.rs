@@ -4,7 +4,6 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use weft::config::BackendKind;
@@ -13,7 +12,7 @@ use weft::dataplane::fake::{FakeNet, FakeTun};
 use weft::dataplane::pipeline::{DropReason, Forwarder, IcmpLimit, OwnSubnet};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::{icmpv4, ipv4, vxlan::Vni};
-use weft::dataplane::worker::{self, WorkerConfig};
+use weft::dataplane::worker::{self, StopSignal, WorkerConfig};
 use weft::lease::record::Subnet;
 use weft::route::{Peer, PeerBackend, RouteTable, Routes};
 use weft::time::ManualClock;
@@ -55,7 +54,7 @@ fn start(
     others: &[u8],
     backend: BackendKind,
     port: u16,
-    stop: &Arc<AtomicBool>,
+    stop: &Arc<StopSignal>,
     one_thread: bool,
     clock: ManualClock,
 ) -> Host {
@@ -124,7 +123,7 @@ fn echo(src: Ipv4Addr, dst: Ipv4Addr, ttl: u8) -> Vec<u8> {
     p
 }
 
-fn two_hosts(backend: BackendKind, port: u16) -> (FakeNet, Host, Host, Arc<AtomicBool>) {
+fn two_hosts(backend: BackendKind, port: u16) -> (FakeNet, Host, Host, Arc<StopSignal>) {
     two_hosts_with(backend, port, false)
 }
 
@@ -132,9 +131,9 @@ fn two_hosts_with(
     backend: BackendKind,
     port: u16,
     one_thread: bool,
-) -> (FakeNet, Host, Host, Arc<AtomicBool>) {
+) -> (FakeNet, Host, Host, Arc<StopSignal>) {
     let net = FakeNet::new();
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = StopSignal::new();
     let a = start(&net, 1, &[2], backend, port, &stop, one_thread, ManualClock::new());
     let b = start(&net, 2, &[1], backend, port, &stop, one_thread, ManualClock::new());
     (net, a, b, stop)
@@ -159,7 +158,7 @@ fn vxlan_packet_crosses_from_one_fake_host_to_the_other_unchanged() {
     assert_eq!(b.tun.take_written(WAIT).expect("delivered to host 2"), p);
     assert_eq!(count_settles(|| a.counters.packets().tx_packets), 1);
     assert_eq!(count_settles(|| b.counters.packets().rx_packets), 1);
-    stop.store(true, Ordering::Relaxed);
+    stop.stop();
 }
 
 #[test]
@@ -173,7 +172,7 @@ fn one_thread_workers_carry_packets_both_ways() {
     assert_eq!(a.tun.take_written(WAIT).expect("delivered back to host 1"), back);
     assert_eq!(count_settles(|| a.counters.packets().tx_packets), 1);
     assert_eq!(count_settles(|| b.counters.packets().rx_packets), 1);
-    stop.store(true, Ordering::Relaxed);
+    stop.stop();
 }
 
 #[test]
@@ -186,7 +185,7 @@ fn udp_backend_crosses_and_decrements_the_ttl_like_flannel() {
     assert_eq!(ip.ttl(), 62);
     assert!(ip.verify_checksum());
     assert_eq!(&got[20..], &p[20..]);
-    stop.store(true, Ordering::Relaxed);
+    stop.stop();
 }
 
 #[test]
@@ -202,7 +201,7 @@ fn a_destination_outside_every_lease_is_answered_with_net_unreachable() {
     assert_eq!(ip.payload()[0], icmpv4::TYPE_DEST_UNREACHABLE);
     assert_eq!(ip.payload()[1], icmpv4::code::NET_UNREACHABLE);
     assert_eq!(a.counters.drops(DropReason::TxNoRoute), 1);
-    stop.store(true, Ordering::Relaxed);
+    stop.stop();
 }
 
 #[test]
@@ -250,7 +249,7 @@ fn garbage_datagrams_are_counted_by_reason_and_never_delivered() {
     for (_, _, reason) in &cases {
         assert_eq!(b.counters.drops(*reason), 3, "{reason:?}");
     }
-    stop.store(true, Ordering::Relaxed);
+    stop.stop();
 }
 
 /// A pod flooding addresses in no lease: the first `IcmpLimit::BURST` packets are answered with
@@ -261,7 +260,7 @@ fn a_flood_to_unleased_destinations_gets_at_most_a_burst_of_icmp_errors() {
     const FLOOD: u64 = 300;
     let burst = u64::from(IcmpLimit::BURST);
     let net = FakeNet::new();
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = StopSignal::new();
     let clock = ManualClock::new();
     clock.advance(Duration::from_secs(1000));
     let a = start(&net, 1, &[2], BackendKind::Vxlan, 8472, &stop, false, clock.clone());
@@ -294,5 +293,5 @@ fn a_flood_to_unleased_destinations_gets_at_most_a_burst_of_icmp_errors() {
     let metrics = weft::metrics::render_collector(a.counters.clone()).expect("metrics render");
     let line = format!("weft_dataplane_icmp_suppressed_total {}\n", 2 * (FLOOD - burst));
     assert!(metrics.contains(&line), "{line} missing from\n{metrics}");
-    stop.store(true, Ordering::Relaxed);
+    stop.stop();
 }

@@ -155,7 +155,6 @@ fuzz_target!(|data: &[u8]| {
         if !tx.step(
             &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
             &mut pool,
-            Duration::ZERO,
         ) {
             break;
         }
@@ -169,7 +168,6 @@ fuzz_target!(|data: &[u8]| {
         if !rx.step(
             &Context { tun: &*tun, fwd: &fwd2, routes: &routes2, counters: &counters },
             &mut sock,
-            Duration::ZERO,
         ) {
             break;
         }

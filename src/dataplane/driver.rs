@@ -25,7 +25,7 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -42,13 +42,14 @@ use super::sys::{self, Tun, TunError, TunOptions};
 use super::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
 use super::wire::ethernet::MacAddr;
 use super::wire::vxlan::Vni;
-use super::worker::{self, TunIo, UdpIo, WorkerConfig};
+use super::worker::{self, StopSignal, TunIo, UdpIo, WorkerConfig};
 use crate::config::BackendKind;
 use crate::lease::record::Subnet;
 use crate::route::Routes;
 use crate::time::{BootClock, Instant};
 
-/// How often the threads look at the stop flag.
+/// The longest a forwarding thread sleeps without looking at its queues (a safety net: the
+/// queues' readiness and the stop signal wake it at once; see `worker::Idle`).
 const WAKE: Duration = Duration::from_millis(200);
 /// Sending sockets per worker.
 const TX_POOL: usize = 4;
@@ -136,9 +137,6 @@ impl TunIo for Tun {
     fn write_vectored(&self, parts: &[io::IoSlice<'_>]) -> io::Result<usize> {
         Tun::write_vectored(self, parts)
     }
-    fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
-        Tun::wait_readable(self, timeout)
-    }
     fn vnet_hdr(&self) -> bool {
         Tun::vnet_hdr(self)
     }
@@ -152,13 +150,13 @@ impl TunIo for Tun {
 struct Running {
     /// The address the sockets are bound on (the public IP, or the wildcard behind NAT).
     public_ip: Ipv4Addr,
-    stop: Arc<AtomicBool>,
+    stop: Arc<StopSignal>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Running {
     fn stop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.stop();
         for t in self.threads.drain(..) {
             if t.join().is_err() {
                 warn!("a data plane thread ended with a panic outside its supervisor");
@@ -287,7 +285,7 @@ impl Dataplane {
             routes,
             running: std::sync::Mutex::new(Running {
                 public_ip: bound_on,
-                stop: Arc::new(AtomicBool::new(true)),
+                stop: StopSignal::new(),
                 threads: Vec::new(),
             }),
             own,
@@ -307,7 +305,7 @@ impl Dataplane {
     ) -> Result<Running, DataplaneError> {
         let mut running = Running {
             public_ip: bound_on,
-            stop: Arc::new(AtomicBool::new(false)),
+            stop: StopSignal::new(),
             threads: Vec::with_capacity(self.queues.len() * 2),
         };
         let metered = |sock| MeteredSocket::new(sock, self.counters.clone());

@@ -17,7 +17,6 @@ use std::ffi::CStr;
 use std::io;
 use std::mem;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::time::Duration;
 
 use nix::fcntl::{OFlag, open};
 use nix::sys::stat::Mode;
@@ -199,45 +198,12 @@ impl Tun {
     pub(crate) fn write_vectored(&self, parts: &[io::IoSlice<'_>]) -> io::Result<usize> {
         Ok(nix::sys::uio::writev(self.fd.as_fd(), parts)?)
     }
-
-    /// Waits until a packet can be read, or `timeout` passes (`Ok(false)`).
-    pub(crate) fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
-        poll_readable(self.fd.as_raw_fd(), timeout)
-    }
 }
 
 impl AsRawFd for Tun {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
-}
-
-/// `poll(2)` one fd for input.
-pub(crate) fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(e);
-    }
-    Ok(n > 0)
-}
-
-/// Sleeps until either of two descriptors is readable or `timeout` passes (one `poll(2)`); an
-/// error or a signal just ends the wait early, and the caller looks at both again.
-pub(crate) fn poll_either(a: RawFd, b: RawFd, timeout: Duration) {
-    let mut fds = [
-        libc::pollfd { fd: a, events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: b, events: libc::POLLIN, revents: 0 },
-    ];
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: two valid pollfds in a live array whose length is passed.
-    unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
 }
 
 #[cfg(test)]

@@ -494,7 +494,9 @@ impl BatchSocket {
     /// Waits up to `timeout` for datagrams, then receives as many as are queued, up to
     /// `min(bufs.len(), metas.len(), MAX_BATCH)` messages, one per buffer: `metas[i]` describes
     /// `bufs[i]`. Returns how many buffers were filled; 0 on timeout or a signal, so the caller
-    /// can check for a stop and call again.
+    /// can check for a stop and call again. A zero `timeout` makes no `poll` call: one
+    /// non-blocking `recvmmsg`, 0 if nothing is queued (the forwarding loops wait in their own
+    /// epoll, `worker::Idle`).
     ///
     /// With GRO on, a buffer can hold several datagrams ([`RecvMeta::segment_size`]). A message that did not fit is reported with
     /// [`RecvMeta::truncated`] and `len` 0.
@@ -529,7 +531,10 @@ impl BatchSocket {
             h.msg_hdr.msg_flags = 0;
             h.msg_len = 0;
         }
-        if !wait(self.socket.as_raw_fd(), libc::POLLIN, timeout)? {
+        let mut flags = libc::MSG_WAITFORONE;
+        if timeout.is_zero() {
+            flags |= libc::MSG_DONTWAIT;
+        } else if !wait(self.socket.as_raw_fd(), libc::POLLIN, timeout)? {
             return Ok(0);
         }
         // SAFETY: the first `n` headers point at `n` live, writable buffers borrowed from `bufs`
@@ -540,7 +545,7 @@ impl BatchSocket {
                 self.socket.as_raw_fd(),
                 s.hdrs.as_mut_ptr(),
                 n as libc::c_uint,
-                libc::MSG_WAITFORONE,
+                flags,
                 ptr::null_mut(),
             )
         };

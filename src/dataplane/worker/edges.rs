@@ -18,11 +18,16 @@ pub trait TunIo: Send + Sync {
     /// Writes one packet gathered from `parts`, as [`TunIo::write`] would write their
     /// concatenation.
     fn write_vectored(&self, parts: &[io::IoSlice<'_>]) -> io::Result<usize>;
-    /// Waits until a packet can be read or `timeout` passes.
-    fn wait_readable(&self, timeout: Duration) -> io::Result<bool>;
+    /// Waits until a packet can be read or `timeout` passes: for queues without a file
+    /// descriptor (the test fakes). A queue with one ([`TunIo::poll_fd`]) is waited on in the
+    /// thread's epoll ([`super::Idle`]) and never asked; the default just sleeps.
+    fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+        std::thread::sleep(timeout);
+        Ok(false)
+    }
     /// Whether packets carry a `virtio_net_hdr` (TUN offloads on).
     fn vnet_hdr(&self) -> bool;
-    /// The file descriptor to `poll(2)` for readability, if the queue has one.
+    /// The file descriptor to wait on for readability, if the queue has one.
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
@@ -43,7 +48,7 @@ pub trait UdpIo: Send {
     fn max_gso_segments(&self) -> usize;
     /// Whether received buffers may hold several datagrams (UDP GRO).
     fn gro(&self) -> bool;
-    /// The file descriptor to `poll(2)` for readability, if the socket has one.
+    /// The file descriptor to wait on for readability, if the socket has one.
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }

@@ -19,19 +19,21 @@
 //!
 //! # Files
 //! [`edges`] (the two I/O traits), [`tx`] (the TX path), [`plan`] (pure: which socket, which
-//! GSO runs, in which order), [`rx`] (the RX path); here, the threads that run them.
+//! GSO runs, in which order), [`rx`] (the RX path), [`wait`] (where a thread sleeps, and the
+//! stop signal); here, the threads that run them.
 //!
 //! # Contract
 //! Buffers are allocated once per worker; the per-packet path allocates nothing, takes no lock
 //! (the route table is loaded wait-free once per batch) and logs nothing: every drop is counted
-//! by reason in the thread's own [`PacketCounters`] block (see [`Counters::thread`](super::counters::Counters::thread): one per
-//! thread, on cache lines of its own, summed only when `/metrics` is read). The TX path reads its [`Clock`] once per batch read and passes
-//! that `now` to the pipeline (for the ICMP rate limit) and to the sockets (for the GSO retry). Loops return when `stop` is set
-//! (checked at least every `wake`).
+//! by reason in the thread's own [`PacketCounters`] block (see
+//! [`Counters::thread`](super::counters::Counters::thread): one per thread, on cache lines of
+//! its own, summed only when `/metrics` is read). The TX path reads its [`Clock`] once per
+//! batch read and passes that `now` to the pipeline (for the ICMP rate limit) and to the
+//! sockets (for the GSO retry). A step never waits: a loop sleeps in its [`Idle`] (epoll) only
+//! after a step found its queues empty, and returns as soon as the [`StopSignal`] is given.
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::counters::{Counters, PacketCounters};
@@ -44,17 +46,20 @@ mod edges;
 mod plan;
 mod rx;
 mod tx;
+mod wait;
 
 pub use edges::{TunIo, UdpIo};
 pub use rx::RxPath;
 pub use tx::TxPath;
+pub use wait::{Idle, StopSignal};
 
 /// How one worker runs.
 #[derive(Clone, Copy, Debug)]
 pub struct WorkerConfig {
     /// Packets per batch (1: one packet per syscall, the baseline).
     pub batch: usize,
-    /// How often loops look at the stop flag.
+    /// The longest a thread sleeps in its [`Idle`] before it looks at its queues again (a
+    /// safety net: readiness and the stop signal wake it at once).
     pub wake: Duration,
     /// Coalesce received TCP segments into super-packets (needs TUN TSO).
     pub gro_tcp: bool,
@@ -77,69 +82,67 @@ pub struct Context<'a, T> {
     pub counters: &'a PacketCounters,
 }
 
-/// The TX loop on its own thread: [`TxPath::step`] until `stop`.
+/// The TX loop on its own thread: [`TxPath::step`] until `stop`, asleep in `idle` (the TUN
+/// queue) whenever a step reads nothing.
 pub(crate) fn run_tx<T: TunIo, U: UdpIo>(
     cx: &Context<'_, T>,
     pool: &mut [U],
     cfg: WorkerConfig,
     clock: Arc<dyn Clock>,
-    stop: &AtomicBool,
+    idle: &mut Idle,
+    stop: &StopSignal,
 ) {
     let mut tx = TxPath::new(cx.tun, &cfg, clock);
-    while !stop.load(Ordering::Relaxed) {
-        if tx.step(cx, pool, cfg.wake) {
+    while !stop.is_stopped() {
+        if tx.step(cx, pool) {
             supervise::injected_fault();
+        } else {
+            idle.wait(cx.tun);
         }
     }
 }
 
-/// The RX loop on its own thread: [`RxPath::step`] until `stop`.
+/// The RX loop on its own thread: [`RxPath::step`] until `stop`, asleep in `idle` (the
+/// socket) whenever a step receives nothing.
 pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
     cx: &Context<'_, T>,
     sock: &mut U,
     cfg: WorkerConfig,
-    stop: &AtomicBool,
+    idle: &mut Idle,
+    stop: &StopSignal,
 ) {
     let mut rx = RxPath::new(cx.tun, sock, &cfg);
-    while !stop.load(Ordering::Relaxed) {
-        if rx.step(cx, sock, cfg.wake) {
+    while !stop.is_stopped() {
+        if rx.step(cx, sock) {
             supervise::injected_fault();
+        } else {
+            idle.wait(cx.tun);
         }
     }
 }
 
-/// Both directions on one thread: drain TX and RX without waiting, and sleep on both file
-/// descriptors only when both are idle. A reply the kernel generates inside our TUN write (an
-/// ICMP echo reply, a TCP ACK) is then picked up by the same thread without a wake-up, which
-/// on a VM costs tens of microseconds.
+/// Both directions on one thread: drain TX and RX without waiting, and sleep in `idle` (the
+/// TUN queue and the socket) only when both are idle. A reply the kernel generates inside our
+/// TUN write (an ICMP echo reply, a TCP ACK) is then picked up by the same thread without a
+/// wake-up, which on a VM costs tens of microseconds.
 pub(crate) fn run_both<T: TunIo, U: UdpIo>(
     cx: &Context<'_, T>,
     pool: &mut [U],
     sock: &mut U,
     cfg: WorkerConfig,
     clock: Arc<dyn Clock>,
-    stop: &AtomicBool,
+    idle: &mut Idle,
+    stop: &StopSignal,
 ) {
     let mut tx = TxPath::new(cx.tun, &cfg, clock);
     let mut rx = RxPath::new(cx.tun, sock, &cfg);
-    while !stop.load(Ordering::Relaxed) {
-        let sent = tx.step(cx, pool, Duration::ZERO);
-        let received = rx.step(cx, sock, Duration::ZERO);
+    while !stop.is_stopped() {
+        let sent = tx.step(cx, pool);
+        let received = rx.step(cx, sock);
         if !sent && !received {
-            wait_either(cx.tun, sock, cfg.wake);
+            idle.wait(cx.tun);
         } else {
             supervise::injected_fault();
-        }
-    }
-}
-
-/// Sleeps until TUN or the socket is readable, or `wake` passes.
-fn wait_either<T: TunIo, U: UdpIo>(tun: &T, sock: &U, wake: Duration) {
-    match (tun.poll_fd(), sock.poll_fd()) {
-        (Some(a), Some(b)) => super::sys::poll_either(a, b, wake),
-        // Fakes have no file descriptors: wait on TUN briefly, then look at both again.
-        _ => {
-            let _ = tun.wait_readable(wake.min(Duration::from_millis(1)));
         }
     }
 }
@@ -176,23 +179,25 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
     pub fn spawn(
         self,
         name: &str,
-        stop: Arc<AtomicBool>,
+        stop: Arc<StopSignal>,
     ) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
         let Self { tun, mut tx_pool, mut rx, fwd, routes, counters, cfg, clock, states } = self;
         let policy = RestartPolicy::default();
         if cfg.one_thread {
             let thread = name.to_owned();
             let counters = counters.thread(&thread);
+            let mut idle = Idle::new(&[tun.poll_fd(), rx.poll_fd()], &stop, cfg.wake)?;
             let t = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
                 let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
-                supervise(&thread, &states, policy, &*clock, &stop, || {
-                    run_both(&cx, &mut tx_pool, &mut rx, cfg, clock.clone(), &stop)
+                supervise(&thread, &states, policy, &*clock, stop.flag(), || {
+                    run_both(&cx, &mut tx_pool, &mut rx, cfg, clock.clone(), &mut idle, &stop)
                 })
             })?;
             return Ok(vec![t]);
         }
         let tx = {
             let thread = format!("{name}-tx");
+            let mut idle = Idle::new(&[tun.poll_fd()], &stop, cfg.wake)?;
             let (tun, fwd, routes, counters, stop, states, clock) = (
                 tun.clone(),
                 fwd.clone(),
@@ -204,16 +209,19 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
             );
             std::thread::Builder::new().name(thread.clone()).spawn(move || {
                 let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
-                supervise(&thread, &states, policy, &*clock, &stop, || {
-                    run_tx(&cx, &mut tx_pool, cfg, clock.clone(), &stop)
+                supervise(&thread, &states, policy, &*clock, stop.flag(), || {
+                    run_tx(&cx, &mut tx_pool, cfg, clock.clone(), &mut idle, &stop)
                 })
             })?
         };
         let thread = format!("{name}-rx");
         let counters = counters.thread(&thread);
+        let mut idle = Idle::new(&[rx.poll_fd()], &stop, cfg.wake)?;
         let rx = std::thread::Builder::new().name(thread.clone()).spawn(move || {
             let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
-            supervise(&thread, &states, policy, &*clock, &stop, || run_rx(&cx, &mut rx, cfg, &stop))
+            supervise(&thread, &states, policy, &*clock, stop.flag(), || {
+                run_rx(&cx, &mut rx, cfg, &mut idle, &stop)
+            })
         })?;
         Ok(vec![tx, rx])
     }
@@ -222,6 +230,7 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
 #[cfg(test)]
 mod tests {
     use std::net::{Ipv4Addr, SocketAddrV4};
+    use std::sync::atomic::Ordering;
 
     use super::tx::send_skipping;
     use super::*;
@@ -424,13 +433,11 @@ mod tests {
         assert!(tx.step(
             &Context { tun: &*tun1, fwd: &fwd1, routes: &routes1, counters: &c1 },
             &mut pool,
-            Duration::from_secs(1)
         ));
         let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
         assert!(rx.step(
             &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
             &mut sock2,
-            Duration::from_secs(1)
         ));
         assert_eq!(c2.rx_packets.load(Ordering::Relaxed), 5);
 
@@ -470,7 +477,6 @@ mod tests {
         assert!(tx.step(
             &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
             &mut pool,
-            Duration::from_secs(1)
         ));
         assert_eq!(pool[0].messages_sent(), 2);
         let mut bufs = vec![vec![0u8; 2048]; 16];
@@ -503,7 +509,6 @@ mod tests {
         assert!(tx.step(
             &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
             &mut pool,
-            Duration::from_secs(1)
         ));
         assert_eq!(pool[0].messages_sent(), 5);
     }
@@ -520,7 +525,6 @@ mod tests {
         assert!(tx.step(
             &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
             &mut pool,
-            Duration::from_secs(1)
         ));
 
         let mut bufs = vec![vec![0u8; 2048]; 16];

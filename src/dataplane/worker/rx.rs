@@ -47,17 +47,13 @@ impl RxPath {
         }
     }
 
-    /// Waits up to `wait` for datagrams, then receives a batch, validates, decapsulates and
-    /// writes the inner packets to TUN. Returns whether anything was received.
-    pub fn step<T: TunIo, U: UdpIo>(
-        &mut self,
-        cx: &Context<'_, T>,
-        sock: &mut U,
-        wait: Duration,
-    ) -> bool {
+    /// Receives a batch (without waiting), validates, decapsulates and writes the inner
+    /// packets to TUN. Returns whether anything was received: `false` means the socket was
+    /// found empty (or failed), and the caller may sleep on it.
+    pub fn step<T: TunIo, U: UdpIo>(&mut self, cx: &Context<'_, T>, sock: &mut U) -> bool {
         let &Context { tun, fwd, routes, counters } = cx;
         let Self { bufs, metas, refs, gro, vnet } = self;
-        let n = match sock.recv_batch(bufs, metas, wait) {
+        let n = match sock.recv_batch(bufs, metas, Duration::ZERO) {
             Ok(n) => n,
             Err(_) => {
                 counters.io_errors.fetch_add(1, Ordering::Relaxed);

@@ -6,7 +6,6 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use super::Context;
 use super::WorkerConfig;
@@ -66,29 +65,16 @@ impl TxPath {
         }
     }
 
-    /// Waits up to `wait` for TUN, then reads what is queued (one batch), encapsulates and
-    /// sends it. `pool` holds the sockets datagrams leave from; the inner flow's hash picks
-    /// one, so the outer source port is stable per flow. Returns whether anything was read.
-    pub fn step<T: TunIo, U: UdpIo>(
-        &mut self,
-        cx: &Context<'_, T>,
-        pool: &mut [U],
-        wait: Duration,
-    ) -> bool {
+    /// Reads what is queued on TUN (one batch, without waiting), encapsulates and sends it.
+    /// `pool` holds the sockets datagrams leave from; the inner flow's hash picks one, so the
+    /// outer source port is stable per flow. Returns whether anything was read: `false` means
+    /// the queue was found empty (or failed), and the caller may sleep on it.
+    pub fn step<T: TunIo, U: UdpIo>(&mut self, cx: &Context<'_, T>, pool: &mut [U]) -> bool {
         let &Context { tun, fwd, routes, counters } = cx;
         if pool.is_empty() {
             return false;
         }
         let (vnet, hdr_room) = (self.vnet, if self.vnet { virtio_net::LEN } else { 0 });
-        match tun.wait_readable(wait) {
-            Ok(true) => {}
-            Ok(false) => return false,
-            Err(_) => {
-                counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(wait.max(Duration::from_millis(1)));
-                return false;
-            }
-        }
         let Self { slots, scratch, pending, clock, .. } = self;
         let now = clock.now();
         let table = routes.load();
