@@ -25,7 +25,9 @@
 #               path's threads have little time to fall asleep (metric ping_us; the older figure)
 #   idle ping   `ping -i 0.05`, IDLE_PINGS pings (100), one second after the bulk runs: the
 #               average and minimum RTT with 50 ms of silence between packets, so every hop
-#               has gone to sleep (idle_ping_avg_us, idle_ping_min_us)
+#               has gone to sleep (idle_ping_avg_us, idle_ping_min_us); for weft, also its
+#               forwarding threads' wake-ups per round trip, both hosts together, from
+#               weft_dataplane_wakeups_total (idle_wakeups_per_ping; 3 is the least)
 #   sockperf    `sockperf ping-pong` from h1 to a `sockperf server` on h2's overlay address,
 #               UDP and TCP, SOCKPERF_MSG-byte (64) messages, one in flight, at a low rate
 #               (--mps SOCKPERF_LOW_MPS, 100/s) and back to back (--mps max); p50 and p99.
@@ -173,11 +175,21 @@ print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "udp" 
             >>"$WORK/raw.jsonl" || true
         # idle ping: a packet every 50 ms, after a second of quiet: average and minimum RTT.
         sleep 1
+        local woke=$(( $(wakeups 1) + $(wakeups 2) ))
         ip netns exec "$H1" ping -q -c "$IDLE_PINGS" -i 0.05 -W 1 "$dst" 2>/dev/null |
             awk -F'[/ ]' -v n="$name" -v r="$r" '/^rtt/ {
                 printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"idle_ping_avg_us\",\"value\":%f}\n", n, r, $8*1000
                 printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"idle_ping_min_us\",\"value\":%f}\n", n, r, $7*1000 }' \
             >>"$WORK/raw.jsonl" || true
+        # weft's forwarding threads' wake-ups per idle round trip, both hosts together (issue 12:
+        # where a round trip's time goes). Three is the least: the request wakes h1's thread
+        # and h2's, and the reply h1's again (h2's reply is generated inside its TUN write and
+        # read by the same thread without sleeping).
+        if [[ $name == weft-* ]]; then
+            woke=$(( $(wakeups 1) + $(wakeups 2) - woke ))
+            printf '{"path":"%s","run":%d,"metric":"idle_wakeups_per_ping","value":%s}\n' "$name" "$r" \
+                "$(python3 -c "print($woke / $IDLE_PINGS)")" >>"$WORK/raw.jsonl"
+        fi
         # request/response: sockperf ping-pong, UDP and TCP, at a low rate and back to back.
         for proto in udp tcp; do
             for rate in low max; do sockperf_pp "$name" "$r" "$proto" "$rate" "$dst"; done
@@ -199,6 +211,11 @@ flannel_vxlan_peer() { # NS PEER_NS PEER_IP PN
     ip -n "$1" neigh replace "10.244.$4.0" lladdr "$mac" dev flannel.1 nud permanent
     bridge -n "$1" fdb append "$mac" dev flannel.1 dst "$3" self permanent
     ip -n "$1" route replace "10.244.$4.0/24" via "10.244.$4.0" dev flannel.1 onlink
+}
+
+wakeups() { # N: weft_dataplane_wakeups_total on host N (0 if weft does not answer)
+    { netns_http "${P}h$1" 9797 /metrics || true; } |
+        awk '/^weft_dataplane_wakeups_total / { v = $2 } END { print v + 0 }'
 }
 
 weft_up() { # BACKEND FLAGS...
@@ -254,7 +271,7 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 runs, duration, idle_pings, sp_msg, sp_low = (int(a) for a in sys.argv[3:8])
 throughput = ["tcp1_gbps", "tcp4_gbps", "udp1400_kpps", "udp64_kpps", "cpu_s_per_gb", "tcp1_retr"]
 sockperf = [f"sp_{proto}_{rate}_{q}_us" for proto in ("udp", "tcp") for rate in ("low", "max") for q in ("p50", "p99")]
-latency = ["ping_us", "idle_ping_avg_us", "idle_ping_min_us"] + sockperf
+latency = ["ping_us", "idle_ping_avg_us", "idle_ping_min_us", "idle_wakeups_per_ping"] + sockperf
 metrics = throughput + latency
 paths = []
 for r in rows:
@@ -267,6 +284,7 @@ for p in paths:
         med[(p, m)] = statistics.median(vals) if vals else None
 def fmt(v, m):
     if v is None: return "-"
+    if m == "idle_wakeups_per_ping": return f"{v:.1f}"
     return f"{v:.2f}" if m in ("tcp1_gbps", "tcp4_gbps", "cpu_s_per_gb") else f"{v:.0f}"
 def cell(p, m):
     """The median, and its ratio to kernel VXLAN's (not for CPU s/GB and retransmits)."""
@@ -284,9 +302,9 @@ def table(hdr, cols):
 table(["path", "TCP 1 (Gb/s)", "TCP 4 (Gb/s)", "UDP 1400 (kpps)", "UDP 64 (kpps)", "CPU s/GB", "TCP 1 retr"],
       [[m] for m in throughput])
 low = f"{sp_low}/s"
-table(["path", "ping 5 ms avg", "idle ping avg", "idle ping min",
+table(["path", "ping 5 ms avg", "idle ping avg", "idle ping min", "wake-ups / idle ping",
        f"UDP {low} p50 / p99", "UDP max p50 / p99", f"TCP {low} p50 / p99", "TCP max p50 / p99"],
-      [["ping_us"], ["idle_ping_avg_us"], ["idle_ping_min_us"]] +
+      [["ping_us"], ["idle_ping_avg_us"], ["idle_ping_min_us"], ["idle_wakeups_per_ping"]] +
       [[f"sp_{proto}_{rate}_p50_us", f"sp_{proto}_{rate}_p99_us"] for proto in ("udp", "tcp") for rate in ("low", "max")])
 print(f"latency: round-trip times in microseconds. ping 5 ms: ping -i 0.005 (200 pings); idle ping: ping -i 0.05 "
       f"({idle_pings} pings); UDP/TCP: sockperf ping-pong --full-rtt, {sp_msg} B messages, --mps {sp_low} and --mps max")

@@ -42,6 +42,12 @@ pub struct PacketCounters {
     pub(crate) io_errors: AtomicU64,
     /// ICMP errors not sent because the [`IcmpLimit`] bucket was empty.
     pub(crate) icmp_suppressed: AtomicU64,
+    /// Times the thread woke from its sleep (`worker::Idle`) to look at its queues.
+    pub(crate) wakeups: AtomicU64,
+    /// Batches read from TUN that held at least one packet.
+    pub(crate) tx_batches: AtomicU64,
+    /// `recvmmsg` calls that received at least one datagram.
+    pub(crate) rx_batches: AtomicU64,
 }
 
 impl PacketCounters {
@@ -62,6 +68,9 @@ impl PacketCounters {
         totals.rx_bytes += load(&self.rx_bytes);
         totals.io_errors += load(&self.io_errors);
         totals.icmp_suppressed += load(&self.icmp_suppressed);
+        totals.wakeups += load(&self.wakeups);
+        totals.tx_batches += load(&self.tx_batches);
+        totals.rx_batches += load(&self.rx_batches);
     }
 }
 
@@ -81,6 +90,12 @@ pub struct PacketTotals {
     pub(crate) io_errors: u64,
     /// ICMP errors not sent because of the rate limit.
     pub icmp_suppressed: u64,
+    /// Wake-ups of the forwarding threads.
+    pub wakeups: u64,
+    /// Batches read from TUN.
+    pub tx_batches: u64,
+    /// Batches received from the sockets.
+    pub rx_batches: u64,
 }
 
 impl PacketTotals {
@@ -206,6 +221,13 @@ impl Collector for Counters {
                 ([("dir", dir), ("reason", reason)], p.drops(r))
             }),
         )?;
+        metrics::counter_family(
+            &mut e,
+            "weft_dataplane_batches_total",
+            "Batches of packets read from TUN (tx) or received from the sockets (rx): one read \
+             loop or one recvmmsg each.",
+            [([("dir", "tx")], p.tx_batches), ([("dir", "rx")], p.rx_batches)],
+        )?;
         metrics::gauge_family(
             &mut e,
             "weft_dataplane_offload",
@@ -238,6 +260,11 @@ impl Collector for Counters {
                 "weft_dataplane_icmp_suppressed_total",
                 "ICMP errors not sent to pods because of the rate limit.",
                 p.icmp_suppressed,
+            ),
+            (
+                "weft_dataplane_wakeups_total",
+                "Times a forwarding thread woke from its sleep (epoll) to look at its queues.",
+                p.wakeups,
             ),
             (
                 "weft_dataplane_gso_fallbacks_total",
@@ -296,6 +323,10 @@ mod tests {
         q0.rx_bytes.fetch_add(2000, Ordering::Relaxed);
         q1.io_errors.fetch_add(5, Ordering::Relaxed);
         q0.icmp_suppressed.fetch_add(6, Ordering::Relaxed);
+        q0.wakeups.fetch_add(7, Ordering::Relaxed);
+        q1.wakeups.fetch_add(1, Ordering::Relaxed);
+        q0.tx_batches.fetch_add(9, Ordering::Relaxed);
+        q1.rx_batches.fetch_add(10, Ordering::Relaxed);
         c.set_offload(Offload::TunTso, true);
         c.set_offload(Offload::UdpGso, true);
         c.gso_fallbacks.fetch_add(3, Ordering::Relaxed);

@@ -34,6 +34,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::counters::{Counters, PacketCounters};
@@ -98,6 +99,7 @@ pub(crate) fn run_tx<T: TunIo, U: UdpIo>(
             supervise::injected_fault();
         } else {
             idle.wait(cx.tun);
+            cx.counters.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -117,6 +119,7 @@ pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
             supervise::injected_fault();
         } else {
             idle.wait(cx.tun);
+            cx.counters.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -141,6 +144,7 @@ pub(crate) fn run_both<T: TunIo, U: UdpIo>(
         let received = rx.step(cx, sock);
         if !sent && !received {
             idle.wait(cx.tun);
+            cx.counters.wakeups.fetch_add(1, Ordering::Relaxed);
         } else {
             supervise::injected_fault();
         }

@@ -64,6 +64,7 @@ impl RxPath {
         if n == 0 {
             return false;
         }
+        counters.rx_batches.fetch_add(1, Ordering::Relaxed);
         let table = routes.load();
         refs.clear();
         // Counted once per batch, not per packet: an atomic add is not free even on a cache

@@ -137,6 +137,9 @@ impl TxPath {
             }
         }
         send_pending(slots, pending, pool, &mut scratch.send_buf, counters, now);
+        if read_any {
+            counters.tx_batches.fetch_add(1, Ordering::Relaxed);
+        }
         read_any
     }
 }
