@@ -442,6 +442,62 @@ async fn a_watch_from_a_compacted_revision_reports_compacted() {
     assert!(matches!(&events[0], WatchEvent::Put(l) if l.mod_revision == latest.mod_revision));
 }
 
+/// How many `LeaseKeepAlive` streams etcd has seen opened, from its own `/metrics`.
+fn keep_alive_streams_opened(etcd: &EtcdServer) -> u64 {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], etcd.client_port()));
+    let (status, body) = support::weft::http_get(addr, "/metrics");
+    assert_eq!(status, 200, "etcd's /metrics: {body}");
+    body.lines()
+        .find(|l| {
+            l.starts_with("grpc_server_started_total{")
+                && l.contains("grpc_method=\"LeaseKeepAlive\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+#[tokio::test]
+async fn keep_alives_reuse_one_open_stream_and_a_broken_one_is_replaced_within_the_call() {
+    let mut etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let store = store(&etcd, &prefix).await;
+    let me = node("node-kept");
+    let record = PresenceRecord {
+        incarnation: Incarnation::parse("inc-kept").expect("inc"),
+        public_ip: Ipv4Addr::new(192, 0, 2, 1),
+    };
+    let PresenceOutcome::Claimed(lease) =
+        store.claim_presence(&me, &record, LONG_TTL).await.expect("claim")
+    else {
+        panic!("claim refused");
+    };
+    let before = keep_alive_streams_opened(&etcd);
+    for _ in 0..10 {
+        assert!(store.keep_presence(&me, lease, false).await.expect("keep"));
+    }
+    // One stream for ten keep-alives; before, etcd-client opened one per keep-alive.
+    assert_eq!(keep_alive_streams_opened(&etcd) - before, 1, "streams opened for 10 keep-alives");
+
+    // The member restarts (leases survive it): the kept stream is broken, and the next
+    // keep-alive opens a new one instead of failing or calling the lease gone.
+    etcd.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.keep_presence(&me, lease, false).await {
+            Ok(true) => break,
+            Ok(false) => panic!("a live lease reported gone after a restart"),
+            // The client's connection itself is re-made first.
+            Err(e) => assert!(Instant::now() < deadline, "no keep-alive after the restart: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(store.keep_presence(&me, lease, false).await.expect("keep on the new stream"));
+
+    // A revoked lease is reported gone on the kept stream.
+    etcd.client().await.lease_revoke(lease.0).await.expect("revoke");
+    assert!(!store.keep_presence(&me, lease, false).await.expect("keep revoked"));
+}
+
 #[tokio::test]
 async fn presence_is_claimed_held_expired_and_dropped() {
     let etcd = EtcdServer::start();

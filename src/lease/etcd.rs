@@ -42,8 +42,8 @@ use std::time::Duration;
 
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, GetResponse,
-    Identity, KeyValue, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
-    WatchOptions,
+    Identity, KeyValue, LeaseKeepAliveStream, LeaseKeeper, PutOptions, TlsOptions, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchOptions,
 };
 
 use super::keys::KeyLayout;
@@ -130,6 +130,35 @@ struct Inner {
     stale: std::sync::atomic::AtomicBool,
     keys: KeyLayout,
     call_timeout: Duration,
+    /// Open keep-alive streams, by etcd lease: see [`EtcdStore::keep_alive_once`].
+    keep_alives: tokio::sync::Mutex<KeepAlives>,
+}
+
+/// Keep-alive streams kept open between renewals, by etcd lease ID. A host keeps two leases
+/// alive (its subnet key's and its presence key's), so a few entries at most; an entry whose
+/// lease was replaced is dropped when the map would grow past [`KeepAlives::MAX`].
+#[derive(Default)]
+struct KeepAlives {
+    open: Vec<(i64, LeaseKeeper, LeaseKeepAliveStream)>,
+}
+
+impl KeepAlives {
+    const MAX: usize = 4;
+
+    /// Takes the stream for `lease` out (a call that is dropped half-way then drops it too,
+    /// with whatever answer it still had coming).
+    fn take(&mut self, lease: i64) -> Option<(LeaseKeeper, LeaseKeepAliveStream)> {
+        let i = self.open.iter().position(|(id, _, _)| *id == lease)?;
+        let (_, keeper, stream) = self.open.swap_remove(i);
+        Some((keeper, stream))
+    }
+
+    fn put(&mut self, lease: i64, keeper: LeaseKeeper, stream: LeaseKeepAliveStream) {
+        if self.open.len() >= Self::MAX {
+            self.open.remove(0);
+        }
+        self.open.push((lease, keeper, stream));
+    }
 }
 
 /// A plain-text error, boxed as the source of a [`StoreError`].
@@ -307,6 +336,7 @@ impl EtcdStore {
                 stale: std::sync::atomic::AtomicBool::new(false),
                 keys: KeyLayout::new(&opts.prefix),
                 call_timeout: opts.call_timeout,
+                keep_alives: tokio::sync::Mutex::default(),
             }),
         };
         // Try once now so that set-up mistakes and bad credentials fail the start; an
@@ -339,6 +369,8 @@ impl EtcdStore {
         let mut cached = inner.client.lock().await;
         if inner.stale.swap(false, std::sync::atomic::Ordering::SeqCst) && cached.take().is_some() {
             tracing::info!("reconnecting to etcd (this host's address changed)");
+            // The open keep-alive streams ride on the old connection.
+            inner.keep_alives.lock().await.open.clear();
         }
         if let Some(client) = &*cached {
             return Ok(client.clone());
@@ -397,20 +429,47 @@ impl EtcdStore {
     /// Revokes a lease whose keys we no longer want, best effort: a lease that is not revoked
     /// expires by itself after its TTL, so a failure here costs nothing but that wait.
     /// One keep-alive of `lease`: `Ok(false)` if it is gone (expired or revoked).
+    /// One keep-alive of `lease`: `Ok(false)` if etcd no longer has it.
+    ///
+    /// The stream it goes on is kept open for the next one: opening a `LeaseKeepAlive` stream
+    /// per renewal (what `lease_keep_alive` does) costs etcd a stream set-up and tear-down each
+    /// time, for each of a cluster's hosts, twice per TTL (subnet and presence). A kept stream
+    /// that fails (its member died, its connection broke) is dropped and one new stream opened
+    /// within the same call and deadline; a call given up on mid-way drops its stream, so no
+    /// stray answer is read by the next.
     async fn keep_alive_once(
         &self,
         client: &mut Client,
         lease: StoreLeaseId,
     ) -> Result<bool, StoreError> {
-        // etcd-client sends one keep-alive and reads the first answer; a TTL <= 0 in it (the
-        // lease is gone) comes back as `LeaseKeepAliveError`. Dropping the keeper ends the
-        // stream: the caller paces keep-alives itself.
-        let call = client.lease_keep_alive(lease.0);
-        match tokio::time::timeout(self.inner.call_timeout, call).await {
-            Err(_) => Err(StoreError::Timeout(self.inner.call_timeout)),
-            Ok(Ok(_)) => Ok(true),
-            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => Ok(false),
-            Ok(Err(e)) => Err(map_err(e, self.inner.call_timeout)),
+        let timeout = self.inner.call_timeout;
+        let round = async {
+            let mut open = self.inner.keep_alives.lock().await;
+            // A kept stream that broke is dropped here, and a new one opened below.
+            if let Some((mut keeper, mut stream)) = open.take(lease.0)
+                && keeper.keep_alive().await.is_ok()
+                && let Ok(Some(answer)) = stream.message().await
+            {
+                if answer.ttl() <= 0 {
+                    return Ok(false);
+                }
+                open.put(lease.0, keeper, stream);
+                return Ok(true);
+            }
+            // etcd-client sends one keep-alive on a new stream and reads the first answer; a
+            // TTL <= 0 in it (the lease is gone) comes back as `LeaseKeepAliveError`.
+            match client.lease_keep_alive(lease.0).await {
+                Ok((keeper, stream)) => {
+                    open.put(lease.0, keeper, stream);
+                    Ok(true)
+                }
+                Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+                Err(e) => Err(map_err(e, timeout)),
+            }
+        };
+        match tokio::time::timeout(timeout, round).await {
+            Err(_) => Err(StoreError::Timeout(timeout)),
+            Ok(result) => result,
         }
     }
 
