@@ -409,10 +409,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
                 return stopped(health_task).await;
             }
             match start_dataplane(
-                &opts,
-                &network,
-                &underlay,
-                vtep_mac,
+                dataplane_config(&opts, &network, &underlay, vtep_mac),
                 routes.clone(),
                 &health,
                 subnet_rx.clone(),
@@ -648,50 +645,60 @@ const LINK_CHECK: Duration = Duration::from_secs(1);
 
 /// Starts the data plane on `routes` and the task that re-addresses the TUN device when this
 /// node's subnet changes and repairs its link state when someone else changes it.
-#[allow(clippy::too_many_arguments)]
-fn start_dataplane(
+/// What the data plane is started with: the run options, the network config, the underlay
+/// and this host's VTEP MAC.
+fn dataplane_config(
     opts: &RunOptions,
     network: &NetworkConfig,
     underlay: &Underlay,
     vtep_mac: MacAddr,
+) -> DataplaneConfig {
+    DataplaneConfig {
+        tun_name: opts.tun_name.clone(),
+        backend: network.backend.kind,
+        vni: network.backend.vni,
+        port: network.backend.port,
+        our_mac: vtep_mac,
+        underlay_mtu: underlay.mtu,
+        overhead: u32::from(network.backend.encap_overhead()),
+        network: network.network,
+        public_ip: underlay.public_ip,
+        workers: opts.workers,
+        tun_offload: opts.tun_offload,
+        udp_gso: opts.udp_gso,
+        udp_gro: opts.udp_gro,
+        batching: opts.batching,
+        one_thread: opts.one_thread,
+    }
+}
+
+/// Starts the data plane, puts its metrics and worker check on `health`, and spawns its
+/// addresser ([`spawn_addresser`]).
+fn start_dataplane(
+    cfg: DataplaneConfig,
     routes: Arc<Routes>,
     health: &Arc<Health>,
-    mut subnet_rx: watch::Receiver<Option<Subnet>>,
+    subnet_rx: watch::Receiver<Option<Subnet>>,
     shutdown_rx: &watch::Receiver<bool>,
 ) -> anyhow::Result<(Arc<Dataplane>, Vec<tokio::task::JoinHandle<()>>)> {
-    let dp = Arc::new(
-        Dataplane::start(
-            DataplaneConfig {
-                tun_name: opts.tun_name.clone(),
-                backend: network.backend.kind,
-                vni: network.backend.vni,
-                port: network.backend.port,
-                our_mac: vtep_mac,
-                underlay_mtu: underlay.mtu,
-                overhead: u32::from(network.backend.encap_overhead()),
-                network: network.network,
-                public_ip: underlay.public_ip,
-                workers: opts.workers,
-                tun_offload: opts.tun_offload,
-                udp_gso: opts.udp_gso,
-                udp_gro: opts.udp_gro,
-                batching: opts.batching,
-                one_thread: opts.one_thread,
-            },
-            routes.clone(),
-        )
-        .context("starting the data plane")?,
-    );
+    let dp = Arc::new(Dataplane::start(cfg, routes).context("starting the data plane")?);
     health.add_collector(dp.counters.clone());
     health.add_collector(dp.workers.clone());
     let w = dp.workers.clone();
     health.add_check(Box::new(move || w.problem()));
-    let dp2 = dp.clone();
-    let mut stop = shutdown_rx.clone();
-    // The addresser: addresses the TUN device when the subnet changes, and repairs its link
-    // state (drift: a deleted route, the link set down, the address gone, the MTU changed)
-    // right after that and every LINK_CHECK.
-    let addresser = tokio::spawn(async move {
+    let addresser = spawn_addresser(dp.clone(), subnet_rx, shutdown_rx.clone());
+    Ok((dp, vec![addresser]))
+}
+
+/// The addresser: addresses the TUN device when the subnet changes, and repairs its link state
+/// (drift: a deleted route, the link set down, the address gone, the MTU changed) right after
+/// that and every `LINK_CHECK`, until shutdown.
+fn spawn_addresser(
+    dataplane: Arc<Dataplane>,
+    mut subnet_rx: watch::Receiver<Option<Subnet>>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
         let mut drift = DriftLog::default();
         let mut check = tokio::time::interval_at(Instant::now() + LINK_CHECK, LINK_CHECK);
         check.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -699,7 +706,7 @@ fn start_dataplane(
         loop {
             if subnet_changed {
                 let subnet = *subnet_rx.borrow_and_update();
-                let dp = dp2.clone();
+                let dp = dataplane.clone();
                 match tokio::task::spawn_blocking(move || dp.set_subnet(subnet)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => {
@@ -708,7 +715,7 @@ fn start_dataplane(
                     Err(e) => error!(error = %e, "TUN configuration task failed"),
                 }
             }
-            let dp = dp2.clone();
+            let dp = dataplane.clone();
             match tokio::task::spawn_blocking(move || {
                 dp.repair_link(&mut drift);
                 drift
@@ -730,8 +737,7 @@ fn start_dataplane(
                 _ = stop.wait_for(|v| *v) => return,
             }
         }
-    });
-    Ok((dp, vec![addresser]))
+    })
 }
 
 async fn signal_shutdown(tx: Arc<watch::Sender<bool>>) {
