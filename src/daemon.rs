@@ -178,7 +178,7 @@ pub(crate) fn find_underlay(
     public_ip: Option<Ipv4Addr>,
 ) -> anyhow::Result<Underlay> {
     let netlink = Netlink::open().context("finding the underlay")?;
-    let addrs = v4_addresses()?;
+    let addrs = netlink.ipv4_addresses_by_interface().context("listing interfaces")?;
     let by_name = |name: &str| addrs.iter().find(|(n, _)| n == name).map(|(n, a)| (n.clone(), *a));
     let chosen = match iface {
         Some(spec) => match spec.parse::<Ipv4Addr>() {
@@ -208,16 +208,6 @@ pub(crate) fn find_underlay(
     }
     .unwrap_or(1500);
     Ok(Underlay { iface: name, public_ip: public_ip.unwrap_or(addr), mtu })
-}
-
-fn v4_addresses() -> anyhow::Result<Vec<(String, Ipv4Addr)>> {
-    let mut out = Vec::new();
-    for ifa in nix::ifaddrs::getifaddrs().context("listing interfaces")? {
-        if let Some(sin) = ifa.address.as_ref().and_then(|a| a.as_sockaddr_in()) {
-            out.push((ifa.interface_name.clone(), sin.ip()));
-        }
-    }
-    Ok(out)
 }
 
 /// The lease value this node publishes.
@@ -559,15 +549,33 @@ async fn follow_underlay(
 ) {
     let mut reporter = Reporter::default();
     let mut explicit_was_local = false;
+    let mut netlink: Option<Arc<Netlink>> = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(UNDERLAY_CHECK) => {}
             _ = shutdown.wait_for(|v| *v) => return,
         }
-        let addrs = match v4_addresses() {
+        // One netlink socket for the whole watch, opened again only after it failed.
+        let nl = match &netlink {
+            Some(nl) => nl.clone(),
+            None => match Netlink::open() {
+                Ok(nl) => netlink.insert(Arc::new(nl)).clone(),
+                Err(e) => {
+                    reporter.report(Some(format!("listing the underlay's addresses: {e}")));
+                    continue;
+                }
+            },
+        };
+        // The netlink calls block (their socket has a thread of its own).
+        let listed = tokio::task::spawn_blocking(move || nl.ipv4_addresses_by_interface())
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        let addrs = match listed {
             Ok(a) => a,
             Err(e) => {
-                reporter.report(Some(format!("listing the underlay's addresses: {e:#}")));
+                netlink = None;
+                reporter.report(Some(format!("listing the underlay's addresses: {e}")));
                 continue;
             }
         };

@@ -344,6 +344,23 @@ impl Netlink {
         Ok(link_mtu(&self.link(name)?))
     }
 
+    /// Every interface's IPv4 addresses, as `(interface name, address)` in the kernel's
+    /// order (an interface's primary address first), from one `RTM_GETLINK` and one
+    /// `RTM_GETADDR` dump: what `getifaddrs` reads, over weft's one netlink socket.
+    pub(crate) fn ipv4_addresses_by_interface(
+        &self,
+    ) -> Result<Vec<(String, Ipv4Addr)>, NetlinkError> {
+        let handle = self.handle.clone();
+        let links: Vec<LinkMessage> = self.run("RTM_GETLINK", "*", async move {
+            handle.link().get().execute().try_collect().await
+        })?;
+        let handle = self.handle.clone();
+        let addresses: Vec<AddressMessage> = self.run("RTM_GETADDR", "*", async move {
+            handle.address().get().execute().try_collect().await
+        })?;
+        Ok(named_ipv4_addresses(&links, &addresses))
+    }
+
     /// The name of the interface the main table's IPv4 default route leaves through (the one
     /// of lowest metric), if there is one.
     pub(crate) fn default_route_iface(&self) -> Result<Option<String>, NetlinkError> {
@@ -451,6 +468,25 @@ pub(crate) fn ipv4_addresses(addresses: &[AddressMessage], index: u32) -> Vec<Ip
                 _ => None,
             });
             Ipv4Net::new(local.or(address)?, a.header.prefix_len).ok()
+        })
+        .collect()
+}
+
+/// `(interface name, address)` for every IPv4 address in `addresses` whose link is among
+/// `links`, in the order of `addresses`.
+pub(crate) fn named_ipv4_addresses(
+    links: &[LinkMessage],
+    addresses: &[AddressMessage],
+) -> Vec<(String, Ipv4Addr)> {
+    let names: Vec<(u32, String)> =
+        links.iter().filter_map(|l| Some((l.header.index, link_name(l)?))).collect();
+    addresses
+        .iter()
+        .filter(|a| a.header.family == AddressFamily::Inet)
+        .filter_map(|a| {
+            let (_, name) = names.iter().find(|(i, _)| *i == a.header.index)?;
+            let net = ipv4_addresses(std::slice::from_ref(a), a.header.index).pop()?;
+            Some((name.clone(), net.addr()))
         })
         .collect()
 }
@@ -750,6 +786,54 @@ mod tests {
         ];
         assert_eq!(ipv4_addresses(&all, WEFT0), vec![net("10.244.3.0/32"), net("10.8.0.1/24")]);
         assert_eq!(ipv4_addresses(&all, ETH0), vec![net("192.0.2.1/24")]);
+    }
+
+    #[test]
+    fn addresses_are_named_by_their_links_in_the_kernels_order() {
+        let link = |index: u32, name: &str| {
+            let mut l = LinkMessage::default();
+            l.header.index = index;
+            l.attributes.push(LinkAttribute::IfName(name.into()));
+            l
+        };
+        let address = |index: u32, ip: [u8; 4], family: AddressFamily| {
+            let mut a = AddressMessage::default();
+            a.header.family = family;
+            a.header.index = index;
+            a.header.prefix_len = 24;
+            a.attributes.push(AddressAttribute::Local(IpAddr::V4(Ipv4Addr::from(ip))));
+            a
+        };
+        let links = [link(1, "lo"), link(ETH0, "eth0")];
+        let addresses = [
+            address(1, [127, 0, 0, 1], AddressFamily::Inet),
+            address(ETH0, [192, 0, 2, 11], AddressFamily::Inet),
+            address(ETH0, [192, 0, 2, 1], AddressFamily::Inet),
+            address(ETH0, [192, 0, 2, 9], AddressFamily::Inet6),
+            address(77, [192, 0, 2, 7], AddressFamily::Inet),
+        ];
+        let ip = |d: [u8; 4]| Ipv4Addr::from(d);
+        assert_eq!(
+            named_ipv4_addresses(&links, &addresses),
+            vec![
+                ("lo".to_string(), ip([127, 0, 0, 1])),
+                ("eth0".to_string(), ip([192, 0, 2, 11])),
+                ("eth0".to_string(), ip([192, 0, 2, 1])),
+            ],
+            "an IPv6 message and an address of an unknown link are left out"
+        );
+    }
+
+    #[test]
+    fn every_interfaces_addresses_are_listed_as_getifaddrs_lists_them() {
+        let nl = Netlink::open().unwrap();
+        let ours = nl.ipv4_addresses_by_interface().unwrap();
+        let libc: Vec<(String, Ipv4Addr)> = nix::ifaddrs::getifaddrs()
+            .unwrap()
+            .filter_map(|i| Some((i.interface_name, i.address?.as_sockaddr_in()?.ip())))
+            .collect();
+        assert!(ours.iter().any(|(n, a)| n == "lo" && a.is_loopback()), "{ours:?}");
+        assert_eq!(ours, libc);
     }
 
     #[test]
