@@ -1,6 +1,7 @@
 //! Drift repair end to end (README, "Reliability"; docs/dataplane.md, "The TUN device"): an
 //! admin changes `weft0` under a running weft — deletes the Network route, sets the link down,
-//! flushes its address, changes its MTU — and weft puts it back within a few seconds: traffic
+//! flushes its address, changes its MTU — and weft puts it back within a few seconds, told of
+//! the change by the kernel (its periodic read is turned off here): traffic
 //! between pods on two hosts resumes, `weft_dataplane_link_repairs_total{what=...}` counts each
 //! repair, and the log names each repair exactly once.
 //!
@@ -18,8 +19,12 @@ use support::netns::{Lab, assert_tun_configured, first_reply, ns_output, ping_ok
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
 /// weft0's MTU on a 1500-byte underlay with vxlan (50 bytes of encapsulation).
 const TUN_MTU: u32 = 1450;
-/// "Within a few seconds": weft checks the link every second.
+/// "Within a few seconds". weft repairs as the kernel reports the change (a netlink watch);
+/// its periodic read is put off here ([`NO_RESYNC`]), so only the watch can meet this.
 const REPAIRED_WITHIN: Duration = Duration::from_secs(5);
+/// Turns off weft's periodic read of weft0's state (an hour apart): drift must be noticed by
+/// the kernel's notifications.
+const NO_RESYNC: [&str; 2] = ["--netlink-resync", "1h"];
 /// How long to watch after a repair for a second (wrong) log line or count: several checks.
 const SETTLE: Duration = Duration::from_secs(3);
 const KINDS: [&str; 4] = ["route", "up", "address", "mtu"];
@@ -53,7 +58,7 @@ type Repairs<'a> = &'a dyn Fn(Ipv4Addr) -> Vec<(&'static str, String)>;
 /// nothing else is, and full-MTU packets cross again.
 fn drift_is_repaired(drift: &[&str], repairs: Repairs<'_>) {
     let lab = Lab::new(VXLAN);
-    let (wefts, pods) = lab.up(&[1, 2], &[]);
+    let (wefts, pods) = lab.up(&[1, 2], &NO_RESYNC);
     let w1 = &wefts[0];
     let subnet = w1.subnet().expect("host 1's subnet");
     let addr: Ipv4Addr = subnet.split('/').next().and_then(|a| a.parse().ok()).expect("subnet");
@@ -106,6 +111,9 @@ fn drift_is_repaired(drift: &[&str], repairs: Repairs<'_>) {
     for (_, line) in &repairs {
         assert_eq!(log.matches(line.as_str()).count(), 1, "{line:?} in host 1's log:\n{log}");
     }
+    // The repair came from the kernel's notification, not from polling (the fallback when no
+    // watch can be started).
+    assert!(!log.contains("by polling"), "weft fell back to polling:\n{log}");
     let warnings = log.lines().filter(|l| l.contains(" WARN ") && l.contains("tun=weft0")).count();
     assert_eq!(warnings, repairs.len(), "WARN lines about weft0 in host 1's log:\n{log}");
     // The other host saw no drift.

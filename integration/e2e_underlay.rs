@@ -1,5 +1,5 @@
 //! End to end in network namespaces: the underlay address changes while weft runs (the
-//! interface is renumbered). weft notices, re-binds its sockets on the new address, rewrites
+//! interface is renumbered). weft notices (told by the kernel over netlink), re-binds its sockets on the new address, rewrites
 //! its lease's `PublicIP` (keeping the subnet), peers follow, and every datagram leaves from
 //! the published address. Needs root, like e2e.rs.
 
@@ -23,7 +23,9 @@ fn udp_local_addrs(ns: &str) -> Vec<String> {
 #[test]
 fn a_renumbered_underlay_is_followed_rebound_and_published_keeping_the_subnet() {
     let lab = Lab::new(VXLAN);
-    let mut w1 = lab.start_weft_following_eth0(1, &[]);
+    // Its periodic listing of the addresses put off (an hour apart): the renumbering must be
+    // noticed from the kernel's notifications.
+    let mut w1 = lab.start_weft_following_eth0(1, &["--netlink-resync", "1h"]);
     let mut w2 = lab.start_weft(2, &[]);
     let subnet = w1.wait_ready(READY);
     w2.wait_ready(READY);

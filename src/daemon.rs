@@ -22,6 +22,7 @@ use crate::atomic_file;
 use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
 use crate::dataplane::driver::{Dataplane, DataplaneConfig, DataplaneError};
 use crate::dataplane::link::DriftLog;
+use crate::dataplane::link_watch::{ChangeWatch, Interest};
 use crate::dataplane::netlink::{Netlink, TunStatus};
 use crate::dataplane::sys::TunError;
 use crate::dataplane::wire::ethernet::MacAddr;
@@ -92,6 +93,9 @@ pub struct RunOptions {
     pub batching: bool,
     /// `--worker-threads 1`.
     pub one_thread: bool,
+    /// `--netlink-resync`: how often the TUN device's link state is read for drift when no
+    /// netlink notification said it changed.
+    pub netlink_resync: Duration,
 }
 
 /// The longest state file weft reads (a node ID or a MAC is a few dozen bytes).
@@ -404,6 +408,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
                 &health,
                 subnet_rx.clone(),
                 &shutdown_rx,
+                opts.netlink_resync,
             ) {
                 Err(e) if is_tun_in_use(&e) => {
                     warn!(error = %e, "the TUN device was taken while starting");
@@ -432,6 +437,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
             explicit: opts.public_ip,
             network: network.clone(),
             etcd_endpoints: opts.etcd_endpoints.clone(),
+            resync: opts.netlink_resync,
         },
         underlay.public_ip,
         dataplane.as_ref().map(|(dp, _)| dp.clone()),
@@ -491,7 +497,8 @@ fn is_tun_in_use(e: &anyhow::Error) -> bool {
     matches!(e.downcast_ref::<DataplaneError>(), Some(DataplaneError::Tun(TunError::InUse { .. })))
 }
 
-/// How often the underlay's addresses are looked at.
+/// How often the underlay's addresses are listed without a netlink watch (or after a listing
+/// failed).
 const UNDERLAY_CHECK: Duration = Duration::from_secs(1);
 
 /// Logs a problem once, when it first appears or changes, not on every check.
@@ -521,6 +528,8 @@ struct UnderlayFollow {
     explicit: Option<Ipv4Addr>,
     network: NetworkConfig,
     etcd_endpoints: Vec<String>,
+    /// How often the addresses are listed when no netlink notification said they changed.
+    resync: Duration,
 }
 
 /// The address to publish instead of `current`, given the underlay interface's IPv4 addresses:
@@ -538,7 +547,9 @@ pub(crate) fn next_public_ip(current: Ipv4Addr, on_iface: &[Ipv4Addr]) -> Option
 /// address, drops the store's connections (they were made from the old address and die
 /// silently), then publishes it (`public_ip_tx`, to the lease driver, which rewrites the lease),
 /// so that peers send to it and every datagram leaves from the published `PublicIP`. An address
-/// inside the Network is refused, loudly, as at start. Polls every [`UNDERLAY_CHECK`].
+/// inside the Network is refused, loudly, as at start. Lists the addresses when the kernel says
+/// an address, link or route changed (a netlink watch), and every `resync` besides; every
+/// [`UNDERLAY_CHECK`] without a watch.
 async fn follow_underlay(
     follow: UnderlayFollow,
     mut current: Ipv4Addr,
@@ -550,10 +561,41 @@ async fn follow_underlay(
     let mut reporter = Reporter::default();
     let mut explicit_was_local = false;
     let mut netlink: Option<Arc<Netlink>> = None;
+    // The kernel's notice of address, link and route changes (kept for the task's life:
+    // dropping it ends its thread).
+    let (_watch, mut changes) = match tokio::task::spawn_blocking(|| {
+        ChangeWatch::start(Interest::Any)
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r.map_err(|e| e.to_string()))
+    {
+        Ok((w, rx)) => (Some(w), Some(rx)),
+        Err(e) => {
+            warn!(error = %e, every = ?UNDERLAY_CHECK, "cannot watch the underlay's addresses over netlink: they are polled");
+            (None, None)
+        }
+    };
     loop {
+        // Polled every UNDERLAY_CHECK without a watch, and after a failed listing.
+        let period =
+            if changes.is_some() && netlink.is_some() { follow.resync } else { UNDERLAY_CHECK };
         tokio::select! {
-            _ = tokio::time::sleep(UNDERLAY_CHECK) => {}
+            _ = tokio::time::sleep(period) => {}
+            changed = next_netlink_change(&mut changes) => {
+                if changed.is_err() {
+                    warn!(every = ?UNDERLAY_CHECK, "the netlink watch of the underlay ended: its addresses are polled");
+                    changes = None;
+                }
+            }
             _ = shutdown.wait_for(|v| *v) => return,
+        }
+        if changes.is_some() {
+            // A burst of notifications (a renumbering is several) is answered by one listing.
+            tokio::time::sleep(LINK_SETTLE).await;
+        }
+        if let Some(rx) = &mut changes {
+            rx.borrow_and_update();
         }
         // One netlink socket for the whole watch, opened again only after it failed.
         let nl = match &netlink {
@@ -648,8 +690,13 @@ fn start_route_watcher(
     (routes, watcher)
 }
 
-/// How often the TUN device's link state is checked for drift (and repaired).
+/// How often the TUN device's link state is read for drift when no netlink watch could be
+/// started (or it ended).
 const LINK_CHECK: Duration = Duration::from_secs(1);
+
+/// How long a burst of netlink notifications is let settle before the link is read: `ip link
+/// set down` alone sends one for the link and one per route it takes away.
+const LINK_SETTLE: Duration = Duration::from_millis(20);
 
 /// Starts the data plane on `routes` and the task that re-addresses the TUN device when this
 /// node's subnet changes and repairs its link state when someone else changes it.
@@ -681,36 +728,65 @@ fn dataplane_config(
 }
 
 /// Starts the data plane, puts its metrics and worker check on `health`, and spawns its
-/// addresser ([`spawn_addresser`]).
+/// addresser ([`spawn_addresser`]), which reads the link again at least every `resync`.
 fn start_dataplane(
     cfg: DataplaneConfig,
     routes: Arc<Routes>,
     health: &Arc<Health>,
     subnet_rx: watch::Receiver<Option<Subnet>>,
     shutdown_rx: &watch::Receiver<bool>,
+    resync: Duration,
 ) -> anyhow::Result<(Arc<Dataplane>, Vec<tokio::task::JoinHandle<()>>)> {
     let dp = Arc::new(Dataplane::start(cfg, routes).context("starting the data plane")?);
     health.add_collector(dp.counters.clone());
     health.add_collector(dp.workers.clone());
     let w = dp.workers.clone();
     health.add_check(Box::new(move || w.problem()));
-    let addresser = spawn_addresser(dp.clone(), subnet_rx, shutdown_rx.clone());
+    let addresser = spawn_addresser(dp.clone(), subnet_rx, shutdown_rx.clone(), resync);
     Ok((dp, vec![addresser]))
+}
+
+/// The next netlink notification a watch keeps; never, without a watch.
+async fn next_netlink_change(
+    changes: &mut Option<watch::Receiver<u64>>,
+) -> Result<(), watch::error::RecvError> {
+    match changes {
+        Some(rx) => rx.changed().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The addresser: addresses the TUN device when the subnet changes, and repairs its link state
 /// (drift: a deleted route, the link set down, the address gone, the MTU changed) right after
-/// that and every `LINK_CHECK`, until shutdown.
+/// that, when the kernel says the device changed (a netlink watch, [`Dataplane::watch_link`]),
+/// and every `resync` in case a notification was missed, until shutdown. Without a watch it
+/// reads the link every [`LINK_CHECK`] instead.
 fn spawn_addresser(
     dataplane: Arc<Dataplane>,
     mut subnet_rx: watch::Receiver<Option<Subnet>>,
     mut stop: watch::Receiver<bool>,
+    resync: Duration,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut drift = DriftLog::default();
-        let mut check = tokio::time::interval_at(Instant::now() + LINK_CHECK, LINK_CHECK);
+        let dp = dataplane.clone();
+        // The watch is kept for the task's life: dropping it ends its thread.
+        let (_watch, mut changes) = match tokio::task::spawn_blocking(move || dp.watch_link())
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            Ok((w, rx)) => (Some(w), Some(rx)),
+            Err(e) => {
+                warn!(error = %e, every = ?LINK_CHECK, "cannot watch the TUN device over netlink: drift is looked for by polling");
+                (None, None)
+            }
+        };
+        let period = if changes.is_some() { resync } else { LINK_CHECK };
+        let mut check = tokio::time::interval_at(Instant::now() + period, period);
         check.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut subnet_changed = true;
+        let mut settle = false;
         loop {
             if subnet_changed {
                 let subnet = *subnet_rx.borrow_and_update();
@@ -722,6 +798,10 @@ fn spawn_addresser(
                     }
                     Err(e) => error!(error = %e, "TUN configuration task failed"),
                 }
+            }
+            // Notifications up to here (our own changes among them) are answered by this read.
+            if let Some(rx) = &mut changes {
+                rx.borrow_and_update();
             }
             let dp = dataplane.clone();
             match tokio::task::spawn_blocking(move || {
@@ -736,13 +816,30 @@ fn spawn_addresser(
                     drift = DriftLog::default();
                 }
             }
+            subnet_changed = false;
             tokio::select! {
                 changed = subnet_rx.changed() => {
                     if changed.is_err() { return }
                     subnet_changed = true;
                 }
-                _ = check.tick() => subnet_changed = false,
+                changed = next_netlink_change(&mut changes) => {
+                    if changed.is_err() {
+                        warn!(every = ?LINK_CHECK, "the netlink watch of the TUN device ended: drift is looked for by polling");
+                        changes = None;
+                        check = tokio::time::interval_at(Instant::now() + LINK_CHECK, LINK_CHECK);
+                        check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                    } else {
+                        settle = true;
+                    }
+                }
+                _ = check.tick() => {}
+                // A repair (or the read) that failed is retried every second: nothing need
+                // change in the kernel for it to succeed next time (a netlink timeout).
+                _ = tokio::time::sleep(LINK_CHECK), if drift.failing() => {}
                 _ = stop.wait_for(|v| *v) => return,
+            }
+            if std::mem::take(&mut settle) {
+                tokio::time::sleep(LINK_SETTLE).await;
             }
         }
     })

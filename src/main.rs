@@ -189,6 +189,12 @@ struct RunArgs {
     /// each direction its own.
     #[arg(long, env = "WEFT_WORKER_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     worker_threads: u8,
+    /// weft repairs drift of its TUN device as the kernel reports it (netlink notifications);
+    /// it also reads the device's state this often in case a notification was lost. Hidden:
+    /// the default suits every use but tests, which turn it off (an hour) to see the
+    /// notifications at work.
+    #[arg(long, env = "WEFT_NETLINK_RESYNC", default_value = "10s", value_parser = parse_duration, hide = true)]
+    netlink_resync: Duration,
     /// Log format.
     #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -297,6 +303,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 udp_gro: !args.no_udp_gro,
                 batching: !args.no_batching,
                 one_thread: args.worker_threads == 1,
+                netlink_resync: args.netlink_resync,
             };
             daemon::run(opts, Arc::new(store)).await
         }

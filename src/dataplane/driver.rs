@@ -35,6 +35,7 @@ use tracing::{debug, info, warn};
 use super::counters::{Counters, Offload};
 use super::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
 use super::link::{self, DriftLog, Repair, WantedLink};
+use super::link_watch::{ChangeWatch, Interest};
 use super::netlink::{Netlink, NetlinkError, TunStatus};
 use super::pipeline::{Forwarder, OwnSubnet};
 use super::supervise::WorkerStates;
@@ -365,6 +366,16 @@ impl Dataplane {
             info!(tun = %self.cfg.tun_name, %addr, network = %self.cfg.network, "TUN addressed");
         }
         Ok(())
+    }
+
+    /// Starts a watch of the kernel's notifications about the TUN device (its link, addresses
+    /// and the routes through it), so that drift is repaired as it happens
+    /// ([`super::link_watch`]). Blocking (one netlink request): call it from a blocking thread.
+    pub(crate) fn watch_link(
+        &self,
+    ) -> Result<(ChangeWatch, tokio::sync::watch::Receiver<u64>), NetlinkError> {
+        let index = self.netlink.index_of(&self.cfg.tun_name)?;
+        ChangeWatch::start(Interest::Link(index))
     }
 
     /// The TUN device's link state as weft set it up: the MTU of [`Dataplane::start`], and

@@ -209,6 +209,12 @@ impl DriftLog {
         settled
     }
 
+    /// Whether a repair or the read of the link is failing: the driver retries every second
+    /// then, without waiting for the kernel to report a change.
+    pub(crate) fn failing(&self) -> bool {
+        self.observe_failing || self.failing.iter().any(|f| *f)
+    }
+
     /// Observing the link failed: whether to log it (the first failure in a row).
     pub(crate) fn observe_failed(&mut self) -> bool {
         !std::mem::replace(&mut self.observe_failing, true)
@@ -365,9 +371,11 @@ mod tests {
         // The route is repaired at last: it had failed before; the next drift is a new event.
         assert!(log.repaired(RepairKind::Route));
         assert!(log.failed(RepairKind::Route));
+        assert!(log.failing(), "a failing repair is retried");
         // Nothing planned any more: the failing route was put right by someone else.
         assert_eq!(log.settle(&[]), vec![RepairKind::Route]);
         assert_eq!(log.settle(&[]), vec![]);
+        assert!(!log.failing(), "nothing left to retry");
     }
 
     #[test]
@@ -375,8 +383,10 @@ mod tests {
         let mut log = DriftLog::default();
         assert!(!log.observed());
         assert!(log.observe_failed());
+        assert!(log.failing(), "a failed read is retried");
         assert!(!log.observe_failed());
         assert!(log.observed());
+        assert!(!log.failing());
         assert!(!log.observed());
         assert!(log.observe_failed());
     }

@@ -16,6 +16,7 @@ pub mod driver;
 pub mod fake;
 pub(crate) mod gso_retry;
 pub mod link;
+pub(crate) mod link_watch;
 pub(crate) mod netlink;
 pub mod offload;
 pub mod pipeline;

@@ -217,6 +217,11 @@ impl Netlink {
         })
     }
 
+    /// The index of the interface named `name` (`RTM_GETLINK`); `ENODEV` when there is none.
+    pub(crate) fn index_of(&self, name: &str) -> Result<u32, NetlinkError> {
+        Ok(self.link(name)?.header.index)
+    }
+
     /// The main table's IPv4 routes (`RTM_GETROUTE` dump).
     fn ipv4_routes(&self, name: &str) -> Result<Vec<RouteMessage>, NetlinkError> {
         let handle = self.handle.clone();

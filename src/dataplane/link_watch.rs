@@ -1,0 +1,226 @@
+//! Notice of changes to the kernel's links, IPv4 addresses and IPv4 routes, as they happen:
+//! a `NETLINK_ROUTE` socket bound to the `RTNLGRP_LINK`, `RTNLGRP_IPV4_IFADDR` and
+//! `RTNLGRP_IPV4_ROUTE` multicast groups (what `ip monitor link address route` listens to), over
+//! the `rtnetlink` crate.
+//!
+//! Contract:
+//! - A [`ChangeWatch`] runs its socket on a thread of its own (`weft-nl-watch`, a current-thread
+//!   tokio runtime), like [`super::netlink::Netlink`], and publishes a generation number on a
+//!   `tokio::sync::watch` channel: it goes up by one for each kernel notification its
+//!   [`Interest`] keeps, and for each overrun of the socket's buffer (notifications were lost,
+//!   so anything may have changed). A waiting task sees one wake-up for a burst of them.
+//! - The watch says *that* something changed, never what it is now: the consumer reads the
+//!   state again (drift repair reads the link back, the underlay follower lists the addresses).
+//!   So a lost or merged notification costs nothing but that read.
+//! - The channel closes when the socket fails or the thread ends; the consumer then falls back
+//!   to polling. Dropping the watch ends the thread.
+//! - Which notifications matter is decided by pure functions ([`concerns_link`]) that never
+//!   panic on any message and are tested on built messages.
+//! - Listening needs no privilege and sees the namespace the socket was opened in.
+
+use std::io;
+use std::thread::JoinHandle;
+
+use futures::StreamExt;
+use rtnetlink::MulticastGroup;
+use rtnetlink::packet_core::NetlinkPayload;
+use rtnetlink::packet_route::RouteNetlinkMessage;
+use rtnetlink::packet_route::route::RouteAttribute;
+use tokio::sync::{oneshot, watch};
+
+use super::netlink::NetlinkError;
+
+/// Which notifications wake the consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Interest {
+    /// Only those about the link with this index: the link itself, its addresses, and routes
+    /// whose output interface it is (the TUN device's drift).
+    Link(u32),
+    /// Any link, IPv4 address or IPv4 route (the underlay: its address may move to any
+    /// interface the default route goes through).
+    Any,
+}
+
+impl Interest {
+    fn keeps(self, msg: &RouteNetlinkMessage) -> bool {
+        match self {
+            Interest::Link(index) => concerns_link(msg, index),
+            Interest::Any => true,
+        }
+    }
+}
+
+/// Whether a notification is about the link with index `index`: a change to the link, to one
+/// of its addresses, or to a route through it.
+pub(crate) fn concerns_link(msg: &RouteNetlinkMessage, index: u32) -> bool {
+    match msg {
+        RouteNetlinkMessage::NewLink(l) | RouteNetlinkMessage::DelLink(l) => {
+            l.header.index == index
+        }
+        RouteNetlinkMessage::NewAddress(a) | RouteNetlinkMessage::DelAddress(a) => {
+            a.header.index == index
+        }
+        RouteNetlinkMessage::NewRoute(r) | RouteNetlinkMessage::DelRoute(r) => {
+            r.attributes.iter().any(|a| match a {
+                RouteAttribute::Oif(i) => *i == index,
+                RouteAttribute::MultiPath(hops) => hops.iter().any(|h| h.interface_index == index),
+                _ => false,
+            })
+        }
+        _ => false,
+    }
+}
+
+/// A subscription to the kernel's link, address and route notifications (see the module docs).
+#[derive(Debug)]
+pub(crate) struct ChangeWatch {
+    /// Dropped (or sent) to end the thread.
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ChangeWatch {
+    /// Opens the socket in the calling thread's network namespace, joins the groups and starts
+    /// the thread. The receiver's value is the generation (0 at start).
+    pub(crate) fn start(interest: Interest) -> Result<(Self, watch::Receiver<u64>), NetlinkError> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<io::Result<()>>(1);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (changes_tx, changes_rx) = watch::channel(0u64);
+        let thread = std::thread::Builder::new()
+            .name("weft-nl-watch".into())
+            .spawn(move || {
+                let runtime =
+                    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                runtime.block_on(async move {
+                    let groups = [
+                        MulticastGroup::Link,
+                        MulticastGroup::Ipv4Ifaddr,
+                        MulticastGroup::Ipv4Route,
+                    ];
+                    let (connection, _handle, mut messages) =
+                        match rtnetlink::new_multicast_connection(&groups) {
+                            Ok(c) => c,
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e));
+                                return;
+                            }
+                        };
+                    let _ = ready_tx.send(Ok(()));
+                    let forward = async {
+                        while let Some((message, _)) = messages.next().await {
+                            let changed = match &message.payload {
+                                NetlinkPayload::InnerMessage(m) => interest.keeps(m),
+                                // The socket's buffer overflowed: notifications were lost.
+                                NetlinkPayload::Overrun(_) => true,
+                                _ => false,
+                            };
+                            if changed {
+                                changes_tx.send_modify(|g| *g += 1);
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        () = connection => {}
+                        () = forward => {}
+                        _ = stopped => {}
+                    }
+                });
+            })
+            .map_err(NetlinkError::Open)?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok((Self { stop: Some(stop), thread: Some(thread) }, changes_rx)),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(NetlinkError::Open(e))
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(NetlinkError::Open(io::Error::other("the netlink watch thread ended at start")))
+            }
+        }
+    }
+}
+
+impl Drop for ChangeWatch {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+    use std::time::Duration;
+
+    use rtnetlink::RouteMessageBuilder;
+    use rtnetlink::packet_route::address::AddressMessage;
+    use rtnetlink::packet_route::link::LinkMessage;
+    use rtnetlink::packet_route::route::RouteNextHop;
+
+    use rtnetlink::packet_route::route::RouteMessage;
+
+    use super::*;
+
+    fn route_via(index: u32) -> RouteMessage {
+        RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(Ipv4Addr::new(10, 244, 0, 0), 16)
+            .output_interface(index)
+            .build()
+    }
+
+    #[test]
+    fn only_notifications_about_the_link_concern_it() {
+        let mut link = LinkMessage::default();
+        link.header.index = 7;
+        let mut other_link = LinkMessage::default();
+        other_link.header.index = 8;
+        let mut addr = AddressMessage::default();
+        addr.header.index = 7;
+        let mut other_addr = AddressMessage::default();
+        other_addr.header.index = 2;
+        let mut multipath = RouteMessage::default();
+        let mut hop = RouteNextHop::default();
+        hop.interface_index = 7;
+        multipath.attributes.push(RouteAttribute::MultiPath(vec![hop]));
+
+        use RouteNetlinkMessage as M;
+        assert!(concerns_link(&M::NewLink(link.clone()), 7));
+        assert!(concerns_link(&M::DelLink(link), 7));
+        assert!(!concerns_link(&M::NewLink(other_link), 7));
+        assert!(concerns_link(&M::DelAddress(addr.clone()), 7));
+        assert!(concerns_link(&M::NewAddress(addr), 7));
+        assert!(!concerns_link(&M::NewAddress(other_addr), 7));
+        assert!(concerns_link(&M::DelRoute(route_via(7)), 7));
+        assert!(!concerns_link(&M::DelRoute(route_via(3)), 7));
+        assert!(concerns_link(&M::NewRoute(multipath), 7));
+        // A route without an output interface (e.g. a blackhole) concerns no link.
+        assert!(!concerns_link(&M::NewRoute(RouteMessage::default()), 7));
+    }
+
+    /// Joining the groups needs no privilege; the thread and its channel end with the watch.
+    /// (Notifications themselves are tested end to end, in namespaces, by
+    /// `integration/e2e_drift.rs` and `e2e_underlay.rs`, with weft's periodic reads turned off.)
+    #[test]
+    fn a_watch_starts_without_privilege_and_ends_when_dropped() {
+        let (watch, rx) = ChangeWatch::start(Interest::Any).expect("netlink watch");
+        assert_eq!(*rx.borrow(), 0);
+        drop(watch);
+        // The thread has ended: the sender is gone.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut rx = rx;
+        let closed =
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), rx.changed()).await });
+        assert!(matches!(closed, Ok(Err(_))), "the channel closes with the watch: {closed:?}");
+    }
+}
