@@ -62,6 +62,9 @@ pub enum DropReason {
     TxSendBufferFull,
     /// RX: shorter than the headers it claims, or not a valid IPv4 packet inside.
     RxMalformed,
+    /// RX: the datagram was longer than the receive buffer (`MSG_TRUNC`; no peer weft talks
+    /// to sends one: the buffers hold a whole 64 KiB GRO batch).
+    RxTruncated,
     /// RX: VXLAN flags other than the I bit alone.
     RxBadFlags,
     /// RX: another VNI.
@@ -82,7 +85,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub(crate) const ALL: [DropReason; 16] = [
+    pub(crate) const ALL: [DropReason; 17] = [
         DropReason::TxMalformed,
         DropReason::TxIpv6,
         DropReason::TxNoRoute,
@@ -91,6 +94,7 @@ impl DropReason {
         DropReason::TxNoSubnet,
         DropReason::TxSendBufferFull,
         DropReason::RxMalformed,
+        DropReason::RxTruncated,
         DropReason::RxBadFlags,
         DropReason::RxWrongVni,
         DropReason::RxNotOurMac,
@@ -112,6 +116,7 @@ impl DropReason {
             DropReason::TxSendBufferFull => ("tx", "send_buffer_full"),
             DropReason::TxNoSubnet => ("tx", "no_subnet"),
             DropReason::RxMalformed => ("rx", "malformed"),
+            DropReason::RxTruncated => ("rx", "truncated"),
             DropReason::RxBadFlags => ("rx", "bad_vxlan_flags"),
             DropReason::RxWrongVni => ("rx", "wrong_vni"),
             DropReason::RxNotOurMac => ("rx", "not_our_mac"),

@@ -239,6 +239,7 @@ mod tests {
     use super::tx::send_skipping;
     use super::*;
     use crate::config::BackendKind;
+    use crate::dataplane::counters::PacketTotals;
     use crate::dataplane::fake::{FakeNet, FakeTun};
     use crate::dataplane::offload::testutil::Pkt;
     use crate::dataplane::pipeline::OwnSubnet;
@@ -457,6 +458,29 @@ mod tests {
         let mut got = p1[40..].to_vec();
         got.extend_from_slice(&p2[40..]);
         assert_eq!(got, stream);
+    }
+
+    /// A datagram longer than the receive buffer (the kernel's `MSG_TRUNC`) is dropped and
+    /// counted as `truncated`, not as `malformed`, and nothing reaches TUN.
+    #[test]
+    fn a_datagram_longer_than_the_buffer_is_counted_as_truncated() {
+        let net = FakeNet::new();
+        let tun2 = FakeTun::with_vnet_hdr();
+        let mut sock2 = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+        let (fwd2, routes2) = host(BackendKind::Vxlan, 2, 1);
+        let c2 = PacketCounters::default();
+        let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001);
+        net.send_raw(from, SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472), &[0; 70_000]);
+        let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
+        assert!(rx.step(
+            &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
+            &mut sock2,
+        ));
+        let mut totals = PacketTotals::default();
+        c2.add_to(&mut totals);
+        assert_eq!(totals.drops(DropReason::RxTruncated), 1);
+        assert_eq!(totals.drops(DropReason::RxMalformed), 0);
+        assert!(tun2.take_written(Duration::ZERO).is_none());
     }
 
     /// Single datagrams to one peer leave as one GSO message: equal sizes, the last one

@@ -72,7 +72,7 @@ impl RxPath {
         let (mut delivered, mut delivered_bytes) = (0u64, 0u64);
         for (b, meta) in metas.iter().enumerate().take(n) {
             if meta.truncated {
-                counters.count_drop(DropReason::RxMalformed);
+                counters.count_drop(DropReason::RxTruncated);
                 continue;
             }
             let len = meta.len.min(bufs[b].len());
