@@ -167,7 +167,16 @@ async fn next_batch(
 /// `delay` spread over half to one and a half of itself: a thousand watchers that failed
 /// together (an overloaded or restarted etcd) must not come back together.
 fn jittered(delay: Duration) -> Duration {
-    delay.mul_f64(rand::random_range(0.5..1.5))
+    delay.mul_f64(rand::random_range(0.5..JITTER_MAX))
+}
+
+/// The most [`jittered`] stretches a wait by.
+const JITTER_MAX: f64 = 1.5;
+
+/// The longest wait before a retry: [`BACKOFF_MAX`] jittered up.
+#[cfg(test)]
+fn longest_retry_wait() -> Duration {
+    BACKOFF_MAX.mul_f64(JITTER_MAX)
 }
 
 /// Runs the route watcher until `shutdown`. See the module docs for the contract.
@@ -658,7 +667,7 @@ mod tests {
         h.store.set_down(false);
         h.join(3, "10.244.3.0/24").await;
         h.expect(
-            BACKOFF_MAX + PROMPTLY,
+            longest_retry_wait() + PROMPTLY,
             &[
                 ("10.244.1.0/24", 1, false),
                 ("10.244.2.0/24", 2, false),
@@ -682,7 +691,7 @@ mod tests {
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
         h.store.partition("routes", false);
         h.expect(
-            BACKOFF_MAX + PROMPTLY,
+            longest_retry_wait() + PROMPTLY,
             &[("10.244.2.0/24", 2, false), ("10.244.4.0/24", 4, false)],
         )
         .await;
