@@ -3,23 +3,35 @@
 //! field and the problem.
 //!
 //! Contract:
-//! - [`NetworkConfig::parse`] accepts every IPv4 config flannel's `CheckNetworkConfig` accepts,
-//!   with the same defaults, except for options weft does not implement. Those are refused with
-//!   an error naming the option rather than silently ignored: a config that asks for IPv6, host-gw
-//!   or VXLAN direct routing must not come up as something else.
+//! - [`NetworkConfig::parse`] accepts every IPv4 and dual-stack config flannel's
+//!   `CheckNetworkConfig` accepts, with the same defaults, except for options weft does not
+//!   implement. Those are refused with an error naming the option rather than silently ignored: a
+//!   config that asks for an IPv6-only network (`"EnableIPv4": false`), host-gw or VXLAN direct
+//!   routing must not come up as something else.
+//! - Dual stack: with `"EnableIPv6": true`, the IPv6 fields (`IPv6Network`, `IPv6SubnetLen`,
+//!   `IPv6SubnetMin`, `IPv6SubnetMax`) are parsed and validated by flannel's rules into
+//!   [`NetworkConfig::ipv6`]; without it, that is `None`.
 //! - Field names match ASCII-case-insensitively (`"network"`, `"NETWORK"`), like Go's
 //!   encoding/json. Unknown fields are ignored, as flannel ignores them. JSON `null` means "not
 //!   given", and so do the zero values flannel treats as unset (`"SubnetLen": 0`,
-//!   `"SubnetMin": "0.0.0.0"`).
+//!   `"SubnetMin": "0.0.0.0"`, `"IPv6SubnetLen": 0`, `"IPv6SubnetMin": "::"`).
 //! - The input is untrusted (anyone with etcd access writes it): parsing never panics, and every
 //!   error names the field and the problem.
 //! - A parsed config is valid: `network` has no host bits, `subnet_len` is in
 //!   `network.prefix_len() + 2 ..= 30`, and `subnet_min <= subnet_max` are aligned subnet
-//!   addresses inside `network`. [`NetworkConfig::to_json`] writes it back in flannel's spelling,
-//!   and that text parses to an equal config.
+//!   addresses inside `network`; the same holds for `ipv6` with lengths up to 126 (and an
+//!   `IPv6Network` of at most /124). [`NetworkConfig::to_json`] writes it back in flannel's
+//!   spelling, and that text parses to an equal config.
 //!
 //! Deliberate differences from flannel, all on inputs flannel handles oddly:
-//! - `SubnetMin > SubnetMax` is refused (flannel accepts it and then can lease nothing).
+//! - IPv6 fields set without `"EnableIPv6": true` are refused, naming the field (flannel
+//!   ignores them, and a cluster meant to be dual-stack silently comes up IPv4-only).
+//! - An IPv6 field must hold IPv6 text: flannel reads `"10.0.0.1"` as `::ffff:10.0.0.1`, and an
+//!   IPv4 CIDR as an IPv4-mapped network with the IPv4 prefix length.
+//! - `SubnetMin > SubnetMax` is refused (flannel accepts it and then can lease nothing); so is
+//!   `IPv6SubnetMin > IPv6SubnetMax`.
+//! - An `IPv6Network` with host bits set (`"fd00::1/64"`) is refused with a suggestion (flannel's
+//!   parser clears them silently).
 //! - Two keys that differ only in case (`"Network"` and `"network"`) are refused. Go keeps the
 //!   one that comes last in the text, which serde_json's map does not remember.
 //! - A `Backend` object with fields but no `Type` is refused (flannel fails later, asking for
@@ -30,9 +42,9 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::{Map, Value};
 
 use crate::dataplane::wire::vxlan::Vni;
@@ -56,6 +68,10 @@ pub(crate) const MAX_VNI: u32 = Vni::MAX;
 /// The longest `SubnetLen` flannel allows: a host needs room for its gateway and at least one
 /// more address.
 pub(crate) const MAX_SUBNET_LEN: u8 = 30;
+
+/// The longest `IPv6SubnetLen` flannel allows ("SubnetLen must be less than /127"): the IPv6
+/// counterpart of [`MAX_SUBNET_LEN`].
+pub(crate) const MAX_IPV6_SUBNET_LEN: u8 = 126;
 
 /// The data-plane backend named by `Backend.Type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -148,8 +164,31 @@ pub struct NetworkConfig {
     pub(crate) subnet_min: Ipv4Addr,
     /// The highest subnet that may be leased (`SubnetMax`).
     pub(crate) subnet_max: Ipv4Addr,
+    /// The IPv6 half of a dual-stack network: `Some` exactly when the config says
+    /// `"EnableIPv6": true`.
+    pub ipv6: Option<Ipv6NetworkConfig>,
     /// The backend.
     pub backend: Backend,
+}
+
+/// The IPv6 half of a dual-stack network config (`"EnableIPv6": true`), validated: `network`
+/// has no host bits and is at most a /124 (and not `::/0`), `subnet_len` is in
+/// `network.prefix_len() + 2 ..= 126`, and `subnet_min <= subnet_max` are aligned subnet
+/// addresses inside `network`.
+///
+/// flannel's defaults: `IPv6SubnetLen` 64 if the network is a /62 or larger, else its prefix
+/// length + 2; `IPv6SubnetMin` the second subnet (the first is skipped, as for IPv4);
+/// `IPv6SubnetMax` the last subnet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ipv6NetworkConfig {
+    /// The cluster's IPv6 network (`IPv6Network`).
+    pub network: Ipv6Net,
+    /// The prefix length of each host's IPv6 subnet (`IPv6SubnetLen`).
+    pub subnet_len: u8,
+    /// The lowest IPv6 subnet that may be leased (`IPv6SubnetMin`).
+    pub(crate) subnet_min: Ipv6Addr,
+    /// The highest IPv6 subnet that may be leased (`IPv6SubnetMax`).
+    pub(crate) subnet_max: Ipv6Addr,
 }
 
 /// Why a config was refused. Every message starts with the field it is about.
@@ -182,7 +221,7 @@ pub enum ConfigError {
         second: String,
     },
     /// A required field is absent.
-    #[error("{field}: missing (weft needs an IPv4 cluster network, e.g. \"10.244.0.0/16\")")]
+    #[error("{field}: missing ({})", missing_hint(.field))]
     Missing {
         /// The field.
         field: &'static str,
@@ -205,14 +244,41 @@ pub enum ConfigError {
         /// The same prefix with the host bits cleared.
         suggestion: Ipv4Net,
     },
+    /// An IPv6 CIDR field does not parse (an IPv4 CIDR included).
+    #[error("{field}: {value:?} is not an IPv6 CIDR (expected e.g. fd00:10:244::/56)")]
+    BadCidr6 {
+        /// The field.
+        field: &'static str,
+        /// The text given.
+        value: String,
+    },
+    /// The IPv6 network has bits set below its prefix.
+    #[error("{field}: {value:?} has host bits set (did you mean {suggestion}?)")]
+    HostBits6 {
+        /// The field.
+        field: &'static str,
+        /// The text given.
+        value: String,
+        /// The same prefix with the host bits cleared.
+        suggestion: Ipv6Net,
+    },
     /// `0.0.0.0/0`, which flannel treats as "no network given".
     #[error("Network: 0.0.0.0/0 is not a usable cluster network")]
     NetworkEmpty,
+    /// `::/0`, refused like `0.0.0.0/0`.
+    #[error("IPv6Network: ::/0 is not a usable cluster network")]
+    Ipv6NetworkEmpty,
     /// The network is too small to hold four subnets of at least four addresses.
     #[error("Network: {network} is too small (the smallest useful network is a /28)")]
     NetworkTooSmall {
         /// The network given.
         network: Ipv4Net,
+    },
+    /// The IPv6 network is too small to hold four subnets of at least four addresses.
+    #[error("IPv6Network: {network} is too small (the smallest useful network is a /124)")]
+    Ipv6NetworkTooSmall {
+        /// The network given.
+        network: Ipv6Net,
     },
     /// `SubnetLen` is longer than [`MAX_SUBNET_LEN`].
     #[error("SubnetLen: {len} is longer than {MAX_SUBNET_LEN}")]
@@ -233,9 +299,36 @@ pub enum ConfigError {
         /// The shortest length allowed.
         min: u8,
     },
+    /// `IPv6SubnetLen` is longer than 126 (flannel's limit).
+    #[error("IPv6SubnetLen: {len} is longer than {MAX_IPV6_SUBNET_LEN}")]
+    Ipv6SubnetLenTooLong {
+        /// The length given.
+        len: u64,
+    },
+    /// `IPv6SubnetLen` leaves room for fewer than four subnets in the IPv6 network.
+    #[error(
+        "IPv6SubnetLen: {len} is too short for IPv6Network {network} (at least /{min}, so that \
+         the network holds four subnets)"
+    )]
+    Ipv6SubnetLenTooShort {
+        /// The length given.
+        len: u8,
+        /// The network.
+        network: Ipv6Net,
+        /// The shortest length allowed.
+        min: u8,
+    },
     /// An address field does not parse.
     #[error("{field}: {value:?} is not an IPv4 address")]
     BadAddress {
+        /// The field.
+        field: &'static str,
+        /// The text given.
+        value: String,
+    },
+    /// An IPv6 address field does not parse (an IPv4 address included).
+    #[error("{field}: {value:?} is not an IPv6 address")]
+    BadAddress6 {
         /// The field.
         field: &'static str,
         /// The text given.
@@ -269,6 +362,34 @@ pub enum ConfigError {
         /// `SubnetMax`.
         max: Ipv4Addr,
     },
+    /// `IPv6SubnetMin` or `IPv6SubnetMax` lies outside `IPv6Network`.
+    #[error("{field}: {addr} is outside IPv6Network {network}")]
+    OutsideIpv6Network {
+        /// The field.
+        field: &'static str,
+        /// The address given.
+        addr: Ipv6Addr,
+        /// The network.
+        network: Ipv6Net,
+    },
+    /// `IPv6SubnetMin` or `IPv6SubnetMax` is not the network address of a subnet.
+    #[error("{field}: {addr} is not aligned to /{len}")]
+    Unaligned6 {
+        /// The field.
+        field: &'static str,
+        /// The address given.
+        addr: Ipv6Addr,
+        /// The subnet length it must be aligned to.
+        len: u8,
+    },
+    /// `IPv6SubnetMin` is above `IPv6SubnetMax`: no IPv6 subnet could be leased.
+    #[error("IPv6SubnetMin: {min} is above IPv6SubnetMax {max}")]
+    MinAboveMax6 {
+        /// `IPv6SubnetMin`.
+        min: Ipv6Addr,
+        /// `IPv6SubnetMax`.
+        max: Ipv6Addr,
+    },
     /// An integer field is out of its range.
     #[error("{field}: {value} is out of range {min}..={max}")]
     OutOfRange {
@@ -281,14 +402,21 @@ pub enum ConfigError {
         /// The largest value allowed.
         max: u64,
     },
-    /// An IPv6 field is set (`EnableIPv6: true`, `IPv6Network`, ...).
-    #[error("{field}: IPv6 is not supported yet")]
-    Ipv6Unsupported {
+    /// An IPv6 field (`IPv6Network`, ...) is set but `EnableIPv6` is not `true`. flannel would
+    /// ignore it; whoever wrote it meant IPv6, so weft refuses rather than come up IPv4-only.
+    #[error(
+        "{field}: set, but IPv6 is not enabled (add \"EnableIPv6\": true for a dual-stack \
+         network, or remove the field)"
+    )]
+    Ipv6NotEnabled {
         /// The field.
         field: &'static str,
     },
-    /// `EnableIPv4: false`.
-    #[error("EnableIPv4: false is not supported (weft needs an IPv4 Network)")]
+    /// `EnableIPv4: false`: an IPv6-only network.
+    #[error(
+        "EnableIPv4: false is not supported (IPv6-only networks are not supported yet; weft \
+         needs an IPv4 Network, with \"EnableIPv6\": true for dual stack)"
+    )]
     Ipv4Disabled,
     /// `Backend` has fields but no `Type`.
     #[error("Backend.Type: missing (Backend has other fields, so name the backend: vxlan or udp)")]
@@ -314,7 +442,9 @@ impl NetworkConfig {
     ///
     /// A missing, `null` or empty `Backend` means udp, which is what flannel's code does
     /// (`parseBackendType`); flannel's documentation says vxlan, but weft follows the code so
-    /// that one config means the same thing to both. See the module docs for the rules.
+    /// that one config means the same thing to both. `"EnableIPv6": true` makes it dual-stack
+    /// (see [`Ipv6NetworkConfig`] for the IPv6 rules and defaults); IPv6 fields without it are
+    /// refused. See the module docs for the rules.
     ///
     /// # Errors
     /// [`ConfigError`], naming the field and the problem.
@@ -327,14 +457,14 @@ impl NetworkConfig {
         if bool_field(obj, "EnableIPv4", "EnableIPv4")? == Some(false) {
             return Err(ConfigError::Ipv4Disabled);
         }
-        if bool_field(obj, "EnableIPv6", "EnableIPv6")? == Some(true) {
-            return Err(ConfigError::Ipv6Unsupported { field: "EnableIPv6" });
-        }
-        // flannel reads these only with EnableIPv6, but whoever wrote them meant IPv6: refusing
-        // is louder than a cluster that silently comes up IPv4-only.
-        for name in ["IPv6Network", "IPv6SubnetLen", "IPv6SubnetMin", "IPv6SubnetMax"] {
-            if field(obj, name, name)?.is_some_and(is_set) {
-                return Err(ConfigError::Ipv6Unsupported { field: name });
+        let enable_ipv6 = bool_field(obj, "EnableIPv6", "EnableIPv6")? == Some(true);
+        if !enable_ipv6 {
+            // flannel reads these only with EnableIPv6, but whoever wrote them meant IPv6:
+            // refusing is louder than a cluster that silently comes up IPv4-only.
+            for name in IPV6_FIELDS {
+                if field(obj, name, name)?.is_some_and(is_set) {
+                    return Err(ConfigError::Ipv6NotEnabled { field: name });
+                }
             }
         }
 
@@ -354,7 +484,11 @@ impl NetworkConfig {
         let subnet_min = addr_field(obj, "SubnetMin")?;
         let subnet_max = addr_field(obj, "SubnetMax")?;
         let backend = parse_backend(field(obj, "Backend", "Backend")?)?;
-        Self::new(network, subnet_len, subnet_min, subnet_max, backend)
+        let mut config = Self::new(network, subnet_len, subnet_min, subnet_max, backend)?;
+        if enable_ipv6 {
+            config.ipv6 = Some(parse_ipv6(obj)?);
+        }
+        Ok(config)
     }
 
     /// A config from its parts, with flannel's defaults for the parts not given, validated as
@@ -365,6 +499,9 @@ impl NetworkConfig {
     /// - `subnet_min`: default the second subnet (flannel skips the first, which holds the
     ///   network address).
     /// - `subnet_max`: default the last subnet.
+    ///
+    /// The config is IPv4-only (`ipv6` is `None`); set `ipv6` to an [`Ipv6NetworkConfig`] for
+    /// dual stack.
     ///
     /// # Errors
     /// [`ConfigError`], naming the field and the problem.
@@ -427,13 +564,16 @@ impl NetworkConfig {
         if subnet_min > subnet_max {
             return Err(ConfigError::MinAboveMax { min: subnet_min, max: subnet_max });
         }
-        Ok(Self { network, subnet_len, subnet_min, subnet_max, backend })
+        Ok(Self { network, subnet_len, subnet_min, subnet_max, ipv6: None, backend })
     }
 
     /// The config as flannel-style JSON, every field explicit, e.g.
     /// `{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0",
     /// "SubnetMax":"10.244.255.0","Backend":{"Type":"vxlan","VNI":1,"Port":8472}}`.
-    /// A udp backend is written without `VNI`. It parses back to an equal config.
+    /// A udp backend is written without `VNI`. A dual-stack config adds, before `Backend`,
+    /// `"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","IPv6SubnetLen":64,
+    /// "IPv6SubnetMin":"fd00:10:244:1::","IPv6SubnetMax":"fd00:10:244:ff::"`. It parses back to
+    /// an equal config.
     pub fn to_json(&self) -> String {
         // Every value is a number, an address or a fixed name: nothing needs escaping.
         let backend = match self.backend.kind {
@@ -443,9 +583,19 @@ impl NetworkConfig {
             ),
             BackendKind::Udp => format!(r#"{{"Type":"udp","Port":{}}}"#, self.backend.port),
         };
+        let ipv6 = match &self.ipv6 {
+            Some(v6) => format!(
+                concat!(
+                    r#""EnableIPv6":true,"IPv6Network":"{}","IPv6SubnetLen":{},"#,
+                    r#""IPv6SubnetMin":"{}","IPv6SubnetMax":"{}","#,
+                ),
+                v6.network, v6.subnet_len, v6.subnet_min, v6.subnet_max
+            ),
+            None => String::new(),
+        };
         format!(
-            r#"{{"Network":"{}","SubnetLen":{},"SubnetMin":"{}","SubnetMax":"{}","Backend":{}}}"#,
-            self.network, self.subnet_len, self.subnet_min, self.subnet_max, backend
+            r#"{{"Network":"{}","SubnetLen":{},"SubnetMin":"{}","SubnetMax":"{}",{}"Backend":{}}}"#,
+            self.network, self.subnet_len, self.subnet_min, self.subnet_max, ipv6, backend
         )
     }
 
@@ -487,6 +637,117 @@ impl NetworkConfig {
         self.check_lease(subnet).is_ok()
             && subnet.network() >= self.subnet_min
             && subnet.network() <= self.subnet_max
+    }
+}
+
+impl Ipv6NetworkConfig {
+    /// The IPv6 half of a dual-stack config from its parts, with flannel's defaults for the
+    /// parts not given, validated as [`NetworkConfig::parse`] validates `"EnableIPv6": true`.
+    ///
+    /// - `network`: no host bits, not `::/0`, at most a /124.
+    /// - `subnet_len`: at most 126 and at least the network's prefix length + 2; default 64 if
+    ///   the network is a /62 or larger, else the network's prefix length + 2.
+    /// - `subnet_min`: default the second subnet (flannel skips the first, which holds the
+    ///   network address).
+    /// - `subnet_max`: default the last subnet.
+    ///
+    /// # Errors
+    /// [`ConfigError`], naming the field (`IPv6Network`, `IPv6SubnetLen`, ...) and the problem.
+    pub(crate) fn new(
+        network: Ipv6Net,
+        subnet_len: Option<u8>,
+        subnet_min: Option<Ipv6Addr>,
+        subnet_max: Option<Ipv6Addr>,
+    ) -> Result<Self, ConfigError> {
+        if network.addr() != network.network() {
+            return Err(ConfigError::HostBits6 {
+                field: "IPv6Network",
+                value: network.to_string(),
+                suggestion: network.trunc(),
+            });
+        }
+        let prefix = network.prefix_len();
+        if prefix == 0 {
+            return Err(ConfigError::Ipv6NetworkEmpty);
+        }
+        if prefix > MAX_IPV6_SUBNET_LEN - 2 {
+            return Err(ConfigError::Ipv6NetworkTooSmall { network });
+        }
+        let subnet_len = match subnet_len {
+            Some(len) if len > MAX_IPV6_SUBNET_LEN => {
+                return Err(ConfigError::Ipv6SubnetLenTooLong { len: u64::from(len) });
+            }
+            Some(len) if len < prefix + 2 => {
+                return Err(ConfigError::Ipv6SubnetLenTooShort { len, network, min: prefix + 2 });
+            }
+            Some(len) => len,
+            None if prefix <= 62 => 64,
+            None => prefix + 2,
+        };
+
+        // 1 <= prefix <= 124 and 3 <= subnet_len <= 126: no shift reaches 128. The last address
+        // is computed with `|`, not as start + network size, which would overflow for ffff::/16.
+        let size = 1u128 << (128 - u32::from(subnet_len));
+        let start = u128::from(network.network());
+        let last = start | (u128::MAX >> prefix);
+        let check = |name: &'static str, addr: Ipv6Addr| {
+            if !network.contains(&addr) {
+                return Err(ConfigError::OutsideIpv6Network { field: name, addr, network });
+            }
+            if u128::from(addr) & (size - 1) != 0 {
+                return Err(ConfigError::Unaligned6 { field: name, addr, len: subnet_len });
+            }
+            Ok(addr)
+        };
+        // Both defaults lie inside the network: it holds at least four subnets.
+        let subnet_min = match subnet_min {
+            Some(addr) => check("IPv6SubnetMin", addr)?,
+            None => Ipv6Addr::from(start + size),
+        };
+        let subnet_max = match subnet_max {
+            Some(addr) => check("IPv6SubnetMax", addr)?,
+            None => Ipv6Addr::from(last - (size - 1)),
+        };
+        if subnet_min > subnet_max {
+            return Err(ConfigError::MinAboveMax6 { min: subnet_min, max: subnet_max });
+        }
+        Ok(Self { network, subnet_len, subnet_min, subnet_max })
+    }
+
+    /// The lowest IPv6 subnet that may be leased (`IPv6SubnetMin`), as its network address.
+    pub fn subnet_min(&self) -> Ipv6Addr {
+        self.subnet_min
+    }
+
+    /// The highest IPv6 subnet that may be leased (`IPv6SubnetMax`), as its network address.
+    pub fn subnet_max(&self) -> Ipv6Addr {
+        self.subnet_max
+    }
+
+    /// The number of leasable IPv6 subnets, `subnet_min` to `subnet_max` inclusive. A u128, so
+    /// exact for every parsed config (at most 2^125 - 1: a /1 in /126s); 0 if the fields were
+    /// set by hand to something invalid, and saturating at `u128::MAX` for the one hand-built
+    /// range too big for it (every /128 of the whole address space).
+    pub fn subnet_count(&self) -> u128 {
+        let Some(shift) = 128u32.checked_sub(u32::from(self.subnet_len)) else {
+            return 0;
+        };
+        let lo = u128::from(self.subnet_min);
+        let hi = u128::from(self.subnet_max);
+        if lo > hi {
+            return 0;
+        }
+        // A shift of 128 (a /0 "subnet") has a single subnet: checked_shr's None means 0.
+        (hi - lo).checked_shr(shift).unwrap_or(0).saturating_add(1)
+    }
+
+    /// Whether `subnet` may be leased under this config: exactly `subnet_len` long, no host
+    /// bits, inside the network and within `subnet_min ..= subnet_max`.
+    pub fn fits(&self, subnet: Ipv6Net) -> bool {
+        subnet.prefix_len() == self.subnet_len
+            && subnet.addr() == subnet.network()
+            && self.network.contains(&subnet)
+            && (self.subnet_min..=self.subnet_max).contains(&subnet.addr())
     }
 }
 
@@ -605,6 +866,38 @@ fn parse_backend(value: Option<&Value>) -> Result<Backend, ConfigError> {
     Ok(backend)
 }
 
+/// The IPv6 fields, which flannel reads only with `"EnableIPv6": true`.
+const IPV6_FIELDS: [&str; 4] = ["IPv6Network", "IPv6SubnetLen", "IPv6SubnetMin", "IPv6SubnetMax"];
+
+/// The IPv6 half of a config that says `"EnableIPv6": true`.
+fn parse_ipv6(obj: &Map<String, Value>) -> Result<Ipv6NetworkConfig, ConfigError> {
+    let network = match str_field(obj, "IPv6Network", "IPv6Network")? {
+        None | Some("") => return Err(ConfigError::Missing { field: "IPv6Network" }),
+        Some(text) => parse_network6(text)?,
+    };
+    let subnet_len = match uint_field(obj, "IPv6SubnetLen", "IPv6SubnetLen")? {
+        // Like SubnetLen, a uint whose zero value means "unset".
+        None | Some(0) => None,
+        Some(len) if len > u64::from(MAX_IPV6_SUBNET_LEN) => {
+            return Err(ConfigError::Ipv6SubnetLenTooLong { len });
+        }
+        // Fits: at most 126.
+        Some(len) => Some(len as u8),
+    };
+    let subnet_min = addr6_field(obj, "IPv6SubnetMin")?;
+    let subnet_max = addr6_field(obj, "IPv6SubnetMax")?;
+    Ipv6NetworkConfig::new(network, subnet_len, subnet_min, subnet_max)
+}
+
+/// The hint after "missing" for a required field.
+fn missing_hint(field: &str) -> &'static str {
+    if field == "IPv6Network" {
+        "\"EnableIPv6\" is true, so weft needs an IPv6 cluster network, e.g. \"fd00:10:244::/56\""
+    } else {
+        "weft needs an IPv4 cluster network, e.g. \"10.244.0.0/16\""
+    }
+}
+
 fn in_range(field: &'static str, value: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
     if (min..=max).contains(&value) {
         Ok(value)
@@ -627,6 +920,27 @@ fn parse_network(text: &str) -> Result<Ipv4Net, ConfigError> {
     if net.addr() != net.network() {
         return Err(ConfigError::HostBits {
             field: "Network",
+            value: text.to_owned(),
+            suggestion: net.trunc(),
+        });
+    }
+    Ok(net)
+}
+
+/// Parses `IPv6Network`: `addr/len` with an IPv6 address (IPv4 text such as `10.0.0.0/8` is
+/// refused), a plain decimal length up to 128, no host bits.
+fn parse_network6(text: &str) -> Result<Ipv6Net, ConfigError> {
+    let bad = || ConfigError::BadCidr6 { field: "IPv6Network", value: text.to_owned() };
+    let (addr, len) = text.split_once('/').ok_or_else(bad)?;
+    let addr: Ipv6Addr = addr.parse().map_err(|_| bad())?;
+    if len.is_empty() || len.len() > 3 || !len.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let len: u8 = len.parse().map_err(|_| bad())?;
+    let net = Ipv6Net::new(addr, len).map_err(|_| bad())?;
+    if net.addr() != net.network() {
+        return Err(ConfigError::HostBits6 {
+            field: "IPv6Network",
             value: text.to_owned(),
             suggestion: net.trunc(),
         });
@@ -711,13 +1025,30 @@ fn addr_field(
     Ok(Some(addr).filter(|a| !a.is_unspecified()))
 }
 
-/// Whether a value differs from Go's zero value (`null` is filtered out before this).
+/// `IPv6SubnetMin` or `IPv6SubnetMax`; `"::"` means unset, as flannel's `ip.IsEmpty` says.
+fn addr6_field(
+    obj: &Map<String, Value>,
+    name: &'static str,
+) -> Result<Option<Ipv6Addr>, ConfigError> {
+    let Some(text) = str_field(obj, name, name)? else {
+        return Ok(None);
+    };
+    let addr: Ipv6Addr = text
+        .parse()
+        .map_err(|_| ConfigError::BadAddress6 { field: name, value: text.to_owned() })?;
+    Ok(Some(addr).filter(|a| !a.is_unspecified()))
+}
+
+/// Whether a value differs from Go's zero value (`null` is filtered out before this), for the
+/// IPv6 fields: `""` and `"::"` (an unset `IPv6SubnetMin`) are zero too.
 fn is_set(value: &Value) -> bool {
     match value {
         Value::Null => false,
         Value::Bool(b) => *b,
         Value::Number(n) => n.as_f64() != Some(0.0),
-        Value::String(s) => !s.is_empty(),
+        Value::String(s) => {
+            !s.is_empty() && !s.parse::<Ipv6Addr>().is_ok_and(|a| a.is_unspecified())
+        }
         Value::Array(a) => !a.is_empty(),
         Value::Object(_) => true,
     }
@@ -837,6 +1168,7 @@ mod tests {
                 subnet_len: 20,
                 subnet_min: ip("10.10.0.0"),
                 subnet_max: ip("10.99.0.0"),
+                ipv6: None,
                 backend: Backend { kind: BackendKind::Udp, port: 7890, vni: 1 },
             }
         );
@@ -858,7 +1190,9 @@ mod tests {
             assert_eq!(ok(json), canonical, "{json}");
         }
         let e = err(r#"{"ENABLEIPV6":true,"Network":"10.5.0.0/16"}"#);
-        assert!(e.starts_with("EnableIPv6:"), "{e}");
+        assert!(e.starts_with("IPv6Network: missing"), "{e}");
+        let e = err(r#"{"ipv6network":"fd00::/56","Network":"10.5.0.0/16"}"#);
+        assert!(e.starts_with("IPv6Network: set, but IPv6 is not enabled"), "{e}");
     }
 
     #[test]
@@ -911,11 +1245,14 @@ mod tests {
             (format!(r#"{{{NET},"SubnetMax":167772160}}"#), "SubnetMax: expected a string"),
             (format!(r#"{{{NET},"SubnetMin":"10.5.9.0","SubnetMax":"10.5.3.0"}}"#),
                 "SubnetMin: 10.5.9.0 is above SubnetMax 10.5.3.0"),
-            (format!(r#"{{{NET},"EnableIPv6":true}}"#), "EnableIPv6: IPv6 is not supported yet"),
-            (format!(r#"{{{NET},"IPv6Network":"fc00::/48"}}"#), "IPv6Network: IPv6 is not supported yet"),
-            (format!(r#"{{{NET},"IPv6SubnetLen":64}}"#), "IPv6SubnetLen: IPv6 is not supported yet"),
+            (format!(r#"{{{NET},"EnableIPv6":true}}"#),
+                r#"IPv6Network: missing ("EnableIPv6" is true, so weft needs an IPv6 cluster network"#),
+            (format!(r#"{{{NET},"IPv6Network":"fc00::/48"}}"#),
+                r#"IPv6Network: set, but IPv6 is not enabled (add "EnableIPv6": true"#),
+            (format!(r#"{{{NET},"IPv6SubnetLen":64}}"#), "IPv6SubnetLen: set, but IPv6 is not enabled"),
             (format!(r#"{{{NET},"EnableIPv6":"yes"}}"#), "EnableIPv6: expected true or false"),
-            (format!(r#"{{{NET},"EnableIPv4":false}}"#), "EnableIPv4: false is not supported"),
+            (format!(r#"{{{NET},"EnableIPv4":false}}"#),
+                "EnableIPv4: false is not supported (IPv6-only networks are not supported yet"),
             (format!(r#"{{{NET},"EnableIPv4":1}}"#), "EnableIPv4: expected true or false"),
             (format!(r#"{{{NET},"network":"10.6.0.0/16"}}"#), "Network: given twice"),
             (format!(r#"{{{NET},"Backend":"vxlan"}}"#), r#"Backend: expected an object, found "vxlan""#),
@@ -961,6 +1298,300 @@ mod tests {
             let got = err(json);
             assert!(got.starts_with(want), "{json}\n  got:  {got}\n  want: {want}...");
         }
+    }
+
+    fn ip6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
+    fn net6(s: &str) -> Ipv6Net {
+        s.parse().unwrap()
+    }
+
+    /// A dual-stack config: 10.244.0.0/16 plus `fields`, with `"EnableIPv6":true`.
+    fn dual(fields: &str) -> String {
+        format!(r#"{{"Network":"10.244.0.0/16","EnableIPv6":true,{fields}}}"#)
+    }
+
+    /// The IPv6 half of [`dual`]`(fields)`, which must parse.
+    fn v6(fields: &str) -> Ipv6NetworkConfig {
+        let json = dual(fields);
+        ok(&json).ipv6.unwrap_or_else(|| panic!("{json}: no ipv6"))
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn ipv6_defaults_follow_flannel() {
+        // (IPv6 fields, IPv6SubnetLen, IPv6SubnetMin, IPv6SubnetMax)
+        let cases = [
+            (r#""IPv6Network":"fd00::/8""#, 64, "fd00:0:0:1::", "fdff:ffff:ffff:ffff::"),
+            (r#""IPv6Network":"fd00:10:244::/56""#, 64, "fd00:10:244:1::", "fd00:10:244:ff::"),
+            (r#""IPv6Network":"fd00:10:244::/62""#, 64, "fd00:10:244:1::", "fd00:10:244:3::"),
+            (r#""IPv6Network":"fd00:10:244::/63""#, 65, "fd00:10:244:0:8000::", "fd00:10:244:1:8000::"),
+            (r#""IPv6Network":"fd00::/124""#, 126, "fd00::4", "fd00::c"),
+            // The top of the address space: no overflow past ffff:...:ffff.
+            (r#""IPv6Network":"ffff::/16""#, 64, "ffff:0:0:1::", "ffff:ffff:ffff:ffff::"),
+            (r#""IPv6Network":"ffff:ffff:ffff:ffff:ffff:ffff:ffff:fff0/124""#, 126,
+                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fff4", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffc"),
+            (r#""IPv6Network":"8000::/1","IPv6SubnetLen":126"#, 126, "8000::4", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffc"),
+            // Zero values and null mean unset.
+            (r#""IPv6Network":"fd00:10:244::/56","IPv6SubnetLen":0"#, 64, "fd00:10:244:1::", "fd00:10:244:ff::"),
+            (r#""IPv6Network":"fd00:10:244::/56","IPv6SubnetLen":null"#, 64, "fd00:10:244:1::", "fd00:10:244:ff::"),
+            (r#""IPv6Network":"fd00:10:244::/56","IPv6SubnetMin":"::","IPv6SubnetMax":null"#,
+                64, "fd00:10:244:1::", "fd00:10:244:ff::"),
+            // Explicit lengths: prefix + 2 and 126 are the bounds.
+            (r#""IPv6Network":"fd00::/56","IPv6SubnetLen":58"#, 58, "fd00:0:0:40::", "fd00:0:0:c0::"),
+            (r#""IPv6Network":"fd00::/64","IPv6SubnetLen":126"#, 126, "fd00::4", "fd00::ffff:ffff:ffff:fffc"),
+            (r#""IPv6Network":"fd00::/48","IPv6SubnetLen":80"#, 80, "fd00::1:0:0:0", "fd00:0:0:ffff:ffff::"),
+            // Explicit bounds, including the first subnet and a single-subnet range.
+            (r#""IPv6Network":"fd00:10:244::/56","IPv6SubnetMin":"fd00:10:244::""#,
+                64, "fd00:10:244::", "fd00:10:244:ff::"),
+            (r#""IPv6Network":"fd00:10:244::/56","IPv6SubnetMin":"fd00:10:244:7::","IPv6SubnetMax":"fd00:10:244:7::""#,
+                64, "fd00:10:244:7::", "fd00:10:244:7::"),
+            // Any case of the IPv6 address text.
+            (r#""IPv6Network":"FD00:10:244::/56","IPv6SubnetMax":"FD00:10:244:0F::""#,
+                64, "fd00:10:244:1::", "fd00:10:244:f::"),
+        ];
+        for (fields, len, min, max) in cases {
+            let c = v6(fields);
+            assert_eq!(
+                (c.subnet_len, c.subnet_min, c.subnet_max),
+                (len, ip6(min), ip6(max)),
+                "{fields}"
+            );
+            assert_eq!((c.subnet_min(), c.subnet_max()), (c.subnet_min, c.subnet_max));
+        }
+        // The IPv4 half is untouched by the IPv6 half.
+        let c = ok(&dual(r#""IPv6Network":"fd00:10:244::/56""#));
+        assert_eq!((c.network, c.subnet_len), (net("10.244.0.0/16"), 24));
+        assert_eq!(c.ipv6.unwrap().network, net6("fd00:10:244::/56"));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn ipv6_errors_name_the_field() {
+        const N: &str = r#""IPv6Network":"fd00:10:244::/56""#;
+        let cases: &[(String, &str)] = &[
+            (dual(r#""IPv6Network":"""#), "IPv6Network: missing"),
+            (dual(r#""IPv6Network":null"#), "IPv6Network: missing"),
+            (dual(r#""IPv6SubnetLen":64"#), "IPv6Network: missing"),
+            (dual(r#""IPv6Network":56"#), "IPv6Network: expected a string, found 56"),
+            (dual(r#""IPv6Network":"10.244.0.0/16""#),
+                r#"IPv6Network: "10.244.0.0/16" is not an IPv6 CIDR (expected e.g. fd00:10:244::/56)"#),
+            (dual(r#""IPv6Network":"::ffff:10.244.0.0/200""#), "IPv6Network: \"::ffff:10.244.0.0/200\" is not an IPv6 CIDR"),
+            (dual(r#""IPv6Network":"fd00::""#), r#"IPv6Network: "fd00::" is not an IPv6 CIDR"#),
+            (dual(r#""IPv6Network":"fd00::/129""#), r#"IPv6Network: "fd00::/129" is not an IPv6 CIDR"#),
+            (dual(r#""IPv6Network":"fd00::/+64""#), r#"IPv6Network: "fd00::/+64" is not an IPv6 CIDR"#),
+            (dual(r#""IPv6Network":"fd00::/0064""#), r#"IPv6Network: "fd00::/0064" is not an IPv6 CIDR"#),
+            (dual(r#""IPv6Network":"fd00::/""#), r#"IPv6Network: "fd00::/" is not an IPv6 CIDR"#),
+            (dual(r#""IPv6Network":"/64""#), r#"IPv6Network: "/64" is not an IPv6 CIDR"#),
+            (dual(r#""IPv6Network":"fe80::%eth0/64""#), r#"IPv6Network: "fe80::%eth0/64" is not an IPv6 CIDR"#),
+            (dual(r#""IPv6Network":"fd00:10:244::1/56""#),
+                r#"IPv6Network: "fd00:10:244::1/56" has host bits set (did you mean fd00:10:244::/56?)"#),
+            (dual(r#""IPv6Network":"::/0""#), "IPv6Network: ::/0 is not a usable cluster network"),
+            (dual(r#""IPv6Network":"::/0","IPv6SubnetLen":64"#), "IPv6Network: ::/0 is not a usable"),
+            (dual(r#""IPv6Network":"fd00::/125""#),
+                "IPv6Network: fd00::/125 is too small (the smallest useful network is a /124)"),
+            (dual(r#""IPv6Network":"fd00::/125","IPv6SubnetLen":126"#), "IPv6Network: fd00::/125 is too small"),
+            (dual(r#""IPv6Network":"fd00::/128""#), "IPv6Network: fd00::/128 is too small"),
+            (dual(&format!(r#"{N},"IPv6SubnetLen":127"#)), "IPv6SubnetLen: 127 is longer than 126"),
+            (dual(&format!(r#"{N},"IPv6SubnetLen":128"#)), "IPv6SubnetLen: 128 is longer than 126"),
+            (dual(&format!(r#"{N},"IPv6SubnetLen":4096"#)), "IPv6SubnetLen: 4096 is longer than 126"),
+            (dual(&format!(r#"{N},"IPv6SubnetLen":57"#)),
+                "IPv6SubnetLen: 57 is too short for IPv6Network fd00:10:244::/56 (at least /58, so that \
+                 the network holds four subnets)"),
+            (dual(&format!(r#"{N},"IPv6SubnetLen":56"#)), "IPv6SubnetLen: 56 is too short"),
+            (dual(&format!(r#"{N},"IPv6SubnetLen":1"#)), "IPv6SubnetLen: 1 is too short"),
+            (dual(&format!(r#"{N},"IPv6SubnetLen":"64""#)),
+                r#"IPv6SubnetLen: expected a non-negative integer, found "64""#),
+            (dual(&format!(r#"{N},"IPv6SubnetLen":-1"#)), "IPv6SubnetLen: expected a non-negative integer"),
+            (dual(&format!(r#"{N},"IPv6SubnetLen":64.0"#)), "IPv6SubnetLen: expected a non-negative integer"),
+            (dual(&format!(r#"{N},"IPv6SubnetMin":"fd00:10:245::""#)),
+                "IPv6SubnetMin: fd00:10:245:: is outside IPv6Network fd00:10:244::/56"),
+            (dual(&format!(r#"{N},"IPv6SubnetMax":"fd00:10:243:ff::""#)),
+                "IPv6SubnetMax: fd00:10:243:ff:: is outside IPv6Network fd00:10:244::/56"),
+            (dual(&format!(r#"{N},"IPv6SubnetMin":"fd00:10:244:1::1""#)),
+                "IPv6SubnetMin: fd00:10:244:1::1 is not aligned to /64"),
+            (dual(&format!(r#"{N},"IPv6SubnetMax":"fd00:10:244:f0:8000::""#)),
+                "IPv6SubnetMax: fd00:10:244:f0:8000:: is not aligned to /64"),
+            (dual(&format!(r#"{N},"IPv6SubnetLen":60,"IPv6SubnetMax":"fd00:10:244:f8::""#)),
+                "IPv6SubnetMax: fd00:10:244:f8:: is not aligned to /60"),
+            (dual(&format!(r#"{N},"IPv6SubnetMin":"10.244.1.0""#)),
+                r#"IPv6SubnetMin: "10.244.1.0" is not an IPv6 address"#),
+            (dual(&format!(r#"{N},"IPv6SubnetMax":"""#)), r#"IPv6SubnetMax: "" is not an IPv6 address"#),
+            (dual(&format!(r#"{N},"IPv6SubnetMax":"fd00:10:244:f::/64""#)),
+                r#"IPv6SubnetMax: "fd00:10:244:f::/64" is not an IPv6 address"#),
+            (dual(&format!(r#"{N},"IPv6SubnetMin":5"#)), "IPv6SubnetMin: expected a string, found 5"),
+            (dual(&format!(r#"{N},"IPv6SubnetMin":"fd00:10:244:9::","IPv6SubnetMax":"fd00:10:244:3::""#)),
+                "IPv6SubnetMin: fd00:10:244:9:: is above IPv6SubnetMax fd00:10:244:3::"),
+            // The default IPv6SubnetMin is the second subnet: a Max below it leaves nothing.
+            (dual(&format!(r#"{N},"IPv6SubnetMax":"fd00:10:244::""#)),
+                "IPv6SubnetMin: fd00:10:244:1:: is above IPv6SubnetMax fd00:10:244::"),
+            (dual(&format!(r#"{N},"ipv6network":"fd00::/56""#)), "IPv6Network: given twice"),
+            (dual(&format!(r#"{N},"IPV6SUBNETLEN":64,"IPv6SubnetLen":64"#)), "IPv6SubnetLen: given twice"),
+            // The IPv4 half is checked first, and EnableIPv4: false is refused even with IPv6.
+            (r#"{"Network":"10.5.0.0/29","EnableIPv6":true,"IPv6Network":"fd00::/125"}"#.into(),
+                "Network: 10.5.0.0/29 is too small"),
+            (r#"{"EnableIPv6":true,"IPv6Network":"fd00::/56"}"#.into(), "Network: missing"),
+            (r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/56"}"#.into(),
+                "EnableIPv4: false is not supported (IPv6-only networks are not supported yet"),
+            // IPv6 fields without EnableIPv6: true name the field.
+            (r#"{"Network":"10.5.0.0/16","EnableIPv6":false,"IPv6Network":"fd00::/56"}"#.into(),
+                r#"IPv6Network: set, but IPv6 is not enabled (add "EnableIPv6": true for a dual-stack network, or remove the field)"#),
+            (r#"{"Network":"10.5.0.0/16","EnableIPv6":null,"ipv6network":"fd00::/56"}"#.into(),
+                "IPv6Network: set, but IPv6 is not enabled"),
+            (r#"{"Network":"10.5.0.0/16","IPv6SubnetMin":"fd00::"}"#.into(),
+                "IPv6SubnetMin: set, but IPv6 is not enabled"),
+            (r#"{"Network":"10.5.0.0/16","IPv6SubnetMax":"garbage"}"#.into(),
+                "IPv6SubnetMax: set, but IPv6 is not enabled"),
+            (r#"{"Network":"10.5.0.0/16","IPv6SubnetLen":1}"#.into(), "IPv6SubnetLen: set, but IPv6 is not enabled"),
+        ];
+        for (json, want) in cases {
+            let got = err(json);
+            assert!(got.starts_with(want), "{json}\n  got:  {got}\n  want: {want}...");
+        }
+    }
+
+    #[test]
+    fn ipv6_field_names_are_case_insensitive() {
+        let canonical = v6(
+            r#""IPv6Network":"fd00:10:244::/56","IPv6SubnetLen":60,"IPv6SubnetMin":"fd00:10:244:20::","IPv6SubnetMax":"fd00:10:244:80::""#,
+        );
+        for json in [
+            r#"{"network":"10.244.0.0/16","enableipv6":true,"ipv6network":"fd00:10:244::/56","ipv6subnetlen":60,"ipv6subnetmin":"fd00:10:244:20::","ipv6subnetmax":"fd00:10:244:80::"}"#,
+            r#"{"NETWORK":"10.244.0.0/16","ENABLEIPV6":true,"IPV6NETWORK":"fd00:10:244::/56","IPV6SUBNETLEN":60,"IPV6SUBNETMIN":"fd00:10:244:20::","IPV6SUBNETMAX":"fd00:10:244:80::"}"#,
+            r#"{"Network":"10.244.0.0/16","EnableIpv6":true,"Ipv6Network":"fd00:10:244::/56","iPv6SubnetLen":60,"IPv6subnetMin":"fd00:10:244:20::","IPV6SubnetMax":"fd00:10:244:80::"}"#,
+        ] {
+            assert_eq!(ok(json).ipv6, Some(canonical), "{json}");
+        }
+    }
+
+    #[test]
+    fn ipv6_zero_values_without_enable_pass() {
+        for json in [
+            r#"{"Network":"10.5.0.0/16","EnableIPv6":false,"IPv6Network":"","IPv6SubnetLen":0,"IPv6SubnetMin":"::","IPv6SubnetMax":null}"#,
+            r#"{"Network":"10.5.0.0/16","ipv6subnetmin":"0::0","IPv6SubnetMax":"","EnableIPv4":true}"#,
+            r#"{"Network":"10.5.0.0/16","EnableIPv6":null,"IPv6Network":null}"#,
+        ] {
+            assert_eq!(ok(json).ipv6, None, "{json}");
+        }
+    }
+
+    #[test]
+    fn ipv6_to_json_is_canonical_and_round_trips() {
+        let c = ok(
+            r#"{"network":"10.244.0.0/16","ENABLEIPV6":true,"ipv6network":"FD00:10:244::/56","backend":{"type":"vxlan"}}"#,
+        );
+        assert_eq!(
+            c.to_json(),
+            r#"{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0","SubnetMax":"10.244.255.0","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","IPv6SubnetLen":64,"IPv6SubnetMin":"fd00:10:244:1::","IPv6SubnetMax":"fd00:10:244:ff::","Backend":{"Type":"vxlan","VNI":1,"Port":8472}}"#
+        );
+        assert_eq!(NetworkConfig::parse(c.to_json().as_bytes()).unwrap(), c);
+        // IPv4-only configs gain nothing.
+        let u = ok(r#"{"Network":"10.244.0.0/16","EnableIPv6":false}"#);
+        assert!(!u.to_json().contains("IPv6"), "{}", u.to_json());
+        // The edges round-trip too: the top of the space, a /1, an explicit first subnet.
+        for fields in [
+            r#""IPv6Network":"ffff::/16""#,
+            r#""IPv6Network":"8000::/1","IPv6SubnetLen":126"#,
+            r#""IPv6Network":"::/1","IPv6SubnetMin":"0:0:0:1::""#,
+            r#""IPv6Network":"fd00::/124","IPv6SubnetMin":"fd00::","IPv6SubnetMax":"fd00::""#,
+        ] {
+            let c = ok(&dual(fields));
+            assert_eq!(NetworkConfig::parse(c.to_json().as_bytes()).unwrap(), c, "{fields}");
+        }
+    }
+
+    #[test]
+    fn ipv6_new_validates_like_parse() {
+        let n = net6("fd00:10:244::/56");
+        assert!(Ipv6NetworkConfig::new(net6("fd00:10:244::1/56"), None, None, None).is_err());
+        assert!(Ipv6NetworkConfig::new(net6("::/0"), Some(64), None, None).is_err());
+        assert!(Ipv6NetworkConfig::new(net6("fd00::/125"), None, None, None).is_err());
+        assert!(Ipv6NetworkConfig::new(n, Some(0), None, None).is_err());
+        assert!(Ipv6NetworkConfig::new(n, Some(57), None, None).is_err());
+        assert!(Ipv6NetworkConfig::new(n, Some(127), None, None).is_err());
+        assert!(Ipv6NetworkConfig::new(n, Some(255), None, None).is_err());
+        let outside = Some(ip6("fd00:10:245::"));
+        assert!(Ipv6NetworkConfig::new(n, None, outside, None).is_err());
+        assert!(Ipv6NetworkConfig::new(n, None, None, outside).is_err());
+        assert!(Ipv6NetworkConfig::new(n, None, Some(ip6("fd00:10:244:1::1")), None).is_err());
+        let c = Ipv6NetworkConfig::new(n, None, None, None).unwrap();
+        assert_eq!(c, v6(r#""IPv6Network":"fd00:10:244::/56""#));
+        // Unlike the parser, new takes `::` literally: an address, here outside the network.
+        assert!(Ipv6NetworkConfig::new(n, None, Some(Ipv6Addr::UNSPECIFIED), None).is_err());
+    }
+
+    #[test]
+    fn ipv6_fits_and_subnet_count_at_the_edges() {
+        let c = v6(r#""IPv6Network":"fd00:10:244::/56""#);
+        assert_eq!(c.subnet_count(), 255);
+        assert!(!c.fits(net6("fd00:10:244::/64")), "the first subnet is skipped");
+        assert!(c.fits(net6("fd00:10:244:1::/64")));
+        assert!(c.fits(net6("fd00:10:244:ff::/64")), "the last subnet is usable");
+        assert!(!c.fits(net6("fd00:10:245::/64")), "outside the network");
+        assert!(!c.fits(net6("fd00:10:243:ff::/64")), "outside the network");
+        assert!(!c.fits(net6("fd00:10:244:2::/65")), "wrong length");
+        assert!(!c.fits(net6("fd00:10:244::/56")), "the network itself");
+        assert!(!c.fits(net6("fd00:10:244:2::1/64")), "host bits");
+        let r = v6(
+            r#""IPv6Network":"fd00:10:244::/56","IPv6SubnetMin":"fd00:10:244:3::","IPv6SubnetMax":"fd00:10:244:5::""#,
+        );
+        assert_eq!(r.subnet_count(), 3);
+        assert!(!r.fits(net6("fd00:10:244:2::/64")) && !r.fits(net6("fd00:10:244:6::/64")));
+        assert!(r.fits(net6("fd00:10:244:3::/64")) && r.fits(net6("fd00:10:244:5::/64")));
+
+        // A /48 holds 65,536 /64s, a /8 2^56; the defaults skip the first.
+        assert_eq!(v6(r#""IPv6Network":"fd00:1::/48""#).subnet_count(), 65_535);
+        assert_eq!(
+            v6(r#""IPv6Network":"fd00:1::/48","IPv6SubnetMin":"fd00:1::""#).subnet_count(),
+            65_536
+        );
+        assert_eq!(v6(r#""IPv6Network":"fd00::/8""#).subnet_count(), (1 << 56) - 1);
+        assert_eq!(
+            v6(r#""IPv6Network":"fd00::/8","IPv6SubnetMin":"fd00::""#).subnet_count(),
+            1 << 56
+        );
+        // The largest a parsed config gets: a /1 in /126s.
+        let huge = v6(r#""IPv6Network":"::/1","IPv6SubnetLen":126,"IPv6SubnetMin":"::1:0""#);
+        assert_eq!(huge.subnet_count(), (1 << 125) - (1 << 14));
+        let huge = v6(r#""IPv6Network":"8000::/1","IPv6SubnetLen":126"#);
+        assert_eq!(huge.subnet_count(), (1 << 125) - 1);
+        assert!(huge.fits(net6("ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffc/126")));
+        assert!(!huge.fits(net6("8000::/126")));
+        assert!(!huge.fits(net6("7fff:ffff:ffff:ffff:ffff:ffff:ffff:fffc/126")));
+        // The top of the address space.
+        let top = v6(r#""IPv6Network":"ffff::/16""#);
+        assert_eq!(top.subnet_count(), (1 << 48) - 1);
+        assert!(top.fits(net6("ffff:ffff:ffff:ffff::/64")));
+    }
+
+    #[test]
+    fn hand_built_invalid_ipv6_configs_do_not_panic() {
+        let mut c = v6(r#""IPv6Network":"fd00:10:244::/56""#);
+        c.subnet_len = 200;
+        assert_eq!(c.subnet_count(), 0);
+        assert!(!c.fits(net6("fd00:10:244:1::/64")));
+        c.subnet_len = 64;
+        c.subnet_min = ip6("fd00:10:244:9::");
+        c.subnet_max = ip6("fd00:10:244:1::");
+        assert_eq!(c.subnet_count(), 0);
+        assert!(!c.fits(net6("fd00:10:244:5::/64")));
+        // A /0 "subnet": one, with no shift by 128.
+        c.subnet_len = 0;
+        c.subnet_min = Ipv6Addr::UNSPECIFIED;
+        c.subnet_max = Ipv6Addr::UNSPECIFIED;
+        assert_eq!(c.subnet_count(), 1);
+        // Every /128 there is: 2^128, which saturates.
+        c.subnet_len = 128;
+        c.subnet_max = Ipv6Addr::from(u128::MAX);
+        assert_eq!(c.subnet_count(), u128::MAX);
+        c.network = net6("::/0");
+        assert!(
+            c.fits(net6("::/128")) && c.fits(net6("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"))
+        );
+        let json = NetworkConfig { ipv6: Some(c), ..ok(r#"{"Network":"10.5.0.0/16"}"#) }.to_json();
+        assert!(NetworkConfig::parse(json.as_bytes()).is_err(), "{json}");
     }
 
     #[test]
@@ -1092,9 +1723,10 @@ mod tests {
                     prop::option::of(1u16..),
                     prop::option::of(1..=MAX_VNI),
                     any::<u64>(),
+                    prop::option::of(valid_ipv6()),
                 )
             })
-            .prop_map(|(net, len, a, b, give_min, give_max, vxlan, port, vni, case)| {
+            .prop_map(|(net, len, a, b, give_min, give_max, vxlan, port, vni, case, ipv6)| {
                 let prefix = net.prefix_len();
                 let eff_len = len.unwrap_or(if prefix <= 22 { 24 } else { prefix + 2 });
                 let count = 1u64 << (eff_len - prefix);
@@ -1102,8 +1734,13 @@ mod tests {
                 let start = u64::from(u32::from(net.network()));
                 let (i, j) = (a % count, b % count);
                 let (lo, hi) = (i.min(j), i.max(j));
-                let min = give_min.then(|| Ipv4Addr::from((start + lo * size) as u32));
-                let max = give_max.then(|| Ipv4Addr::from((start + hi * size) as u32));
+                // "0.0.0.0" means unset, so an explicit bound is never 0.0.0.0 (in 0.0.0.0/8).
+                let min = give_min
+                    .then(|| Ipv4Addr::from((start + lo * size) as u32))
+                    .filter(|a| !a.is_unspecified());
+                let max = give_max
+                    .then(|| Ipv4Addr::from((start + hi * size) as u32))
+                    .filter(|a| !a.is_unspecified());
                 let kind = if vxlan { BackendKind::Vxlan } else { BackendKind::Udp };
                 let mut backend = Backend::new(kind);
                 let mut be = serde_json::Map::new();
@@ -1128,12 +1765,67 @@ mod tests {
                     obj.insert(flip("SubnetMax", case >> 40), Value::from(m.to_string()));
                 }
                 obj.insert(flip("Backend", case >> 50), Value::Object(be));
+                let ipv6 = ipv6.map(|(fields, v6)| {
+                    obj.extend(fields);
+                    v6
+                });
                 // The default Min is the second subnet; an explicit Max may sit below it, so
                 // mirror NetworkConfig::new's behaviour instead of assuming success.
-                let want = NetworkConfig::new(net, len, min, max, backend);
+                let want = NetworkConfig::new(net, len, min, max, backend)
+                    .map(|c| NetworkConfig { ipv6, ..c });
                 (Value::Object(obj).to_string(), want)
             })
             .prop_filter_map("min above max", |(json, want)| want.ok().map(|w| (json, w)))
+    }
+
+    /// The IPv6 fields of a valid dual-stack config (`EnableIPv6` included) with randomly
+    /// cased keys, and the IPv6 half they must parse to. Any size, up to a /1 in /126s.
+    fn valid_ipv6() -> impl Strategy<Value = (Vec<(String, Value)>, Ipv6NetworkConfig)> {
+        (1u8..=MAX_IPV6_SUBNET_LEN - 2, any::<u128>())
+            .prop_flat_map(|(prefix, addr)| {
+                let net = Ipv6Net::new(Ipv6Addr::from(addr), prefix).unwrap().trunc();
+                (
+                    Just(net),
+                    prop::option::of(prefix + 2..=MAX_IPV6_SUBNET_LEN),
+                    any::<u128>(),
+                    any::<u128>(),
+                    any::<bool>(),
+                    any::<bool>(),
+                    any::<u64>(),
+                )
+            })
+            .prop_map(|(net, len, a, b, give_min, give_max, case)| {
+                let prefix = net.prefix_len();
+                let eff_len = len.unwrap_or(if prefix <= 62 { 64 } else { prefix + 2 });
+                // eff_len - prefix is 2..=125 and 128 - eff_len 2..=125: no shift by 128.
+                let count = 1u128 << (eff_len - prefix);
+                let size = 1u128 << (128 - eff_len);
+                let start = u128::from(net.network());
+                let (i, j) = (a % count, b % count);
+                let (lo, hi) = (i.min(j), i.max(j));
+                // "::" means unset, so an explicit bound is never :: (in ::/1).
+                let min = give_min
+                    .then(|| Ipv6Addr::from(start + lo * size))
+                    .filter(|a| !a.is_unspecified());
+                let max = give_max
+                    .then(|| Ipv6Addr::from(start + hi * size))
+                    .filter(|a| !a.is_unspecified());
+                let mut fields = vec![
+                    (flip("EnableIPv6", case), Value::from(true)),
+                    (flip("IPv6Network", case >> 10), Value::from(net.to_string())),
+                ];
+                if let Some(l) = len {
+                    fields.push((flip("IPv6SubnetLen", case >> 21), Value::from(l)));
+                }
+                if let Some(m) = min {
+                    fields.push((flip("IPv6SubnetMin", case >> 34), Value::from(m.to_string())));
+                }
+                if let Some(m) = max {
+                    fields.push((flip("IPv6SubnetMax", case >> 47), Value::from(m.to_string())));
+                }
+                (fields, Ipv6NetworkConfig::new(net, len, min, max))
+            })
+            .prop_filter_map("min above max", |(fields, want)| want.ok().map(|w| (fields, w)))
     }
 
     /// `name` with the case of each letter flipped where `bits` says so.
@@ -1162,6 +1854,10 @@ mod tests {
             Just("port".to_owned()),
             Just("EnableIPv4".to_owned()),
             Just("IPv6Network".to_owned()),
+            Just("EnableIPv6".to_owned()),
+            Just("ipv6subnetlen".to_owned()),
+            Just("IPv6SubnetMin".to_owned()),
+            Just("IPV6SUBNETMAX".to_owned()),
             "[a-zA-Z]{0,8}",
         ];
         let leaf = prop_oneof![
@@ -1176,6 +1872,8 @@ mod tests {
             Just(Value::from("10.5.3.0")),
             Just(Value::from("vxlan")),
             Just(Value::from("udp")),
+            Just(Value::from("fd00:10:244::/56")),
+            Just(Value::from("fd00:10:244:3::")),
         ];
         leaf.prop_recursive(4, 64, 8, move |inner| {
             prop_oneof![
@@ -1211,6 +1909,29 @@ mod tests {
             for s in all {
                 prop_assert!(c.fits(s), "{} does not fit", s);
                 prop_assert!(c.network.contains(&s.net()), "{} is outside {}", s, c.network);
+            }
+        }
+
+        #[test]
+        fn ipv6_ranges_fit_and_are_counted((_fields, c) in valid_ipv6()) {
+            let (prefix, len) = (c.network.prefix_len(), c.subnet_len);
+            prop_assert_eq!(c.network, c.network.trunc());
+            prop_assert!((1..=MAX_IPV6_SUBNET_LEN - 2).contains(&prefix), "{}", c.network);
+            prop_assert!((prefix + 2..=MAX_IPV6_SUBNET_LEN).contains(&len), "/{}", len);
+            prop_assert!(c.subnet_min <= c.subnet_max);
+            let size = 1u128 << (128 - u32::from(len));
+            let (lo, hi) = (u128::from(c.subnet_min), u128::from(c.subnet_max));
+            prop_assert_eq!(c.subnet_count(), (hi - lo) / size + 1);
+            let at = |a: u128| Ipv6Net::new(Ipv6Addr::from(a), len).unwrap();
+            prop_assert!(c.fits(at(lo)), "{} does not fit", at(lo));
+            prop_assert!(c.fits(at(hi)), "{} does not fit", at(hi));
+            prop_assert!(!c.fits(at(lo + 1)), "host bits fit");
+            prop_assert!(!c.fits(Ipv6Net::new(c.subnet_min, len - 1).unwrap()));
+            if let Some(below) = lo.checked_sub(size) {
+                prop_assert!(!c.fits(at(below)), "{} below the range fits", at(below));
+            }
+            if let Some(above) = hi.checked_add(size) {
+                prop_assert!(!c.fits(at(above)), "{} above the range fits", at(above));
             }
         }
 

@@ -256,8 +256,23 @@ pub fn etcd_endpoint_addrs(etcd_endpoints: &[String]) -> Vec<UnderlayAddr> {
         .collect()
 }
 
-/// Reads the network config, retrying every second until it is present and valid (flanneld
-/// does the same), or until `shutdown`.
+/// Why `weft run` cannot serve a valid config yet, if it cannot: flannel's dual-stack fields
+/// parse (docs/dual-stack.md), but weft leases and forwards IPv4 only so far. Waiting, loudly,
+/// is what an invalid config gets too: the node stays unready and takes the config once it is
+/// changed, rather than coming up IPv4-only in a cluster that asked for IPv6.
+pub fn not_supported_yet(cfg: &NetworkConfig) -> Option<String> {
+    cfg.ipv6.as_ref().map(|v6| {
+        format!(
+            "the network config enables IPv6 (EnableIPv6, IPv6Network {}): weft does not lease \
+             or forward IPv6 yet (docs/dual-stack.md); remove the IPv6 fields, or run flanneld \
+             on this node",
+            v6.network
+        )
+    })
+}
+
+/// Reads the network config, retrying every second until it is present, valid and something
+/// weft can serve ([`not_supported_yet`]) (flanneld does the same), or until `shutdown`.
 pub(crate) async fn wait_for_config(
     store: &dyn Store,
     shutdown: &mut watch::Receiver<bool>,
@@ -266,7 +281,10 @@ pub(crate) async fn wait_for_config(
     loop {
         let problem = match store.config().await {
             Ok(Some(raw)) => match NetworkConfig::parse(&raw) {
-                Ok(cfg) => return Ok(Some(cfg)),
+                Ok(cfg) => match not_supported_yet(&cfg) {
+                    None => return Ok(Some(cfg)),
+                    Some(why) => why,
+                },
                 Err(e) => format!("the network config in the store is invalid: {e}"),
             },
             Ok(None) => {
@@ -865,6 +883,39 @@ mod tests {
     use std::fs;
 
     use super::*;
+
+    /// A dual-stack config is waited out like an invalid one: no return while it is in the
+    /// store, the node takes the config once it is changed to IPv4 only.
+    #[tokio::test(start_paused = true)]
+    async fn a_dual_stack_config_is_waited_out_until_it_is_ipv4_only() {
+        use crate::lease::memory::MemoryStore;
+        use crate::time::ManualClock;
+        let store = MemoryStore::new(Arc::new(ManualClock::new()), "/coreos.com/network");
+        let client = store.client("admin");
+        let dual = br#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}"#;
+        client.set_config(dual).await.unwrap();
+        let cfg = NetworkConfig::parse(dual).unwrap();
+        let why = not_supported_yet(&cfg).expect("IPv6 is not served yet");
+        assert!(why.contains("EnableIPv6") && why.contains("fd00:10:244::/56"), "{why}");
+
+        let (_stop, mut stop_rx) = watch::channel(false);
+        let reader = store.client("node");
+        let waited =
+            tokio::time::timeout(Duration::from_secs(5), wait_for_config(&reader, &mut stop_rx))
+                .await;
+        assert!(waited.is_err(), "returned a config weft cannot serve: {waited:?}");
+
+        let v4 = br#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#;
+        client.set_config(v4).await.unwrap();
+        let got =
+            tokio::time::timeout(Duration::from_secs(5), wait_for_config(&reader, &mut stop_rx))
+                .await
+                .expect("takes the IPv4 config")
+                .unwrap()
+                .expect("a config");
+        assert!(got.ipv6.is_none());
+        assert_eq!(not_supported_yet(&got), None);
+    }
 
     #[test]
     fn the_published_address_moves_only_when_it_left_the_interface() {

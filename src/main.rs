@@ -332,6 +332,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 .context("nothing written")?;
             let store = etcd.connect().await?;
             store.set_config(&raw).await?;
+            if let Some(why) = daemon::not_supported_yet(&cfg) {
+                // Written: flannel nodes can use it; weft nodes wait until it changes.
+                eprintln!("weft: warning: {why}");
+            }
             eprintln!(
                 "network config written: {} split into /{} subnets ({} leasable), backend {}",
                 cfg.network,

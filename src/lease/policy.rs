@@ -258,6 +258,7 @@ mod tests {
             subnet_len: len,
             subnet_min: Ipv4Addr::from(base + step),
             subnet_max: Ipv4Addr::from(base + (1 << 16) - step),
+            ipv6: None,
             backend: Backend { kind: BackendKind::Vxlan, port: 8472, vni: 1 },
         }
     }
