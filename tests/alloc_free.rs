@@ -151,7 +151,7 @@ fn the_per_packet_path_allocates_nothing() {
             assert_eq!(peer, SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
             let len = range.len();
             let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 50000);
-            if let Rx::Deliver(inner) = b.decap(&b_routes, from, &mut buf, len) {
+            if let Rx::Deliver { range: inner, .. } = b.decap(&b_routes, from, &mut buf, len) {
                 assert_eq!(inner.len(), packet.len());
                 delivered += 1;
             }
@@ -197,7 +197,7 @@ fn the_per_packet_path_allocates_nothing() {
             refs.clear();
             refs.extend((0..segs.count()).map(|i| {
                 let r = segs.packet(i);
-                PacketRef { buf: 0, start: r.start, len: r.len() }
+                PacketRef::new(0, r.start, r.len())
             }));
             let bufs = std::slice::from_mut(&mut out);
             let writes = gro.coalesce_refs(bufs, &refs);

@@ -172,7 +172,7 @@ fuzz_target!(|data: &[u8]| {
             let mut refs = Vec::new();
             for (i, p) in pkts.iter().enumerate() {
                 let b = i % nbufs;
-                refs.push(PacketRef { buf: b, start: bufs[b].len(), len: p.len() });
+                refs.push(PacketRef::new(b, bufs[b].len(), p.len()));
                 bufs[b].extend_from_slice(p);
             }
             let writes = table.coalesce_refs(&mut bufs, &refs).to_vec();
@@ -208,11 +208,7 @@ fuzz_target!(|data: &[u8]| {
             let refs: Vec<PacketRef> = refs
                 .iter()
                 .take(512)
-                .map(|&(b, s, l)| PacketRef {
-                    buf: usize::from(b % 9),
-                    start: usize::from(s),
-                    len: usize::from(l),
-                })
+                .map(|&(b, s, l)| PacketRef::new(usize::from(b % 9), usize::from(s), usize::from(l)))
                 .collect();
             let writes = table.coalesce_refs(&mut bufs, &refs).to_vec();
             let mut count = 0;

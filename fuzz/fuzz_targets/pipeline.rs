@@ -110,13 +110,15 @@ fuzz_target!(|data: &[u8]| {
         buf.extend_from_slice(&[0xee; 3]);
         let original = buf.clone();
         match fwd.decap(&table, from, &mut buf, len) {
-            Rx::Deliver(range) => {
+            Rx::Deliver { range, checksums_trusted } => {
                 assert!(range.end <= len, "delivered past the datagram");
                 let ip = ipv4::Packet::new_checked(&buf[range.clone()]).expect("delivered checks");
                 assert_eq!(usize::from(ip.total_len()), range.len());
                 assert!(own.contains(ip.dst_addr()), "delivered a packet not for us");
                 let route = table.lookup(ip.src_addr()).expect("delivered from an unrouted source");
                 assert_eq!(route.public_ip, *from.ip(), "delivered a spoofed source");
+                // Trust in the checksums is the sender's: only a weft peer's are taken as is.
+                assert_eq!(checksums_trusted, route.node.is_some(), "trust not the sender's");
                 assert_eq!(&buf[len..], &original[len..], "decap wrote past the datagram");
             }
             Rx::Drop(_) => {}

@@ -277,7 +277,15 @@ pub(crate) struct TxRoute {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rx {
     /// Write `buf[range]` (the inner IP packet) to TUN.
-    Deliver(Range<usize>),
+    Deliver {
+        /// Where the inner packet lies in the caller's buffer.
+        range: Range<usize>,
+        /// The sender is a weft peer (its lease names a weft node). weft always sends a UDP
+        /// checksum, which the kernel verified before the datagram reached the socket, and it
+        /// covers the inner packet: its checksums need not be verified again. A kernel VXLAN
+        /// peer (flannel's `flannel.1`) sends none, so this is `false` for it.
+        checksums_trusted: bool,
+    },
     /// Drop it.
     Drop(DropReason),
 }
@@ -478,11 +486,11 @@ impl Forwarder {
             return Rx::Drop(DropReason::RxMalformed);
         };
         let (src, dst) = (ip.src_addr(), ip.dst_addr());
-        match routes.lookup(src) {
-            Some(peer) if peer.public_ip == *from.ip() => {}
+        let checksums_trusted = match routes.lookup(src) {
+            Some(peer) if peer.public_ip == *from.ip() => peer.node.is_some(),
             _ if routes.is_known_peer(*from.ip()) => return Rx::Drop(DropReason::RxSpoofedSource),
             _ => return Rx::Drop(DropReason::RxUnknownSender),
-        }
+        };
         if !self.own.contains(dst) {
             return Rx::Drop(DropReason::RxNotForUs);
         }
@@ -495,7 +503,7 @@ impl Forwarder {
         }
         // Only the IP packet's own length is delivered, never trailing bytes.
         let total = usize::from(ip.total_len());
-        Rx::Deliver(inner.start..inner.start + total)
+        Rx::Deliver { range: inner.start..inner.start + total, checksums_trusted }
     }
 }
 

@@ -47,7 +47,9 @@
 //! - the merged packet fits the first packet's buffer and stays <= 65535 bytes;
 //! - both the chain's first packet and this one have valid IP and L4 checksums (verified
 //!   lazily, only when a merge is otherwise possible; a chain with an invalid first packet is
-//!   abandoned, and an invalid packet is written alone, for the kernel to drop).
+//!   abandoned, and an invalid packet is written alone, for the kernel to drop). A packet
+//!   whose [`PacketRef::checksums_trusted`] is set is taken as valid without a look: the
+//!   outer UDP checksum the kernel verified covered it.
 //!
 //! A UDP packet that cannot merge (zero checksum, say) ends its flow's chains, so no later
 //! datagram overtakes it. (A TCP packet that cannot merge either carries no data, or occupies
@@ -155,9 +157,19 @@ pub struct PacketRef {
     pub start: usize,
     /// The packet's length.
     pub len: usize,
+    /// Its IP and L4 checksums need no check here: it came in a datagram whose UDP checksum
+    /// covered it and was verified by the kernel (a weft peer's, which always carries one).
+    /// A merge with it then skips [`checksums_ok`]. A kernel VXLAN peer sends no UDP checksum
+    /// (Linux's default), so its packets are verified as before.
+    pub checksums_trusted: bool,
 }
 
 impl PacketRef {
+    /// A packet at `bufs[buf][start..start + len]` whose checksums are to be verified.
+    pub fn new(buf: usize, start: usize, len: usize) -> Self {
+        Self { buf, start, len, checksums_trusted: false }
+    }
+
     /// The bytes, or `None` if the reference lies outside `bufs`.
     fn bytes<'a, B: AsRef<[u8]>>(&self, bufs: &'a [B]) -> Option<&'a [u8]> {
         let end = self.start.checked_add(self.len)?;
@@ -307,7 +319,7 @@ impl GroTable {
         std::iter::from_fn(move || {
             let p = *pkts.get(at)?;
             at = self.next.get(at).copied().unwrap_or(NONE);
-            Some(PacketRef { buf: p.buf, start: p.start + hdrs, len: p.len - hdrs })
+            Some(PacketRef::new(p.buf, p.start + hdrs, p.len - hdrs))
         })
     }
 
@@ -331,7 +343,7 @@ impl GroTable {
         let mut refs = std::mem::take(&mut self.refs);
         refs.clear();
         for (i, len) in lens.iter_mut().enumerate().take(n) {
-            let r = PacketRef { buf: i, start: VIRTIO_HEADROOM, len: *len };
+            let r = PacketRef::new(i, VIRTIO_HEADROOM, *len);
             if r.bytes(bufs).is_none() {
                 *len = 0;
                 continue;
@@ -557,7 +569,7 @@ impl GroTable {
                 }
                 self.items[k].head_checked = true;
             }
-            if !checksums_ok(pkt, c.ip_len) {
+            if !pkts[i].checksums_trusted && !checksums_ok(pkt, c.ip_len) {
                 // Not mergeable, and not worth a chain: written alone for the kernel to drop.
                 return Outcome::Alone;
             }
@@ -595,7 +607,7 @@ impl GroTable {
             count: 1,
             psh: false,
             closed: c.psh,
-            head_checked: false,
+            head_checked: pkts[i].checksums_trusted,
             dead: false,
         });
         Outcome::Chain
@@ -820,6 +832,37 @@ mod tests {
         p
     }
 
+    /// Packets whose checksums the outer UDP checksum covered are merged without a look at
+    /// their own (a corrupted TCP checksum proves none was taken); the same packets untrusted
+    /// are verified, and the bad one stays alone as before.
+    #[test]
+    fn trusted_packets_merge_without_their_checksums_being_verified() {
+        let mut pkts = Pkt::tcp4(100).run(3, 100);
+        pkts[1] = flip_l4_checksum(pkts[1].clone());
+        let mut one = Vec::new();
+        let mut refs = Vec::new();
+        for p in &pkts {
+            refs.push(PacketRef::new(0, one.len(), p.len()));
+            one.extend_from_slice(p);
+        }
+        let mut bufs = [one];
+        let shapes = |t: &mut GroTable, bufs: &mut [Vec<u8>; 1], refs: &[PacketRef]| {
+            let writes = t.coalesce_refs(bufs, refs).to_vec();
+            writes
+                .iter()
+                .map(|w| (Header::parse(&w.hdr).unwrap().gso_type, 1 + t.appended(w, refs).count()))
+                .collect::<Vec<_>>()
+        };
+        let mut t = GroTable::new(BOTH, 4);
+        let untrusted = shapes(&mut t, &mut bufs.clone(), &refs);
+        assert_eq!(untrusted, [(NONE, 1), (NONE, 1), (NONE, 1)]);
+        for r in &mut refs {
+            r.checksums_trusted = true;
+        }
+        let trusted = shapes(&mut t, &mut bufs, &refs);
+        assert_eq!(trusted, [(TCP4, 3)]);
+    }
+
     #[test]
     fn table() {
         let t4 = Pkt::tcp4(100);
@@ -1020,10 +1063,10 @@ mod tests {
         let p = Pkt::tcp4(100).build();
         let mut bufs = [p.clone()];
         let refs = [
-            PacketRef { buf: 0, start: 0, len: p.len() },
-            PacketRef { buf: 1, start: 0, len: 10 },
-            PacketRef { buf: 0, start: 1, len: p.len() },
-            PacketRef { buf: 0, start: usize::MAX, len: 2 },
+            PacketRef::new(0, 0, p.len()),
+            PacketRef::new(1, 0, 10),
+            PacketRef::new(0, 1, p.len()),
+            PacketRef::new(0, usize::MAX, 2),
         ];
         let mut t = GroTable::new(BOTH, 4);
         let writes = t.coalesce_refs(&mut bufs, &refs);
@@ -1181,7 +1224,7 @@ mod tests {
             let mut one = vec![0x5au8; gap];
             let mut refs = Vec::new();
             for p in &pkts {
-                refs.push(PacketRef { buf: 0, start: one.len(), len: p.len() });
+                refs.push(PacketRef::new(0, one.len(), p.len()));
                 one.extend_from_slice(p);
                 one.extend(std::iter::repeat_n(0x5a, gap));
             }
@@ -1241,7 +1284,7 @@ mod tests {
             }
             let mut bufs = [real, junk];
             let refs: Vec<PacketRef> =
-                refs.into_iter().map(|(buf, start, len)| PacketRef { buf, start, len }).collect();
+                refs.into_iter().map(|(buf, start, len)| PacketRef::new(buf, start, len)).collect();
             let mut t = GroTable::new(BOTH, 8);
             let writes = t.coalesce_refs(&mut bufs, &refs).to_vec();
             for w in &writes {

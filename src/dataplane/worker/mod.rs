@@ -247,6 +247,7 @@ mod tests {
     use crate::dataplane::udp::{RecvMeta, Transmit, UdpError};
     use crate::dataplane::wire::virtio_net::{self, Header};
     use crate::dataplane::wire::{ethernet::MacAddr, read_u32, vxlan::Vni};
+    use crate::lease::record::NodeId;
     use crate::route::{Peer, PeerBackend, RouteTable};
     use crate::time::Instant;
 
@@ -354,6 +355,17 @@ mod tests {
 
     /// Host `n` (10.244.n.0/24 behind 192.0.2.n) knowing host `peer`: its forwarder and routes.
     fn host(backend: BackendKind, n: u8, peer: u8) -> (Forwarder, Routes) {
+        host_with_peer_node(backend, n, peer, None)
+    }
+
+    /// Host `n` with one peer, `peer`, whose lease names `node` (a weft peer) or none (a
+    /// kernel flannel peer).
+    fn host_with_peer_node(
+        backend: BackendKind,
+        n: u8,
+        peer: u8,
+        node: Option<NodeId>,
+    ) -> (Forwarder, Routes) {
         let peer_backend =
             if backend == BackendKind::Vxlan { PeerBackend::Vxlan } else { PeerBackend::Udp };
         let routes = Routes::new(RouteTable::build(
@@ -365,7 +377,7 @@ mod tests {
                 backend: peer_backend,
                 vtep_mac: Some(MacAddr([2, 0, 0, 0, 0, peer])),
                 vni: Some(1),
-                node: None,
+                node,
                 stale: false,
             }],
         ));
@@ -458,6 +470,39 @@ mod tests {
         let mut got = p1[40..].to_vec();
         got.extend_from_slice(&p2[40..]);
         assert_eq!(got, stream);
+    }
+
+    /// From a weft peer (its lease names a node), whose datagrams carry a UDP checksum the
+    /// kernel verified, segments merge without their own checksums being looked at: a middle
+    /// segment with a corrupted TCP checksum still joins. From a kernel flannel peer (no node,
+    /// no UDP checksum) the same segments are verified and the bad one is written alone.
+    #[test]
+    fn only_a_weft_peers_segments_skip_the_checksum_check() {
+        for (node, writes) in [(Some(NodeId::generate()), 1), (None, 3)] {
+            let net = FakeNet::new();
+            let tun2 = FakeTun::with_vnet_hdr();
+            let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001);
+            let mut sock2 = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+            let trusted = node.is_some();
+            let (fwd2, routes2) = host_with_peer_node(BackendKind::Udp, 2, 1, node);
+            let c2 = PacketCounters::default();
+            // 10.244.1.2 -> 10.244.2.3: from the peer's subnet to ours.
+            let mut segs = Pkt::tcp4(100).run(3, 100);
+            segs[1][20 + 16] ^= 1;
+            for s in &segs {
+                net.send_raw(from, SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472), s);
+            }
+            let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
+            assert!(rx.step(
+                &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
+                &mut sock2,
+            ));
+            let mut written = 0;
+            while tun2.take_written(Duration::ZERO).is_some() {
+                written += 1;
+            }
+            assert_eq!(written, writes, "trusted: {trusted}");
+        }
     }
 
     /// A datagram longer than the receive buffer (the kernel's `MSG_TRUNC`) is dropped and

@@ -83,11 +83,16 @@ impl RxPath {
                 let datagram = &mut bufs[b][off..end];
                 let dlen = datagram.len();
                 match fwd.decap(&table, meta.src, datagram, dlen) {
-                    Rx::Deliver(r) => {
+                    Rx::Deliver { range: r, checksums_trusted } => {
                         delivered += 1;
                         delivered_bytes += r.len() as u64;
                         if *vnet {
-                            refs.push(PacketRef { buf: b, start: off + r.start, len: r.len() });
+                            refs.push(PacketRef {
+                                buf: b,
+                                start: off + r.start,
+                                len: r.len(),
+                                checksums_trusted,
+                            });
                         } else if tun.write(&datagram[r]).is_err() {
                             counters.io_errors.fetch_add(1, Ordering::Relaxed);
                         }
