@@ -208,7 +208,12 @@ fuzz_target!(|data: &[u8]| {
             let refs: Vec<PacketRef> = refs
                 .iter()
                 .take(512)
-                .map(|&(b, s, l)| PacketRef::new(usize::from(b % 9), usize::from(s), usize::from(l)))
+                .map(|&(b, s, l)| PacketRef {
+                    // Trusted or not (a weft peer's or a kernel peer's): references stay
+                    // conserved and inside the buffers either way.
+                    checksums_trusted: b & 0x80 != 0,
+                    ..PacketRef::new(usize::from(b % 9), usize::from(s), usize::from(l))
+                })
                 .collect();
             let writes = table.coalesce_refs(&mut bufs, &refs).to_vec();
             let mut count = 0;
