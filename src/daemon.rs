@@ -23,7 +23,7 @@ use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
 use crate::dataplane::driver::{Dataplane, DataplaneConfig, DataplaneError};
 use crate::dataplane::link::DriftLog;
 use crate::dataplane::link_watch::{ChangeWatch, Interest};
-use crate::dataplane::netlink::{Netlink, TunStatus};
+use crate::dataplane::netlink::{Netlink, NetlinkError, TunStatus};
 use crate::dataplane::sys::TunError;
 use crate::dataplane::wire::ethernet::MacAddr;
 use crate::health::{self, Health};
@@ -581,19 +581,13 @@ async fn follow_underlay(
     let mut netlink: Option<Arc<Netlink>> = None;
     // The kernel's notice of address, link and route changes (kept for the task's life:
     // dropping it ends its thread).
-    let (_watch, mut changes) = match tokio::task::spawn_blocking(|| {
-        ChangeWatch::start(Interest::Any)
-    })
+    let (_watch, mut changes) = start_watch(
+        || ChangeWatch::start(Interest::Any),
+        "the underlay's addresses",
+        UNDERLAY_CHECK,
+    )
     .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r.map_err(|e| e.to_string()))
-    {
-        Ok((w, rx)) => (Some(w), Some(rx)),
-        Err(e) => {
-            warn!(error = %e, every = ?UNDERLAY_CHECK, "cannot watch the underlay's addresses over netlink: they are polled");
-            (None, None)
-        }
-    };
+    .unzip();
     loop {
         // Polled every UNDERLAY_CHECK without a watch, and after a failed listing.
         let period =
@@ -602,7 +596,7 @@ async fn follow_underlay(
             _ = tokio::time::sleep(period) => {}
             changed = next_netlink_change(&mut changes) => {
                 if changed.is_err() {
-                    warn!(every = ?UNDERLAY_CHECK, "the netlink watch of the underlay ended: its addresses are polled");
+                    warn!(every = ?UNDERLAY_CHECK, "the netlink watch of the underlay ended: polling instead");
                     changes = None;
                 }
             }
@@ -764,6 +758,29 @@ fn start_dataplane(
     Ok((dp, vec![addresser]))
 }
 
+/// Starts a netlink watch (its start makes a netlink request, so on a blocking thread). When it
+/// cannot be started, says so at WARN: the caller then polls `what` every `every`.
+async fn start_watch<F>(
+    start: F,
+    what: &'static str,
+    every: Duration,
+) -> Option<(ChangeWatch, watch::Receiver<u64>)>
+where
+    F: FnOnce() -> Result<(ChangeWatch, watch::Receiver<u64>), NetlinkError> + Send + 'static,
+{
+    let started = tokio::task::spawn_blocking(start)
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    match started {
+        Ok(watch) => Some(watch),
+        Err(e) => {
+            warn!(error = %e, ?every, "cannot watch {what} over netlink: polling instead");
+            None
+        }
+    }
+}
+
 /// The next netlink notification a watch keeps; never, without a watch.
 async fn next_netlink_change(
     changes: &mut Option<watch::Receiver<u64>>,
@@ -789,17 +806,8 @@ fn spawn_addresser(
         let mut drift = DriftLog::default();
         let dp = dataplane.clone();
         // The watch is kept for the task's life: dropping it ends its thread.
-        let (_watch, mut changes) = match tokio::task::spawn_blocking(move || dp.watch_link())
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-        {
-            Ok((w, rx)) => (Some(w), Some(rx)),
-            Err(e) => {
-                warn!(error = %e, every = ?LINK_CHECK, "cannot watch the TUN device over netlink: drift is looked for by polling");
-                (None, None)
-            }
-        };
+        let (_watch, mut changes) =
+            start_watch(move || dp.watch_link(), "the TUN device", LINK_CHECK).await.unzip();
         let period = if changes.is_some() { resync } else { LINK_CHECK };
         let mut check = tokio::time::interval_at(Instant::now() + period, period);
         check.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -842,7 +850,7 @@ fn spawn_addresser(
                 }
                 changed = next_netlink_change(&mut changes) => {
                     if changed.is_err() {
-                        warn!(every = ?LINK_CHECK, "the netlink watch of the TUN device ended: drift is looked for by polling");
+                        warn!(every = ?LINK_CHECK, "the netlink watch of the TUN device ended: polling instead");
                         changes = None;
                         check = tokio::time::interval_at(Instant::now() + LINK_CHECK, LINK_CHECK);
                         check.set_missed_tick_behavior(MissedTickBehavior::Delay);

@@ -5,7 +5,7 @@
 //!
 //! Contract:
 //! - A [`ChangeWatch`] runs its socket on a thread of its own (`weft-nl-watch`, a current-thread
-//!   tokio runtime), like [`super::netlink::Netlink`], and publishes a generation number on a
+//!   tokio runtime: a [`NetlinkThread`], as [`super::netlink::Netlink`] does), and publishes a generation number on a
 //!   `tokio::sync::watch` channel: it goes up by one for each kernel notification its
 //!   [`Interest`] keeps, and for each overrun of the socket's buffer (notifications were lost,
 //!   so anything may have changed). A waiting task sees one wake-up for a burst of them.
@@ -18,17 +18,14 @@
 //!   panic on any message and are tested on built messages.
 //! - Listening needs no privilege and sees the namespace the socket was opened in.
 
-use std::io;
-use std::thread::JoinHandle;
-
 use futures::StreamExt;
 use rtnetlink::MulticastGroup;
 use rtnetlink::packet_core::NetlinkPayload;
 use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::route::RouteAttribute;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
-use super::netlink::NetlinkError;
+use super::netlink::{NetlinkError, NetlinkThread};
 
 /// Which notifications wake the consumer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,87 +71,41 @@ pub(crate) fn concerns_link(msg: &RouteNetlinkMessage, index: u32) -> bool {
 /// A subscription to the kernel's link, address and route notifications (see the module docs).
 #[derive(Debug)]
 pub(crate) struct ChangeWatch {
-    /// Dropped (or sent) to end the thread.
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    /// Ends the thread when dropped.
+    _thread: NetlinkThread,
 }
 
 impl ChangeWatch {
     /// Opens the socket in the calling thread's network namespace, joins the groups and starts
     /// the thread. The receiver's value is the generation (0 at start).
     pub(crate) fn start(interest: Interest) -> Result<(Self, watch::Receiver<u64>), NetlinkError> {
-        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<io::Result<()>>(1);
-        let (stop, stopped) = oneshot::channel::<()>();
         let (changes_tx, changes_rx) = watch::channel(0u64);
-        let thread = std::thread::Builder::new()
-            .name("weft-nl-watch".into())
-            .spawn(move || {
-                let runtime =
-                    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                        Ok(rt) => rt,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
+        let (thread, ()) = NetlinkThread::spawn("weft-nl-watch", move || {
+            let groups =
+                [MulticastGroup::Link, MulticastGroup::Ipv4Ifaddr, MulticastGroup::Ipv4Route];
+            let (connection, _handle, mut messages) = rtnetlink::new_multicast_connection(&groups)?;
+            let forward = async move {
+                while let Some((message, _)) = messages.next().await {
+                    let changed = match &message.payload {
+                        NetlinkPayload::InnerMessage(m) => interest.keeps(m),
+                        // The socket's buffer overflowed: notifications were lost.
+                        NetlinkPayload::Overrun(_) => true,
+                        _ => false,
                     };
-                runtime.block_on(async move {
-                    let groups = [
-                        MulticastGroup::Link,
-                        MulticastGroup::Ipv4Ifaddr,
-                        MulticastGroup::Ipv4Route,
-                    ];
-                    let (connection, _handle, mut messages) =
-                        match rtnetlink::new_multicast_connection(&groups) {
-                            Ok(c) => c,
-                            Err(e) => {
-                                let _ = ready_tx.send(Err(e));
-                                return;
-                            }
-                        };
-                    let _ = ready_tx.send(Ok(()));
-                    let forward = async {
-                        while let Some((message, _)) = messages.next().await {
-                            let changed = match &message.payload {
-                                NetlinkPayload::InnerMessage(m) => interest.keeps(m),
-                                // The socket's buffer overflowed: notifications were lost.
-                                NetlinkPayload::Overrun(_) => true,
-                                _ => false,
-                            };
-                            if changed {
-                                changes_tx.send_modify(|g| *g += 1);
-                            }
-                        }
-                    };
-                    tokio::select! {
-                        () = connection => {}
-                        () = forward => {}
-                        _ = stopped => {}
+                    if changed {
+                        changes_tx.send_modify(|g| *g += 1);
                     }
-                });
-            })
-            .map_err(NetlinkError::Open)?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => Ok((Self { stop: Some(stop), thread: Some(thread) }, changes_rx)),
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                Err(NetlinkError::Open(e))
-            }
-            Err(_) => {
-                let _ = thread.join();
-                Err(NetlinkError::Open(io::Error::other("the netlink watch thread ended at start")))
-            }
-        }
-    }
-}
-
-impl Drop for ChangeWatch {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+                }
+            };
+            let run = async move {
+                tokio::select! {
+                    () = connection => {}
+                    () = forward => {}
+                }
+            };
+            Ok(((), run))
+        })?;
+        Ok((Self { _thread: thread }, changes_rx))
     }
 }
 

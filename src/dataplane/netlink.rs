@@ -125,23 +125,31 @@ fn io_error(e: rtnetlink::Error) -> io::Error {
     }
 }
 
-/// One `NETLINK_ROUTE` socket on a thread of its own (see the module docs).
+/// A thread of its own for one netlink connection: a current-thread tokio runtime on which
+/// `start` opens the connection and returns what the caller keeps (a request handle, a
+/// channel) and the future that drives it; the future then runs until it ends or the thread is
+/// stopped. Dropping it stops the thread and waits for it. Shared by [`Netlink`] (requests) and
+/// [`super::link_watch::ChangeWatch`] (notifications), which differ only in what they run.
 #[derive(Debug)]
-pub(crate) struct Netlink {
-    handle: rtnetlink::Handle,
-    runtime: tokio::runtime::Handle,
+pub(crate) struct NetlinkThread {
     /// Dropped (or sent) to end the thread.
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Netlink {
-    /// Opens the socket in the calling thread's network namespace and starts its thread.
-    pub(crate) fn open() -> Result<Self, NetlinkError> {
+impl NetlinkThread {
+    /// Starts the thread `name` and runs `start` on it; returns once `start` has returned (its
+    /// error, if it failed).
+    pub(crate) fn spawn<T, F, Fut>(name: &str, start: F) -> Result<(Self, T), NetlinkError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> io::Result<(T, Fut)> + Send + 'static,
+        Fut: Future<Output = ()>,
+    {
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
-            .name("weft-netlink".into())
+            .name(name.into())
             .spawn(move || {
                 let runtime =
                     match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -152,34 +160,61 @@ impl Netlink {
                         }
                     };
                 runtime.block_on(async move {
-                    let (connection, handle, _) = match rtnetlink::new_connection() {
-                        Ok(c) => c,
+                    let (value, run) = match start() {
+                        Ok(started) => started,
                         Err(e) => {
                             let _ = ready_tx.send(Err(e));
                             return;
                         }
                     };
-                    let _ = ready_tx.send(Ok((handle, tokio::runtime::Handle::current())));
+                    let _ = ready_tx.send(Ok(value));
                     tokio::select! {
-                        () = connection => {}
+                        () = run => {}
                         _ = stopped => {}
                     }
                 });
             })
             .map_err(NetlinkError::Open)?;
+        let this = Self { stop: Some(stop), thread: Some(thread) };
         match ready_rx.recv() {
-            Ok(Ok((handle, runtime))) => {
-                Ok(Self { handle, runtime, stop: Some(stop), thread: Some(thread) })
-            }
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                Err(NetlinkError::Open(e))
-            }
+            Ok(Ok(value)) => Ok((this, value)),
+            // Dropping `this` joins the thread, which has ended.
+            Ok(Err(e)) => Err(NetlinkError::Open(e)),
             Err(_) => {
-                let _ = thread.join();
                 Err(NetlinkError::Open(io::Error::other("the netlink thread ended at start")))
             }
         }
+    }
+}
+
+impl Drop for NetlinkThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One `NETLINK_ROUTE` socket on a thread of its own (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Netlink {
+    handle: rtnetlink::Handle,
+    runtime: tokio::runtime::Handle,
+    /// Ends the thread when dropped.
+    _thread: NetlinkThread,
+}
+
+impl Netlink {
+    /// Opens the socket in the calling thread's network namespace and starts its thread.
+    pub(crate) fn open() -> Result<Self, NetlinkError> {
+        let (thread, (handle, runtime)) = NetlinkThread::spawn("weft-netlink", || {
+            let (connection, handle, _) = rtnetlink::new_connection()?;
+            Ok(((handle, tokio::runtime::Handle::current()), connection))
+        })?;
+        Ok(Self { handle, runtime, _thread: thread })
     }
 
     /// Runs `request` on the socket's thread and waits for its result.
@@ -377,17 +412,6 @@ impl Netlink {
             handle.link().get().match_index(index).execute().try_next().await
         })?;
         Ok(link.as_ref().and_then(link_name))
-    }
-}
-
-impl Drop for Netlink {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
