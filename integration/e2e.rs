@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use support::netns::{
     Iperf3Server, Lab, Pod, assert_tun_configured, finish_ping, first_reply, in_netns, iperf3_bps,
-    ns_output, ns_spawn_nobody, ping_lossy, ping_ok, run, set_tx_checksum, spawn_ping,
+    ns_output, ns_run, ns_spawn_nobody, ping_lossy, ping_ok, run, set_tx_checksum, spawn_ping,
 };
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
@@ -96,6 +96,29 @@ fn three_hosts(network: &str, label: &str, overhead: u32) {
         let name = format!("weft_dataplane_offload{{kind=\"{kind}\"}}");
         assert_eq!(wefts[0].metric(&name), Some(1.0), "{name} on host 1 ({label})");
     }
+}
+
+// --- 0: the lab itself ----------------------------------------------------------------------
+
+/// A host keeps reaching the hub (etcd's address) when a port with a lower MAC joins the hub's
+/// bridge. Without a MAC of its own the bridge takes the new lowest port MAC, and a host that
+/// had resolved 192.0.2.254 before loses it for up to 45 s.
+#[test]
+fn a_host_keeps_reaching_the_hub_when_a_lower_mac_joins_its_bridge() {
+    let lab = Lab::new(VXLAN);
+    let hub = lab.hub();
+    lab.host(1);
+    let h2 = lab.host(2);
+    // Host 1's port has the lower MAC, so a bridge without a MAC of its own answers host 2 with
+    // host 1's port's: a frame to a port's MAC is taken in only through that port.
+    ns_run(&hub, &["ip", "link", "set", "h1", "address", "02:00:00:00:00:01"]);
+    ns_run(&hub, &["ip", "link", "set", "h2", "address", "02:00:00:00:00:02"]);
+    ping_ok(&h2, Ipv4Addr::new(192, 0, 2, 254), 1);
+    // A port with a still lower MAC joins, within the second in which host 2's neighbour entry
+    // ignores the gratuitous ARP that the bridge sends when its own MAC changes.
+    ns_run(&hub, &["ip", "link", "add", "x0", "address", "00:00:00:00:00:01", "type", "veth"]);
+    ns_run(&hub, &["ip", "link", "set", "x0", "master", "br0", "up"]);
+    ping_ok(&h2, Ipv4Addr::new(192, 0, 2, 254), 2);
 }
 
 #[test]

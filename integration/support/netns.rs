@@ -37,6 +37,13 @@ use super::weft::{RunArgs, http_get};
 
 /// etcd's client URL on the underlay (inside the hub namespace).
 pub const ETCD: &str = "http://192.0.2.254:2379";
+
+/// The hub bridge's own MAC address (locally administered; 192.0.2.254 in its last bytes).
+/// A bridge without one set takes its lowest port's MAC and changes it whenever a port with a
+/// lower one joins. Hosts that had already resolved 192.0.2.254 then send to the old address
+/// and nothing answers until their neighbour entry expires (15–45 s): a host whose weft
+/// started while the next host was being wired could not reach etcd (CI, stop 16).
+pub const HUB_MAC: &str = "02:00:c0:00:02:fe";
 /// The key prefix (flannel's default).
 pub const PREFIX: &str = "/coreos.com/network";
 /// weft's health port inside each host namespace (every host has its own loopback).
@@ -343,7 +350,7 @@ impl Lab {
         let hub = lab.hub();
         lab.namespaces.lock().expect("ns list").push(hub.clone());
         run(&["ip", "-n", &hub, "link", "set", "lo", "up"]);
-        run(&["ip", "-n", &hub, "link", "add", "br0", "type", "bridge"]);
+        run(&["ip", "-n", &hub, "link", "add", "br0", "address", HUB_MAC, "type", "bridge"]);
         run(&["ip", "-n", &hub, "addr", "add", "192.0.2.254/24", "dev", "br0"]);
         run(&["ip", "-n", &hub, "link", "set", "br0", "up"]);
         lab.start_etcd();

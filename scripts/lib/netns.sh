@@ -13,7 +13,10 @@ netns_hub_up() { # PREFIX
     local hub="${1}hub"
     ip netns add "$hub"
     ip -n "$hub" link set lo up
-    ip -n "$hub" link add br0 type bridge
+    # A fixed MAC: a bridge without one takes its lowest port's MAC and changes it when a
+    # port with a lower one joins, and hosts that resolved 192.0.2.254 before then lose it
+    # until their neighbour entry expires (integration/support/netns.rs, HUB_MAC).
+    ip -n "$hub" link add br0 address 02:00:c0:00:02:fe type bridge
     ip -n "$hub" addr add 192.0.2.254/24 dev br0
     ip -n "$hub" link set br0 up
 }
