@@ -57,7 +57,7 @@ use weft::lease::driver::{DriverConfig, LeaseDriver};
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::keeper::{Keeper, KeeperConfig};
 use weft::lease::record::{
-    Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
+    Incarnation, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
 };
 use weft::lease::store::{
     CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
@@ -200,17 +200,17 @@ impl Store for Counting {
     }
     async fn create_pruning(
         &self,
-        subnet: Subnet,
+        name: LeaseName,
         attrs: &LeaseAttrs,
         ttl: Duration,
         prune: &[weft::lease::store::HistoryPrune],
     ) -> Result<CreateOutcome, StoreError> {
         self.calls.creates.fetch_add(1, Ordering::Relaxed);
         let issued = mono_ns();
-        let r = self.inner.create_pruning(subnet, attrs, ttl, prune).await;
+        let r = self.inner.create_pruning(name, attrs, ttl, prune).await;
         match &r {
             Ok(CreateOutcome::Created(_)) => emit(json!({
-                "ev": "created", "h": self.host, "s": subnet.to_string(), "ip": self.ip.to_string(),
+                "ev": "created", "h": self.host, "s": name.subnet.to_string(), "ip": self.ip.to_string(),
                 "t_issue": issued, "t": mono_ns(),
             })),
             Ok(CreateOutcome::Exists(_)) => {
@@ -281,7 +281,11 @@ impl Store for Counting {
     async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError> {
         self.inner.drop_presence(node, lease).await
     }
-    async fn watch(&self, from: Revision, only: Option<Subnet>) -> Result<WatchStream, StoreError> {
+    async fn watch(
+        &self,
+        from: Revision,
+        only: Option<LeaseName>,
+    ) -> Result<WatchStream, StoreError> {
         self.inner.watch(from, only).await
     }
     fn reconnect(&self) {
@@ -972,7 +976,7 @@ async fn flanneld(
                     }
                 }
             }
-            Wake::Rewatch => match h.store.watch(watch_from, Some(s)).await {
+            Wake::Rewatch => match h.store.watch(watch_from, Some(LeaseName::v4(s))).await {
                 Ok(w) => {
                     watch = Some(w);
                     watch_backoff = Duration::from_millis(100);

@@ -26,6 +26,7 @@ fn listing(config: &NetworkConfig, n: usize) -> Listing {
         let public_ip = Ipv4Addr::from(0xc612_0000 | i as u32);
         l.leases.push(StoredLease {
             subnet,
+            ipv6: None,
             attrs: LeaseAttrs {
                 public_ip,
                 public_ipv6: None,
@@ -39,7 +40,7 @@ fn listing(config: &NetworkConfig, n: usize) -> Listing {
         });
         l.history.push(HistoryEntry {
             subnet,
-            record: HistoryRecord { state: HistoryState::Held, node, public_ip },
+            record: HistoryRecord { state: HistoryState::Held, node, public_ip, ipv6: None },
             mod_revision: Revision(i as i64 + 1),
         });
     }

@@ -131,6 +131,48 @@ fn udp_three_hosts_ping_every_pair_and_carry_iperf3() {
     three_hosts(UDP, "udp", 28);
 }
 
+// --- 2b: a dual-stack network on the udp backend ----------------------------------------------
+
+/// flannel's udp backend on a dual-stack network: every lease gets an IPv6 half (in its key and
+/// in subnet.env, where flannel's CNI plugin reads it), IPv4 is carried, and the start says that
+/// IPv6 is not (docs/dual-stack.md).
+#[test]
+fn udp_dual_stack_network_leases_both_halves_and_carries_ipv4() {
+    let lab = Lab::new(
+        r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"udp"}}"#,
+    );
+    let (wefts, pods) = lab.up(&[1, 2, 3], &[]);
+    ping_all_pairs(&pods);
+    let keys = lab.etcdctl(&["get", "--prefix", "--keys-only", "/coreos.com/network/subnets/"]);
+    let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    let mut halves = std::collections::BTreeSet::new();
+    for w in &wefts {
+        let env = std::fs::read_to_string(w.subnet_file()).expect("subnet.env");
+        assert!(env.contains("FLANNEL_IPV6_NETWORK=fd00:10:244::/56\n"), "{env}");
+        let half = env
+            .lines()
+            .find_map(|l| l.strip_prefix("FLANNEL_IPV6_SUBNET="))
+            .unwrap_or_else(|| panic!("no FLANNEL_IPV6_SUBNET:\n{env}"));
+        // `fd00:10:244:N::1/64` names the key `<v4>&fd00:10:244:N::-64`.
+        let (first, len) = half.split_once('/').expect("addr/len");
+        let net = first.strip_suffix('1').expect("the first host address");
+        let v4 = w.subnet().expect("FLANNEL_SUBNET").replace('/', "-");
+        let key = format!("/coreos.com/network/subnets/{v4}&{net}-{len}");
+        assert!(keys.contains(&key.as_str()), "{key} not among {keys:?}");
+        assert!(halves.insert(half.to_owned()), "two hosts with {half}");
+        assert!(w.log().contains("the udp backend carries IPv4 only"), "{}", w.log_tail(20));
+    }
+    // `weft lease list` shows each half beside its subnet.
+    let list = lab.admin(&["lease", "list"]);
+    assert!(list.starts_with("SUBNET             IPV6-SUBNET"), "{list}");
+    for w in &wefts {
+        let v4 = w.subnet().expect("subnet");
+        let row = list.lines().find(|l| l.starts_with(&v4)).unwrap_or_else(|| panic!("{list}"));
+        assert!(row.contains("fd00:10:244:") && row.contains("::/64"), "{row}");
+    }
+}
+
 // --- 3: a host joining later ---------------------------------------------------------------
 
 #[test]

@@ -17,7 +17,8 @@ use support::etcd::{EtcdCluster, EtcdServer, TlsFiles, closed_port, unique_prefi
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::memory::{MemoryStore, drain_ready};
 use weft::lease::record::{
-    HistoryState, Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
+    HistoryState, Incarnation, Ipv6Subnet, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId,
+    StoredLease, Subnet,
 };
 use weft::lease::store::{
     BadEntry, CreateOutcome, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
@@ -129,6 +130,91 @@ async fn create_race_between_two_clients_has_exactly_one_winner() {
     }
 }
 
+/// flannel's dual-stack nodes write `X&Y` where an IPv4-only node writes `X`: either way, one
+/// subnet has one key. Races between the two forms have one winner too; renew, release and
+/// revoke write the exact key, and history keeps the IPv6 half.
+#[tokio::test]
+async fn a_subnet_has_one_key_whichever_form_each_create_writes() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let (a, b) = (store(&etcd, &prefix).await, store(&etcd, &prefix).await);
+    let (attrs_a, attrs_b) = (
+        attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]),
+        attrs("node-bbbb", "inc-bbbb", [192, 0, 2, 2]),
+    );
+    let half = |i: u32| -> Ipv6Subnet { format!("fd00:0:0:{i:x}::/64").parse().expect("half") };
+    for i in 1..=6u32 {
+        let s = subnet(&format!("10.244.{i}.0/24"));
+        let (dual, other_dual) = (
+            LeaseName { subnet: s, ipv6: Some(half(i)) },
+            LeaseName { subnet: s, ipv6: Some(half(100 + i)) },
+        );
+        // Rounds alternate: dual against IPv4-only, dual against another dual pairing.
+        let rival = if i % 2 == 1 { LeaseName::v4(s) } else { other_dual };
+        let (ra, rb) = tokio::join!(
+            a.create_pruning(dual, &attrs_a, LONG_TTL, &[]),
+            b.create_pruning(rival, &attrs_b, LONG_TTL, &[])
+        );
+        let (ra, rb) = (ra.expect("create a"), rb.expect("create b"));
+        let (winner, held, loser) = match (ra, rb) {
+            (CreateOutcome::Created(held), loser) => (dual, held, loser),
+            (loser, CreateOutcome::Created(held)) => (rival, held, loser),
+            (x, y) => panic!("round {i}: nobody won: {x:?} / {y:?}"),
+        };
+        assert_eq!(held.name(), winner, "round {i}");
+        match loser {
+            CreateOutcome::Exists(Some(current)) => assert_eq!(current.name(), winner, "round {i}"),
+            other => panic!("round {i}: two winners or unreadable: {other:?}"),
+        }
+        let keys: Vec<String> = a
+            .list()
+            .await
+            .expect("list")
+            .leases
+            .iter()
+            .filter(|l| l.subnet == s)
+            .map(|l| l.name().key_name())
+            .collect();
+        assert_eq!(keys, [winner.key_name()], "round {i}: one key per subnet");
+        // get finds the key by its IPv4 subnet, in whichever form it is.
+        let got = b.get(s).await.expect("get").expect("present").expect("parses");
+        assert_eq!(got.name(), winner);
+    }
+
+    // Renew, refresh and release write the exact dual-stack key; history keeps the half.
+    let s = subnet("10.244.20.0/24");
+    let dual = LeaseName { subnet: s, ipv6: Some(half(0x20)) };
+    let held = created(a.create_pruning(dual, &attrs_a, LONG_TTL, &[]).await.expect("create"));
+    let history_half = |listing: &Listing| {
+        listing.history.iter().find(|h| h.subnet == s).map(|h| (h.record.state, h.record.ipv6))
+    };
+    let RenewOutcome::Renewed(held) = a.renew(&held, &attrs_a, LONG_TTL).await.expect("renew")
+    else {
+        panic!("renew of the dual-stack key failed")
+    };
+    assert_eq!(held.name(), dual);
+    let RenewOutcome::Renewed(held) = a.refresh(&held, &attrs_a).await.expect("refresh") else {
+        panic!("refresh of the dual-stack key failed")
+    };
+    let listing = a.list().await.expect("list");
+    assert_eq!(history_half(&listing), Some((HistoryState::Held, Some(half(0x20)))));
+    assert_eq!(
+        a.release(&held, &node("node-aaaa")).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let listing = a.list().await.expect("list");
+    assert!(listing.leases.iter().all(|l| l.subnet != s), "released key still there");
+    assert_eq!(history_half(&listing), Some((HistoryState::Relinquished, Some(half(0x20)))));
+
+    // An operator's revoke names the IPv4 subnet and deletes the dual-stack key.
+    created(b.create_pruning(dual, &attrs_b, LONG_TTL, &[]).await.expect("create again"));
+    assert!(a.revoke(s).await.expect("revoke"));
+    let listing = a.list().await.expect("list");
+    assert!(listing.leases.iter().all(|l| l.subnet != s), "revoked key still there");
+    assert_eq!(history_half(&listing), Some((HistoryState::Revoked, Some(half(0x20)))));
+    assert!(!a.revoke(s).await.expect("revoke again"));
+}
+
 #[tokio::test]
 async fn renew_with_a_stale_revision_reports_the_change_and_writes_nothing() {
     let etcd = EtcdServer::start();
@@ -202,7 +288,10 @@ async fn refresh_keeps_the_key_alive_without_rewriting_it_and_moves_its_history_
         l.history.iter().find(|h| h.subnet == s).expect("a history record").mod_revision
     };
     let first_record = record_at(&store.list().await.expect("list"));
-    let watch = store.watch(Revision(held.mod_revision.0 + 1), Some(s)).await.expect("watch");
+    let watch = store
+        .watch(Revision(held.mod_revision.0 + 1), Some(LeaseName::v4(s)))
+        .await
+        .expect("watch");
 
     // Refresh every half TTL for three TTLs: the key outlives its TTL, never rewritten.
     for _ in 0..6 {
@@ -255,7 +344,10 @@ async fn expiry_deletes_the_key_and_a_watch_sees_the_delete() {
     let s = subnet("10.244.5.0/24");
     let mine = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]);
     let held = created(store.create(s, &mine, SHORT_TTL).await.expect("create"));
-    let mut own = store.watch(Revision(held.mod_revision.0), Some(s)).await.expect("watch own key");
+    let mut own = store
+        .watch(Revision(held.mod_revision.0), Some(LeaseName::v4(s)))
+        .await
+        .expect("watch own key");
     let started = Instant::now();
     let events =
         watch_until(&mut own, Duration::from_secs(8), |e| matches!(e, WatchEvent::Delete { .. }))
@@ -814,7 +906,9 @@ async fn a_create_prunes_the_history_it_supersedes_unless_rewritten_since() {
     // A prune listed before b rewrote s2's record must not delete b's record.
     let stale = weft::lease::store::HistoryPrune { subnet: s2, mod_revision: old_s2 };
     let all: Vec<_> = prune.into_iter().chain([stale]).collect();
-    created(store.create_pruning(s3, &mine, LONG_TTL, &all).await.expect("create s3"));
+    created(
+        store.create_pruning(LeaseName::v4(s3), &mine, LONG_TTL, &all).await.expect("create s3"),
+    );
 
     let history = store.list().await.expect("list").history;
     let kept: Vec<(Subnet, String)> =

@@ -57,8 +57,36 @@ fn network_of(n: u8) -> String {
     )
 }
 
+/// [`network_of`], dual-stack, as flannel's udp backend serves it (weft's too: both halves are
+/// leased, IPv4 is carried): `EnableIPv6` with `fd00:10:244::/56` in /64s.
+fn dual_network_of(n: u8) -> String {
+    format!(
+        r#"{{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0","SubnetMax":"10.244.{n}.0","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{{"Type":"udp"}}}}"#
+    )
+}
+
 fn key_of(prefix: &str, subnet: &str) -> String {
     format!("{prefix}/subnets/{}", subnet.replace('/', "-"))
+}
+
+/// The live key of `subnet` in either form (`X`, or a dual-stack `X&<v6>`): its full name, its
+/// IPv6 half as `addr/len` if any, its value and its mod revision.
+async fn lease_of(
+    c: &mut Client,
+    prefix: &str,
+    subnet: &str,
+) -> Option<(String, Option<String>, serde_json::Value, i64)> {
+    let v4 = key_of(prefix, subnet);
+    let r = c.get(v4.clone(), Some(GetOptions::new().with_prefix())).await.unwrap();
+    r.kvs().iter().find_map(|kv| {
+        let key = kv.key_str().ok()?;
+        // `&fd00:10:244:5::-64` → `fd00:10:244:5::/64` (IPv6 text has no '-').
+        let half = match key.strip_prefix(&v4)? {
+            "" => None,
+            rest => Some(rest.strip_prefix('&')?.replacen('-', "/", 1)),
+        };
+        Some((key.to_owned(), half, serde_json::from_slice(kv.value()).ok()?, kv.mod_revision()))
+    })
 }
 
 /// A subnet key's value (as JSON) and mod revision.
@@ -92,18 +120,46 @@ fn state_node_id(n: &WeftNode) -> String {
 
 #[tokio::test]
 async fn s1_suspended_host_comes_back_and_reclaims_its_subnet() {
+    s1(&network_of(20), false).await;
+}
+
+#[tokio::test]
+async fn s1_dual_stack_suspended_host_comes_back_and_reclaims_both_halves() {
+    s1(&dual_network_of(20), true).await;
+}
+
+/// The IPv6 half a node's subnet.env names: there exactly on a dual-stack network, and the
+/// half its key carries.
+async fn checked_half(
+    c: &mut Client,
+    prefix: &str,
+    n: &WeftNode,
+    s: &str,
+    dual: bool,
+) -> Option<String> {
+    let half = n.subnet_env_ipv6();
+    assert_eq!(half.is_some(), dual, "FLANNEL_IPV6_SUBNET: {half:?}");
+    let (key, key_half, _, _) = lease_of(c, prefix, s).await.expect("the node's key");
+    assert_eq!(key_half, half, "{key} and subnet.env disagree");
+    half
+}
+
+async fn s1(network: &str, dual: bool) {
     let etcd = EtcdServer::start();
     let prefix = unique_prefix();
-    set_network(&etcd.endpoint(), &prefix, &network_of(20));
+    set_network(&etcd.endpoint(), &prefix, network);
     let a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
     let s = a.wait_ready(READY);
     let mut c = etcd.client().await;
+    let half = checked_half(&mut c, &prefix, &a, &s, dual).await;
     a.suspend();
     sleep(6.0); // past the 4 s TTL
-    assert!(read_key(&mut c, &key_of(&prefix, &s)).await.is_none(), "A's key should have expired");
+    assert!(lease_of(&mut c, &prefix, &s).await.is_none(), "A's key should have expired");
     let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
     let sb = b.wait_ready(READY);
     assert_ne!(sb, s, "B must prefer never-used subnets over A's expired one");
+    let b_half = checked_half(&mut c, &prefix, &b, &sb, dual).await;
+    assert!(!dual || b_half != half, "B took A's IPv6 half");
     a.resume();
     a.wait_log("recovered", Duration::from_secs(10));
     a.wait_ready(READY);
@@ -112,8 +168,9 @@ async fn s1_suspended_host_comes_back_and_reclaims_its_subnet() {
         Some(s.as_str()),
         "same subnet, subnet.env unchanged"
     );
-    let (v, _) = read_key(&mut c, &key_of(&prefix, &s)).await.expect("A's key is back");
+    let (_, _, v, _) = lease_of(&mut c, &prefix, &s).await.expect("A's key is back");
     assert_eq!(node_id(&v), state_node_id(&a));
+    assert_eq!(checked_half(&mut c, &prefix, &a, &s, dual).await, half, "both halves came back");
     let log = a.log();
     assert!(!log.contains("subnet changed") && !log.contains("LEASE LOST"), "{log}");
     assert_eq!(a.metric("weft_lease_recoveries_total"), Some(1.0));
@@ -179,23 +236,37 @@ async fn s2_suspended_host_finds_its_subnet_taken_reports_loudly_and_moves() {
 
 #[tokio::test]
 async fn s3_restart_with_stale_subnet_env_never_takes_the_new_holders_subnet() {
+    s3(&network_of(1), false).await;
+}
+
+#[tokio::test]
+async fn s3_dual_stack_restart_with_stale_subnet_env_never_takes_the_new_holders_subnet() {
+    s3(&dual_network_of(1), true).await;
+}
+
+async fn s3(network: &str, dual: bool) {
     let etcd = EtcdServer::start();
     let prefix = unique_prefix();
-    set_network(&etcd.endpoint(), &prefix, &network_of(1));
+    set_network(&etcd.endpoint(), &prefix, network);
     let mut a = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(1)));
     let s = a.wait_ready(READY);
+    let mut c = etcd.client().await;
+    let a_half = checked_half(&mut c, &prefix, &a, &s, dual).await;
     a.kill();
     sleep(5.0);
     let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
     assert_eq!(b.wait_ready(READY), s);
-    let mut c = etcd.client().await;
-    let before = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+    // B took the expired subnet with the IPv6 half that went with it.
+    assert_eq!(checked_half(&mut c, &prefix, &b, &s, dual).await, a_half);
+    let (b_key, _, before_value, _) = lease_of(&mut c, &prefix, &s).await.unwrap();
+    let before = (before_value, ());
     a.start(); // subnet.env still names S
     a.wait_log("network exhausted", Duration::from_secs(15));
     a.wait_log("previous subnet", Duration::from_secs(1));
     // Across A's whole run the key stays B's: same value, and only B's renewals move it.
     for _ in 0..6 {
-        let (v, _) = read_key(&mut c, &key_of(&prefix, &s)).await.unwrap();
+        let (key, _, v, _) = lease_of(&mut c, &prefix, &s).await.unwrap();
+        assert_eq!(key, b_key);
         assert_eq!(node_id(&v), node_id(&before.0));
         assert_eq!(v["PublicIP"], "192.0.2.2");
         sleep(0.5);
@@ -267,24 +338,35 @@ async fn a_fast_restart_is_never_a_clash_even_below_etcds_minimum_ttl() {
 
 #[tokio::test]
 async fn s5_partition_longer_than_the_ttl_keeps_the_subnet_and_recovers() {
+    s5(&network_of(20), false).await;
+}
+
+#[tokio::test]
+async fn s5_dual_stack_partition_longer_than_the_ttl_keeps_both_halves_and_recovers() {
+    s5(&dual_network_of(20), true).await;
+}
+
+async fn s5(network: &str, dual: bool) {
     let etcd = EtcdServer::start();
     let prefix = unique_prefix();
-    set_network(&etcd.endpoint(), &prefix, &network_of(20));
+    set_network(&etcd.endpoint(), &prefix, network);
     let proxy = Proxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, etcd.client_port())));
     let a = WeftNode::spawn(NodeOptions::new(proxy.endpoint(), &prefix, ip(1)));
     let s = a.wait_ready(READY);
+    let mut c = etcd.client().await;
+    let half = checked_half(&mut c, &prefix, &a, &s, dual).await;
     let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
     b.wait_ready(READY);
     proxy.cut(true);
     sleep(12.0); // three TTLs
-    let mut c = etcd.client().await;
-    assert!(read_key(&mut c, &key_of(&prefix, &s)).await.is_none(), "A's key expired in etcd");
+    assert!(lease_of(&mut c, &prefix, &s).await.is_none(), "A's key expired in etcd");
     let (code, body) = a.get("/readyz");
     assert_eq!(code, 503, "{body}");
     assert!(a.get("/healthz").0 == 200, "A still runs");
     proxy.cut(false);
     a.wait_log("recovered", Duration::from_secs(15));
     assert_eq!(a.wait_ready(READY), s);
+    assert_eq!(checked_half(&mut c, &prefix, &a, &s, dual).await, half);
     assert_eq!(b.get("/readyz").0, 200);
     assert!(!a.log().contains("LEASE LOST"));
 }

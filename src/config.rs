@@ -48,7 +48,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::{Map, Value};
 
 use crate::dataplane::wire::vxlan::Vni;
-use crate::lease::record::{ForeignSubnet, Subnet};
+use crate::lease::record::{ForeignSubnet, Ipv6Subnet, LeaseName, Subnet};
 
 /// flannel's vxlan port: the Linux kernel's legacy VXLAN port, from before IANA assigned 4789.
 /// A peer on 4789 does not interoperate with a default flannel. This and the two below are the
@@ -638,6 +638,18 @@ impl NetworkConfig {
             && subnet.network() >= self.subnet_min
             && subnet.network() <= self.subnet_max
     }
+
+    /// Whether a lease of both halves may be held under this config: its IPv4 subnet fits, and
+    /// it has an IPv6 half exactly when the config enables IPv6, a half that fits too
+    /// (flannel reuses a previous lease only if both halves fit).
+    pub fn fits_lease(&self, name: LeaseName) -> bool {
+        self.fits(name.subnet)
+            && match (&self.ipv6, name.ipv6) {
+                (None, None) => true,
+                (Some(v6), Some(half)) => v6.fits(half.net()),
+                _ => false,
+            }
+    }
 }
 
 impl Ipv6NetworkConfig {
@@ -739,6 +751,20 @@ impl Ipv6NetworkConfig {
         }
         // A shift of 128 (a /0 "subnet") has a single subnet: checked_shr's None means 0.
         (hi - lo).checked_shr(shift).unwrap_or(0).saturating_add(1)
+    }
+
+    /// Every leasable IPv6 subnet, from `subnet_min` up, ascending; lazily, since a range may
+    /// hold up to 2^125 of them.
+    pub fn subnets(&self) -> impl Iterator<Item = Ipv6Subnet> + '_ {
+        let shift = 128u32.saturating_sub(u32::from(self.subnet_len));
+        let step = 1u128.checked_shl(shift).unwrap_or(0);
+        let lo = u128::from(self.subnet_min);
+        let count = self.subnet_count();
+        (0..count).map_while(move |i| {
+            let addr = lo.checked_add(i.checked_mul(step)?)?;
+            let net = Ipv6Net::new(Ipv6Addr::from(addr), self.subnet_len).ok()?;
+            Ipv6Subnet::new(net).ok()
+        })
     }
 
     /// Whether `subnet` may be leased under this config: exactly `subnet_len` long, no host

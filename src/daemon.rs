@@ -261,14 +261,26 @@ pub fn etcd_endpoint_addrs(etcd_endpoints: &[String]) -> Vec<UnderlayAddr> {
 /// is what an invalid config gets too: the node stays unready and takes the config once it is
 /// changed, rather than coming up IPv4-only in a cluster that asked for IPv6.
 pub fn not_supported_yet(cfg: &NetworkConfig) -> Option<String> {
-    cfg.ipv6.as_ref().map(|v6| {
-        format!(
-            "the network config enables IPv6 (EnableIPv6, IPv6Network {}): weft does not lease \
-             or forward IPv6 yet (docs/dual-stack.md); remove the IPv6 fields, or run flanneld \
-             on this node",
-            v6.network
-        )
-    })
+    // The udp backend is served: flannel's leases both halves and carries IPv4 only.
+    let v6 = cfg.ipv6.as_ref().filter(|_| cfg.backend.kind == BackendKind::Vxlan)?;
+    Some(format!(
+        "the network config enables IPv6 (EnableIPv6, IPv6Network {}) with the vxlan backend: \
+         weft leases both halves but does not forward IPv6 yet (docs/dual-stack.md); remove \
+         the IPv6 fields, or run flanneld on this node",
+        v6.network
+    ))
+}
+
+/// What a dual-stack config means for the udp backend, said once at start: flannel's udp
+/// backend leases an IPv6 half (and writes it to subnet.env) but carries IPv4 only.
+pub fn udp_ipv6_notice(cfg: &NetworkConfig) -> Option<String> {
+    let v6 = cfg.ipv6.as_ref().filter(|_| cfg.backend.kind == BackendKind::Udp)?;
+    Some(format!(
+        "the network config enables IPv6 (IPv6Network {}) but the udp backend carries IPv4 \
+         only, as flannel's: each lease gets an IPv6 half (in its key and in subnet.env), and \
+         IPv6 packets are not forwarded (docs/dual-stack.md)",
+        v6.network
+    ))
 }
 
 /// Reads the network config, retrying every second until it is present, valid and something
@@ -368,7 +380,10 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     let Some(network) = wait_for_config(&*store, &mut shutdown_rx).await? else {
         return stopped(health_task).await;
     };
-    info!(network = %network.network, subnet_len = network.subnet_len, backend = ?network.backend.kind, "network config");
+    info!(network = %network.network, subnet_len = network.subnet_len, ipv6_network = ?network.ipv6.as_ref().map(|v6| v6.network), backend = ?network.backend.kind, "network config");
+    if let Some(notice) = udp_ipv6_notice(&network) {
+        warn!("{notice}");
+    }
     let underlay = find_underlay(opts.iface.as_deref(), opts.public_ip)?;
     info!(iface = underlay.iface.as_deref().unwrap_or("?"), public_ip = %underlay.public_ip, mtu = underlay.mtu, "underlay");
     network.check_underlay(&underlay_addrs(underlay.public_ip, &opts.etcd_endpoints))?;
@@ -905,6 +920,13 @@ mod tests {
         let cfg = NetworkConfig::parse(dual).unwrap();
         let why = not_supported_yet(&cfg).expect("IPv6 is not served yet");
         assert!(why.contains("EnableIPv6") && why.contains("fd00:10:244::/56"), "{why}");
+        assert_eq!(udp_ipv6_notice(&cfg), None);
+        // The udp backend is served dual-stack (IPv4 carried, both halves leased), loudly.
+        let udp = br#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"udp"}}"#;
+        let udp = NetworkConfig::parse(udp).unwrap();
+        assert_eq!(not_supported_yet(&udp), None);
+        let notice = udp_ipv6_notice(&udp).expect("said at start");
+        assert!(notice.contains("IPv4 only") && notice.contains("fd00:10:244::/56"), "{notice}");
 
         let (_stop, mut stop_rx) = watch::channel(false);
         let reader = store.client("node");

@@ -335,6 +335,8 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             if let Some(why) = daemon::not_supported_yet(&cfg) {
                 // Written: flannel nodes can use it; weft nodes wait until it changes.
                 eprintln!("weft: warning: {why}");
+            } else if let Some(notice) = daemon::udp_ipv6_notice(&cfg) {
+                eprintln!("weft: note: {notice}");
             }
             eprintln!(
                 "network config written: {} split into /{} subnets ({} leasable), backend {}",
@@ -393,6 +395,7 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
             .map(|h| history_text(h.record.state));
         rows.push(serde_json::json!({
             "subnet": l.subnet.to_string(),
+            "ipv6_subnet": l.ipv6.map(|h| h.to_string()),
             "public_ip": l.attrs.public_ip.to_string(),
             "holder": l.attrs.node_id.as_ref().map(|n| n.to_string()),
             "backend": l.attrs.backend_type.clone().unwrap_or_else(|| "udp".into()),
@@ -407,6 +410,7 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
         }
         rows.push(serde_json::json!({
             "subnet": h.subnet.to_string(),
+            "ipv6_subnet": h.record.ipv6.map(|h| h.to_string()),
             "public_ip": h.record.public_ip.to_string(),
             "holder": h.record.node.to_string(),
             "backend": serde_json::Value::Null,
@@ -429,9 +433,23 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
+    // The IPv6 column only on a dual-stack network (some lease has a half).
+    let dual = rows.iter().any(|r| r["ipv6_subnet"].is_string());
+    let ipv6_col = |r: &serde_json::Value| {
+        if dual {
+            format!("{:<24} ", r["ipv6_subnet"].as_str().unwrap_or("-"))
+        } else {
+            String::new()
+        }
+    };
     println!(
-        "{:<18} {:<16} {:<34} {:>9}  {:<13} HISTORY",
-        "SUBNET", "PUBLIC-IP", "HOLDER", "TTL-LEFT", "STATE"
+        "{:<18} {}{:<16} {:<34} {:>9}  {:<13} HISTORY",
+        "SUBNET",
+        if dual { format!("{:<24} ", "IPV6-SUBNET") } else { String::new() },
+        "PUBLIC-IP",
+        "HOLDER",
+        "TTL-LEFT",
+        "STATE"
     );
     for r in &rows {
         let ttl = match (r["live"].as_bool(), r["ttl_seconds"].as_u64()) {
@@ -440,8 +458,9 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
             _ => "-".into(),
         };
         println!(
-            "{:<18} {:<16} {:<34} {:>9}  {:<13} {}",
+            "{:<18} {}{:<16} {:<34} {:>9}  {:<13} {}",
             r["subnet"].as_str().unwrap_or(""),
+            ipv6_col(r),
             r["public_ip"].as_str().unwrap_or(""),
             r["holder"].as_str().unwrap_or("(flannel)"),
             ttl,

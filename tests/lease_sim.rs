@@ -73,7 +73,12 @@ fn is_loss_or_change(e: &KeeperEvent) -> bool {
 /// A world whose first `n` hosts hold every subnet of a network of `n`: `a` holds one, `c1`..
 /// the others. Returns a's subnet.
 fn full_network_with_a(n: u32) -> (World, Subnet) {
-    let mut w = World::new(0, network_of(n));
+    full_with_a(network_of(n), n)
+}
+
+/// `full_network_with_a` on any network of `n` subnets.
+fn full_with_a(network: weft::config::NetworkConfig, n: u32) -> (World, Subnet) {
+    let mut w = World::new(0, network);
     w.join("a");
     let s = wait_hold(&mut w, "a", 5 * SEC);
     for i in 1..n {
@@ -88,9 +93,30 @@ fn full_network_with_a(n: u32) -> (World, Subnet) {
 
 #[test]
 fn s1_suspended_host_reclaims_its_subnet() {
-    let mut w = World::new(0, network_of(8));
+    s1(network_of(8));
+}
+
+#[test]
+fn s1_dual_stack_suspended_host_reclaims_both_halves() {
+    s1(dual_network_of(8));
+}
+
+/// The IPv6 half `name` holds now, which must be there exactly on a dual-stack network.
+fn half_of(w: &World, name: &str) -> Option<weft::lease::record::Ipv6Subnet> {
+    let half = w.keeper(name).ipv6();
+    assert_eq!(half.is_some(), w.host(name).imp == Impl::Weft && dual(w), "{name}: {half:?}");
+    half
+}
+
+fn dual(w: &World) -> bool {
+    w.network.ipv6.is_some()
+}
+
+fn s1(network: weft::config::NetworkConfig) {
+    let mut w = World::new(0, network);
     w.join("a");
     let s = wait_hold(&mut w, "a", 5 * SEC);
+    let half = half_of(&w, "a");
     w.advance(TTL);
     w.suspend("a");
     w.advance(TTL + TTL / 2);
@@ -110,6 +136,12 @@ fn s1_suspended_host_reclaims_its_subnet() {
     assert_eq!(w.host("a").subnet_env, Some(s));
     assert_eq!(w.host("a").subnet_changes, 0);
     assert_eq!(w.key(s).unwrap().attrs.node_id.as_ref(), Some(&w.host("a").node));
+    // Both halves came back: the reclaim recreated the same key.
+    assert_eq!(w.key(s).unwrap().ipv6, half);
+    assert_eq!(half_of(&w, "a"), half);
+    if dual(&w) {
+        assert_ne!(w.key(sb).unwrap().ipv6, half, "b got a's IPv6 half");
+    }
     w.advance(TTL * 2);
     assert_eq!(w.believed("a"), Some(s));
     assert_eq!(w.believed("b"), Some(sb));
@@ -194,19 +226,35 @@ fn s2_resumed_host_finds_subnet_taken_moves_to_freed_subnet() {
 
 #[test]
 fn s3_restart_with_stale_subnet_env_never_touches_new_holders_key() {
-    let (mut w, s) = full_network_with_a(2);
+    s3(network_of(2));
+}
+
+#[test]
+fn s3_dual_stack_restart_with_stale_subnet_env_never_touches_new_holders_key() {
+    s3(dual_network_of(2));
+}
+
+fn s3(network: weft::config::NetworkConfig) {
+    let (mut w, s) = full_with_a(network, 2);
+    let a_half = half_of(&w, "a");
     w.kill("a");
     w.advance(TTL + SEC);
     w.join("b");
     assert_eq!(wait_hold(&mut w, "b", 5 * SEC), s);
-    let b_key = w.store.raw(&subnet_key(s)).unwrap();
+    // B took the expired subnet with the IPv6 half history remembers for it.
+    assert_eq!(half_of(&w, "b"), a_half);
+    let b_key = w.store.raw(&w.live_key(s).unwrap()).unwrap();
     let pos = w.log_len();
     let t = w.now();
     assert_eq!(w.host("a").subnet_env, Some(s), "a's stale subnet.env names S");
     w.start("a");
     // A's first second: B's key byte for byte, same mod revision (B's next renewal is later).
     w.advance(SEC / 2);
-    assert_eq!(w.store.raw(&subnet_key(s)).unwrap(), b_key, "value and mod revision unchanged");
+    assert_eq!(
+        w.store.raw(&w.live_key(s).unwrap()).unwrap(),
+        b_key,
+        "value and mod revision unchanged"
+    );
     // A's whole run: the key only ever changes by B's own renewals.
     for _ in 0..40 {
         w.advance(TTL / 4);
@@ -310,11 +358,21 @@ fn s4_clone_started_while_original_suspended_under_ttl_adopts_and_original_repor
 
 #[test]
 fn s5_partition_longer_than_ttl_keeps_subnet_and_recovers_on_heal() {
-    let mut w = World::new(5, network_of(8));
+    s5(network_of(8));
+}
+
+#[test]
+fn s5_dual_stack_partition_longer_than_ttl_keeps_both_halves_and_recovers_on_heal() {
+    s5(dual_network_of(8));
+}
+
+fn s5(network: weft::config::NetworkConfig) {
+    let mut w = World::new(5, network);
     w.join("a");
     w.join("b");
     let s = wait_hold(&mut w, "a", 5 * SEC);
     let sb = wait_hold(&mut w, "b", 5 * SEC);
+    let half = half_of(&w, "a");
     w.advance(TTL);
     let t = w.now();
     w.partition("a", true);
@@ -331,6 +389,7 @@ fn s5_partition_longer_than_ttl_keeps_subnet_and_recovers_on_heal() {
     assert_eq!(count(&ev, is_loss_or_change), 0);
     assert_eq!(w.believed("b"), Some(sb));
     assert_eq!(w.host("a").subnet_env, Some(s));
+    assert_eq!((half_of(&w, "a"), w.key(s).unwrap().ipv6), (half, half));
     w.assert_clean();
 }
 
@@ -553,8 +612,13 @@ fn hand_driven_keeper_holding_a_lease() -> (Keeper, Instant, HeldLease) {
     );
     assert_eq!(k.poll_action(t0), Some(Action::List));
     k.handle_result(t0, t0, ActionResult::List(Ok(Listing::default())));
-    let Some(Action::Create { subnet, .. }) = k.poll_action(t0) else { panic!("a create") };
-    let held = HeldLease { subnet, mod_revision: Revision(5), lease_id: StoreLeaseId(2) };
+    let Some(Action::Create { name, .. }) = k.poll_action(t0) else { panic!("a create") };
+    let held = HeldLease {
+        subnet: name.subnet,
+        ipv6: name.ipv6,
+        mod_revision: Revision(5),
+        lease_id: StoreLeaseId(2),
+    };
     k.handle_result(t0, t0, ActionResult::Create(Ok(CreateOutcome::Created(held))));
     assert_eq!(k.expires_at(), Some(t0 + ttl));
     (k, t0, held)

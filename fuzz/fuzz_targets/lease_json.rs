@@ -1,6 +1,7 @@
 //! Lease store values and keys: LeaseAttrs::from_json (then Peer::from_lease, which reads
 //! BackendData and the VtepMAC), HistoryRecord::from_json and Subnet::parse_key_name, each with
-//! its round trip (to_json / key_name parse back to the same value); KeyLayout's parsers, which
+//! its round trip (to_json / key_name parse back to the same value); LeaseName::parse (both
+//! halves of a dual-stack key) and Ipv6Subnet's parsers likewise; KeyLayout's parsers, which
 //! both stores read keys with, agree with them.
 #![no_main]
 
@@ -8,7 +9,8 @@ use libfuzzer_sys::fuzz_target;
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::lease::keys::KeyLayout;
 use weft::lease::record::{
-    HistoryRecord, LeaseAttrs, Revision, StoreLeaseId, StoredLease, Subnet, SubnetError,
+    HistoryRecord, Ipv6Subnet, LeaseAttrs, LeaseName, Revision, StoreLeaseId, StoredLease, Subnet,
+    SubnetError,
 };
 use weft::lease::store::BadEntry;
 use weft::route::Peer;
@@ -23,8 +25,13 @@ fuzz_target!(|data: &[u8]| {
         }
         assert_eq!(again, attrs, "LeaseAttrs round trip");
         let subnet = Subnet::from_parts([10, 244, 1, 0].into(), 24).unwrap();
-        let lease =
-            StoredLease { subnet, attrs, mod_revision: Revision(1), lease_id: StoreLeaseId(0) };
+        let lease = StoredLease {
+            subnet,
+            ipv6: None,
+            attrs,
+            mod_revision: Revision(1),
+            lease_id: StoreLeaseId(0),
+        };
         if let Ok(peer) = Peer::from_lease(&lease) {
             let ip = peer.public_ip;
             assert!(!ip.is_unspecified() && !ip.is_broadcast() && !ip.is_multicast());
@@ -50,9 +57,29 @@ fuzz_target!(|data: &[u8]| {
         Err(_) => {}
     }
     let _ = text.parse::<Subnet>();
+    match LeaseName::parse(text) {
+        Ok(n) => {
+            assert_eq!(Subnet::parse_key_name(text), Ok(n.subnet), "the IPv4 half agrees");
+            assert_eq!(LeaseName::parse(&n.key_name()), Ok(n), "lease name round trip");
+            assert_eq!(n.ipv6.is_some(), text.contains('&'));
+            if let Some(half) = n.ipv6 {
+                assert_eq!(half.to_string().parse::<Ipv6Subnet>(), Ok(half));
+                assert_eq!(half.key_name().parse::<Ipv6Subnet>(), Ok(half));
+                assert_eq!(half.net().network(), half.network());
+                let _ = half.first_host();
+            }
+        }
+        Err(e) => assert_eq!(Subnet::parse_key_name(text), Err(e), "the same verdict"),
+    }
+    let _ = text.parse::<Ipv6Subnet>();
     let bad =
         BadEntry { key: format!("/coreos.com/network/subnets/{text}"), problem: String::new() };
     let _ = (bad.subnet_key(), bad.is_ipv6_only_lease());
+    if let Some(half) = bad.ipv6_half() {
+        assert!(LeaseName::parse(text).is_ok() || bad.is_ipv6_only_lease(), "{text}");
+        let (_, v6) = text.split_once('&').expect("a half comes after '&'");
+        assert_eq!(v6.parse::<Ipv6Subnet>(), Ok(half), "{text}");
+    }
     // The stores' key parsers: a key under subnets/ (or history/) reads as a lease (a record)
     // exactly when its name and the value parse, and a subnet's own key reads back to it.
     let keys = KeyLayout::new("/coreos.com/network/");
@@ -67,6 +94,12 @@ fuzz_target!(|data: &[u8]| {
     let record = keys.parse_history(&history_key, data, Revision(3));
     assert_eq!(record.is_ok(), name.is_ok() && HistoryRecord::from_json(data).is_ok());
     assert_eq!(keys.parse_deleted(&bad.key).ok(), name.ok());
+    if let Ok(n) = LeaseName::parse(text) {
+        assert_eq!(keys.parse_deleted_name(&keys.lease(n)).ok(), Some(n), "lease key round trip");
+        if let Ok(l) = &lease {
+            assert_eq!(l.name(), n, "a lease reads back with both halves");
+        }
+    }
     if let Ok(s) = name {
         assert_eq!(keys.parse_deleted(&keys.subnet(s)), Ok(s), "subnet key round trip");
         assert!(keys.parse_deleted(&keys.history(s)).is_err(), "a history key is no lease");

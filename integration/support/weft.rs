@@ -324,6 +324,16 @@ impl WeftNode {
         Some(format!("{}/{len}", Ipv4Addr::from(u32::from(ip) - 1)))
     }
 
+    /// The IPv6 subnet subnet.env names (`FLANNEL_IPV6_SUBNET` less one: `fd00:10:244:5::/64`),
+    /// on a dual-stack network.
+    pub fn subnet_env_ipv6(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.subnet_file()).ok()?;
+        let line = text.lines().find_map(|l| l.strip_prefix("FLANNEL_IPV6_SUBNET="))?;
+        let (ip, len) = line.split_once('/')?;
+        let ip: std::net::Ipv6Addr = ip.parse().ok()?;
+        Some(format!("{}/{len}", std::net::Ipv6Addr::from(u128::from(ip) - 1)))
+    }
+
     /// Waits until `/readyz` says ready; returns the subnet from subnet.env.
     pub fn wait_ready(&self, within: Duration) -> String {
         let deadline = Instant::now() + within;

@@ -30,7 +30,7 @@ use super::keeper::{
 };
 use super::record::{NodeId, Revision, Subnet};
 use super::store::{Store, WatchEvent, WatchStream};
-use super::subnet_env::{self, SubnetEnv};
+use super::subnet_env::{self, SubnetEnv, SubnetEnv6};
 use crate::config::NetworkConfig;
 use crate::health::{Counters, Health, LeaseStatus};
 use crate::time::{Clock, Instant};
@@ -46,8 +46,8 @@ pub async fn execute(store: &dyn Store, node: &NodeId, action: Action) -> Action
             ActionResult::KeepPresence(store.keep_presence(node, lease, beat).await)
         }
         Action::List => ActionResult::List(store.list().await),
-        Action::Create { subnet, attrs, ttl, prune } => {
-            ActionResult::Create(store.create_pruning(subnet, &attrs, ttl, &prune).await)
+        Action::Create { name, attrs, ttl, prune } => {
+            ActionResult::Create(store.create_pruning(name, &attrs, ttl, &prune).await)
         }
         Action::Renew { held, attrs, ttl } => {
             ActionResult::Renew(store.renew(&held, &attrs, ttl).await)
@@ -245,7 +245,7 @@ impl LeaseDriver {
         if now < self.watch_retry_at {
             return;
         }
-        match self.store.watch(Revision(held.mod_revision.0 + 1), Some(held.subnet)).await {
+        match self.store.watch(Revision(held.mod_revision.0 + 1), Some(held.name())).await {
             Ok(w) => self.own_watch = Some((held.subnet, w)),
             Err(e) => {
                 debug!(error = %e, "own-key watch could not start; retrying");
@@ -308,9 +308,11 @@ impl LeaseDriver {
             KeeperEvent::Acquired { subnet, kind } => {
                 Counters::inc(&c.acquisitions);
                 match kind {
-                    AcquireKind::Adopted => info!(%subnet, "adopted this node's live lease"),
+                    AcquireKind::Adopted => {
+                        info!(%subnet, ipv6 = ?self.keeper.ipv6(), "adopted this node's live lease")
+                    }
                     AcquireKind::Created(reason) => {
-                        info!(%subnet, ?reason, "acquired subnet lease")
+                        info!(%subnet, ipv6 = ?self.keeper.ipv6(), ?reason, "acquired subnet lease")
                     }
                 }
                 self.write_subnet_env(subnet);
@@ -412,11 +414,17 @@ impl LeaseDriver {
     }
 
     fn write_subnet_env(&mut self, subnet: Subnet) {
+        // The IPv6 half moves with the subnet: the keeper holds both under one key.
+        let ipv6 = match (&self.cfg.network.ipv6, self.keeper.ipv6()) {
+            (Some(v6), Some(half)) => Some(SubnetEnv6 { network: v6.network, subnet: half }),
+            _ => None,
+        };
         let env = SubnetEnv {
             network: self.cfg.network.network,
             subnet,
             mtu: self.cfg.mtu,
             ipmasq: self.cfg.ip_masq,
+            ipv6,
         };
         let retry = self.env_retry.take();
         let delay = retry.as_ref().map_or(ENV_RETRY_MIN, |r| r.delay);

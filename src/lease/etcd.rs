@@ -48,8 +48,8 @@ use etcd_client::{
 
 use super::keys::KeyLayout;
 use super::record::{
-    HistoryEntry, HistoryRecord, HistoryState, LeaseAttrs, NodeId, Revision, StoreLeaseId,
-    StoredLease, Subnet,
+    HistoryEntry, HistoryRecord, HistoryState, LeaseAttrs, LeaseName, NodeId, Revision,
+    StoreLeaseId, StoredLease, Subnet,
 };
 use super::store::{
     BadEntry, BoxError, CreateOutcome, HeldLease, HistoryPrune, Listing, PresenceOutcome,
@@ -498,16 +498,23 @@ impl EtcdStore {
     }
 
     /// The `put key + put history` operations of a create or renew.
-    fn write_ops(&self, subnet: Subnet, attrs: &LeaseAttrs, lease: StoreLeaseId) -> Vec<TxnOp> {
+    fn write_ops(&self, name: LeaseName, attrs: &LeaseAttrs, lease: StoreLeaseId) -> Vec<TxnOp> {
         let mut ops = vec![TxnOp::put(
-            self.keys().subnet(subnet),
+            self.keys().lease(name),
             attrs.to_json(),
             Some(PutOptions::new().with_lease(lease.0)),
         )];
-        if let Some(record) = HistoryRecord::held(attrs) {
-            ops.push(TxnOp::put(self.keys().history(subnet), record.to_json(), None));
+        if let Some(record) = HistoryRecord::held(attrs, name.ipv6) {
+            ops.push(TxnOp::put(self.keys().history(name.subnet), record.to_json(), None));
         }
         ops
+    }
+
+    /// `subnet`'s key, in whichever form it exists (`X` or `X&…`).
+    async fn key_of(&self, c: &mut Client, subnet: Subnet) -> Result<Option<KeyValue>, StoreError> {
+        let (start, end) = self.keys().keys_of_range(subnet);
+        let resp = self.call(c.get(start, Some(GetOptions::new().with_range(end)))).await?;
+        Ok(resp.kvs().iter().find(|kv| self.keys().is_key_of(&key_text(kv), subnet)).cloned())
     }
 
     /// The value of the key read in a failed transaction's `else` branch.
@@ -678,21 +685,20 @@ impl Store for EtcdStore {
         subnet: Subnet,
     ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError> {
         let mut c = self.client().await?;
-        let resp = self.call(c.get(self.keys().subnet(subnet), None)).await?;
-        Ok(resp.kvs().first().map(|kv| self.parse_subnet_kv(kv)))
+        Ok(self.key_of(&mut c, subnet).await?.map(|kv| self.parse_subnet_kv(&kv)))
     }
 
     async fn create_pruning(
         &self,
-        subnet: Subnet,
+        name: LeaseName,
         attrs: &LeaseAttrs,
         ttl: Duration,
         prune: &[HistoryPrune],
     ) -> Result<CreateOutcome, StoreError> {
+        let subnet = name.subnet;
         let mut c = self.client().await?;
         let lease = self.grant(&mut c, ttl).await?;
-        let key = self.keys().subnet(subnet);
-        let mut ops = self.write_ops(subnet, attrs, lease);
+        let mut ops = self.write_ops(name, attrs, lease);
         // Each prune is a nested transaction with its own compare: one that fails (the record
         // was rewritten since) deletes nothing and fails nothing else.
         // A departure marker of this subnet is news of an earlier holder: gone with the create
@@ -713,22 +719,31 @@ impl Store for EtcdStore {
                     ]),
             )
         }));
+        // Neither form of the subnet's key may exist: not `X`, not any `X&…` (flannel's
+        // dual-stack nodes write those), whichever form this create writes.
+        let (dual_start, dual_end) = self.keys().dual_stack_range(subnet);
+        let (any_start, any_end) = self.keys().keys_of_range(subnet);
         let txn = Txn::new()
-            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .when([
+                Compare::version(self.keys().subnet(subnet), CompareOp::Equal, 0),
+                Compare::version(dual_start, CompareOp::Equal, 0).with_range(dual_end),
+            ])
             .and_then(ops)
-            .or_else([TxnOp::get(key, None)]);
+            .or_else([TxnOp::get(any_start, Some(GetOptions::new().with_range(any_end)))]);
         // On an error the outcome is unknown: keep the lease (see the module docs).
         let resp = self.call(c.txn(txn)).await?;
         if resp.succeeded() {
             return Ok(CreateOutcome::Created(HeldLease {
                 subnet,
+                ipv6: name.ipv6,
                 mod_revision: header_revision(&resp)?,
                 lease_id: lease,
             }));
         }
         self.revoke_lease(&mut c, lease).await;
-        let current = self.current_of(&resp)?;
-        Ok(CreateOutcome::Exists(current.and_then(Result::ok)))
+        let get = nth_get(&resp, 0)?;
+        let current = get.kvs().iter().find(|kv| self.keys().is_key_of(&key_text(kv), subnet));
+        Ok(CreateOutcome::Exists(current.and_then(|kv| self.parse_subnet_kv(kv).ok())))
     }
 
     async fn renew(
@@ -739,15 +754,16 @@ impl Store for EtcdStore {
     ) -> Result<RenewOutcome, StoreError> {
         let mut c = self.client().await?;
         let lease = self.grant(&mut c, ttl).await?;
-        let key = self.keys().subnet(held.subnet);
+        let key = self.keys().lease(held.name());
         let txn = Txn::new()
             .when([Compare::mod_revision(key.clone(), CompareOp::Equal, held.mod_revision.0)])
-            .and_then(self.write_ops(held.subnet, attrs, lease))
+            .and_then(self.write_ops(held.name(), attrs, lease))
             .or_else([TxnOp::get(key, None)]);
         let resp = self.call(c.txn(txn)).await?;
         if resp.succeeded() {
             let renewed = HeldLease {
                 subnet: held.subnet,
+                ipv6: held.ipv6,
                 mod_revision: header_revision(&resp)?,
                 lease_id: lease,
             };
@@ -772,13 +788,13 @@ impl Store for EtcdStore {
     ) -> Result<RenewOutcome, StoreError> {
         let mut c = self.client().await?;
         let alive = self.keep_alive_once(&mut c, held.lease_id).await?;
-        let key = self.keys().subnet(held.subnet);
+        let key = self.keys().lease(held.name());
         let mut ours =
             vec![Compare::mod_revision(key.clone(), CompareOp::Equal, held.mod_revision.0)];
         // The compare alone would do: a key still at our revision is on our store lease. With
         // the lease gone the key is too, so this only makes a racing answer fail safe.
         ours.push(Compare::lease(key.clone(), CompareOp::Equal, held.lease_id.0));
-        let then = match HistoryRecord::held(attrs) {
+        let then = match HistoryRecord::held(attrs, held.ipv6) {
             Some(record) if alive => {
                 vec![TxnOp::put(self.keys().history(held.subnet), record.to_json(), None)]
             }
@@ -806,7 +822,7 @@ impl Store for EtcdStore {
 
     async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError> {
         let mut c = self.client().await?;
-        let key = self.keys().subnet(held.subnet);
+        let key = self.keys().lease(held.name());
         // The history wants the holder's public IP, which only the key's value has. Reading it
         // first is safe: the transaction below compares the same mod revision, so the value
         // it deletes is the value read here.
@@ -826,8 +842,12 @@ impl Store for EtcdStore {
                 ))));
             }
         };
-        let record =
-            HistoryRecord { state: HistoryState::Relinquished, node: node.clone(), public_ip };
+        let record = HistoryRecord {
+            state: HistoryState::Relinquished,
+            node: node.clone(),
+            public_ip,
+            ipv6: held.ipv6,
+        };
         let txn = Txn::new()
             .when([Compare::mod_revision(key.clone(), CompareOp::Equal, held.mod_revision.0)])
             .and_then([
@@ -847,11 +867,11 @@ impl Store for EtcdStore {
 
     async fn revoke(&self, subnet: Subnet) -> Result<bool, StoreError> {
         let mut c = self.client().await?;
-        let key = self.keys().subnet(subnet);
-        let resp = self.call(c.get(key.clone(), None)).await?;
-        let Some(kv) = resp.kvs().first() else {
+        let Some(kv) = self.key_of(&mut c, subnet).await? else {
             return Ok(false);
         };
+        let key = key_text(&kv);
+        let ipv6 = self.keys().parse_deleted_name(&key).ok().and_then(|n| n.ipv6);
         // A weft lease names its holder: record the revoke in history and in a departure marker
         // in the same transaction, so peers unroute the subnet (an expiry writes nothing, and
         // its route is kept). The compare makes sure the value read is the value deleted.
@@ -859,8 +879,12 @@ impl Store for EtcdStore {
         if let Ok(attrs) = LeaseAttrs::from_json(kv.value())
             && let Some(node) = attrs.node_id
         {
-            let record =
-                HistoryRecord { state: HistoryState::Revoked, node, public_ip: attrs.public_ip };
+            let record = HistoryRecord {
+                state: HistoryState::Revoked,
+                node,
+                public_ip: attrs.public_ip,
+                ipv6,
+            };
             ops.push(TxnOp::put(self.keys().history(subnet), record.to_json(), None));
             ops.push(TxnOp::put(self.keys().departure(subnet), record.to_json(), None));
         }
@@ -991,11 +1015,15 @@ impl Store for EtcdStore {
         Ok(())
     }
 
-    async fn watch(&self, from: Revision, only: Option<Subnet>) -> Result<WatchStream, StoreError> {
+    async fn watch(
+        &self,
+        from: Revision,
+        only: Option<LeaseName>,
+    ) -> Result<WatchStream, StoreError> {
         let mut c = self.client().await?;
         let mut options = WatchOptions::new().with_start_revision(from.0);
         let key = match only {
-            Some(subnet) => self.keys().subnet(subnet),
+            Some(name) => self.keys().lease(name),
             None => {
                 let (start, end) = self.keys().route_watch_range();
                 options = options.with_range(end);

@@ -44,7 +44,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::policy::{self, Candidate, Choice, CreateReason};
-use super::record::{Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet};
+use super::record::{
+    Incarnation, Ipv6Subnet, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId, StoredLease,
+    Subnet,
+};
 use super::store::{
     CreateOutcome, HeldLease, HistoryPrune, Listing, PresenceOutcome, PresenceRecord,
     ReleaseOutcome, RenewOutcome, StoreError,
@@ -130,8 +133,8 @@ pub enum Action {
     List,
     /// [`super::store::Store::create_pruning`].
     Create {
-        /// The subnet.
-        subnet: Subnet,
+        /// The key to create: the subnet, and its IPv6 half on a dual-stack network.
+        name: LeaseName,
         /// Our value.
         attrs: LeaseAttrs,
         /// The lease TTL.
@@ -345,7 +348,7 @@ enum Phase {
     /// created). Should the key be taken meanwhile, the next of `fallbacks` is created instead,
     /// without listing again.
     Creating {
-        subnet: Subnet,
+        name: LeaseName,
         reason: CreateReason,
         own_history: Vec<HistoryPrune>,
         fallbacks: VecDeque<Candidate>,
@@ -354,8 +357,8 @@ enum Phase {
     Adopting { lease: StoredLease },
     /// A lease is held.
     Held,
-    /// Our key vanished; create it again.
-    Reclaim { subnet: Subnet },
+    /// Our key vanished; create it again, with both halves.
+    Reclaim { name: LeaseName },
     /// Another process carries our identity. We write no lease; we retry claiming presence.
     Clash { reason: String },
     /// No free subnet.
@@ -440,9 +443,19 @@ impl Keeper {
     /// reclaimed (the data plane keeps using it meanwhile).
     pub fn subnet(&self) -> Option<Subnet> {
         self.held.map(|h| h.subnet).or(match self.phase {
-            Phase::Reclaim { subnet } => Some(subnet),
+            Phase::Reclaim { name } => Some(name.subnet),
             _ => None,
         })
+    }
+
+    /// The IPv6 half of the subnet this node uses now ([`Keeper::subnet`]), on a dual-stack
+    /// network.
+    pub fn ipv6(&self) -> Option<Ipv6Subnet> {
+        match (self.held, &self.phase) {
+            (Some(h), _) => h.ipv6,
+            (None, Phase::Reclaim { name }) => name.ipv6,
+            _ => None,
+        }
     }
 
     /// The local expiry of the held lease (counted from the request that wrote it).
@@ -508,7 +521,7 @@ impl Keeper {
             )),
             Phase::Clash { reason } => not(reason.clone()),
             Phase::Exhausted => not("network exhausted: no free subnet".into()),
-            Phase::Reclaim { subnet } => not(format!("reclaiming {subnet}")),
+            Phase::Reclaim { name } => not(format!("reclaiming {}", name.subnet)),
             Phase::Stopping => not("shutting down".into()),
             Phase::Acquire | Phase::Creating { .. } | Phase::Adopting { .. } => {
                 match &self.presence {
@@ -710,17 +723,19 @@ impl Keeper {
         let ttl = self.cfg.ttl;
         match &self.phase {
             Phase::Acquire | Phase::Exhausted => Some((InFlight::List, Action::List)),
-            Phase::Creating { subnet, own_history, .. } => {
-                let prune = own_history.iter().filter(|h| h.subnet != *subnet).copied().collect();
-                Some((InFlight::Create, Action::Create { subnet: *subnet, attrs, ttl, prune }))
+            Phase::Creating { name, own_history, .. } => {
+                let prune =
+                    own_history.iter().filter(|h| h.subnet != name.subnet).copied().collect();
+                Some((InFlight::Create, Action::Create { name: *name, attrs, ttl, prune }))
             }
-            Phase::Reclaim { subnet } => Some((
+            Phase::Reclaim { name } => Some((
                 InFlight::Create,
-                Action::Create { subnet: *subnet, attrs, ttl, prune: Vec::new() },
+                Action::Create { name: *name, attrs, ttl, prune: Vec::new() },
             )),
             Phase::Adopting { lease } => {
                 let held = HeldLease {
                     subnet: lease.subnet,
+                    ipv6: lease.ipv6,
                     mod_revision: lease.mod_revision,
                     lease_id: lease.lease_id,
                 };
@@ -967,10 +982,14 @@ impl Keeper {
                 self.phase = Phase::Adopting { lease };
                 self.clear_backoff(now);
             }
-            Choice::Create { subnet, reason } => {
+            Choice::Create { subnet, ipv6, reason } => {
                 let own_history = policy::own_history(&listing, &self.cfg.node);
-                self.phase =
-                    Phase::Creating { subnet, reason, own_history, fallbacks: d.fallbacks.into() };
+                self.phase = Phase::Creating {
+                    name: LeaseName { subnet, ipv6 },
+                    reason,
+                    own_history,
+                    fallbacks: d.fallbacks.into(),
+                };
                 self.clear_backoff(now);
             }
             Choice::Exhausted => {
@@ -984,11 +1003,12 @@ impl Keeper {
     }
 
     fn on_create(&mut self, issued: Instant, now: Instant, r: Result<CreateOutcome, StoreError>) {
-        let (subnet, reclaim, reason) = match &self.phase {
-            Phase::Creating { subnet, reason, .. } => (*subnet, false, Some(*reason)),
-            Phase::Reclaim { subnet } => (*subnet, true, None),
+        let (name, reclaim, reason) = match &self.phase {
+            Phase::Creating { name, reason, .. } => (*name, false, Some(*reason)),
+            Phase::Reclaim { name } => (*name, true, None),
             _ => return,
         };
+        let subnet = name.subnet;
         match r {
             Ok(CreateOutcome::Created(held)) if reclaim => {
                 self.hold(issued, now, held);
@@ -1005,6 +1025,7 @@ impl Keeper {
                 // Our own earlier create went through but its reply was lost.
                 let held = HeldLease {
                     subnet,
+                    ipv6: current.ipv6,
                     mod_revision: current.mod_revision,
                     lease_id: current.lease_id,
                 };
@@ -1034,7 +1055,7 @@ impl Keeper {
                         Phase::Creating { own_history, mut fallbacks, .. } => {
                             match fallbacks.pop_front() {
                                 Some(next) => Phase::Creating {
-                                    subnet: next.subnet,
+                                    name: LeaseName { subnet: next.subnet, ipv6: next.ipv6 },
                                     reason: next.reason,
                                     own_history,
                                     fallbacks,
@@ -1065,11 +1086,12 @@ impl Keeper {
             Phase::Held => false,
             _ => return,
         };
-        let subnet = match (&self.phase, self.held) {
-            (Phase::Adopting { lease }, _) => lease.subnet,
-            (_, Some(h)) => h.subnet,
+        let name = match (&self.phase, self.held) {
+            (Phase::Adopting { lease }, _) => lease.name(),
+            (_, Some(h)) => h.name(),
             _ => return,
         };
+        let subnet = name.subnet;
         match r {
             Ok(RenewOutcome::Renewed(held)) if adopting => {
                 self.acquired(issued, now, held, AcquireKind::Adopted);
@@ -1089,6 +1111,7 @@ impl Keeper {
                 // Our own earlier write (a lost reply): continue from its revision.
                 let held = HeldLease {
                     subnet,
+                    ipv6: current.ipv6,
                     mod_revision: current.mod_revision,
                     lease_id: current.lease_id,
                 };
@@ -1110,7 +1133,7 @@ impl Keeper {
                 // Expired or revoked: reclaim with create-if-absent. Keep `held` cleared so no
                 // renew runs; the data plane keeps the subnet meanwhile.
                 self.held = None;
-                self.phase = Phase::Reclaim { subnet };
+                self.phase = Phase::Reclaim { name };
                 self.clear_backoff(now);
             }
             Ok(RenewOutcome::Changed(Some(current))) => {

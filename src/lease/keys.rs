@@ -32,8 +32,8 @@
 #![forbid(unsafe_code)]
 
 use super::record::{
-    HistoryEntry, HistoryRecord, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
-    SubnetError, ValueError,
+    HistoryEntry, HistoryRecord, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId,
+    StoredLease, Subnet, SubnetError, ValueError,
 };
 use super::store::BadEntry;
 
@@ -118,9 +118,37 @@ impl KeyLayout {
         &self.history_dir
     }
 
-    /// `<prefix>/subnets/<a.b.c.d>-<len>`.
+    /// `<prefix>/subnets/<a.b.c.d>-<len>`: an IPv4-only lease's key.
     pub fn subnet(&self, subnet: Subnet) -> String {
-        format!("{}{}", self.subnets_dir, subnet.key_name())
+        self.lease(LeaseName::v4(subnet))
+    }
+
+    /// `<prefix>/subnets/<a.b.c.d>-<len>[&<v6>-<len>]`: the exact key of a lease.
+    pub fn lease(&self, name: LeaseName) -> String {
+        format!("{}{}", self.subnets_dir, name.key_name())
+    }
+
+    /// The key range `[start, end)` of every dual-stack key of `subnet`
+    /// (`<prefix>/subnets/<a.b.c.d>-<len>&…`): a create compares it empty, with the IPv4-only
+    /// key, so that no subnet ever has two keys.
+    pub(crate) fn dual_stack_range(&self, subnet: Subnet) -> (String, String) {
+        let base = self.subnet(subnet);
+        // `'` is the byte after `&`: the end is just past every key that starts with `X&`.
+        (format!("{base}&"), format!("{base}'"))
+    }
+
+    /// A key range `[start, end)` that holds every key of `subnet` in either form (`X` and
+    /// `X&…`), and possibly other keys, which [`KeyLayout::is_key_of`] tells apart.
+    pub(crate) fn keys_of_range(&self, subnet: Subnet) -> (String, String) {
+        let base = self.subnet(subnet);
+        let end = format!("{base}'");
+        (base, end)
+    }
+
+    /// Whether `key` is `subnet`'s key, in either form. The IPv4-only form counts whatever
+    /// else is wrong with the entry; a dual-stack form must parse.
+    pub(crate) fn is_key_of(&self, key: &str, subnet: Subnet) -> bool {
+        key == self.subnet(subnet) || self.name_of(key).is_ok_and(|n| n.subnet == subnet)
     }
 
     /// `<prefix>/weft/history/<a.b.c.d>-<len>`.
@@ -152,12 +180,12 @@ impl KeyLayout {
         key.starts_with(&self.subnets_dir)
     }
 
-    /// The subnet a key under `<prefix>/subnets/` names.
-    fn subnet_of(&self, key: &str) -> Result<Subnet, KeyError> {
+    /// What a key under `<prefix>/subnets/` names.
+    fn name_of(&self, key: &str) -> Result<LeaseName, KeyError> {
         let name = key
             .strip_prefix(&self.subnets_dir)
             .ok_or_else(|| KeyError::NotUnder { dir: self.subnets_dir.clone() })?;
-        Ok(Subnet::parse_key_name(name)?)
+        Ok(LeaseName::parse(name)?)
     }
 
     /// A key under `<prefix>/subnets/` and its value, read as a lease.
@@ -169,9 +197,9 @@ impl KeyLayout {
         lease_id: StoreLeaseId,
     ) -> Result<StoredLease, BadEntry> {
         let read = || -> Result<StoredLease, KeyError> {
-            let subnet = self.subnet_of(key)?;
+            let LeaseName { subnet, ipv6 } = self.name_of(key)?;
             let attrs = LeaseAttrs::from_json(value)?;
-            Ok(StoredLease { subnet, attrs, mod_revision, lease_id })
+            Ok(StoredLease { subnet, ipv6, attrs, mod_revision, lease_id })
         };
         read().map_err(|e| e.at(key))
     }
@@ -211,9 +239,14 @@ impl KeyLayout {
         Some(read().map_err(|e| e.at(key)))
     }
 
+    /// Both halves a key under `<prefix>/subnets/` names.
+    pub fn parse_deleted_name(&self, key: &str) -> Result<LeaseName, BadEntry> {
+        self.name_of(key).map_err(|e| e.at(key))
+    }
+
     /// The subnet of a deleted key under `<prefix>/subnets/` (a delete has no value).
     pub fn parse_deleted(&self, key: &str) -> Result<Subnet, BadEntry> {
-        self.subnet_of(key).map_err(|e| e.at(key))
+        self.name_of(key).map(|n| n.subnet).map_err(|e| e.at(key))
     }
 }
 
@@ -284,6 +317,39 @@ mod tests {
         assert!(
             k.parse_deleted("/p/subnets/10.244.3.1-24").unwrap_err().problem.contains("bad key")
         );
+    }
+
+    #[test]
+    fn a_dual_stack_key_is_the_same_subnets_key_in_its_other_form() {
+        let k = KeyLayout::new("/p");
+        let value = br#"{"PublicIP":"192.0.2.1","PublicIPv6":"2001:db8::1"}"#;
+        let key = "/p/subnets/10.244.3.0-24&fd00:0:0:3::-64";
+        let lease = k.parse_lease(key, value, Revision(7), StoreLeaseId(9)).unwrap();
+        assert_eq!(lease.subnet, sn("10.244.3.0/24"));
+        assert_eq!(lease.ipv6, Some("fd00:0:0:3::/64".parse().unwrap()));
+        assert_eq!(k.lease(lease.name()), key);
+        assert_eq!(k.subnet(lease.subnet), "/p/subnets/10.244.3.0-24");
+        assert_eq!(k.parse_deleted(key), Ok(sn("10.244.3.0/24")));
+        assert_eq!(k.parse_deleted_name(key).unwrap(), lease.name());
+        // Both forms are the subnet's key; nothing else is, even inside the range read for it.
+        let s = sn("10.244.3.0/24");
+        let (start, end) = k.keys_of_range(s);
+        let (dual_start, dual_end) = k.dual_stack_range(s);
+        for (candidate, is_key, in_dual) in [
+            ("/p/subnets/10.244.3.0-24", true, false),
+            (key, true, true),
+            ("/p/subnets/10.244.3.0-24&junk", false, true),
+            ("/p/subnets/10.244.3.0-24%", false, false),
+            ("/p/subnets/10.244.3.0-240", false, false),
+            ("/p/subnets/10.244.3.0-2", false, false),
+        ] {
+            assert_eq!(k.is_key_of(candidate, s), is_key, "{candidate}");
+            let in_range = start.as_str() <= candidate && candidate < end.as_str();
+            assert!(!is_key || in_range, "{candidate} is outside the range read for its subnet");
+            let dual = dual_start.as_str() <= candidate && candidate < dual_end.as_str();
+            assert_eq!(dual, in_dual, "{candidate}");
+        }
+        assert!(!k.is_key_of(key, sn("10.244.4.0/24")));
     }
 
     #[test]

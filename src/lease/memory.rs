@@ -52,8 +52,8 @@ use futures::{FutureExt, StreamExt};
 
 use super::keys::KeyLayout;
 use super::record::{
-    HistoryEntry, HistoryRecord, HistoryState, LeaseAttrs, NodeId, Revision, StoreLeaseId,
-    StoredLease, Subnet,
+    HistoryEntry, HistoryRecord, HistoryState, LeaseAttrs, LeaseName, NodeId, Revision,
+    StoreLeaseId, StoredLease, Subnet,
 };
 use super::store::{
     BadEntry, CreateOutcome, HeldLease, HistoryPrune, Listing, PresenceOutcome, PresenceRecord,
@@ -388,9 +388,22 @@ impl World {
         });
     }
 
-    /// A subnet key as stored, parsed.
-    fn stored(&self, subnet: Subnet) -> Option<Result<StoredLease, BadEntry>> {
-        let key = self.keys.subnet(subnet);
+    /// The exact key of a lease, as stored, parsed.
+    fn stored(&self, name: LeaseName) -> Option<Result<StoredLease, BadEntry>> {
+        let key = self.keys.lease(name);
+        let kv = self.kv.get(&key)?;
+        Some(self.parse_lease(&key, kv))
+    }
+
+    /// `subnet`'s key in whichever form it exists (`X` or `X&…`), as etcd's store finds it.
+    fn key_of(&self, subnet: Subnet) -> Option<String> {
+        let (start, end) = self.keys.keys_of_range(subnet);
+        self.kv.range(start..end).map(|(k, _)| k).find(|k| self.keys.is_key_of(k, subnet)).cloned()
+    }
+
+    /// `subnet`'s key in either form, parsed.
+    fn stored_any(&self, subnet: Subnet) -> Option<Result<StoredLease, BadEntry>> {
+        let key = self.key_of(subnet)?;
         let kv = self.kv.get(&key)?;
         Some(self.parse_lease(&key, kv))
     }
@@ -683,19 +696,25 @@ impl Store for MemoryClient {
         &self,
         subnet: Subnet,
     ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError> {
-        self.call(|w, _| Ok(w.stored(subnet)))
+        self.call(|w, _| Ok(w.stored_any(subnet)))
     }
 
     async fn create_pruning(
         &self,
-        subnet: Subnet,
+        name: LeaseName,
         attrs: &LeaseAttrs,
         ttl: Duration,
         prune: &[HistoryPrune],
     ) -> Result<CreateOutcome, StoreError> {
+        let subnet = name.subnet;
         self.call(|w, client| {
-            if let Some(existing) = w.stored(subnet) {
+            // Neither form of the subnet's key may exist, as in etcd's compares.
+            if let Some(existing) = w.stored_any(subnet) {
                 return Ok(CreateOutcome::Exists(existing.ok()));
+            }
+            let (dual_start, dual_end) = w.keys.dual_stack_range(subnet);
+            if w.kv.range(dual_start..dual_end).next().is_some() {
+                return Ok(CreateOutcome::Exists(None));
             }
             // As etcd's nested compares: only records still at the listed revision go.
             let prunes: Vec<Op> = prune
@@ -713,9 +732,8 @@ impl Store for MemoryClient {
                 })
                 .collect();
             let lease = w.grant(ttl);
-            let mut ops =
-                vec![Op::Put { key: w.keys.subnet(subnet), value: attrs.to_json(), lease }];
-            if let Some(record) = HistoryRecord::held(attrs) {
+            let mut ops = vec![Op::Put { key: w.keys.lease(name), value: attrs.to_json(), lease }];
+            if let Some(record) = HistoryRecord::held(attrs, name.ipv6) {
                 ops.push(Op::Put {
                     key: w.keys.history(subnet),
                     value: record.to_json(),
@@ -730,6 +748,7 @@ impl Store for MemoryClient {
             let mod_revision = rev.unwrap_or(Revision(w.revision));
             Ok(CreateOutcome::Created(HeldLease {
                 subnet,
+                ipv6: name.ipv6,
                 mod_revision,
                 lease_id: StoreLeaseId(lease),
             }))
@@ -744,20 +763,20 @@ impl Store for MemoryClient {
     ) -> Result<RenewOutcome, StoreError> {
         self.call(|w, client| {
             let subnet = held.subnet;
-            let key = w.keys.subnet(subnet);
+            let key = w.keys.lease(held.name());
             let new_lease = w.grant(ttl);
             // etcd compares an absent key's mod revision as 0.
             let current = w.kv.get(&key).map_or(0, |kv| kv.mod_revision);
             if current != held.mod_revision.0 {
                 w.revoke_lease(new_lease, client, WriteKind::Renew);
-                return Ok(match w.stored(subnet) {
+                return Ok(match w.stored(held.name()) {
                     None => RenewOutcome::Changed(None),
                     Some(Ok(stored)) => RenewOutcome::Changed(Some(stored)),
                     Some(Err(_)) => RenewOutcome::Unreadable,
                 });
             }
             let mut ops = vec![Op::Put { key, value: attrs.to_json(), lease: new_lease }];
-            if let Some(record) = HistoryRecord::held(attrs) {
+            if let Some(record) = HistoryRecord::held(attrs, held.ipv6) {
                 ops.push(Op::Put {
                     key: w.keys.history(subnet),
                     value: record.to_json(),
@@ -771,6 +790,7 @@ impl Store for MemoryClient {
             let mod_revision = rev.unwrap_or(Revision(w.revision));
             Ok(RenewOutcome::Renewed(HeldLease {
                 subnet,
+                ipv6: held.ipv6,
                 mod_revision,
                 lease_id: StoreLeaseId(new_lease),
             }))
@@ -792,12 +812,12 @@ impl Store for MemoryClient {
                 }
                 None => false,
             };
-            let key = w.keys.subnet(subnet);
+            let key = w.keys.lease(held.name());
             let ours = w.kv.get(&key).is_some_and(|kv| {
                 kv.mod_revision == held.mod_revision.0 && kv.lease == held.lease_id.0
             });
             if !ours {
-                return Ok(match w.stored(subnet) {
+                return Ok(match w.stored(held.name()) {
                     None => RenewOutcome::Changed(None),
                     Some(Ok(stored)) => RenewOutcome::Changed(Some(stored)),
                     Some(Err(_)) => RenewOutcome::Unreadable,
@@ -813,7 +833,7 @@ impl Store for MemoryClient {
                     .into(),
                 ));
             }
-            if let Some(record) = HistoryRecord::held(attrs) {
+            if let Some(record) = HistoryRecord::held(attrs, held.ipv6) {
                 let op = Op::Put { key: w.keys.history(subnet), value: record.to_json(), lease: 0 };
                 // A history key is not a subnet key: the kind goes nowhere.
                 w.client_commit(client, WriteKind::Raw, vec![op])?;
@@ -824,7 +844,7 @@ impl Store for MemoryClient {
 
     async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError> {
         self.call(|w, client| {
-            let key = w.keys.subnet(held.subnet);
+            let key = w.keys.lease(held.name());
             let ours = w.kv.get(&key).filter(|kv| kv.mod_revision == held.mod_revision.0);
             let Some(kv) = ours else {
                 // Whoever wrote the key since attached it to their own lease: revoking ours
@@ -839,6 +859,7 @@ impl Store for MemoryClient {
                     state: HistoryState::Relinquished,
                     node: node.clone(),
                     public_ip,
+                    ipv6: held.ipv6,
                 };
                 ops.push(Op::Put {
                     key: w.keys.history(held.subnet),
@@ -859,7 +880,10 @@ impl Store for MemoryClient {
 
     async fn revoke(&self, subnet: Subnet) -> Result<bool, StoreError> {
         self.call(|w, client| {
-            let key = w.keys.subnet(subnet);
+            let Some(key) = w.key_of(subnet) else {
+                return Ok(false);
+            };
+            let ipv6 = w.keys.parse_deleted_name(&key).ok().and_then(|n| n.ipv6);
             // Name the holder in history when the value says who it is (a weft lease).
             let holder = w.kv.get(&key).and_then(|kv| LeaseAttrs::from_json(&kv.value).ok());
             let mut ops = vec![Op::Delete { key }];
@@ -870,6 +894,7 @@ impl Store for MemoryClient {
                     state: HistoryState::Revoked,
                     node,
                     public_ip: attrs.public_ip,
+                    ipv6,
                 };
                 ops.push(Op::Put {
                     key: w.keys.history(subnet),
@@ -961,7 +986,11 @@ impl Store for MemoryClient {
         })
     }
 
-    async fn watch(&self, from: Revision, only: Option<Subnet>) -> Result<WatchStream, StoreError> {
+    async fn watch(
+        &self,
+        from: Revision,
+        only: Option<LeaseName>,
+    ) -> Result<WatchStream, StoreError> {
         self.call(|w, client| {
             let (tx, rx) = mpsc::unbounded();
             let start = if from.0 <= 0 { w.revision + 1 } else { from.0 };
@@ -974,7 +1003,7 @@ impl Store for MemoryClient {
                 let _ = tx.unbounded_send(Err(compacted));
                 return Ok(Box::pin(rx) as WatchStream);
             }
-            let only = only.map(|subnet| w.keys.subnet(subnet));
+            let only = only.map(|name| w.keys.lease(name));
             let watcher = Watcher { client: client.to_owned(), from: start, only, tx };
             let mut replay: Option<WatchBatch> = None;
             for logged in w.events.iter().filter(|e| e.revision >= start && watcher.wants(&e.key)) {
@@ -1124,8 +1153,12 @@ mod tests {
         assert_eq!((store.revision(), store.write_log(), store.live_leases()), before);
         // Absent key: Changed(None). Garbage: Unreadable.
         let gone = subnet("10.244.9.0/24");
-        let phantom =
-            HeldLease { subnet: gone, mod_revision: Revision(2), lease_id: StoreLeaseId(1) };
+        let phantom = HeldLease {
+            subnet: gone,
+            ipv6: None,
+            mod_revision: Revision(2),
+            lease_id: StoreLeaseId(1),
+        };
         assert_eq!(
             block_on(b.renew(&phantom, &attrs("node-bbbb", 2), TTL)).unwrap(),
             RenewOutcome::Changed(None)
@@ -1252,7 +1285,7 @@ mod tests {
         let a = store.client("a");
         let s = subnet("10.244.3.0/24");
         let held = created(block_on(a.create(s, &attrs("node-aaaa", 7), TTL)).unwrap());
-        let mut watch = block_on(a.watch(Revision(0), Some(s))).unwrap();
+        let mut watch = block_on(a.watch(Revision(0), Some(LeaseName::v4(s)))).unwrap();
         assert_eq!(
             block_on(a.release(&held, &node("node-aaaa"))).unwrap(),
             ReleaseOutcome::Released
@@ -1275,6 +1308,48 @@ mod tests {
         );
         assert_eq!(store.revision(), rev);
         assert_eq!(store.write_log().last().unwrap().kind, WriteKind::Release);
+    }
+
+    /// As etcd's store (integration/etcd_store.rs): one key per subnet whichever form a create
+    /// writes, and the dual-stack key is the one renewed, released and revoked.
+    #[test]
+    fn both_key_forms_of_one_subnet_exclude_each_other() {
+        let (_, store) = setup();
+        let (a, b) = (store.client("a"), store.client("b"));
+        let s = subnet("10.244.3.0/24");
+        let half: crate::lease::record::Ipv6Subnet = "fd00:0:0:3::/64".parse().unwrap();
+        let dual = LeaseName { subnet: s, ipv6: Some(half) };
+        let held =
+            created(block_on(a.create_pruning(dual, &attrs("node-aaaa", 1), TTL, &[])).unwrap());
+        assert_eq!(held.name(), dual);
+        match block_on(b.create(s, &attrs("node-bbbb", 2), TTL)).unwrap() {
+            CreateOutcome::Exists(Some(now)) => assert_eq!(now.name(), dual),
+            other => panic!("an IPv4-only key beside the dual-stack one: {other:?}"),
+        }
+        assert_eq!(block_on(b.get(s)).unwrap().unwrap().unwrap().name(), dual);
+        let held = match block_on(a.renew(&held, &attrs("node-aaaa", 1), TTL)).unwrap() {
+            RenewOutcome::Renewed(h) => h,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            block_on(a.release(&held, &node("node-aaaa"))).unwrap(),
+            ReleaseOutcome::Released
+        );
+        assert!(store.subnet_keys().is_empty());
+        let record = &store.history()[0].record;
+        assert_eq!((record.state, record.ipv6), (HistoryState::Relinquished, Some(half)));
+        // The other way round: the IPv4-only key holds the subnet against a dual-stack create.
+        created(block_on(b.create(s, &attrs("node-bbbb", 2), TTL)).unwrap());
+        assert!(matches!(
+            block_on(a.create_pruning(dual, &attrs("node-aaaa", 1), TTL, &[])).unwrap(),
+            CreateOutcome::Exists(Some(now)) if now.ipv6.is_none()
+        ));
+        assert!(block_on(a.revoke(s)).unwrap());
+        created(block_on(a.create_pruning(dual, &attrs("node-aaaa", 1), TTL, &[])).unwrap());
+        assert!(block_on(b.revoke(s)).unwrap());
+        assert!(store.subnet_keys().is_empty(), "the dual-stack key is revoked by its subnet");
+        let record = &store.history()[0].record;
+        assert_eq!((record.state, record.ipv6), (HistoryState::Revoked, Some(half)));
     }
 
     #[test]
@@ -1302,7 +1377,7 @@ mod tests {
         );
         assert!(store.raw(&marker(s)).is_some());
         // A one-key watch sees no markers.
-        let mut own = block_on(a.watch(Revision(0), Some(s))).unwrap();
+        let mut own = block_on(a.watch(Revision(0), Some(LeaseName::v4(s)))).unwrap();
         // The same node takes another subnet, pruning its record of `s`: the marker goes too.
         let prune: Vec<HistoryPrune> = block_on(a.list())
             .unwrap()
@@ -1310,8 +1385,10 @@ mod tests {
             .iter()
             .map(|h| HistoryPrune { subnet: h.subnet, mod_revision: h.mod_revision })
             .collect();
-        let on_t =
-            created(block_on(a.create_pruning(t, &attrs("node-aaaa", 7), TTL, &prune)).unwrap());
+        let on_t = created(
+            block_on(a.create_pruning(LeaseName::v4(t), &attrs("node-aaaa", 7), TTL, &prune))
+                .unwrap(),
+        );
         assert_eq!(store.raw(&marker(s)), None, "pruned with its history");
         // An operator revokes `t`: a marker again; then node b creates `t`, which deletes it.
         assert!(block_on(b.revoke(t)).unwrap());
@@ -1469,7 +1546,7 @@ mod tests {
         let (_, store) = setup();
         let a = store.client("a");
         let (s1, s2) = (subnet("10.244.1.0/24"), subnet("10.244.2.0/24"));
-        let mut only = block_on(a.watch(Revision(0), Some(s2))).unwrap();
+        let mut only = block_on(a.watch(Revision(0), Some(LeaseName::v4(s2)))).unwrap();
         let mut future = block_on(a.watch(Revision(store.revision().0 + 2), None)).unwrap();
         created(block_on(a.create(s1, &attrs("node-aaaa", 1), TTL)).unwrap());
         let h2 = created(block_on(a.create(s2, &attrs("node-aaaa", 1), TTL)).unwrap());
@@ -1588,15 +1665,24 @@ mod tests {
         assert_eq!(stored.attrs, attrs("node-aaaa", 1));
         assert_eq!(store.write_log().last().unwrap().client, "a");
         // Only once: adopting the key works, and a lost renew reply leaves the old lease.
-        let held =
-            HeldLease { subnet: s, mod_revision: stored.mod_revision, lease_id: stored.lease_id };
+        let held = HeldLease {
+            subnet: s,
+            ipv6: None,
+            mod_revision: stored.mod_revision,
+            lease_id: stored.lease_id,
+        };
         store.fail_next_after_commit("a");
         let err = block_on(a.renew(&held, &attrs("node-aaaa", 1), TTL)).unwrap_err();
         assert!(matches!(err, StoreError::Timeout(_)));
         let now = block_on(b.get(s)).unwrap().unwrap().unwrap();
         assert!(now.mod_revision > stored.mod_revision);
         assert!(store.live_leases().iter().any(|(id, _)| *id == stored.lease_id));
-        let held = HeldLease { subnet: s, mod_revision: now.mod_revision, lease_id: now.lease_id };
+        let held = HeldLease {
+            subnet: s,
+            ipv6: None,
+            mod_revision: now.mod_revision,
+            lease_id: now.lease_id,
+        };
         assert!(matches!(
             block_on(a.renew(&held, &attrs("node-aaaa", 1), TTL)).unwrap(),
             RenewOutcome::Renewed(_)

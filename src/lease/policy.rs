@@ -23,7 +23,9 @@ use std::net::Ipv4Addr;
 
 use rand::Rng;
 
-use super::record::{HistoryEntry, HistoryState, NodeId, Revision, StoredLease, Subnet};
+use super::record::{
+    HistoryEntry, HistoryState, Ipv6Subnet, NodeId, Revision, StoredLease, Subnet,
+};
 use super::store::{HistoryPrune, Listing};
 use crate::config::NetworkConfig;
 
@@ -67,6 +69,8 @@ pub enum Choice {
     Create {
         /// The subnet to create.
         subnet: Subnet,
+        /// Its IPv6 half, on a dual-stack network ([`pair_ipv6`]).
+        ipv6: Option<Ipv6Subnet>,
         /// Which rule chose it.
         reason: CreateReason,
     },
@@ -79,8 +83,16 @@ pub enum Choice {
 pub(crate) struct Candidate {
     /// The subnet.
     pub(crate) subnet: Subnet,
+    /// Its IPv6 half, on a dual-stack network ([`pair_ipv6`]).
+    pub(crate) ipv6: Option<Ipv6Subnet>,
     /// Which rule chose it.
     pub(crate) reason: CreateReason,
+}
+
+impl Candidate {
+    fn v4(subnet: Subnet, reason: CreateReason) -> Self {
+        Self { subnet, ipv6: None, reason }
+    }
 }
 
 /// The policy's answer, with what it noticed on the way.
@@ -111,8 +123,11 @@ pub fn choose(
 
     // Rule 1. Several live keys of ours cannot come from one weft, but a copied disk or an
     // operator can make them; prefer the previous subnet, then the lowest.
-    let mut ours: Vec<&StoredLease> =
-        listing.leases.iter().filter(|l| l.attrs.is_node(node) && config.fits(l.subnet)).collect();
+    let mut ours: Vec<&StoredLease> = listing
+        .leases
+        .iter()
+        .filter(|l| l.attrs.is_node(node) && config.fits_lease(l.name()))
+        .collect();
     ours.sort_by_key(|l| (Some(l.subnet) != previous, l.subnet));
     if let Some(lease) = ours.first() {
         return Decision {
@@ -150,7 +165,7 @@ pub fn choose(
         if let Some(holder) = live.get(&prev) {
             previous_taken_by = Some((prev, holder.attrs.public_ip));
         } else if !is_occupied(prev) {
-            previous_free = Some(Candidate { subnet: prev, reason: CreateReason::Previous });
+            previous_free = Some(Candidate::v4(prev, CreateReason::Previous));
         }
     }
 
@@ -162,9 +177,9 @@ pub fn choose(
             continue;
         }
         match history.get(&subnet) {
-            None => fresh.push(Candidate { subnet, reason: CreateReason::Fresh }),
+            None => fresh.push(Candidate::v4(subnet, CreateReason::Fresh)),
             Some(h) if h.record.state == HistoryState::Relinquished => {
-                fresh.push(Candidate { subnet, reason: CreateReason::Relinquished })
+                fresh.push(Candidate::v4(subnet, CreateReason::Relinquished))
             }
             Some(h) => expired.push((h.mod_revision, subnet)),
         }
@@ -182,17 +197,75 @@ pub fn choose(
             expired.truncate(wanted);
         }
         expired.sort_unstable();
-        order.extend(expired.into_iter().map(|(last_written, subnet)| Candidate {
-            subnet,
-            reason: CreateReason::Expired { last_written },
+        order.extend(expired.into_iter().map(|(last_written, subnet)| {
+            Candidate::v4(subnet, CreateReason::Expired { last_written })
         }));
     }
-    let mut order = previous_free.into_iter().chain(order).take(FALLBACKS + 1);
+    let order: Vec<Candidate> =
+        previous_free.into_iter().chain(order).take(FALLBACKS + 1).collect();
+    let mut order = pair_ipv6(config, listing, order, rng).into_iter();
     let choice = match order.next() {
-        Some(Candidate { subnet, reason }) => Choice::Create { subnet, reason },
+        Some(Candidate { subnet, ipv6, reason }) => Choice::Create { subnet, ipv6, reason },
         None => Choice::Exhausted,
     };
     Decision { choice, fallbacks: order.collect(), previous_taken_by }
+}
+
+/// Gives each candidate its IPv6 half on a dual-stack network (unchanged otherwise), as
+/// flannel pairs them, so that the halves move together:
+/// - the half history remembers for the candidate's subnet, if it still fits and is free: a
+///   node that takes back its subnet, or takes over an expired one, gets the same pair;
+/// - else a random one among the lowest [`SPREAD`] free halves, avoiding the halves history
+///   remembers for other subnets while others are free.
+///
+/// A half is free if no live key names it (a dual-stack key, flannel's IPv6-only
+/// `0.0.0.0-0&…`, or one whose value does not parse) and no earlier candidate got it. A
+/// candidate left without a half is dropped: the IPv6 range is exhausted.
+pub(crate) fn pair_ipv6(
+    config: &NetworkConfig,
+    listing: &Listing,
+    candidates: Vec<Candidate>,
+    rng: &mut impl Rng,
+) -> Vec<Candidate> {
+    let Some(v6) = &config.ipv6 else {
+        return candidates;
+    };
+    let mut taken: BTreeSet<Ipv6Subnet> = listing
+        .leases
+        .iter()
+        .filter_map(|l| l.ipv6)
+        .chain(listing.skipped.iter().filter_map(|b| b.ipv6_half()))
+        .collect();
+    let remembered: BTreeMap<Subnet, Ipv6Subnet> = listing
+        .history
+        .iter()
+        .filter_map(|h| Some((h.subnet, h.record.ipv6?)))
+        .filter(|(_, half)| v6.fits(half.net()))
+        .collect();
+    let reserved: BTreeSet<Ipv6Subnet> = remembered.values().copied().collect();
+    let mut paired = Vec::with_capacity(candidates.len());
+    for mut c in candidates {
+        let own = remembered.get(&c.subnet).copied().filter(|h| !taken.contains(h));
+        let half = own.or_else(|| {
+            let lowest = |avoid: &BTreeSet<Ipv6Subnet>| -> Vec<Ipv6Subnet> {
+                v6.subnets()
+                    .filter(|h| !taken.contains(h) && !avoid.contains(h))
+                    .take(SPREAD)
+                    .collect()
+            };
+            let mut window = lowest(&reserved);
+            if window.is_empty() {
+                window = lowest(&BTreeSet::new());
+            }
+            (!window.is_empty()).then(|| window[rng.random_range(0..window.len())])
+        });
+        if let Some(half) = half {
+            taken.insert(half);
+            c.ipv6 = Some(half);
+            paired.push(c);
+        }
+    }
+    paired
 }
 
 /// Up to `FALLBACKS + 1` fresh candidates in the order to try: the `k`-th is drawn at random
@@ -274,6 +347,7 @@ mod tests {
     fn lease(subnet: &str, holder: &str, rev: i64) -> StoredLease {
         StoredLease {
             subnet: sn(subnet),
+            ipv6: None,
             attrs: LeaseAttrs {
                 public_ip: Ipv4Addr::new(192, 0, 2, 9),
                 public_ipv6: None,
@@ -294,6 +368,7 @@ mod tests {
                 state,
                 node: node(holder),
                 public_ip: Ipv4Addr::new(192, 0, 2, 9),
+                ipv6: None,
             },
             mod_revision: Revision(rev),
         }
@@ -319,7 +394,7 @@ mod tests {
         let d = choose(&config(24), &l, &node("a"), Some(sn("10.244.1.0/24")), &mut rng());
         assert_eq!(d.previous_taken_by, Some((sn("10.244.1.0/24"), Ipv4Addr::new(192, 0, 2, 9))));
         match d.choice {
-            Choice::Create { subnet, reason: CreateReason::Fresh } => {
+            Choice::Create { subnet, reason: CreateReason::Fresh, .. } => {
                 assert_ne!(subnet, sn("10.244.1.0/24"))
             }
             other => panic!("unexpected {other:?}"),
@@ -335,13 +410,21 @@ mod tests {
         let d = choose(&config(24), &l, &node("a"), Some(sn("10.244.7.0/24")), &mut rng());
         assert_eq!(
             d.choice,
-            Choice::Create { subnet: sn("10.244.7.0/24"), reason: CreateReason::Previous }
+            Choice::Create {
+                subnet: sn("10.244.7.0/24"),
+                ipv6: None,
+                reason: CreateReason::Previous
+            }
         );
         // Without subnet.env, history names it too.
         let d = choose(&config(24), &l, &node("a"), None, &mut rng());
         assert_eq!(
             d.choice,
-            Choice::Create { subnet: sn("10.244.7.0/24"), reason: CreateReason::Previous }
+            Choice::Create {
+                subnet: sn("10.244.7.0/24"),
+                ipv6: None,
+                reason: CreateReason::Previous
+            }
         );
     }
 
@@ -362,7 +445,7 @@ mod tests {
         let l = Listing { leases, ..Default::default() };
         for seed in 0..200 {
             let d = choose(&c, &l, &node("a"), None, &mut StdRng::seed_from_u64(seed));
-            let Choice::Create { subnet, reason: CreateReason::Fresh } = d.choice else {
+            let Choice::Create { subnet, reason: CreateReason::Fresh, .. } = d.choice else {
                 panic!("{d:?}")
             };
             assert_eq!(d.fallbacks.len(), FALLBACKS);
@@ -393,10 +476,15 @@ mod tests {
         let d = choose(&c, &l, &node("a"), None, &mut rng());
         assert_eq!(
             d.choice,
-            Choice::Create { subnet: sn("10.244.64.0/18"), reason: CreateReason::Previous }
+            Choice::Create {
+                subnet: sn("10.244.64.0/18"),
+                ipv6: None,
+                reason: CreateReason::Previous
+            }
         );
         let expired = |s: &str, rev| Candidate {
             subnet: sn(s),
+            ipv6: None,
             reason: CreateReason::Expired { last_written: Revision(rev) },
         };
         assert_eq!(d.fallbacks, vec![expired("10.244.192.0/18", 5), expired("10.244.128.0/18", 9)]);
@@ -416,7 +504,11 @@ mod tests {
         let d = choose(&c, &l, &node("a"), None, &mut rng());
         assert_eq!(
             d.choice,
-            Choice::Create { subnet: sn("10.244.192.0/18"), reason: CreateReason::Fresh }
+            Choice::Create {
+                subnet: sn("10.244.192.0/18"),
+                ipv6: None,
+                reason: CreateReason::Fresh
+            }
         );
         let l2 = Listing { leases: vec![lease("10.244.192.0/18", "z", 11)], ..l };
         let d = choose(&c, &l2, &node("a"), None, &mut rng());
@@ -424,6 +516,7 @@ mod tests {
             d.choice,
             Choice::Create {
                 subnet: sn("10.244.128.0/18"),
+                ipv6: None,
                 reason: CreateReason::Expired { last_written: Revision(5) }
             }
         );
@@ -443,7 +536,11 @@ mod tests {
         let d = choose(&c, &l, &node("a"), None, &mut rng());
         assert_eq!(
             d.choice,
-            Choice::Create { subnet: sn("10.244.128.0/18"), reason: CreateReason::Relinquished }
+            Choice::Create {
+                subnet: sn("10.244.128.0/18"),
+                ipv6: None,
+                reason: CreateReason::Relinquished
+            }
         );
     }
 
@@ -499,7 +596,7 @@ mod tests {
         let mut seen = BTreeSet::new();
         for seed in 0..50 {
             let choice = choose(&c, &l, &node("a"), None, &mut StdRng::seed_from_u64(seed)).choice;
-            let Choice::Create { subnet, reason: CreateReason::Fresh } = choice else {
+            let Choice::Create { subnet, reason: CreateReason::Fresh, .. } = choice else {
                 panic!("{choice:?}")
             };
             seen.insert(subnet.to_string());
@@ -518,6 +615,7 @@ mod tests {
                 state: HistoryState::Held,
                 node: node(n),
                 public_ip: Ipv4Addr::new(192, 0, 2, 9),
+                ipv6: None,
             },
             mod_revision: Revision(rev),
         };
@@ -572,5 +670,162 @@ mod tests {
                 Choice::Exhausted => prop_assert_eq!(live.len(), 63),
             }
         }
+    }
+
+    fn dual(v6: &str, v6_len: u8) -> NetworkConfig {
+        let json = format!(
+            r#"{{"Network":"10.244.0.0/16","SubnetLen":24,"EnableIPv6":true,"IPv6Network":"{v6}","IPv6SubnetLen":{v6_len},"Backend":{{"Type":"vxlan"}}}}"#
+        );
+        NetworkConfig::parse(json.as_bytes()).unwrap()
+    }
+
+    fn half(s: &str) -> Ipv6Subnet {
+        s.parse().unwrap()
+    }
+
+    fn dual_lease(v4: &str, v6: &str, holder: &str, rev: i64) -> StoredLease {
+        StoredLease { ipv6: Some(half(v6)), ..lease(v4, holder, rev) }
+    }
+
+    fn bad_key(name: &str) -> crate::lease::store::BadEntry {
+        crate::lease::store::BadEntry {
+            key: format!("/coreos.com/network/subnets/{name}"),
+            problem: "bad value".into(),
+        }
+    }
+
+    fn created(d: &Decision) -> (Subnet, Ipv6Subnet) {
+        match d.choice {
+            Choice::Create { subnet, ipv6: Some(h), .. } => (subnet, h),
+            ref other => panic!("expected a dual-stack create, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_dual_stack_create_pairs_a_free_ipv6_half_among_the_lowest_100() {
+        let c = dual("fd00:10:244::/48", 64);
+        let l = Listing {
+            leases: vec![
+                dual_lease("10.244.1.0/24", "fd00:10:244:1::/64", "b", 3),
+                dual_lease("10.244.2.0/24", "fd00:10:244:2::/64", "c", 4),
+            ],
+            // flannel's IPv6-only lease and a dual key whose value does not parse: both live.
+            skipped: vec![
+                bad_key("0.0.0.0-0&fd00:10:244:3::-64"),
+                bad_key("10.244.9.0-24&fd00:10:244:4::-64"),
+            ],
+            ..Default::default()
+        };
+        let taken: BTreeSet<Ipv6Subnet> =
+            [1, 2, 3, 4].map(|i| half(&format!("fd00:10:244:{i:x}::/64"))).into();
+        let mut seen = BTreeSet::new();
+        for seed in 0..300 {
+            let d = choose(&c, &l, &node("a"), None, &mut StdRng::seed_from_u64(seed));
+            let (_, h) = created(&d);
+            assert!(!taken.contains(&h), "seed {seed}: {h} is taken");
+            // The lowest 100 free are :5:: up to :68:: (0x68 = 104).
+            let index = (u128::from(h.network()) >> 64) & 0xffff;
+            assert!((5..=0x68).contains(&index), "seed {seed}: {h} is not among the lowest 100");
+            seen.insert(h);
+            let mut halves: BTreeSet<Ipv6Subnet> =
+                d.fallbacks.iter().map(|f| f.ipv6.unwrap()).collect();
+            halves.insert(h);
+            assert_eq!(halves.len(), d.fallbacks.len() + 1, "two candidates share a half");
+            assert!(halves.is_disjoint(&taken));
+        }
+        assert!(seen.len() > 50, "the picks spread ({} distinct)", seen.len());
+        // An IPv4-only config pairs nothing.
+        let d = choose(&config(24), &l, &node("a"), None, &mut rng());
+        assert!(matches!(d.choice, Choice::Create { ipv6: None, .. }), "{d:?}");
+        assert!(d.fallbacks.iter().all(|f| f.ipv6.is_none()));
+    }
+
+    #[test]
+    fn a_subnet_is_taken_again_with_the_ipv6_half_history_remembers() {
+        let c = dual("fd00:10:244::/48", 64);
+        let remembered = |state, v4: &str, v6: &str, holder: &str, rev| HistoryEntry {
+            record: HistoryRecord { ipv6: Some(half(v6)), ..hist(v4, holder, state, rev).record },
+            ..hist(v4, holder, state, rev)
+        };
+        // This node's own subnet, expired: taken back with both halves.
+        let l = Listing {
+            history: vec![remembered(
+                HistoryState::Held,
+                "10.244.7.0/24",
+                "fd00:10:244:77::/64",
+                "a",
+                5,
+            )],
+            ..Default::default()
+        };
+        let d = choose(&c, &l, &node("a"), None, &mut rng());
+        assert_eq!(created(&d), (sn("10.244.7.0/24"), half("fd00:10:244:77::/64")));
+        // Its half is live under another key meanwhile: the subnet comes with another half.
+        let l2 = Listing {
+            leases: vec![dual_lease("10.244.8.0/24", "fd00:10:244:77::/64", "b", 6)],
+            ..l.clone()
+        };
+        let (subnet, h) = created(&choose(&c, &l2, &node("a"), None, &mut rng()));
+        assert_eq!(subnet, sn("10.244.7.0/24"));
+        assert_ne!(h, half("fd00:10:244:77::/64"));
+        // A half remembered for another subnet is left to it while others are free: a /120 in
+        // /124s has 15 leasable halves; 14 are remembered for other subnets.
+        let c = dual("fd00::/120", 124);
+        let history = (1..15)
+            .map(|i| {
+                let v6 = format!("fd00::{:x}/124", i * 16);
+                remembered(
+                    HistoryState::Relinquished,
+                    &format!("10.244.{}.0/24", 100 + i),
+                    &v6,
+                    "z",
+                    i,
+                )
+            })
+            .collect();
+        let l = Listing { history, ..Default::default() };
+        for seed in 0..20 {
+            let d = choose(&c, &l, &node("a"), None, &mut StdRng::seed_from_u64(seed));
+            let (subnet, h) = created(&d);
+            if subnet.network().octets()[2] < 100 {
+                assert_eq!(h, half("fd00::f0/124"), "seed {seed}: {subnet} took a remembered half");
+            }
+        }
+    }
+
+    #[test]
+    fn no_free_ipv6_half_is_an_exhausted_network_and_adopting_needs_both_halves() {
+        // A /124 network in /126s has 3 leasable halves (the first holds the network address).
+        let c = dual("fd00::/124", 126);
+        let l = Listing {
+            leases: vec![
+                dual_lease("10.244.1.0/24", "fd00::4/126", "b", 3),
+                dual_lease("10.244.2.0/24", "fd00::8/126", "c", 4),
+                dual_lease("10.244.3.0/24", "fd00::c/126", "d", 5),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(choose(&c, &l, &node("a"), None, &mut rng()).choice, Choice::Exhausted);
+        // This node's own lease is adopted only with a half that fits the config.
+        let c = dual("fd00:10:244::/48", 64);
+        let own_v4_only =
+            Listing { leases: vec![lease("10.244.5.0/24", "a", 3)], ..Default::default() };
+        let d = choose(&c, &own_v4_only, &node("a"), None, &mut rng());
+        assert!(matches!(d.choice, Choice::Create { .. }), "{d:?}");
+        let own = dual_lease("10.244.5.0/24", "fd00:10:244:5::/64", "a", 3);
+        let l = Listing { leases: vec![own.clone()], ..Default::default() };
+        assert_eq!(choose(&c, &l, &node("a"), None, &mut rng()).choice, Choice::Adopt(own.clone()));
+        let outside = dual_lease("10.244.5.0/24", "fd00:99::/64", "a", 3);
+        let l = Listing { leases: vec![outside], ..Default::default() };
+        assert!(matches!(
+            choose(&c, &l, &node("a"), None, &mut rng()).choice,
+            Choice::Create { .. }
+        ));
+        // And an IPv4-only config does not adopt a dual-stack lease.
+        let l = Listing { leases: vec![own], ..Default::default() };
+        assert!(matches!(
+            choose(&config(24), &l, &node("a"), None, &mut rng()).choice,
+            Choice::Create { .. }
+        ));
     }
 }

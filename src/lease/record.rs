@@ -105,27 +105,10 @@ impl Subnet {
 
     /// Parses a store key's last path element: `10.244.3.0-24`, or flannel's dual-stack form
     /// `10.244.3.0-24&fd00:10:244:3::-64`, whose IPv4 half this returns (the IPv6 half must be
-    /// well-formed too). flannel's IPv6-only form `0.0.0.0-0&<v6>-<len>` is
-    /// [`SubnetError::Ipv6Only`].
+    /// well-formed too; [`LeaseName::parse`] returns both). flannel's IPv6-only form
+    /// `0.0.0.0-0&<v6>-<len>` is [`SubnetError::Ipv6Only`].
     pub fn parse_key_name(name: &str) -> Result<Self, SubnetError> {
-        let v4 = match name.split_once('&') {
-            None => name,
-            Some((v4, v6)) => {
-                let (addr, len) = v6.rsplit_once('-').ok_or(SubnetError::Malformed)?;
-                let addr: Ipv6Addr = addr.parse().map_err(|_| SubnetError::Malformed)?;
-                let len = canonical_prefix_len(len, 128)?;
-                let net = Ipv6Net::new(addr, len).map_err(|_| SubnetError::Malformed)?;
-                if net.network() != addr {
-                    return Err(SubnetError::NotNetworkAddress);
-                }
-                if v4 == "0.0.0.0-0" {
-                    return Err(SubnetError::Ipv6Only);
-                }
-                v4
-            }
-        };
-        let (addr, len) = v4.rsplit_once('-').ok_or(SubnetError::Malformed)?;
-        Self::parse_parts(addr, len)
+        LeaseName::parse(name).map(|n| n.subnet)
     }
 
     /// Whether this subnet is a lease of `network` split into `/subnet_len`s: inside it and of
@@ -174,6 +157,157 @@ impl FromStr for Subnet {
             Some((addr, len)) => Self::parse_parts(addr, len),
             None => Self::parse_key_name(s),
         }
+    }
+}
+
+/// The IPv6 half of a dual-stack lease, always held by its network address
+/// (`fd00:10:244:3::/64`). In a store key it is spelled as flannel spells it:
+/// `fd00:10:244:3::-64` (lower-case, compressed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ipv6Subnet(Ipv6Net);
+
+impl Ipv6Subnet {
+    /// A subnet from a network; the address must be the network address.
+    pub fn new(net: Ipv6Net) -> Result<Self, SubnetError> {
+        if net.addr() != net.network() {
+            return Err(SubnetError::NotNetworkAddress);
+        }
+        Ok(Self(net))
+    }
+
+    /// The subnet as an [`Ipv6Net`].
+    pub fn net(self) -> Ipv6Net {
+        self.0
+    }
+
+    /// The network address: the TUN's IPv6 address and the key's address.
+    pub fn network(self) -> Ipv6Addr {
+        self.0.network()
+    }
+
+    /// The prefix length.
+    pub fn prefix_len(self) -> u8 {
+        self.0.prefix_len()
+    }
+
+    /// The first host address (`fd00:10:244:3::1`), which flannel writes to
+    /// `FLANNEL_IPV6_SUBNET`.
+    pub fn first_host(self) -> Ipv6Addr {
+        Ipv6Addr::from(u128::from(self.network()).wrapping_add(1))
+    }
+
+    /// The key-name form: `fd00:10:244:3::-64`.
+    pub fn key_name(self) -> String {
+        format!("{}-{}", self.network(), self.prefix_len())
+    }
+
+    /// Parses the key-name form `fd00:10:244:3::-64`.
+    fn parse_key_name(name: &str) -> Result<Self, SubnetError> {
+        let (addr, len) = name.rsplit_once('-').ok_or(SubnetError::Malformed)?;
+        let addr: Ipv6Addr = addr.parse().map_err(|_| SubnetError::Malformed)?;
+        let len = canonical_prefix_len(len, 128)?;
+        Self::new(Ipv6Net::new(addr, len).map_err(|_| SubnetError::Malformed)?)
+    }
+}
+
+impl fmt::Display for Ipv6Subnet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network(), self.prefix_len())
+    }
+}
+
+impl FromStr for Ipv6Subnet {
+    type Err = SubnetError;
+
+    /// Accepts `fd00::/64` and the key form `fd00::-64`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.rsplit_once('/') {
+            Some((addr, len)) => {
+                let addr: Ipv6Addr = addr.parse().map_err(|_| SubnetError::Malformed)?;
+                let len = canonical_prefix_len(len, 128)?;
+                Self::new(Ipv6Net::new(addr, len).map_err(|_| SubnetError::Malformed)?)
+            }
+            None => Self::parse_key_name(s),
+        }
+    }
+}
+
+impl Serialize for Ipv6Subnet {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        ser.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Ipv6Subnet {
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(de)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Everything a key under `subnets/` names: the IPv4 subnet, which is the lease's identity in
+/// weft (it names the history record, the departure marker and the route), and the IPv6 half
+/// of a dual-stack lease. The two halves are one lease: created, renewed and deleted together
+/// under one key, whose exact name every write must use (a flannel node may have written
+/// `X&Y` where an IPv4-only node would write `X`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseName {
+    /// The IPv4 subnet.
+    pub subnet: Subnet,
+    /// The IPv6 half, on a dual-stack network.
+    pub ipv6: Option<Ipv6Subnet>,
+}
+
+impl LeaseName {
+    /// An IPv4-only lease's name.
+    pub fn v4(subnet: Subnet) -> Self {
+        Self { subnet, ipv6: None }
+    }
+
+    /// The store key's last path element: `10.244.3.0-24` or `10.244.3.0-24&fd00::-64`.
+    pub fn key_name(self) -> String {
+        match self.ipv6 {
+            None => self.subnet.key_name(),
+            Some(v6) => format!("{}&{}", self.subnet.key_name(), v6.key_name()),
+        }
+    }
+
+    /// Parses a store key's last path element in either form. flannel's IPv6-only form
+    /// `0.0.0.0-0&<v6>-<len>` is [`SubnetError::Ipv6Only`] (see [`ipv6_half_of_key_name`]).
+    pub fn parse(name: &str) -> Result<Self, SubnetError> {
+        let (v4, ipv6) = match name.split_once('&') {
+            None => (name, None),
+            Some((v4, v6)) => {
+                let v6 = Ipv6Subnet::parse_key_name(v6)?;
+                if v4 == "0.0.0.0-0" {
+                    return Err(SubnetError::Ipv6Only);
+                }
+                (v4, Some(v6))
+            }
+        };
+        let (addr, len) = v4.rsplit_once('-').ok_or(SubnetError::Malformed)?;
+        Ok(Self { subnet: Subnet::parse_parts(addr, len)?, ipv6 })
+    }
+}
+
+impl fmt::Display for LeaseName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ipv6 {
+            None => write!(f, "{}", self.subnet),
+            Some(v6) => write!(f, "{} & {v6}", self.subnet),
+        }
+    }
+}
+
+/// The IPv6 half a key name under `subnets/` names, whatever its IPv4 half (flannel's
+/// IPv6-only leases included): what occupies an IPv6 subnet.
+pub(crate) fn ipv6_half_of_key_name(name: &str) -> Option<Ipv6Subnet> {
+    let (_, v6) = name.split_once('&')?;
+    let v6 = Ipv6Subnet::parse_key_name(v6).ok()?;
+    // The whole name must parse (or be the IPv6-only form): `garbage&fd00::-64` occupies nothing.
+    match LeaseName::parse(name) {
+        Ok(_) | Err(SubnetError::Ipv6Only) => Some(v6),
+        Err(_) => None,
     }
 }
 
@@ -357,12 +491,21 @@ impl LeaseAttrs {
 pub struct StoredLease {
     /// The subnet named by the key.
     pub subnet: Subnet,
+    /// The key's IPv6 half, on a dual-stack lease.
+    pub ipv6: Option<Ipv6Subnet>,
     /// The parsed value.
     pub attrs: LeaseAttrs,
     /// The key's mod revision: renew and adopt compare on it.
     pub mod_revision: Revision,
     /// The etcd lease the key is attached to (`0`: none, a reservation).
     pub lease_id: StoreLeaseId,
+}
+
+impl StoredLease {
+    /// The key's full name: both halves.
+    pub fn name(&self) -> LeaseName {
+        LeaseName { subnet: self.subnet, ipv6: self.ipv6 }
+    }
 }
 
 /// What weft's allocation history says about one subnet (`<prefix>/weft/history/<key>`).
@@ -388,14 +531,19 @@ pub struct HistoryRecord {
     pub node: NodeId,
     /// That node's public IP at the time.
     pub public_ip: Ipv4Addr,
+    /// The IPv6 half the subnet was leased with, on a dual-stack network: whoever takes the
+    /// subnet next takes it with this half, so the halves move together. Absent from records
+    /// of IPv4-only leases (and from every record an older weft wrote).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Subnet>,
 }
 
 impl HistoryRecord {
     /// The record a create, renew or refresh writes for `attrs`: `Held` by its node. `None`
     /// for a lease without a node identity (a test's or a tool's): it has no history.
-    pub(crate) fn held(attrs: &LeaseAttrs) -> Option<Self> {
+    pub(crate) fn held(attrs: &LeaseAttrs, ipv6: Option<Ipv6Subnet>) -> Option<Self> {
         let node = attrs.node_id.clone()?;
-        Some(Self { state: HistoryState::Held, node, public_ip: attrs.public_ip })
+        Some(Self { state: HistoryState::Held, node, public_ip: attrs.public_ip, ipv6 })
     }
 
     /// Parses a history key's value.
@@ -469,6 +617,44 @@ mod tests {
         {
             assert!(sn(foreign).check_lease_of(net, 24).is_err(), "{foreign}");
         }
+    }
+
+    #[test]
+    fn lease_names_carry_both_halves_in_flannels_spelling() {
+        let dual = LeaseName::parse("10.244.1.0-24&fd00:10:244:1::-64").unwrap();
+        assert_eq!(dual.subnet, "10.244.1.0/24".parse().unwrap());
+        assert_eq!(dual.ipv6, Some("fd00:10:244:1::/64".parse().unwrap()));
+        assert_eq!(dual.key_name(), "10.244.1.0-24&fd00:10:244:1::-64");
+        assert_eq!(dual.to_string(), "10.244.1.0/24 & fd00:10:244:1::/64");
+        let v4 = LeaseName::parse("10.244.1.0-24").unwrap();
+        assert_eq!((v4.ipv6, v4.key_name()), (None, "10.244.1.0-24".to_string()));
+        // Upper-case or uncompressed hex reads as the same half, and is written flannel's way.
+        let loud = LeaseName::parse("10.244.1.0-24&FD00:10:244:1:0:0:0:0-64").unwrap();
+        assert_eq!(loud, dual);
+        assert_eq!(loud.key_name(), "10.244.1.0-24&fd00:10:244:1::-64");
+        let half = dual.ipv6.unwrap();
+        assert_eq!(half.first_host(), "fd00:10:244:1::1".parse::<Ipv6Addr>().unwrap());
+        assert_eq!("fd00:10:244:1::-64".parse::<Ipv6Subnet>(), Ok(half));
+        assert_eq!(
+            "fd00:10:244:1::1/64".parse::<Ipv6Subnet>(),
+            Err(SubnetError::NotNetworkAddress)
+        );
+        // History records carry the half, and records without one (older wefts) still read.
+        let json = br#"{"state":"held","node":"node-aaaa","public_ip":"192.0.2.1","ipv6":"fd00:10:244:1::/64"}"#;
+        assert_eq!(HistoryRecord::from_json(json).unwrap().ipv6, Some(half));
+        let old = br#"{"state":"held","node":"node-aaaa","public_ip":"192.0.2.1"}"#;
+        let old = HistoryRecord::from_json(old).unwrap();
+        assert_eq!(old.ipv6, None);
+        assert!(!String::from_utf8(old.to_json()).unwrap().contains("ipv6"));
+        let bad =
+            br#"{"state":"held","node":"node-aaaa","public_ip":"192.0.2.1","ipv6":"fd00::1/64"}"#;
+        assert!(HistoryRecord::from_json(bad).is_err());
+        // The IPv6 half a key occupies: any well-formed key with one, IPv6-only ones too.
+        assert_eq!(ipv6_half_of_key_name("10.244.1.0-24&fd00:10:244:1::-64"), Some(half));
+        assert_eq!(ipv6_half_of_key_name("0.0.0.0-0&fd00:10:244:1::-64"), Some(half));
+        assert_eq!(ipv6_half_of_key_name("10.244.1.0-24"), None);
+        assert_eq!(ipv6_half_of_key_name("garbage&fd00:10:244:1::-64"), None);
+        assert_eq!(ipv6_half_of_key_name("10.244.1.0-24&fd00:10:244:1::1-64"), None);
     }
 
     #[test]

@@ -35,8 +35,8 @@ use serde::{Deserialize, Serialize};
 
 use super::keys;
 use super::record::{
-    HistoryEntry, Incarnation, LeaseAttrs, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
-    SubnetError, ValueError,
+    HistoryEntry, Incarnation, Ipv6Subnet, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId,
+    StoredLease, Subnet, SubnetError, ValueError,
 };
 
 /// A boxed error from a client library, kept as the source of a [`StoreError`].
@@ -109,6 +109,13 @@ impl BadEntry {
         keys::subnet_key_name(&self.key).map(|name| Subnet::parse_key_name(name).ok())
     }
 
+    /// The IPv6 half this key names, if it is a subnet key with one (a dual-stack key whose
+    /// value does not parse, or flannel's IPv6-only lease): still a live key, so that half is
+    /// occupied.
+    pub fn ipv6_half(&self) -> Option<Ipv6Subnet> {
+        keys::subnet_key_name(&self.key).and_then(super::record::ipv6_half_of_key_name)
+    }
+
     /// Whether this is flannel's IPv6-only lease (`<prefix>/subnets/0.0.0.0-0&<v6>-<len>`): a
     /// lease with no IPv4 subnet, not garbage.
     pub fn is_ipv6_only_lease(&self) -> bool {
@@ -144,10 +151,19 @@ pub struct HistoryPrune {
 pub struct HeldLease {
     /// The subnet.
     pub subnet: Subnet,
+    /// The IPv6 half of the key, on a dual-stack lease: part of the key's exact name.
+    pub ipv6: Option<Ipv6Subnet>,
     /// The key's mod revision after our last write.
     pub mod_revision: Revision,
     /// The store lease our last write attached the key to.
     pub lease_id: StoreLeaseId,
+}
+
+impl HeldLease {
+    /// The key's full name: both halves.
+    pub fn name(&self) -> LeaseName {
+        LeaseName { subnet: self.subnet, ipv6: self.ipv6 }
+    }
 }
 
 /// The outcome of a create-if-absent.
@@ -261,24 +277,28 @@ pub trait Store: Send + Sync {
     /// All subnet leases and history at one revision.
     async fn list(&self) -> Result<Listing, StoreError>;
 
-    /// One subnet key. `Ok(None)` if absent; `Ok(Some(Err(..)))` if its value does not parse.
+    /// The subnet's key, in either form (`X` or `X&…`). `Ok(None)` if absent; `Ok(Some(Err(..)))`
+    /// if its value does not parse.
     async fn get(
         &self,
         subnet: Subnet,
     ) -> Result<Option<Result<StoredLease, BadEntry>>, StoreError>;
 
-    /// Creates the subnet key if absent, attached to a new store lease of `ttl`, records
-    /// `Held` in history and deletes the subnet's departure marker, in one transaction.
+    /// Creates the subnet's key (IPv4-only) if absent, attached to a new store lease of `ttl`,
+    /// records `Held` in history and deletes the subnet's departure marker, in one transaction.
     async fn create(
         &self,
         subnet: Subnet,
         attrs: &LeaseAttrs,
         ttl: Duration,
     ) -> Result<CreateOutcome, StoreError> {
-        self.create_pruning(subnet, attrs, ttl, &[]).await
+        self.create_pruning(LeaseName::v4(subnet), attrs, ttl, &[]).await
     }
 
-    /// [`Store::create`], and in the same transaction, if it creates, deletes the history
+    /// [`Store::create`] of the key `name` (both halves), which succeeds only if no key names
+    /// its IPv4 subnet, in either form (`X` or `X&…`): two keys for one subnet would be two
+    /// holders. The history record carries the IPv6 half. In the same transaction, if it
+    /// creates, it deletes the history
     /// records in `prune` whose mod revision is still the one given (each under its own
     /// compare, so a record rewritten since — another node took that subnet — is left alone),
     /// each with its subnet's departure marker.
@@ -287,7 +307,7 @@ pub trait Store: Send + Sync {
     /// record per node.
     async fn create_pruning(
         &self,
-        subnet: Subnet,
+        name: LeaseName,
         attrs: &LeaseAttrs,
         ttl: Duration,
         prune: &[HistoryPrune],
@@ -318,7 +338,7 @@ pub trait Store: Send + Sync {
     /// `Relinquished` in history and in the subnet's departure marker, in one transaction.
     async fn release(&self, held: &HeldLease, node: &NodeId) -> Result<ReleaseOutcome, StoreError>;
 
-    /// Operator action: deletes a subnet key whoever holds it. `Ok(false)` if it was absent.
+    /// Operator action: deletes a subnet's key (either form) whoever holds it. `Ok(false)` if it was absent.
     /// A weft lease (one that names its node) gets `Revoked` in history and in its departure
     /// marker, in the same transaction; a flannel lease gets neither, and its peers keep its
     /// route (stale), as for an expiry.
@@ -349,9 +369,13 @@ pub trait Store: Send + Sync {
     async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError>;
 
     /// Watches subnet keys and departure markers from `from` (inclusive; `0` or less means
-    /// "from the next revision", as in etcd). `only` narrows it to one subnet's key (and no
-    /// markers).
-    async fn watch(&self, from: Revision, only: Option<Subnet>) -> Result<WatchStream, StoreError>;
+    /// "from the next revision", as in etcd). `only` narrows it to one lease's exact key (and
+    /// no markers).
+    async fn watch(
+        &self,
+        from: Revision,
+        only: Option<LeaseName>,
+    ) -> Result<WatchStream, StoreError>;
 
     /// This host's address changed: connections from the old one are dead though nothing
     /// says so yet (no RST comes for an address that is gone), so the next call should open

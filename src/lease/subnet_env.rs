@@ -11,9 +11,13 @@
 //!   FLANNEL_MTU=1450
 //!   FLANNEL_IPMASQ=false
 //!   ```
+//!   On a dual-stack network, flannel's IPv6 pair comes between `FLANNEL_SUBNET` and
+//!   `FLANNEL_MTU`, written the same way: `FLANNEL_IPV6_NETWORK=fd00:10:244::/56` and
+//!   `FLANNEL_IPV6_SUBNET=fd00:10:244:1::1/64`.
 //! - [`SubnetEnv::parse`] reads what flannel's godotenv reader reads: blank lines and `#` comments
-//!   are skipped, `export ` prefixes and quotes are tolerated, unknown keys (flannel's IPv6 pair,
-//!   an operator's additions) are ignored, and for repeated keys the last one wins.
+//!   are skipped, `export ` prefixes and quotes are tolerated, unknown keys (an operator's
+//!   additions) are ignored, and for repeated keys the last one wins. The IPv6 pair is optional,
+//!   but one of the two without the other is corrupt.
 //!   `FLANNEL_SUBNET=10.5.52.1/24` means the subnet `10.5.52.0/24`.
 //! - The file is a hint from the past, never an authority: whoever wrote it (an older weft,
 //!   flannel, an operator, a crash halfway through a non-atomic copy) may have been wrong. So
@@ -30,14 +34,14 @@
 
 #![forbid(unsafe_code)]
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::atomic_file::{self, FileError, ReadError};
-use crate::config::MAX_SUBNET_LEN;
-use crate::lease::record::Subnet;
+use crate::config::{MAX_IPV6_SUBNET_LEN, MAX_SUBNET_LEN};
+use crate::lease::record::{Ipv6Subnet, Subnet};
 
 /// Files larger than this are refused unread: a real `subnet.env` is about 100 bytes.
 pub(crate) const MAX_FILE_LEN: u64 = 64 * 1024;
@@ -53,6 +57,17 @@ pub struct SubnetEnv {
     pub(crate) mtu: u32,
     /// Whether the daemon masquerades traffic leaving the overlay (`FLANNEL_IPMASQ`).
     pub(crate) ipmasq: bool,
+    /// The IPv6 pair, on a dual-stack network.
+    pub(crate) ipv6: Option<SubnetEnv6>,
+}
+
+/// The IPv6 pair of a dual-stack `subnet.env`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubnetEnv6 {
+    /// The cluster's IPv6 network (`FLANNEL_IPV6_NETWORK`).
+    pub(crate) network: Ipv6Net,
+    /// This host's IPv6 subnet (`FLANNEL_IPV6_SUBNET`, written as its first host address).
+    pub(crate) subnet: Ipv6Subnet,
 }
 
 /// What a line of the file got wrong.
@@ -141,6 +156,22 @@ pub enum SubnetEnvError {
         /// The network.
         network: Ipv4Net,
     },
+    /// `FLANNEL_IPV6_SUBNET` is longer than any config allows (`IPv6SubnetLen` is at most 126),
+    /// so its first host address would not read back as the same subnet.
+    #[error("FLANNEL_IPV6_SUBNET: {subnet} is longer than /{MAX_IPV6_SUBNET_LEN}")]
+    Ipv6SubnetTooLong {
+        /// The subnet.
+        subnet: Ipv6Subnet,
+    },
+    /// `FLANNEL_IPV6_SUBNET` is not inside `FLANNEL_IPV6_NETWORK`, or `FLANNEL_IPV6_NETWORK` has
+    /// host bits set (on write).
+    #[error("FLANNEL_IPV6_SUBNET: {subnet} is outside FLANNEL_IPV6_NETWORK {network}")]
+    Ipv6SubnetOutsideNetwork {
+        /// The subnet.
+        subnet: Ipv6Subnet,
+        /// The network.
+        network: Ipv6Net,
+    },
 }
 
 /// What [`read`] found.
@@ -169,13 +200,23 @@ const NETWORK: &str = "FLANNEL_NETWORK";
 const SUBNET: &str = "FLANNEL_SUBNET";
 const MTU: &str = "FLANNEL_MTU";
 const IPMASQ: &str = "FLANNEL_IPMASQ";
+const IPV6_NETWORK: &str = "FLANNEL_IPV6_NETWORK";
+const IPV6_SUBNET: &str = "FLANNEL_IPV6_SUBNET";
 
 impl SubnetEnv {
     /// The file's bytes, exactly as flannel writes them. Only a [`SubnetEnv::validate`]d value
     /// reads back as itself.
     pub fn render(&self) -> String {
+        let ipv6 = self.ipv6.map_or_else(String::new, |v6| {
+            format!(
+                "{IPV6_NETWORK}={}\n{IPV6_SUBNET}={}/{}\n",
+                v6.network,
+                v6.subnet.first_host(),
+                v6.subnet.prefix_len()
+            )
+        });
         format!(
-            "{NETWORK}={}\n{SUBNET}={}/{}\n{MTU}={}\n{IPMASQ}={}\n",
+            "{NETWORK}={}\n{SUBNET}={}/{}\n{ipv6}{MTU}={}\n{IPMASQ}={}\n",
             self.network,
             self.subnet.first_host(),
             self.subnet.prefix_len(),
@@ -194,7 +235,17 @@ impl SubnetEnv {
         if self.network.addr() != self.network.network() {
             return Err(SubnetEnvError::NetworkHostBits { network: self.network });
         }
-        check_subnet(self.network, self.subnet)
+        check_subnet(self.network, self.subnet)?;
+        match self.ipv6 {
+            Some(v6) if v6.network.addr() != v6.network.network() => {
+                Err(SubnetEnvError::Ipv6SubnetOutsideNetwork {
+                    subnet: v6.subnet,
+                    network: v6.network,
+                })
+            }
+            Some(v6) => check_subnet6(v6.network, v6.subnet),
+            None => Ok(()),
+        }
     }
 
     /// Parses the file's text the way flannel's godotenv reader does (see the module docs).
@@ -203,6 +254,7 @@ impl SubnetEnv {
     /// [`SubnetEnvError`] naming the line or the key and the problem.
     pub fn parse(text: &str) -> Result<Self, SubnetEnvError> {
         let (mut network, mut subnet, mut mtu, mut ipmasq) = (None, None, None, None);
+        let (mut network6, mut subnet6) = (None, None);
         for (i, line) in text.lines().enumerate() {
             let Some((key, value)) = parse_line(line)
                 .map_err(|problem| SubnetEnvError::MalformedLine { line: i + 1, problem })?
@@ -214,6 +266,8 @@ impl SubnetEnv {
                 SUBNET => subnet = Some(value),
                 MTU => mtu = Some(value),
                 IPMASQ => ipmasq = Some(value),
+                IPV6_NETWORK => network6 = Some(value),
+                IPV6_SUBNET => subnet6 = Some(value),
                 _ => {}
             }
         }
@@ -254,8 +308,49 @@ impl SubnetEnv {
             return Err(bad_value(IPMASQ, text, "true or false"));
         };
 
-        Ok(Self { network, subnet, mtu, ipmasq })
+        let ipv6 = match (network6, subnet6) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(missing(IPV6_NETWORK)),
+            (Some(_), None) => return Err(missing(IPV6_SUBNET)),
+            (Some(network), Some(subnet)) => Some(parse_ipv6_pair(network, subnet)?),
+        };
+
+        Ok(Self { network, subnet, mtu, ipmasq, ipv6 })
     }
+}
+
+/// `FLANNEL_IPV6_NETWORK` (masked, as Go's net.ParseCIDR masks it) and `FLANNEL_IPV6_SUBNET`
+/// (the first host address: the subnet is its network), which must lie inside it.
+fn parse_ipv6_pair(network: &str, subnet: &str) -> Result<SubnetEnv6, SubnetEnvError> {
+    const EXPECTED: &str = "an IPv6 CIDR (addr/len)";
+    let network =
+        parse_cidr6(network).ok_or_else(|| bad_value(IPV6_NETWORK, network, EXPECTED))?.trunc();
+    let net = parse_cidr6(subnet).ok_or_else(|| bad_value(IPV6_SUBNET, subnet, EXPECTED))?;
+    let subnet =
+        Ipv6Subnet::new(net.trunc()).map_err(|_| bad_value(IPV6_SUBNET, subnet, EXPECTED))?;
+    check_subnet6(network, subnet)?;
+    Ok(SubnetEnv6 { network, subnet })
+}
+
+fn check_subnet6(network: Ipv6Net, subnet: Ipv6Subnet) -> Result<(), SubnetEnvError> {
+    if subnet.prefix_len() > MAX_IPV6_SUBNET_LEN {
+        return Err(SubnetEnvError::Ipv6SubnetTooLong { subnet });
+    }
+    if network.contains(&subnet.net()) {
+        Ok(())
+    } else {
+        Err(SubnetEnvError::Ipv6SubnetOutsideNetwork { subnet, network })
+    }
+}
+
+/// `addr/len` with a plain decimal length of at most 128.
+fn parse_cidr6(text: &str) -> Option<Ipv6Net> {
+    let (addr, len) = text.split_once('/')?;
+    let addr: Ipv6Addr = addr.parse().ok()?;
+    if len.is_empty() || len.len() > 3 {
+        return None;
+    }
+    Ipv6Net::new(addr, parse_decimal(len)?.try_into().ok()?).ok()
 }
 
 fn check_subnet(network: Ipv4Net, subnet: Subnet) -> Result<(), SubnetEnvError> {
@@ -397,7 +492,66 @@ mod tests {
             subnet: "10.5.52.0/24".parse().unwrap(),
             mtu: 1450,
             ipmasq: false,
+            ipv6: None,
         }
+    }
+
+    /// What flannel writes on a dual-stack network (its WriteSubnetFile's order).
+    const FLANNEL_DUAL_EXAMPLE: &str = "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.52.1/24\n\
+                                        FLANNEL_IPV6_NETWORK=fd00:10:5::/56\n\
+                                        FLANNEL_IPV6_SUBNET=fd00:10:5:34::1/64\n\
+                                        FLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n";
+
+    fn dual_example() -> SubnetEnv {
+        SubnetEnv {
+            ipv6: Some(SubnetEnv6 {
+                network: "fd00:10:5::/56".parse().unwrap(),
+                subnet: "fd00:10:5:34::/64".parse().unwrap(),
+            }),
+            ..example()
+        }
+    }
+
+    #[test]
+    fn renders_and_reads_the_dual_stack_pair_as_flannel() {
+        assert_eq!(dual_example().render(), FLANNEL_DUAL_EXAMPLE);
+        assert_eq!(SubnetEnv::parse(FLANNEL_DUAL_EXAMPLE).unwrap(), dual_example());
+        dual_example().validate().unwrap();
+        // Either key alone is corrupt, and so is a subnet outside the network or not IPv6.
+        let without = |key: &str| {
+            FLANNEL_DUAL_EXAMPLE
+                .lines()
+                .filter(|l| !l.starts_with(key))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        for (text, want) in [
+            (without("FLANNEL_IPV6_NETWORK="), "FLANNEL_IPV6_NETWORK: missing"),
+            (without("FLANNEL_IPV6_SUBNET="), "FLANNEL_IPV6_SUBNET: missing"),
+            (
+                FLANNEL_DUAL_EXAMPLE.replace("fd00:10:5:34::1/64", "fd00:10:6::1/64"),
+                "FLANNEL_IPV6_SUBNET: fd00:10:6::/64 is outside FLANNEL_IPV6_NETWORK fd00:10:5::/56",
+            ),
+            (
+                FLANNEL_DUAL_EXAMPLE.replace("fd00:10:5:34::1/64", "10.0.0.1/24"),
+                "FLANNEL_IPV6_SUBNET: \"10.0.0.1/24\" is not an IPv6 CIDR (addr/len)",
+            ),
+            (
+                FLANNEL_DUAL_EXAMPLE.replace("fd00:10:5:34::1/64", "fd00:10:5:34::1/128"),
+                "FLANNEL_IPV6_SUBNET: fd00:10:5:34::1/128 is longer than /126",
+            ),
+            (
+                FLANNEL_DUAL_EXAMPLE.replace("fd00:10:5:34::1/64", "fd00:10:5:34::1/0129"),
+                "FLANNEL_IPV6_SUBNET: \"fd00:10:5:34::1/0129\" is not an IPv6 CIDR (addr/len)",
+            ),
+        ] {
+            assert_eq!(SubnetEnv::parse(&text).unwrap_err().to_string(), want, "{text}");
+        }
+        // A network with host bits is masked on read, refused on write.
+        let mut bad = dual_example();
+        bad.ipv6 =
+            Some(SubnetEnv6 { network: "fd00:10:5::1/56".parse().unwrap(), ..bad.ipv6.unwrap() });
+        assert!(bad.validate().is_err());
     }
 
     #[test]
@@ -412,7 +566,7 @@ mod tests {
             // Comments, blank lines, export, quotes, CRLF, unknown keys, other order.
             "# written by flannel\n\nexport FLANNEL_NETWORK=10.5.0.0/16\n\
              FLANNEL_SUBNET=\"10.5.52.1/24\"\r\n  FLANNEL_MTU = '1450'  \n\
-             FLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_IPMASQ=false # no masquerade\n",
+             FLANNEL_SOMETHING_ELSE=fc00::/48\nFLANNEL_IPMASQ=false # no masquerade\n",
             "FLANNEL_IPMASQ=FALSE\nFLANNEL_MTU=1450\nFLANNEL_SUBNET=10.5.52.0/24\n\
              FLANNEL_NETWORK=10.5.0.0/16",
             // The last of a repeated key wins; the network is masked, as net.ParseCIDR does.
@@ -596,7 +750,7 @@ mod tests {
                 let host_bits = !u32::from(network.netmask());
                 let addr = u32::from(network.network()) | (pick & host_bits);
                 let subnet = Ipv4Net::new(Ipv4Addr::from(addr), sub_len).unwrap().trunc();
-                SubnetEnv { network, subnet: Subnet::new(subnet).unwrap(), mtu, ipmasq }
+                SubnetEnv { network, subnet: Subnet::new(subnet).unwrap(), mtu, ipmasq, ipv6: None }
             })
     }
 

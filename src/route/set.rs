@@ -403,6 +403,7 @@ mod tests {
         );
         StoredLease {
             subnet: subnet(s),
+            ipv6: None,
             attrs: LeaseAttrs::from_json(json.as_bytes()).unwrap(),
             mod_revision: Revision(rev),
             lease_id: StoreLeaseId(rev),
@@ -427,6 +428,7 @@ mod tests {
                 state,
                 node: NodeId::parse("node-aaaa").unwrap(),
                 public_ip: Ipv4Addr::new(192, 0, 2, 1),
+                ipv6: None,
             },
             mod_revision: Revision(rev),
         }

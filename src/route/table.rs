@@ -370,6 +370,7 @@ mod tests {
     fn lease(json: &str) -> StoredLease {
         StoredLease {
             subnet: subnet("10.244.3.0/24"),
+            ipv6: None,
             attrs: LeaseAttrs::from_json(json.as_bytes()).unwrap(),
             mod_revision: Revision(7),
             lease_id: StoreLeaseId(1),

@@ -356,7 +356,7 @@ mod tests {
     use super::*;
     use crate::dataplane::wire::ethernet::MacAddr;
     use crate::lease::memory::{MemoryClient, MemoryStore};
-    use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Revision, StoredLease};
+    use crate::lease::record::{Incarnation, LeaseAttrs, LeaseName, NodeId, Revision, StoredLease};
     use crate::lease::store::{
         BadEntry, CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord,
         ReleaseOutcome, RenewOutcome,
@@ -753,12 +753,12 @@ mod tests {
         }
         async fn create_pruning(
             &self,
-            subnet: Subnet,
+            name: LeaseName,
             attrs: &LeaseAttrs,
             ttl: Duration,
             prune: &[crate::lease::store::HistoryPrune],
         ) -> Result<CreateOutcome, StoreError> {
-            self.inner.create_pruning(subnet, attrs, ttl, prune).await
+            self.inner.create_pruning(name, attrs, ttl, prune).await
         }
         async fn renew(
             &self,
@@ -811,7 +811,7 @@ mod tests {
         async fn watch(
             &self,
             from: Revision,
-            only: Option<Subnet>,
+            only: Option<LeaseName>,
         ) -> Result<WatchStream, StoreError> {
             let hook = self.before_watch.lock().unwrap().take();
             if let Some(hook) = hook {

@@ -32,7 +32,9 @@ use weft::lease::keeper::{Action, Keeper, KeeperConfig, KeeperEvent};
 use weft::lease::memory::{
     EXPIRY_CLIENT, MemoryClient, MemoryStore, RAW_CLIENT, WriteKind, WriteRecord, drain_ready,
 };
-use weft::lease::record::{Incarnation, LeaseAttrs, NodeId, Revision, StoredLease, Subnet};
+use weft::lease::record::{
+    Incarnation, LeaseAttrs, LeaseName, NodeId, Revision, StoredLease, Subnet,
+};
 use weft::lease::store::{CreateOutcome, Store, StoreError, WatchBatch, WatchEvent, WatchStream};
 use weft::time::{Clock, Instant, ManualClock};
 
@@ -54,6 +56,16 @@ pub fn network_of(n: u32) -> NetworkConfig {
     assert!((1..=255).contains(&n));
     let json = format!(
         r#"{{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0","SubnetMax":"10.244.{n}.0","Backend":{{"Type":"vxlan"}}}}"#
+    );
+    NetworkConfig::parse(json.as_bytes()).expect("a valid test network")
+}
+
+/// [`network_of`], dual-stack: `EnableIPv6` with `fd00:10:244::/56` in /64s (flannel's
+/// defaults for the IPv6 range: 255 leasable halves).
+pub fn dual_network_of(n: u32) -> NetworkConfig {
+    assert!((1..=255).contains(&n));
+    let json = format!(
+        r#"{{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0","SubnetMax":"10.244.{n}.0","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{{"Type":"vxlan"}}}}"#
     );
     NetworkConfig::parse(json.as_bytes()).expect("a valid test network")
 }
@@ -803,6 +815,21 @@ impl World {
             }
         }
 
+        // Each subnet has at most one key, and each IPv6 half at most one: the halves of a
+        // dual-stack lease are exclusive as the IPv4 subnet is.
+        let mut v4_seen = BTreeSet::new();
+        let mut v6_seen = BTreeSet::new();
+        for k in &keys {
+            if !v4_seen.insert(k.subnet) {
+                problems.push(format!("two keys for {}", k.subnet));
+            }
+            if let Some(half) = k.ipv6
+                && !v6_seen.insert(half)
+            {
+                problems.push(format!("two keys with the IPv6 half {half}"));
+            }
+        }
+
         // The history stays bounded: a create prunes its node's other records, so a node is
         // named by at most one record per host carrying its identity (a clone is a second).
         let mut per_node: BTreeMap<&NodeId, usize> = BTreeMap::new();
@@ -907,10 +934,19 @@ impl World {
         self.store.subnet_keys().into_iter().find(|k| k.subnet == s)
     }
 
-    /// Writes to `s`'s key at or after write-log position `from`.
+    /// Writes to `s`'s key, in either form (`X` or a dual-stack `X&…`), at or after
+    /// write-log position `from`.
     pub fn writes_to(&self, s: Subnet, from: usize) -> Vec<WriteRecord> {
-        let key = subnet_key(s);
-        self.store.write_log_since(from).into_iter().filter(|w| w.key == key).collect()
+        let is_key_of_s = |key: &str| {
+            let name = key.strip_prefix(&format!("{PREFIX}/subnets/")).unwrap_or_default();
+            LeaseName::parse(name).is_ok_and(|n| n.subnet == s)
+        };
+        self.store.write_log_since(from).into_iter().filter(|w| is_key_of_s(&w.key)).collect()
+    }
+
+    /// The exact store key of `s`'s live lease, in whichever form it is.
+    pub fn live_key(&self, s: Subnet) -> Option<String> {
+        self.key(s).map(|k| format!("{PREFIX}/subnets/{}", k.name().key_name()))
     }
 
     /// Writes by client `name` at or after write-log position `from`.
@@ -1055,7 +1091,7 @@ fn ensure_own_watch(p: &mut WeftProc, now: Instant) -> bool {
     if now < p.watch_retry_at {
         return had;
     }
-    match block_on(p.client.watch(Revision(held.mod_revision.0 + 1), Some(held.subnet))) {
+    match block_on(p.client.watch(Revision(held.mod_revision.0 + 1), Some(held.name()))) {
         Ok(w) => p.watch = Some((held.subnet, w)),
         Err(_) => p.watch_retry_at = now + WATCH_RETRY,
     }
@@ -1111,7 +1147,7 @@ fn step_flannel(h: &mut Host, mut ctx: FlannelCtx<'_>) -> FlannelOutcome {
     let Some(Proc::Flannel(p)) = &mut h.proc else { return FlannelOutcome::Idle };
     // Keep the own-key watch open (reconnect with backoff, resume from the cursor).
     if p.watch.is_none() && now >= p.watch_retry_at {
-        match block_on(p.client.watch(p.watch_from, p.lease)) {
+        match block_on(p.client.watch(p.watch_from, p.lease.map(LeaseName::v4))) {
             Ok(w) => {
                 p.watch = Some(w);
                 p.watch_backoff = Duration::from_millis(100);
