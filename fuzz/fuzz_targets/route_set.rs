@@ -80,6 +80,7 @@ fn lease(net: &ArbNetwork, l: &ArbLease) -> Option<StoredLease> {
     };
     Some(StoredLease {
         subnet: net.subnet(l.index, l.len.map_or(net.subnet_len(), |x| x % 33)),
+        ipv6: None,
         attrs,
         mod_revision: Revision(i64::from(l.rev)),
         lease_id: StoreLeaseId(0),
@@ -131,6 +132,7 @@ fuzz_target!(|data: &[u8]| {
                                 ][usize::from(state % 3)],
                                 node: node.clone(),
                                 public_ip: Ipv4Addr::new(192, 0, 2, 1),
+                                ipv6: None,
                             },
                             mod_revision: Revision(i64::from(rev)),
                         })
@@ -189,6 +191,7 @@ fuzz_target!(|data: &[u8]| {
                                     ][usize::from(state % 3)],
                                     node: node.clone(),
                                     public_ip: Ipv4Addr::new(192, 0, 2, 1),
+                                    ipv6: None,
                                 },
                                 mod_revision: Revision(i64::from(*rev)),
                             }))
