@@ -73,6 +73,7 @@ fn bench(c: &mut Criterion) {
         vni: Some(1),
         node: None,
         stale: false,
+        ipv6: None,
     });
     let routes = RouteTable::build(network, 24, peers);
     let (tx, rx) = (forwarder(0), forwarder(5));

@@ -32,6 +32,7 @@ fn listing(config: &NetworkConfig, n: usize) -> Listing {
                 public_ipv6: None,
                 backend_type: Some("vxlan".into()),
                 backend_data: None,
+                backend_v6_data: None,
                 node_id: Some(node.clone()),
                 incarnation: None,
             },

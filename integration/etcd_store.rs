@@ -60,6 +60,7 @@ fn attrs(node_name: &str, incarnation: &str, ip: [u8; 4]) -> LeaseAttrs {
         public_ipv6: None,
         backend_type: Some("vxlan".to_owned()),
         backend_data: Some(serde_json::json!({"VNI": 1, "VtepMAC": "02:00:00:00:00:01"})),
+        backend_v6_data: None,
         node_id: Some(node(node_name)),
         incarnation: Some(Incarnation::parse(incarnation).expect("test incarnation")),
     }

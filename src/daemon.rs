@@ -232,6 +232,7 @@ pub fn lease_attrs(network: &NetworkConfig, public_ip: Ipv4Addr, vtep_mac: MacAd
         public_ipv6: None,
         backend_type,
         backend_data,
+        backend_v6_data: None,
         node_id: None,
         incarnation: None,
     }

@@ -10,7 +10,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -21,7 +21,7 @@ use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::vxlan::Vni;
 use weft::dataplane::wire::{ipv4, virtio_net};
 use weft::lease::record::Subnet;
-use weft::route::{Peer, PeerBackend, RouteTable};
+use weft::route::{Peer, Peer6, PeerBackend, RouteTable};
 use weft::time::Instant;
 
 struct Counting;
@@ -96,6 +96,7 @@ fn peers() -> Vec<Peer> {
             vni: Some(1),
             node: None,
             stale: false,
+            ipv6: None,
         })
         .collect()
 }
@@ -214,6 +215,31 @@ fn the_per_packet_path_allocates_nothing() {
 }
 
 /// What `f` returns, and how many allocations it made on this thread.
+/// IPv6 route lookups (dual-stack peers) allocate nothing either.
+#[test]
+fn ipv6_route_lookups_allocate_nothing() {
+    let peers = peers().into_iter().map(|mut p| {
+        let i = p.public_ip.octets()[3];
+        p.ipv6 = Some(Peer6 {
+            subnet: format!("fd00:10:244:{i:x}::/64").parse().unwrap(),
+            public_ip: format!("2001:db8::{i:x}").parse().unwrap(),
+            vtep_mac: MacAddr([2, 0, 0, 0, 6, i]),
+        });
+        p
+    });
+    let table = RouteTable::build("10.244.0.0/16".parse().unwrap(), 24, peers);
+    let dst = |n: u32| -> Ipv6Addr {
+        Ipv6Addr::from(
+            0xfd00_0010_0244_0000_0000_0000_0000_0000u128 | (u128::from(n % 256) << 64) | 7,
+        )
+    };
+    let lookups = |n: u32| (0..n).filter(|&i| table.lookup6(dst(i)).is_some()).count();
+    assert_eq!(lookups(256), 200, "warm-up: halves 1..=200 hit, the rest miss");
+    let (hits, allocs) = allocations_during(|| lookups(10_000));
+    assert!(hits > 7_000, "{hits}");
+    assert_eq!(allocs, 0, "allocations on the IPv6 lookup path");
+}
+
 fn allocations_during<R>(f: impl FnOnce() -> R) -> (R, u64) {
     let before = ALLOCS.with(Cell::get);
     COUNTING.with(|c| c.set(true));

@@ -42,6 +42,7 @@ fn peer(n: u8, backend: PeerBackend) -> Peer {
         vni: Some(1),
         node: None,
         stale: false,
+        ipv6: None,
     }
 }
 

@@ -13,7 +13,7 @@ use weft::lease::record::{
     SubnetError,
 };
 use weft::lease::store::BadEntry;
-use weft::route::Peer;
+use weft::route::{Peer, Peer6};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(attrs) = LeaseAttrs::from_json(data) {
@@ -36,6 +36,22 @@ fuzz_target!(|data: &[u8]| {
             let ip = peer.public_ip;
             assert!(!ip.is_unspecified() && !ip.is_broadcast() && !ip.is_multicast());
             assert!(peer.vni.is_none_or(|v| v <= 0xff_ffff));
+            assert!(peer.ipv6.is_none(), "an IPv6 route without an IPv6 half in the key");
+        }
+        // The same value under a dual-stack key: the IPv6 half routes or says why, and never
+        // changes the IPv4 route.
+        let dual = StoredLease { ipv6: Some("fd00:10:244:1::/64".parse().unwrap()), ..lease.clone() };
+        let v6 = Peer6::from_lease(&dual);
+        match (Peer::from_lease(&lease), Peer::from_lease(&dual)) {
+            (Ok(v4), Ok(both)) => {
+                assert_eq!(both.ipv6, v6.ok().flatten());
+                assert_eq!(Peer { ipv6: None, ..both }, v4);
+            }
+            (Err(a), Err(b)) => assert_eq!(a, b),
+            (a, b) => panic!("the IPv6 half changed the IPv4 verdict: {a:?} / {b:?}"),
+        }
+        if let Ok(Some(p6)) = v6 {
+            assert!(!p6.public_ip.is_unspecified() && !p6.public_ip.is_multicast());
         }
     }
     if let Ok(record) = HistoryRecord::from_json(data) {

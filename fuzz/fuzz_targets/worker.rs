@@ -99,6 +99,7 @@ fuzz_target!(|data: &[u8]| {
         vni: Some(1),
         node: None,
         stale: false,
+        ipv6: None,
     });
     let routes2 = Routes::new(RouteTable::build(
         net.net(),

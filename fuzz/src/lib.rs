@@ -216,6 +216,7 @@ impl ArbNetwork {
             vni: p.vni,
             node: None,
             stale: p.stale,
+            ipv6: None,
         }
     }
 

@@ -1062,6 +1062,7 @@ mod tests {
             public_ipv6: None,
             backend_type: Some("vxlan".into()),
             backend_data: None,
+            backend_v6_data: None,
             node_id: Some(node(node_id)),
             incarnation: Some(Incarnation::parse("inc-00000001").unwrap()),
         }

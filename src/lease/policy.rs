@@ -353,6 +353,7 @@ mod tests {
                 public_ipv6: None,
                 backend_type: None,
                 backend_data: None,
+                backend_v6_data: None,
                 node_id: Some(node(holder)),
                 incarnation: None,
             },

@@ -447,6 +447,10 @@ pub struct LeaseAttrs {
     /// Backend data, e.g. `{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"}` for vxlan.
     #[serde(rename = "BackendData", default, skip_serializing_if = "Option::is_none")]
     pub backend_data: Option<serde_json::Value>,
+    /// IPv6 backend data, on a dual-stack vxlan lease: `{"VNI":1,"VtepMAC":"…"}`, the MAC of
+    /// the holder's IPv6 VTEP (flannel's `flannel-v6.<VNI>` device has its own).
+    #[serde(rename = "BackendV6Data", default, skip_serializing_if = "Option::is_none")]
+    pub backend_v6_data: Option<serde_json::Value>,
     /// The holder's node identity (weft only).
     #[serde(rename = "WeftNodeID", default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<NodeId>,
@@ -682,6 +686,7 @@ mod tests {
             public_ipv6: None,
             backend_type: Some("vxlan".into()),
             backend_data: Some(serde_json::json!({"VNI":1,"VtepMAC":"02:00:00:00:00:01"})),
+            backend_v6_data: None,
             node_id: Some(NodeId::parse("node-aaaa").unwrap()),
             incarnation: Some(Incarnation::parse("inc-0001").unwrap()),
         };

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, Guard};
 
 pub use set::RouteSet;
-pub use table::{Peer, PeerBackend, PeerError, RouteTable};
+pub use table::{Peer, Peer6, Peer6Error, PeerBackend, PeerError, RouteTable};
 pub use watcher::{RouteStats, run};
 
 /// The published route table: one writer swaps whole snapshots in, many readers load them
@@ -89,6 +89,7 @@ mod tests {
             vni: None,
             node: None,
             stale: false,
+            ipv6: None,
         };
         routes.store(RouteTable::build(net, 24, [peer]));
         assert!(before.is_empty());

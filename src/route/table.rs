@@ -13,6 +13,9 @@
 //!   the later one wins.
 //! - [`Peer::from_lease`] parses untrusted store values and returns a typed [`PeerError`]; it
 //!   never panics.
+//! - [`RouteTable::lookup6`] is the same for IPv6 destinations, over the IPv6 halves of
+//!   dual-stack peers ([`Peer6`]): one binary search per distinct prefix length (almost always
+//!   one: the network's `IPv6SubnetLen`), wait-free and allocation-free too.
 //!
 //! # Layout
 //! Almost every lease has the network's `SubnetLen` and lies inside `Network`, so those go into
@@ -32,14 +35,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::Ipv4Net;
 use serde_json::Value;
 
 use crate::dataplane::wire::ethernet::MacAddr;
 use crate::dataplane::wire::vxlan::Vni;
-use crate::lease::record::{NodeId, StoredLease, Subnet};
+use crate::lease::record::{Ipv6Subnet, NodeId, StoredLease, Subnet};
 
 /// A slot of the slot array that names no peer.
 pub(crate) const NO_PEER: u32 = u32::MAX;
@@ -84,6 +87,67 @@ pub struct Peer {
     /// The lease key has expired or vanished, but the route is kept: the peer is most likely
     /// partitioned, not gone. Stale routes are still used for forwarding.
     pub stale: bool,
+    /// The IPv6 half of a dual-stack peer that can carry IPv6 ([`Peer6::from_lease`]).
+    pub ipv6: Option<Peer6>,
+}
+
+/// The IPv6 half of a peer's route: where IPv6 packets for its IPv6 subnet go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer6 {
+    /// The IPv6 half of the lease key.
+    pub subnet: Ipv6Subnet,
+    /// The IPv6 underlay address to encapsulate to (`PublicIPv6`).
+    pub public_ip: Ipv6Addr,
+    /// The MAC of the peer's IPv6 VTEP (`BackendV6Data.VtepMAC`): the inner Ethernet
+    /// destination.
+    pub vtep_mac: MacAddr,
+}
+
+/// Why a dual-stack lease's IPv6 half cannot be routed. The IPv4 route stands either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Peer6Error {
+    /// `PublicIPv6` is absent, unspecified or multicast: there is no host to send to. flannel's
+    /// udp backend leases an IPv6 half but publishes no IPv6 address, as it carries no IPv6.
+    #[error("PublicIPv6 is not a unicast address")]
+    NoPublicIpv6,
+    /// Not a vxlan lease: only vxlan carries IPv6 (flannel's udp backend does not).
+    #[error("only vxlan carries IPv6")]
+    NotVxlan,
+    /// A vxlan lease without a `BackendV6Data` object.
+    #[error("vxlan lease has no BackendV6Data object")]
+    MissingBackendData,
+    /// `BackendV6Data.VtepMAC` is absent or not a 48-bit MAC.
+    #[error("BackendV6Data has no valid VtepMAC")]
+    BadVtepMac,
+}
+
+impl Peer6 {
+    /// The IPv6 route a stored lease describes: `Ok(None)` for a lease without an IPv6 half,
+    /// an error naming why a half cannot be carried (the IPv4 route stands either way).
+    ///
+    /// # Errors
+    /// [`Peer6Error`] naming the first problem.
+    pub fn from_lease(l: &StoredLease) -> Result<Option<Peer6>, Peer6Error> {
+        let Some(subnet) = l.ipv6 else {
+            return Ok(None);
+        };
+        let attrs = &l.attrs;
+        let public_ip = attrs
+            .public_ipv6
+            .filter(|ip| !ip.is_unspecified() && !ip.is_multicast())
+            .ok_or(Peer6Error::NoPublicIpv6)?;
+        if attrs.backend_type.as_deref() != Some("vxlan") {
+            return Err(Peer6Error::NotVxlan);
+        }
+        let Some(Value::Object(data)) = &attrs.backend_v6_data else {
+            return Err(Peer6Error::MissingBackendData);
+        };
+        let vtep_mac = match json_field(data, "VtepMAC") {
+            Some(Value::String(s)) => MacAddr::parse(s).ok_or(Peer6Error::BadVtepMac)?,
+            _ => return Err(Peer6Error::BadVtepMac),
+        };
+        Ok(Some(Peer6 { subnet, public_ip, vtep_mac }))
+    }
 }
 
 /// Why a lease value cannot be turned into a route.
@@ -159,6 +223,8 @@ impl Peer {
             vni,
             node: attrs.node_id.clone(),
             stale: false,
+            // An IPv6 half that cannot be carried leaves the peer IPv4-only.
+            ipv6: Peer6::from_lease(l).ok().flatten(),
         })
     }
 }
@@ -193,6 +259,26 @@ fn find_in(levels: &[Level], dst: u32) -> Option<u32> {
     levels.iter().find_map(|level| level.find(dst))
 }
 
+/// The IPv6 halves of one prefix length, sorted by network address.
+#[derive(Clone, Debug)]
+struct Level6 {
+    mask: u128,
+    /// `(network address, index into peers)`, sorted by address, unique.
+    entries: Box<[(u128, u32)]>,
+}
+
+impl Level6 {
+    fn find(&self, dst: u128) -> Option<u32> {
+        let key = dst & self.mask;
+        self.entries.binary_search_by_key(&key, |e| e.0).ok().map(|i| self.entries[i].1)
+    }
+}
+
+/// The IPv6 netmask of a prefix length (`0` for `/0`).
+fn mask6_of(len: u8) -> u128 {
+    u128::MAX.checked_shl(128 - u32::from(len.min(128))).unwrap_or(0)
+}
+
 /// An immutable longest-prefix-match table from overlay destinations to [`Peer`]s. See the
 /// module docs for the layout and the lookup contract.
 #[derive(Clone)]
@@ -212,6 +298,10 @@ pub struct RouteTable {
     shorter: Box<[Level]>,
     /// Every peer's public IP, sorted, unique.
     public_ips: Box<[u32]>,
+    /// The IPv6 halves, by prefix length, longest first.
+    levels6: Box<[Level6]>,
+    /// Every IPv6 half's public IPv6 address, sorted, unique.
+    public_ips6: Box<[u128]>,
 }
 
 impl fmt::Debug for RouteTable {
@@ -278,6 +368,29 @@ impl RouteTable {
         public_ips.sort_unstable();
         public_ips.dedup();
 
+        // Two peers may name the same IPv6 half (only a broken store makes that: a create
+        // compares the IPv4 subnet only); the lower IPv4 subnet keeps it, so lookups stay
+        // deterministic.
+        let mut by_len6: BTreeMap<u8, BTreeMap<u128, u32>> = BTreeMap::new();
+        for (i, p) in peers.iter().enumerate() {
+            if let Some(v6) = &p.ipv6 {
+                let level = by_len6.entry(v6.subnet.prefix_len()).or_default();
+                level.entry(u128::from(v6.subnet.network())).or_insert(i as u32);
+            }
+        }
+        let levels6: Vec<Level6> = by_len6
+            .into_iter()
+            .rev()
+            .map(|(len, entries)| Level6 {
+                mask: mask6_of(len),
+                entries: entries.into_iter().collect::<Vec<_>>().into_boxed_slice(),
+            })
+            .collect();
+        let mut public_ips6: Vec<u128> =
+            peers.iter().filter_map(|p| p.ipv6.map(|v6| u128::from(v6.public_ip))).collect();
+        public_ips6.sort_unstable();
+        public_ips6.dedup();
+
         Self {
             peers: peers.into_boxed_slice(),
             base,
@@ -287,7 +400,24 @@ impl RouteTable {
             longer: longer.into_boxed_slice(),
             shorter: shorter.into_boxed_slice(),
             public_ips: public_ips.into_boxed_slice(),
+            levels6: levels6.into_boxed_slice(),
+            public_ips6: public_ips6.into_boxed_slice(),
         }
+    }
+
+    /// The peer whose IPv6 half is the longest prefix containing `dst`, if any, with that
+    /// half. Wait-free, no allocation, no lock.
+    #[inline]
+    pub fn lookup6(&self, dst: Ipv6Addr) -> Option<(&Peer, Peer6)> {
+        let d = u128::from(dst);
+        let i = self.levels6.iter().find_map(|level| level.find(d))?;
+        let peer = self.peers.get(i as usize)?;
+        Some((peer, peer.ipv6?))
+    }
+
+    /// Whether `public_ip` is some peer's IPv6 underlay address. Stale peers count.
+    pub fn is_known_peer6(&self, public_ip: Ipv6Addr) -> bool {
+        self.public_ips6.binary_search(&u128::from(public_ip)).is_ok()
     }
 
     /// The peer whose subnet is the longest prefix containing `dst`, if any. Wait-free, no
@@ -364,6 +494,7 @@ mod tests {
             vni: None,
             node: None,
             stale: false,
+            ipv6: None,
         }
     }
 
@@ -413,6 +544,91 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(p.node.as_ref().map(NodeId::as_str), Some("node-aaaa"));
+    }
+
+    fn dual_lease(json: &str) -> StoredLease {
+        StoredLease { ipv6: Some("fd00:10:244:3::/64".parse().unwrap()), ..lease(json) }
+    }
+
+    #[test]
+    fn the_ipv6_half_of_a_flannel_vxlan_lease_is_routed_and_a_bad_one_leaves_ipv4() {
+        let good = r#"{"PublicIP":"192.0.2.3","PublicIPv6":"2001:db8::3","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"02:00:00:00:00:03"},"BackendV6Data":{"VNI":1,"VtepMAC":"02:00:00:00:06:03"}}"#;
+        let p = Peer::from_lease(&dual_lease(good)).unwrap();
+        let v6 = p.ipv6.expect("an IPv6 half");
+        assert_eq!(v6.subnet, "fd00:10:244:3::/64".parse().unwrap());
+        assert_eq!(v6.public_ip, "2001:db8::3".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(v6.vtep_mac, MacAddr([2, 0, 0, 0, 6, 3]));
+        // No half in the key: no IPv6 route, whatever the value says.
+        assert_eq!(Peer6::from_lease(&lease(good)), Ok(None));
+        // Halves that cannot be carried; the IPv4 route stands.
+        for (json, why) in [
+            (r#"{"PublicIP":"192.0.2.3","PublicIPv6":null}"#, Peer6Error::NoPublicIpv6),
+            (r#"{"PublicIP":"192.0.2.3","PublicIPv6":"::"}"#, Peer6Error::NoPublicIpv6),
+            (
+                r#"{"PublicIP":"192.0.2.3","PublicIPv6":"ff02::1","BackendType":"vxlan","BackendData":{"VtepMAC":"02:00:00:00:00:03"}}"#,
+                Peer6Error::NoPublicIpv6,
+            ),
+            (r#"{"PublicIP":"192.0.2.3","PublicIPv6":"2001:db8::3"}"#, Peer6Error::NotVxlan),
+            (
+                r#"{"PublicIP":"192.0.2.3","PublicIPv6":"2001:db8::3","BackendType":"vxlan","BackendData":{"VtepMAC":"02:00:00:00:00:03"}}"#,
+                Peer6Error::MissingBackendData,
+            ),
+            (
+                r#"{"PublicIP":"192.0.2.3","PublicIPv6":"2001:db8::3","BackendType":"vxlan","BackendData":{"VtepMAC":"02:00:00:00:00:03"},"BackendV6Data":{"VtepMAC":"zz"}}"#,
+                Peer6Error::BadVtepMac,
+            ),
+            (
+                r#"{"PublicIP":"192.0.2.3","PublicIPv6":"2001:db8::3","BackendType":"vxlan","BackendData":{"VtepMAC":"02:00:00:00:00:03"},"BackendV6Data":{"VNI":1}}"#,
+                Peer6Error::BadVtepMac,
+            ),
+        ] {
+            let l = dual_lease(json);
+            assert_eq!(Peer6::from_lease(&l), Err(why), "{json}");
+            assert_eq!(Peer::from_lease(&l).unwrap().ipv6, None, "{json}");
+        }
+    }
+
+    #[test]
+    fn ipv6_lookups_take_the_longest_half_and_miss_outside_every_half() {
+        let half = |s: &str, host: u8| -> Peer {
+            let mut p = peer(&format!("10.244.{host}.0/24"), [192, 0, 2, host]);
+            p.ipv6 = Some(Peer6 {
+                subnet: s.parse().unwrap(),
+                public_ip: format!("2001:db8::{host}").parse().unwrap(),
+                vtep_mac: MacAddr([2, 0, 0, 0, 6, host]),
+            });
+            p
+        };
+        let peers = [
+            half("fd00:10:244:1::/64", 1),
+            half("fd00:10:244:2::/64", 2),
+            // A longer half inside another's: it wins for its own addresses.
+            half("fd00:10:244:2:8000::/65", 3),
+            half("fd00:99::/32", 4),
+            peer("10.244.5.0/24", [192, 0, 2, 5]),
+        ];
+        let t = RouteTable::build(net("10.244.0.0/16"), 24, peers);
+        let host_of =
+            |dst: &str| t.lookup6(dst.parse().unwrap()).map(|(p, _)| p.public_ip.octets()[3]);
+        assert_eq!(host_of("fd00:10:244:1::7"), Some(1));
+        assert_eq!(host_of("fd00:10:244:2::7"), Some(2));
+        assert_eq!(host_of("fd00:10:244:2:8000::7"), Some(3));
+        assert_eq!(host_of("fd00:10:244:2:ffff:ffff:ffff:ffff"), Some(3));
+        assert_eq!(host_of("fd00:99:1::1"), Some(4));
+        assert_eq!(host_of("fd00:10:244:3::1"), None);
+        assert_eq!(host_of("::"), None);
+        assert_eq!(host_of("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), None);
+        let (p, v6) = t.lookup6("fd00:10:244:1::7".parse().unwrap()).unwrap();
+        assert_eq!((p.subnet, v6.vtep_mac), (subnet("10.244.1.0/24"), MacAddr([2, 0, 0, 0, 6, 1])));
+        // IPv4 lookups are unchanged, and the IPv4-only peer has no IPv6 route.
+        assert_eq!(t.lookup(ip("10.244.5.9")).map(|p| p.public_ip), Some(ip("192.0.2.5")));
+        assert!(t.is_known_peer6("2001:db8::3".parse().unwrap()));
+        assert!(!t.is_known_peer6("2001:db8::5".parse().unwrap()));
+        assert!(!t.is_known_peer6("192.0.2.1".parse::<Ipv4Addr>().unwrap().to_ipv6_mapped()));
+        // An empty table, and one without IPv6 halves, find nothing.
+        let t =
+            RouteTable::build(net("10.244.0.0/16"), 24, [peer("10.244.1.0/24", [192, 0, 2, 1])]);
+        assert!(t.lookup6("fd00::1".parse().unwrap()).is_none());
     }
 
     #[test]
@@ -588,6 +804,7 @@ mod tests {
                             vni: None,
                             node: None,
                             stale,
+                            ipv6: None,
                         })
                         .collect::<Vec<_>>()
                 });
@@ -640,6 +857,7 @@ mod tests {
             vni: Some(1),
             node: None,
             stale: false,
+            ipv6: None,
         });
         RouteTable::build(net("10.0.0.0/8"), 24, peers)
     }

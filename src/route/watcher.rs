@@ -389,6 +389,7 @@ mod tests {
             backend_data: Some(
                 serde_json::json!({"VNI": 1, "VtepMAC": format!("02:00:00:00:00:{host:02x}")}),
             ),
+            backend_v6_data: None,
             node_id: Some(node(host)),
             incarnation: Some(Incarnation::parse("inc-00000001").unwrap()),
         }

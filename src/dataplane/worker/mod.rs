@@ -379,6 +379,7 @@ mod tests {
                 vni: Some(1),
                 node,
                 stale: false,
+                ipv6: None,
             }],
         ));
         let own = Arc::new(OwnSubnet::default());
