@@ -40,7 +40,8 @@ fuzz_target!(|data: &[u8]| {
         }
         // The same value under a dual-stack key: the IPv6 half routes or says why, and never
         // changes the IPv4 route.
-        let dual = StoredLease { ipv6: Some("fd00:10:244:1::/64".parse().unwrap()), ..lease.clone() };
+        let dual =
+            StoredLease { ipv6: Some("fd00:10:244:1::/64".parse().unwrap()), ..lease.clone() };
         let v6 = Peer6::from_lease(&dual);
         match (Peer::from_lease(&lease), Peer::from_lease(&dual)) {
             (Ok(v4), Ok(both)) => {

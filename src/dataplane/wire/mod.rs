@@ -35,6 +35,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub mod ethernet;
 pub mod icmpv4;
+pub mod icmpv6;
 pub mod ip;
 pub mod ipv4;
 pub mod ipv6;
@@ -178,12 +179,7 @@ pub mod checksum {
 
     /// The sum of the IPv6 pseudo header (RFC 8200 §8.1): source, destination, the 32-bit
     /// upper-layer length and the next header value.
-    pub(crate) fn pseudo_header_v6(
-        src: Ipv6Addr,
-        dst: Ipv6Addr,
-        next_header: u8,
-        length: u32,
-    ) -> u16 {
+    pub fn pseudo_header_v6(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, length: u32) -> u16 {
         let s = u128::from(src);
         let d = u128::from(dst);
         let mut acc: u64 = 0;
