@@ -77,7 +77,7 @@ fn bench(c: &mut Criterion) {
     });
     let routes = RouteTable::build(network, 24, peers);
     let (tx, rx) = (forwarder(0), forwarder(5));
-    let from = SocketAddrV4::new(public_ip(0), 8472);
+    let from = SocketAddrV4::new(public_ip(0), 8472).into();
     let mut reply = vec![0u8; 1500];
 
     let mut group = c.benchmark_group("encap_decap");

@@ -149,9 +149,9 @@ fn the_per_packet_path_allocates_nothing() {
             else {
                 panic!("encap failed")
             };
-            assert_eq!(peer, SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+            assert_eq!(peer, SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472).into());
             let len = range.len();
-            let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 50000);
+            let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 50000).into();
             if let Rx::Deliver { range: inner, .. } = b.decap(&b_routes, from, &mut buf, len) {
                 assert_eq!(inner.len(), packet.len());
                 delivered += 1;

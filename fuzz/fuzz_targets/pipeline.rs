@@ -71,7 +71,7 @@ fuzz_target!(|data: &[u8]| {
                 let dst = ip.dst_addr();
                 assert!(own.is_set() && !own.contains(dst), "sent within our own subnet");
                 let route = table.lookup(dst).expect("sent without a route");
-                assert_eq!(peer, SocketAddrV4::new(route.public_ip, fwd.port));
+                assert_eq!(peer, SocketAddrV4::new(route.public_ip, fwd.port).into());
                 assert_eq!(flow, weft::dataplane::wire::flow_hash(&packet));
                 if fwd.backend == BackendKind::Vxlan {
                     let vx = vxlan::Packet::new_checked(&buf[range.clone()]).unwrap();
@@ -109,7 +109,7 @@ fuzz_target!(|data: &[u8]| {
         let len = buf.len();
         buf.extend_from_slice(&[0xee; 3]);
         let original = buf.clone();
-        match fwd.decap(&table, from, &mut buf, len) {
+        match fwd.decap(&table, from.into(), &mut buf, len) {
             Rx::Deliver { range, checksums_trusted } => {
                 assert!(range.end <= len, "delivered past the datagram");
                 let ip = ipv4::Packet::new_checked(&buf[range.clone()]).expect("delivered checks");
@@ -125,6 +125,6 @@ fuzz_target!(|data: &[u8]| {
         }
         // A length past the buffer is a drop, not a panic.
         let n = buf.len() + 1;
-        assert!(matches!(fwd.decap(&table, from, &mut buf, n), Rx::Drop(_)));
+        assert!(matches!(fwd.decap(&table, from.into(), &mut buf, n), Rx::Drop(_)));
     }
 });

@@ -23,7 +23,7 @@
 //! outer source port differs per flow (RFC 7348 §5) and receivers can spread flows too.
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
@@ -462,7 +462,9 @@ fn open_sockets(
     public_ip: Ipv4Addr,
     workers: usize,
 ) -> Result<(Ipv4Addr, Vec<WorkerSockets>), DataplaneError> {
-    let bind_on = match BatchSocket::open(UdpConfig::new(SocketAddrV4::new(public_ip, 0))) {
+    let bind_on = match BatchSocket::open(UdpConfig::new(SocketAddr::V4(SocketAddrV4::new(
+        public_ip, 0,
+    )))) {
         Err(UdpError::Bind { source, .. }) if source.kind() == io::ErrorKind::AddrNotAvailable => {
             warn!(%public_ip, port = cfg.port, "the public IP is no local address (NAT?): receiving on every address, sending from the one the kernel picks");
             Ipv4Addr::UNSPECIFIED
@@ -471,7 +473,7 @@ fn open_sockets(
     };
     let gso_retry = GsoRetryConfig::new(cfg.udp_gso.retry_after);
     let rx_cfg = UdpConfig {
-        bind: SocketAddrV4::new(bind_on, cfg.port),
+        bind: SocketAddr::V4(SocketAddrV4::new(bind_on, cfg.port)),
         reuse_port: workers > 1,
         gso: false,
         gro: cfg.udp_gro,
@@ -479,7 +481,7 @@ fn open_sockets(
         buffer_bytes: SOCKET_BUFFER,
     };
     let tx_cfg = UdpConfig {
-        bind: SocketAddrV4::new(bind_on, 0),
+        bind: SocketAddr::V4(SocketAddrV4::new(bind_on, 0)),
         reuse_port: false,
         gso: cfg.udp_gso.on,
         gro: false,
@@ -662,7 +664,7 @@ mod tests {
     }
 
     /// Sends one GSO run of four datagrams from `sock` to `to` at `now`.
-    fn send_run(sock: &mut MeteredSocket, to: SocketAddrV4, now: Instant) {
+    fn send_run(sock: &mut MeteredSocket, to: SocketAddr, now: Instant) {
         let contents = [7u8; 4000];
         let t = Transmit { dst: to, contents: &contents, segment_size: Some(1000) };
         assert_eq!(sock.send_batch(&[t], now).expect("send"), 1);

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -114,7 +114,7 @@ impl TunIo for FakeTun {
 /// A fake underlay: datagrams sent to an address land in the socket bound to it.
 #[derive(Clone, Default)]
 pub struct FakeNet {
-    sockets: Arc<Mutex<HashMap<SocketAddrV4, Arc<Queue>>>>,
+    sockets: Arc<Mutex<HashMap<SocketAddr, Arc<Queue>>>>,
 }
 
 impl FakeNet {
@@ -124,7 +124,8 @@ impl FakeNet {
     }
 
     /// A socket bound to `addr`.
-    pub fn bind(&self, addr: SocketAddrV4) -> FakeUdp {
+    pub fn bind(&self, addr: impl Into<SocketAddr>) -> FakeUdp {
+        let addr = addr.into();
         let q = self
             .sockets
             .lock()
@@ -136,7 +137,13 @@ impl FakeNet {
     }
 
     /// Sends a datagram from `from` to `to`, as any host (or attacker) on the underlay could.
-    pub fn send_raw(&self, from: SocketAddrV4, to: SocketAddrV4, datagram: &[u8]) {
+    pub fn send_raw(
+        &self,
+        from: impl Into<SocketAddr>,
+        to: impl Into<SocketAddr>,
+        datagram: &[u8],
+    ) {
+        let (from, to) = (from.into(), to.into());
         let q = self.sockets.lock().unwrap_or_else(PoisonError::into_inner).get(&to).cloned();
         if let Some(q) = q {
             let mut framed = from.to_string().into_bytes();
@@ -149,7 +156,7 @@ impl FakeNet {
 
 /// A fake UDP socket on a [`FakeNet`]; GSO messages are split on send, no GRO on receive.
 pub struct FakeUdp {
-    local: SocketAddrV4,
+    local: SocketAddr,
     net: FakeNet,
     inbox: Arc<Queue>,
     messages: usize,

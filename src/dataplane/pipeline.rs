@@ -25,7 +25,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,7 +135,7 @@ pub enum Tx {
     /// Send `buf[range]` to `peer`; `flow` picks the outer source port.
     Send {
         /// The peer's underlay address and port.
-        peer: SocketAddrV4,
+        peer: SocketAddr,
         /// The datagram inside the caller's buffer.
         range: Range<usize>,
         /// A hash of the inner flow.
@@ -266,7 +266,7 @@ impl IcmpLimit {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct TxRoute {
     /// The peer's address and backend port.
-    pub(crate) to: SocketAddrV4,
+    pub(crate) to: SocketAddr,
     /// The inner flow's hash (picks the outer source port).
     pub(crate) flow: u32,
     /// The peer's VTEP MAC (vxlan only).
@@ -424,7 +424,7 @@ impl Forwarder {
             });
         };
         let flow = wire::flow_hash(packet);
-        let to = SocketAddrV4::new(peer.public_ip, self.port);
+        let to = SocketAddr::V4(SocketAddrV4::new(peer.public_ip, self.port));
         let peer_mac = match (self.backend, peer.backend, peer.vtep_mac) {
             (BackendKind::Udp, PeerBackend::Udp, _) => None,
             (BackendKind::Vxlan, PeerBackend::Vxlan, Some(mac)) => Some(mac),
@@ -453,7 +453,11 @@ impl Forwarder {
     }
 
     /// Validates and decapsulates the datagram at `buf[..len]`, received from `from`.
-    pub fn decap(&self, routes: &RouteTable, from: SocketAddrV4, buf: &mut [u8], len: usize) -> Rx {
+    pub fn decap(&self, routes: &RouteTable, from: SocketAddr, buf: &mut [u8], len: usize) -> Rx {
+        // IPv6 peers come with the IPv6 data plane (docs/dual-stack.md, slice 3): none is known.
+        let SocketAddr::V4(from) = from else {
+            return Rx::Drop(DropReason::RxUnknownSender);
+        };
         let Some(datagram) = buf.get_mut(..len) else {
             return Rx::Drop(DropReason::RxMalformed);
         };

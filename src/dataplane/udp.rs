@@ -11,8 +11,8 @@
 //!   [`SEND_STALL_POLLS`] slices without progress.
 //! - **One owner, no allocation after `open`.** A [`BatchSocket`] belongs to one worker thread
 //!   (every I/O method takes `&mut self`); workers that share a port each open their own socket
-//!   with `SO_REUSEPORT`. The socket owns only syscall scratch (`mmsghdr`, `iovec`, `sockaddr_in`
-//!   and control-message storage for [`MAX_BATCH`] messages), allocated once in
+//!   with `SO_REUSEPORT`. The socket owns only syscall scratch (`mmsghdr`, `iovec`, a socket
+//!   address and control-message storage for [`MAX_BATCH`] messages), allocated once in
 //!   [`BatchSocket::open`]. Packet buffers belong to the caller: a send borrows
 //!   [`Transmit::contents`] for the duration of the call, a receive writes into the caller's
 //!   buffers. Nothing is logged; counters are in [`UdpStats`].
@@ -40,7 +40,7 @@
 
 use std::io;
 use std::mem;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr;
 use std::time::Duration;
@@ -80,8 +80,9 @@ const _: () = assert!(SEGMENT_CMSG_SPACE <= CMSG_BUF_LEN);
 /// How to open a [`BatchSocket`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct UdpConfig {
-    /// The local address; port 0 picks an ephemeral port.
-    pub(crate) bind: SocketAddrV4,
+    /// The local address (IPv4 or IPv6: the socket's family follows it); port 0 picks an
+    /// ephemeral port.
+    pub(crate) bind: SocketAddr,
     /// `SO_REUSEPORT`: several sockets (one per worker) on the same port. Only sockets of the
     /// same effective UID can join the group; without it, no other socket can bind the port
     /// (`SO_REUSEADDR` is never set; see [`BatchSocket::open`]).
@@ -100,9 +101,9 @@ pub(crate) struct UdpConfig {
 impl UdpConfig {
     /// Binds `bind`, with GSO and GRO on, no `SO_REUSEPORT`, GSO retried after the default
     /// backoff, and 7 MiB socket buffers (the size wireguard-go settled on).
-    pub(crate) fn new(bind: SocketAddrV4) -> Self {
+    pub(crate) fn new(bind: impl Into<SocketAddr>) -> Self {
         Self {
-            bind,
+            bind: bind.into(),
             reuse_port: false,
             gso: true,
             gro: true,
@@ -153,14 +154,14 @@ pub(crate) struct GsoFailure {
     /// `EIO`, `EINVAL` or `EMSGSIZE`.
     pub(crate) errno: i32,
     /// Where the message was going.
-    pub(crate) dst: SocketAddrV4,
+    pub(crate) dst: SocketAddr,
 }
 
 /// One message to send: a datagram, or with `segment_size` several.
 #[derive(Clone, Copy, Debug)]
 pub struct Transmit<'a> {
-    /// Where to.
-    pub(crate) dst: SocketAddrV4,
+    /// Where to (of the socket's family).
+    pub(crate) dst: SocketAddr,
     /// The payload: one datagram, or with `segment_size` several back to back.
     pub(crate) contents: &'a [u8],
     /// `contents` holds datagrams of this many bytes, back to back, the last possibly shorter;
@@ -173,7 +174,7 @@ pub struct Transmit<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecvMeta {
     /// The sender.
-    pub(crate) src: SocketAddrV4,
+    pub(crate) src: SocketAddr,
     /// Bytes in the buffer: one datagram, or with `segment_size` several. 0 when `truncated`.
     pub(crate) len: usize,
     /// From the `UDP_GRO` control message: the buffer holds datagrams of this size back to back,
@@ -187,7 +188,7 @@ pub struct RecvMeta {
 impl Default for RecvMeta {
     fn default() -> Self {
         Self {
-            src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            src: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
             len: 0,
             segment_size: None,
             truncated: false,
@@ -240,12 +241,12 @@ pub enum UdpError {
     #[error("binding UDP {addr}: {source}")]
     Bind {
         /// The address.
-        addr: SocketAddrV4,
+        addr: SocketAddr,
         /// The error.
         #[source]
         source: io::Error,
     },
-    /// `getsockname()` failed or did not give an IPv4 address.
+    /// `getsockname()` failed or did not give an IP address.
     #[error("reading the UDP socket's local address: {0}")]
     LocalAddr(#[source] io::Error),
     /// `poll()` failed.
@@ -301,7 +302,7 @@ struct CmsgBuf([u8; CMSG_BUF_LEN]);
 struct Scratch {
     hdrs: Box<[libc::mmsghdr]>,
     iovs: Box<[libc::iovec]>,
-    names: Box<[libc::sockaddr_in]>,
+    names: Box<[SockName]>,
     cmsgs: Box<[CmsgBuf]>,
     /// Send only: for each entry, which message it belongs to and where in its contents it ends.
     origin: Box<[(usize, usize)]>,
@@ -314,7 +315,7 @@ unsafe impl Send for Scratch {}
 
 impl Scratch {
     fn new() -> Self {
-        // SAFETY: mmsghdr, iovec and sockaddr_in are plain old data; all-zero (null pointers,
+        // SAFETY: mmsghdr, iovec and SockName are plain old data; all-zero (null pointers,
         // zero lengths) is a valid value for each.
         let zeroed = || unsafe { mem::zeroed() };
         Self {
@@ -340,7 +341,7 @@ impl std::fmt::Debug for Scratch {
 #[derive(Debug)]
 pub(crate) struct BatchSocket {
     socket: Socket,
-    local: SocketAddrV4,
+    local: SocketAddr,
     caps: Capabilities,
     /// GSO asked for, supported by the kernel, and not switched off ([`BatchSocket::set_gso`]);
     /// whether it is used now is also up to `gso_retry`.
@@ -358,7 +359,7 @@ pub(crate) struct BatchSocket {
 impl BatchSocket {
     /// Opens and binds a socket, sizes its buffers and probes GSO and GRO (see the module docs).
     pub(crate) fn open(cfg: UdpConfig) -> Result<Self, UdpError> {
-        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
+        let socket = Socket::new(Domain::for_address(cfg.bind), Type::DGRAM, Some(Protocol::UDP))
             .map_err(UdpError::Socket)?;
         let opt = |option: &'static str| move |source| UdpError::SetOption { option, source };
         // No SO_REUSEADDR, ever: on UDP it lets a socket of *any* user bind the same port
@@ -386,13 +387,17 @@ impl BatchSocket {
             }
         }
         socket.set_nonblocking(true).map_err(opt("O_NONBLOCK"))?;
+        if cfg.bind.is_ipv6() {
+            // An IPv6 socket carries IPv6 only: the IPv4 sockets keep the port to themselves.
+            socket.set_only_v6(true).map_err(opt("IPV6_V6ONLY"))?;
+        }
         socket
-            .bind(&SockAddr::from(SocketAddr::V4(cfg.bind)))
+            .bind(&SockAddr::from(cfg.bind))
             .map_err(|source| UdpError::Bind { addr: cfg.bind, source })?;
         let local = socket
             .local_addr()
             .and_then(|a| {
-                a.as_socket_ipv4().ok_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable))
+                a.as_socket().ok_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable))
             })
             .map_err(UdpError::LocalAddr)?;
 
@@ -521,7 +526,7 @@ impl BatchSocket {
             s.iovs[i] = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
             let h = &mut s.hdrs[i];
             h.msg_hdr.msg_name = (&raw mut s.names[i]).cast();
-            h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_hdr.msg_namelen = mem::size_of::<SockName>() as libc::socklen_t;
             h.msg_hdr.msg_iov = &raw mut s.iovs[i];
             h.msg_hdr.msg_iovlen = 1;
             h.msg_hdr.msg_control = s.cmsgs[i].0.as_mut_ptr().cast();
@@ -561,17 +566,9 @@ impl BatchSocket {
         for (i, meta) in metas[..got].iter_mut().enumerate() {
             let h = &s.hdrs[i].msg_hdr;
             let truncated = h.msg_flags & libc::MSG_TRUNC != 0;
-            let name = &s.names[i];
-            let src = if h.msg_namelen as usize >= mem::size_of::<libc::sockaddr_in>()
-                && name.sin_family == libc::AF_INET as libc::sa_family_t
-            {
-                SocketAddrV4::new(
-                    Ipv4Addr::from(u32::from_be(name.sin_addr.s_addr)),
-                    u16::from_be(name.sin_port),
-                )
-            } else {
-                SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)
-            };
+            let src = s.names[i]
+                .get(h.msg_namelen)
+                .unwrap_or(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)));
             *meta = RecvMeta {
                 src,
                 len: if truncated {
@@ -621,7 +618,7 @@ impl BatchSocket {
     }
 
     /// The bound address (with the port the kernel picked, if 0 was asked for).
-    pub(crate) fn local_addr(&self) -> SocketAddrV4 {
+    pub(crate) fn local_addr(&self) -> SocketAddr {
         self.local
     }
 
@@ -662,10 +659,10 @@ impl BatchSocket {
             let chunk = &t.contents[off..end];
             s.iovs[i] =
                 libc::iovec { iov_base: chunk.as_ptr().cast_mut().cast(), iov_len: chunk.len() };
-            s.names[i] = sockaddr_in(t.dst);
+            let namelen = s.names[i].set(t.dst);
             let h = &mut s.hdrs[i].msg_hdr;
             h.msg_name = (&raw mut s.names[i]).cast();
-            h.msg_namelen = mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_namelen = namelen;
             h.msg_iov = &raw mut s.iovs[i];
             h.msg_iovlen = 1;
             h.msg_flags = 0;
@@ -785,7 +782,7 @@ pub(crate) fn coalesce_plan<'a, T, F>(
     key: F,
 ) -> impl Iterator<Item = Coalesced> + 'a
 where
-    F: Fn(&T) -> (SocketAddrV4, usize) + 'a,
+    F: Fn(&T) -> (SocketAddr, usize) + 'a,
 {
     let max_segments = max_segments.clamp(1, MAX_GSO_SEGMENTS);
     let mut next = 0;
@@ -829,12 +826,70 @@ fn wait(fd: RawFd, events: libc::c_short, timeout: Duration) -> Result<bool, Udp
     Ok(n > 0)
 }
 
-fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
-        sin_zero: [0; 8],
+/// Room for a socket address of either family, as `msg_name` of one message: the kernel writes
+/// the sender's there on receive, and reads the destination from it on send. By hand because
+/// the batch needs one per message, in place, without `sockaddr_storage`'s 128 bytes each.
+#[repr(C)]
+#[derive(Clone, Copy)]
+union SockName {
+    v4: libc::sockaddr_in,
+    v6: libc::sockaddr_in6,
+}
+
+impl SockName {
+    /// Writes `a`; returns the length to give the kernel.
+    fn set(&mut self, a: SocketAddr) -> libc::socklen_t {
+        match a {
+            SocketAddr::V4(a) => {
+                self.v4 = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+                    sin_zero: [0; 8],
+                };
+                mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
+            }
+            SocketAddr::V6(a) => {
+                self.v6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: a.flowinfo(),
+                    sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                    sin6_scope_id: a.scope_id(),
+                };
+                mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
+            }
+        }
+    }
+
+    /// The address the kernel wrote, `len` bytes of it; `None` if it is of neither family or
+    /// shorter than its family's.
+    fn get(&self, len: libc::socklen_t) -> Option<SocketAddr> {
+        let len = len as usize;
+        // SAFETY: both variants are plain old data, valid for every bit pattern, and both start
+        // with the family field, so reading it (and then the variant it names) is sound.
+        let family = libc::c_int::from(unsafe { self.v4.sin_family });
+        match family {
+            libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
+                // SAFETY: as above.
+                let a = unsafe { self.v4 };
+                Some(SocketAddr::V4(SocketAddrV4::new(
+                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                    u16::from_be(a.sin_port),
+                )))
+            }
+            libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
+                // SAFETY: as above.
+                let a = unsafe { self.v6 };
+                Some(SocketAddr::V6(SocketAddrV6::new(
+                    Ipv6Addr::from(a.sin6_addr.s6_addr),
+                    u16::from_be(a.sin6_port),
+                    a.sin6_flowinfo,
+                    a.sin6_scope_id,
+                )))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -930,6 +985,35 @@ mod tests {
             }
         }
         (got, seen)
+    }
+
+    /// An IPv6 socket (bound to an IPv6 address: the family follows the bind address) sends a
+    /// GSO run and receives it coalesced, with the sender's IPv6 address; it is IPv6-only.
+    #[test]
+    fn an_ipv6_socket_sends_gso_and_receives_gro_with_ipv6_addresses() {
+        let v6 = |gso, gro| {
+            let cfg = UdpConfig {
+                gso,
+                gro,
+                ..UdpConfig::new(SocketAddrV6::new(Ipv6Addr::LOCALHOST, 0, 0, 0))
+            };
+            BatchSocket::open(cfg).expect("open an IPv6 loopback socket")
+        };
+        let (mut tx, mut rx) = (v6(true, false), v6(false, true));
+        assert!(tx.local_addr().is_ipv6() && rx.local_addr().is_ipv6());
+        let contents: Vec<u8> = (0..4).flat_map(|i| payload(i, 1000)).collect();
+        let t = Transmit { dst: rx.local_addr(), contents: &contents, segment_size: Some(1000) };
+        assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
+        let (got, metas) = recv_all(&mut rx, 4);
+        assert_eq!(got, (0..4).map(|i| payload(i, 1000)).collect::<Vec<_>>());
+        assert!(metas.iter().all(|m| m.src == tx.local_addr()), "{metas:?}");
+        if tx.capabilities().gso && rx.capabilities().gro {
+            assert_eq!(metas.len(), 1, "one coalesced buffer: {metas:?}");
+        }
+        // IPv6 only: an IPv4-mapped destination is refused, never sent over IPv4.
+        let mapped = SocketAddr::V6(SocketAddrV6::new(LOOPBACK.to_ipv6_mapped(), 9, 0, 0));
+        let t = Transmit { dst: mapped, contents: &contents[..10], segment_size: None };
+        assert!(tx.send_batch(&[t], T0).is_err());
     }
 
     #[test]
@@ -1328,7 +1412,7 @@ mod tests {
     #[test]
     fn malformed_transmits_are_refused_before_sending() {
         let mut tx = open(true, false);
-        let dst = SocketAddrV4::new(LOOPBACK, 9);
+        let dst = SocketAddr::from(SocketAddrV4::new(LOOPBACK, 9));
         let big = vec![0u8; 70_000];
         let cases = [
             (Transmit { dst, contents: &big[..650], segment_size: Some(10) }, 1),
@@ -1336,7 +1420,7 @@ mod tests {
             (Transmit { dst, contents: &big, segment_size: Some(1400) }, 3),
             (
                 Transmit {
-                    dst: SocketAddrV4::new(LOOPBACK, 0),
+                    dst: SocketAddrV4::new(LOOPBACK, 0).into(),
                     contents: &big[..1],
                     segment_size: None,
                 },
@@ -1394,9 +1478,9 @@ mod tests {
 
     #[test]
     fn coalesce_plan_follows_the_gso_rules() {
-        let a = SocketAddrV4::new(LOOPBACK, 1);
-        let b = SocketAddrV4::new(LOOPBACK, 2);
-        let plan = |items: &[(SocketAddrV4, usize)], max| {
+        let a = SocketAddr::from(SocketAddrV4::new(LOOPBACK, 1));
+        let b = SocketAddr::from(SocketAddrV4::new(LOOPBACK, 2));
+        let plan = |items: &[(SocketAddr, usize)], max| {
             coalesce_plan(items, max, |&(d, l)| (d, l))
                 .map(|c| (c.start, c.count, c.bytes, c.segment_size))
                 .collect::<Vec<_>>()

@@ -233,7 +233,7 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
 
 #[cfg(test)]
 mod tests {
-    use std::net::{Ipv4Addr, SocketAddrV4};
+    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
     use std::sync::atomic::Ordering;
 
     use super::tx::send_skipping;
@@ -254,8 +254,8 @@ mod tests {
     /// A socket on which the kernel refuses every message to `bad` (EHOSTUNREACH), the way
     /// sendmmsg reports it: the messages before it sent, an error for it.
     struct Refusing {
-        bad: SocketAddrV4,
-        sent: Vec<SocketAddrV4>,
+        bad: SocketAddr,
+        sent: Vec<SocketAddr>,
     }
 
     impl UdpIo for Refusing {
@@ -316,7 +316,7 @@ mod tests {
     #[test]
     fn datagrams_left_behind_by_a_full_send_buffer_are_counted_as_drops() {
         let payload = [0u8; 100];
-        let dst = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472);
+        let dst = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472).into();
         let txs = [Transmit { dst, contents: &payload, segment_size: None }; 5];
         let counters = PacketCounters::default();
         send_skipping(&mut Full { room: 2 }, &txs, Instant::ZERO, &counters);
@@ -329,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_refused_message_costs_only_itself_not_the_batch_behind_it() {
-        let peer = |d| SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, d), 8472);
+        let peer = |d| SocketAddr::from(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, d), 8472));
         let mut sock = Refusing { bad: peer(9), sent: Vec::new() };
         let payload = [0u8; 100];
         let to = [peer(2), peer(9), peer(3), peer(9), peer(4)];

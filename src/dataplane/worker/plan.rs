@@ -18,7 +18,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::ops::Range;
 
 use crate::dataplane::udp::{self, MAX_BATCH};
@@ -29,7 +29,7 @@ pub(crate) struct Pending {
     /// The read slot it lies in.
     pub(crate) slot: usize,
     /// The peer.
-    pub(crate) dst: SocketAddrV4,
+    pub(crate) dst: SocketAddr,
     /// The datagram's bytes within the slot.
     pub(crate) range: Range<usize>,
     /// The inner flow's hash: it picks the socket.
@@ -66,7 +66,7 @@ pub(crate) struct Planned {
     /// The socket it leaves from (an index into the pool).
     pub(crate) sock: usize,
     /// The peer.
-    pub(crate) dst: SocketAddrV4,
+    pub(crate) dst: SocketAddr,
     /// What it carries.
     pub(crate) what: Carries,
 }
@@ -141,8 +141,8 @@ mod tests {
 
     use super::*;
 
-    fn peer(d: u8) -> SocketAddrV4 {
-        SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, d), 8472)
+    fn peer(d: u8) -> SocketAddr {
+        SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, d), 8472))
     }
 
     /// Datagrams of `len` bytes to `peers[i]`, each in slot `i`, all of flow `flow`.

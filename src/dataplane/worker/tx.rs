@@ -3,7 +3,7 @@
 //! datagrams in the order read, as [`super::plan`] lays them out.
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -163,7 +163,7 @@ fn send_pending<U: UdpIo>(
     let mut plan = TxPlan::new(pending);
     let mut msgs = [Planned {
         sock: 0,
-        dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+        dst: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
         what: Carries::One { index: 0 },
     }; MAX_BATCH];
     loop {
@@ -195,7 +195,7 @@ fn send_messages<U: UdpIo>(
     now: Instant,
 ) {
     let mut txs = [Transmit {
-        dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+        dst: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
         contents: &[],
         segment_size: None,
     }; MAX_BATCH];
