@@ -16,7 +16,9 @@ use std::sync::atomic::Ordering;
 
 use weft::config::BackendKind;
 use weft::dataplane::offload::{GroConfig, GroTable, PacketRef, split};
-use weft::dataplane::pipeline::{Forwarder, HEADROOM, OwnSubnet, Rx, Tx};
+use weft::dataplane::pipeline::{
+    Forwarder, HEADROOM, Ipv6Forwarding, OwnSubnet, OwnSubnet6, Rx, Tx,
+};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::vxlan::Vni;
 use weft::dataplane::wire::{ipv4, virtio_net};
@@ -117,6 +119,7 @@ fn the_per_packet_path_allocates_nothing() {
         own: a_own,
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),
+        ipv6: Default::default(),
     };
     let b = Forwarder {
         backend: BackendKind::Vxlan,
@@ -126,6 +129,7 @@ fn the_per_packet_path_allocates_nothing() {
         own: b_own,
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),
+        ipv6: Default::default(),
     };
     let a_routes = RouteTable::build(
         network,
@@ -215,19 +219,26 @@ fn the_per_packet_path_allocates_nothing() {
 }
 
 /// What `f` returns, and how many allocations it made on this thread.
-/// IPv6 route lookups (dual-stack peers) allocate nothing either.
+/// IPv6 (dual-stack peers): route lookups, and encapsulation and decapsulation of IPv6
+/// packets over the IPv6 underlay, allocate nothing either.
 #[test]
-fn ipv6_route_lookups_allocate_nothing() {
-    let peers = peers().into_iter().map(|mut p| {
-        let i = p.public_ip.octets()[3];
-        p.ipv6 = Some(Peer6 {
-            subnet: format!("fd00:10:244:{i:x}::/64").parse().unwrap(),
-            public_ip: format!("2001:db8::{i:x}").parse().unwrap(),
-            vtep_mac: MacAddr([2, 0, 0, 0, 6, i]),
-        });
-        p
-    });
-    let table = RouteTable::build("10.244.0.0/16".parse().unwrap(), 24, peers);
+fn ipv6_forwarding_allocates_nothing() {
+    let half = |i: u8| -> weft::lease::record::Ipv6Subnet {
+        format!("fd00:10:244:{i:x}::/64").parse().unwrap()
+    };
+    let dual_peers = || {
+        peers().into_iter().map(move |mut p| {
+            let i = p.public_ip.octets()[3];
+            p.ipv6 = Some(Peer6 {
+                subnet: half(i),
+                public_ip: format!("2001:db8::{i:x}").parse().unwrap(),
+                vtep_mac: MacAddr([2, 0, 0, 0, 0, i]),
+            });
+            p
+        })
+    };
+    let network = "10.244.0.0/16".parse().unwrap();
+    let table = RouteTable::build(network, 24, dual_peers());
     let dst = |n: u32| -> Ipv6Addr {
         Ipv6Addr::from(
             0xfd00_0010_0244_0000_0000_0000_0000_0000u128 | (u128::from(n % 256) << 64) | 7,
@@ -238,6 +249,63 @@ fn ipv6_route_lookups_allocate_nothing() {
     let (hits, allocs) = allocations_during(|| lookups(10_000));
     assert!(hits > 7_000, "{hits}");
     assert_eq!(allocs, 0, "allocations on the IPv6 lookup path");
+
+    let host = |n: u8| {
+        let own = Arc::new(OwnSubnet::default());
+        own.set(Some(subnet(&format!("10.244.{n}.0/24"))));
+        let own6 = Arc::new(OwnSubnet6::default());
+        own6.set(Some(half(n)));
+        let fwd = Forwarder {
+            backend: BackendKind::Vxlan,
+            vni: Vni::new(1).unwrap(),
+            port: 8472,
+            our_mac: MacAddr([2, 0, 0, 0, 0, n]),
+            own,
+            icmp_source: Ipv4Addr::new(10, 244, 0, 0),
+            icmp_limit: Arc::default(),
+            ipv6: Ipv6Forwarding { own: own6, icmp_source: "fd00:10:244::".parse().unwrap() },
+        };
+        let routes = RouteTable::build(
+            network,
+            24,
+            dual_peers().filter(move |p| p.public_ip.octets()[3] != n),
+        );
+        (fwd, routes)
+    };
+    let ((a, a_routes), (b, b_routes)) = (host(1), host(2));
+    let repr_len = 40 + 8 + 1000;
+    let mut packet = vec![0u8; repr_len];
+    packet[0] = 0x60;
+    packet[4..6].copy_from_slice(&1008u16.to_be_bytes());
+    packet[6] = 17;
+    packet[7] = 64;
+    packet[8..24].copy_from_slice(&"fd00:10:244:1::5".parse::<Ipv6Addr>().unwrap().octets());
+    packet[24..40].copy_from_slice(&"fd00:10:244:2::7".parse::<Ipv6Addr>().unwrap().octets());
+    packet[44..46].copy_from_slice(&1008u16.to_be_bytes());
+    let from: std::net::SocketAddr = "[2001:db8::1]:40000".parse().unwrap();
+    let mut buf = vec![0u8; HEADROOM + repr_len];
+    let mut reply = vec![0u8; 1500];
+    let mut run = |rounds: usize| {
+        let mut delivered = 0;
+        for _ in 0..rounds {
+            buf[HEADROOM..].copy_from_slice(&packet);
+            let Tx::Send { range, .. } =
+                a.encap(&a_routes, &mut buf, repr_len, &mut reply, Instant::ZERO)
+            else {
+                panic!("IPv6 encap failed")
+            };
+            let len = range.len();
+            if let Rx::Deliver { range: inner, .. } = b.decap(&b_routes, from, &mut buf, len) {
+                assert_eq!(inner.len(), repr_len);
+                delivered += 1;
+            }
+        }
+        delivered
+    };
+    assert_eq!(run(100), 100, "warm-up");
+    let (delivered, allocs) = allocations_during(|| run(10_000));
+    assert_eq!(delivered, 10_000);
+    assert_eq!(allocs, 0, "allocations on the IPv6 forwarding path");
 }
 
 fn allocations_during<R>(f: impl FnOnce() -> R) -> (R, u64) {

@@ -75,6 +75,7 @@ fn start(
         own,
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),
+        ipv6: Default::default(),
     };
     let tun = FakeTun::new();
     let counters = Arc::new(Counters::default());

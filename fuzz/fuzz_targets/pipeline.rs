@@ -5,18 +5,23 @@
 //! (VXLAN header with our VNI and an inner Ethernet header to the peer's VTEP MAC) in front of
 //! the untouched packet, and goes to the peer the table names for the destination; a Reply is a
 //! valid ICMP error inside the reply buffer; a Deliver is an IPv4 packet inside the datagram of
-//! exactly its total length, from a source routed to the sender, to our subnet.
+//! exactly its total length, from a source routed to the sender, to our subnet. With an own
+//! IPv6 subnet (`own6`), IPv6 packets go the IPv6 way: a Reply is then a valid ICMPv6 error,
+//! and datagrams come from IPv6 senders too (none of which the table routes: every one is
+//! dropped).
 #![no_main]
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use weft::config::BackendKind;
-use weft::dataplane::pipeline::{Forwarder, HEADROOM, IcmpLimit, OwnSubnet, Rx, Tx};
-use weft::dataplane::wire::{ethernet, ipv4, vxlan};
+use weft::dataplane::pipeline::{
+    Forwarder, HEADROOM, IcmpLimit, Ipv6Forwarding, OwnSubnet, OwnSubnet6, Rx, Tx,
+};
+use weft::dataplane::wire::{ethernet, icmpv6, ipv4, ipv6, vxlan};
 use weft::time::Instant;
 use weft_fuzz::{AnyPacket, ArbNetwork, ArbPeer};
 
@@ -25,6 +30,8 @@ struct Input {
     network: ArbNetwork,
     peers: Vec<ArbPeer>,
     own: Option<u32>,
+    /// An own IPv6 subnet: fd00:10:244:<n>::/64.
+    own6: Option<u16>,
     udp_backend: bool,
     vni: u32,
     our_mac: [u8; 6],
@@ -33,8 +40,9 @@ struct Input {
     extra: u8,
     /// Packets read from TUN.
     tx: Vec<AnyPacket>,
-    /// Datagrams from the underlay: (sender host part of 192.0.2.x, VXLAN-wrap it, bytes).
-    rx: Vec<(u8, bool, AnyPacket)>,
+    /// Datagrams from the underlay: (sender host part of 192.0.2.x or 2001:db8::x with the
+    /// bool after it, VXLAN-wrap it, bytes).
+    rx: Vec<(u8, bool, bool, AnyPacket)>,
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -52,6 +60,14 @@ fuzz_target!(|data: &[u8]| {
         own: own.clone(),
         icmp_source: net.net().network(),
         icmp_limit: Arc::new(IcmpLimit::new(1000, 3)),
+        ipv6: Ipv6Forwarding {
+            own: {
+                let own6 = Arc::new(OwnSubnet6::default());
+                own6.set(input.own6.map(|n| format!("fd00:10:244:{n:x}::/64").parse().unwrap()));
+                own6
+            },
+            icmp_source: "fd00:10:244::".parse().unwrap(),
+        },
     };
     let now = Instant::from_epoch(Duration::from_millis(u64::from(input.now_ms)));
     let mut reply = vec![0u8; usize::from(input.reply_len % 1600)];
@@ -82,6 +98,12 @@ fuzz_target!(|data: &[u8]| {
                     assert_eq!(eth.ethertype(), ethernet::EtherType::IPV4);
                 }
             }
+            Tx::Reply { len, .. } if packet.first().is_some_and(|b| b >> 4 == 6) => {
+                assert!(len <= reply.len() && len <= icmpv6::MIN_MTU);
+                assert!(input.own6.is_some(), "an ICMPv6 error without an IPv6 subnet");
+                let r = ipv6::Packet::new_checked(&reply[..len]).expect("ICMPv6 reply checks");
+                assert_eq!(r.next_header(), icmpv6::NEXT_HEADER);
+            }
             Tx::Reply { len, .. } => {
                 assert!(len <= reply.len());
                 let r = ipv4::Packet::new_checked(&reply[..len]).expect("reply checks");
@@ -91,7 +113,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 
-    for (sender, wrap, p) in input.rx.iter().take(16) {
+    for (sender, from_v6, wrap, p) in input.rx.iter().take(16) {
         let inner = p.bytes(2000);
         let mut buf = Vec::new();
         if *wrap {
@@ -100,13 +122,25 @@ fuzz_target!(|data: &[u8]| {
             let _ = ethernet::Repr {
                 src_addr: ethernet::MacAddr([2; 6]),
                 dst_addr: fwd.our_mac,
-                ethertype: ethernet::EtherType::IPV4,
+                ethertype: if inner.first().is_some_and(|b| b >> 4 == 6) {
+                    ethernet::EtherType::IPV6
+                } else {
+                    ethernet::EtherType::IPV4
+                },
             }
             .emit(&mut buf[vxlan::HEADER_LEN..]);
         }
         buf.extend_from_slice(&inner);
         let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, *sender), 8472);
         let len = buf.len();
+        if *from_v6 {
+            // The arbitrary peers have no IPv6 halves: no IPv6 sender is ever routed.
+            let from6 = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(*sender));
+            let from6 = SocketAddr::V6(SocketAddrV6::new(from6, 8472, 0, 0));
+            let rx = fwd.decap(&table, from6, &mut buf, len);
+            assert!(matches!(rx, Rx::Drop(_)), "delivered from an unrouted IPv6 sender: {rx:?}");
+            continue;
+        }
         buf.extend_from_slice(&[0xee; 3]);
         let original = buf.clone();
         match fwd.decap(&table, from.into(), &mut buf, len) {

@@ -67,6 +67,7 @@ fuzz_target!(|data: &[u8]| {
         own,
         icmp_source: net.net().network(),
         icmp_limit: Arc::default(),
+        ipv6: Default::default(),
     };
     let cfg = WorkerConfig {
         batch: usize::from(input.batch % 8) + 1,

@@ -240,6 +240,7 @@ impl Dataplane {
             own: Arc::new(OwnSubnet::default()),
             icmp_source: cfg.network.network(),
             icmp_limit: Arc::default(),
+            ipv6: Default::default(),
         };
         let wcfg = WorkerConfig {
             batch: if cfg.batching { super::udp::MAX_BATCH } else { 1 },

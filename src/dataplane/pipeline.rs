@@ -16,6 +16,12 @@
 //!   peer; the VNI must match; the inner Ethernet destination must be our VTEP MAC; the inner
 //!   source must lie inside the sending peer's subnet; the inner destination must lie inside
 //!   our own subnet.
+//! - IPv6 (a dual-stack vxlan network, docs/dual-stack.md): the same rules over the IPv6
+//!   halves. An IPv6 inner packet travels only over the IPv6 underlay (as flannel's
+//!   `flannel-v6` device sends it), between the peers' `PublicIPv6` addresses, with EtherType
+//!   IPv6; the inner source must lie inside the sender's IPv6 half and the destination inside
+//!   ours. Without an own IPv6 subnet (an IPv4-only network, or the udp backend, which carries
+//!   IPv4 only) IPv6 packets are dropped as before (`tx ipv6`).
 //! - A destination outside every lease is answered as flannel's udp backend does: an ICMP
 //!   destination-unreachable (net unreachable) written back to the TUN device, at most as
 //!   often as the [`IcmpLimit`] token bucket allows (a pod flooding unleased addresses gets
@@ -25,15 +31,17 @@
 
 #![forbid(unsafe_code)]
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use arc_swap::ArcSwapOption;
+
 use super::wire::ethernet::MacAddr;
-use super::wire::{self, ethernet, icmpv4, ipv4, vxlan};
+use super::wire::{self, ethernet, icmpv4, icmpv6, ipv4, ipv6, vxlan};
 use crate::config::BackendKind;
-use crate::lease::record::Subnet;
+use crate::lease::record::{Ipv6Subnet, Subnet};
 use crate::route::{PeerBackend, RouteTable};
 use crate::time::Instant;
 
@@ -81,11 +89,13 @@ pub enum DropReason {
     RxNotForUs,
     /// RX: the TTL ran out (loop protection for the udp backend).
     RxTtlExpired,
+    /// RX: from an IPv6 sender, an inner frame that is not IPv6 (IPv4 travels over IPv4).
+    RxNotIpv6,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub(crate) const ALL: [DropReason; 17] = [
+    pub(crate) const ALL: [DropReason; 18] = [
         DropReason::TxMalformed,
         DropReason::TxIpv6,
         DropReason::TxNoRoute,
@@ -103,6 +113,7 @@ impl DropReason {
         DropReason::RxSpoofedSource,
         DropReason::RxNotForUs,
         DropReason::RxTtlExpired,
+        DropReason::RxNotIpv6,
     ];
 
     /// The direction and reason labels for `/metrics`.
@@ -125,6 +136,7 @@ impl DropReason {
             DropReason::RxSpoofedSource => ("rx", "spoofed_source"),
             DropReason::RxNotForUs => ("rx", "not_for_us"),
             DropReason::RxTtlExpired => ("rx", "ttl_expired"),
+            DropReason::RxNotIpv6 => ("rx", "not_ipv6"),
         }
     }
 }
@@ -271,6 +283,8 @@ pub(crate) struct TxRoute {
     pub(crate) flow: u32,
     /// The peer's VTEP MAC (vxlan only).
     pub(crate) peer_mac: Option<MacAddr>,
+    /// The inner packet's EtherType (vxlan only): IPv4 or IPv6.
+    pub(crate) ethertype: ethernet::EtherType,
 }
 
 /// What to do with a received datagram.
@@ -332,6 +346,47 @@ impl OwnSubnet {
     }
 }
 
+/// This host's IPv6 subnet, readable per packet without a lock: 128 bits do not fit an atomic,
+/// so it is an [`ArcSwapOption`], whose load takes no lock and allocates nothing.
+#[derive(Debug, Default)]
+pub struct OwnSubnet6(ArcSwapOption<Ipv6Subnet>);
+
+impl OwnSubnet6 {
+    /// Sets (or clears) the subnet.
+    pub fn set(&self, subnet: Option<Ipv6Subnet>) {
+        self.0.store(subnet.map(Arc::new));
+    }
+
+    /// Whether a subnet is set and contains `addr`.
+    #[inline]
+    pub fn contains(&self, addr: Ipv6Addr) -> bool {
+        self.0.load().as_ref().is_some_and(|s| s.net().contains(&addr))
+    }
+
+    /// Whether a subnet is set.
+    #[inline]
+    pub fn is_set(&self) -> bool {
+        self.0.load().is_some()
+    }
+}
+
+/// The IPv6 half of the forwarding configuration, on a dual-stack vxlan network.
+#[derive(Clone, Debug)]
+pub struct Ipv6Forwarding {
+    /// Our IPv6 subnet: unset on an IPv4-only network, and then IPv6 is not carried.
+    pub own: Arc<OwnSubnet6>,
+    /// The source of the ICMPv6 errors weft answers with: the IPv6 network's base address
+    /// (as [`Forwarder::icmp_source`] for IPv4).
+    pub icmp_source: Ipv6Addr,
+}
+
+impl Default for Ipv6Forwarding {
+    /// No IPv6 subnet: IPv6 is not carried.
+    fn default() -> Self {
+        Self { own: Arc::default(), icmp_source: Ipv6Addr::UNSPECIFIED }
+    }
+}
+
 /// The per-host forwarding configuration.
 #[derive(Clone, Debug)]
 pub struct Forwarder {
@@ -352,6 +407,8 @@ pub struct Forwarder {
     pub icmp_source: Ipv4Addr,
     /// The bucket every ICMP error must take a token from (shared by the workers).
     pub icmp_limit: Arc<IcmpLimit>,
+    /// IPv6, on a dual-stack network (our VTEP MAC serves both halves).
+    pub ipv6: Ipv6Forwarding,
 }
 
 impl Forwarder {
@@ -401,7 +458,7 @@ impl Forwarder {
     ) -> Result<TxRoute, Refusal> {
         match wire::ip::version(packet) {
             Some(4) => {}
-            Some(6) => return Err(Refusal::Drop(DropReason::TxIpv6)),
+            Some(6) => return self.route6(routes, packet, reply, now),
             _ => return Err(Refusal::Drop(DropReason::TxMalformed)),
         }
         let Ok(ip) = ipv4::Packet::new_checked(packet) else {
@@ -430,7 +487,49 @@ impl Forwarder {
             (BackendKind::Vxlan, PeerBackend::Vxlan, Some(mac)) => Some(mac),
             _ => return Err(Refusal::Drop(DropReason::TxBackendMismatch)),
         };
-        Ok(TxRoute { to, flow, peer_mac })
+        Ok(TxRoute { to, flow, peer_mac, ethertype: ethernet::EtherType::IPV4 })
+    }
+
+    /// [`Self::route`] for an IPv6 packet: to the peer whose IPv6 half holds the destination,
+    /// over the IPv6 underlay; an ICMPv6 no-route error for a destination in no half.
+    fn route6(
+        &self,
+        routes: &RouteTable,
+        packet: &[u8],
+        reply: &mut [u8],
+        now: Instant,
+    ) -> Result<TxRoute, Refusal> {
+        let own = &self.ipv6.own;
+        // IPv4 only: an IPv4-only network, or the udp backend (flannel's carries no IPv6).
+        if self.backend != BackendKind::Vxlan || !own.is_set() {
+            return Err(Refusal::Drop(DropReason::TxIpv6));
+        }
+        let Ok(ip) = ipv6::Packet::new_checked(packet) else {
+            return Err(Refusal::Drop(DropReason::TxMalformed));
+        };
+        let dst = ip.dst_addr();
+        if own.contains(dst) {
+            return Err(Refusal::Drop(DropReason::TxOwnSubnet));
+        }
+        let Some((peer, half)) = routes.lookup6(dst) else {
+            if !self.icmp_limit.allow(now) {
+                return Err(Refusal::Suppressed(DropReason::TxNoRoute));
+            }
+            let source = self.ipv6.icmp_source;
+            return Err(match icmpv6::emit_dest_unreachable(packet, 0, source, reply) {
+                Ok(len) => Refusal::Reply { len, reason: DropReason::TxNoRoute },
+                Err(_) => Refusal::Drop(DropReason::TxNoRoute),
+            });
+        };
+        if peer.backend != PeerBackend::Vxlan {
+            return Err(Refusal::Drop(DropReason::TxBackendMismatch));
+        }
+        Ok(TxRoute {
+            to: SocketAddr::V6(SocketAddrV6::new(half.public_ip, self.port, 0, 0)),
+            flow: wire::flow_hash(packet),
+            peer_mac: Some(half.vtep_mac),
+            ethertype: ethernet::EtherType::IPV6,
+        })
     }
 
     /// Writes the encapsulation for `route` into `head`, which is [`Self::headroom`] bytes
@@ -447,16 +546,16 @@ impl Forwarder {
         let _ = ethernet::Repr {
             src_addr: self.our_mac,
             dst_addr: peer_mac,
-            ethertype: ethernet::EtherType::IPV4,
+            ethertype: route.ethertype,
         }
         .emit(eth);
     }
 
     /// Validates and decapsulates the datagram at `buf[..len]`, received from `from`.
     pub fn decap(&self, routes: &RouteTable, from: SocketAddr, buf: &mut [u8], len: usize) -> Rx {
-        // IPv6 peers come with the IPv6 data plane (docs/dual-stack.md, slice 3): none is known.
-        let SocketAddr::V4(from) = from else {
-            return Rx::Drop(DropReason::RxUnknownSender);
+        let from = match from {
+            SocketAddr::V4(from) => from,
+            SocketAddr::V6(from) => return self.decap6(routes, *from.ip(), buf, len),
         };
         let Some(datagram) = buf.get_mut(..len) else {
             return Rx::Drop(DropReason::RxMalformed);
@@ -509,6 +608,49 @@ impl Forwarder {
         let total = usize::from(ip.total_len());
         Rx::Deliver { range: inner.start..inner.start + total, checksums_trusted }
     }
+
+    /// [`Self::decap`] of a datagram from an IPv6 sender: VXLAN carrying IPv6, from a peer's
+    /// `PublicIPv6`, with an inner source in that peer's IPv6 half.
+    fn decap6(&self, routes: &RouteTable, from: Ipv6Addr, buf: &mut [u8], len: usize) -> Rx {
+        let Some(datagram) = buf.get_mut(..len) else {
+            return Rx::Drop(DropReason::RxMalformed);
+        };
+        if self.backend != BackendKind::Vxlan || !self.ipv6.own.is_set() {
+            // No IPv6 peer is expected: nothing here sends to one.
+            return Rx::Drop(DropReason::RxUnknownSender);
+        }
+        let Ok(vx) = vxlan::Packet::new_checked(&datagram[..]) else {
+            return Rx::Drop(DropReason::RxMalformed);
+        };
+        match vxlan::Repr::parse(&vx) {
+            Ok(r) if r.vni == self.vni => {}
+            Ok(_) => return Rx::Drop(DropReason::RxWrongVni),
+            Err(_) => return Rx::Drop(DropReason::RxBadFlags),
+        }
+        let Ok(eth) = ethernet::Frame::new_checked(&datagram[vxlan::HEADER_LEN..]) else {
+            return Rx::Drop(DropReason::RxMalformed);
+        };
+        if eth.dst_addr() != self.our_mac {
+            return Rx::Drop(DropReason::RxNotOurMac);
+        }
+        if eth.ethertype() != ethernet::EtherType::IPV6 {
+            return Rx::Drop(DropReason::RxNotIpv6);
+        }
+        let Ok(ip) = ipv6::Packet::new_checked(&datagram[HEADROOM..]) else {
+            return Rx::Drop(DropReason::RxMalformed);
+        };
+        let checksums_trusted = match routes.lookup6(ip.src_addr()) {
+            Some((peer, half)) if half.public_ip == from => peer.node.is_some(),
+            _ if routes.is_known_peer6(from) => return Rx::Drop(DropReason::RxSpoofedSource),
+            _ => return Rx::Drop(DropReason::RxUnknownSender),
+        };
+        if !self.ipv6.own.contains(ip.dst_addr()) {
+            return Rx::Drop(DropReason::RxNotForUs);
+        }
+        // Only the IP packet's own length is delivered, never trailing bytes.
+        let total = ipv6::HEADER_LEN + usize::from(ip.payload_len());
+        Rx::Deliver { range: HEADROOM..HEADROOM + total, checksums_trusted }
+    }
 }
 
 #[cfg(test)]
@@ -526,6 +668,192 @@ mod tests {
     /// How many of `tries` replies the bucket allows at `now`.
     fn allowed(limit: &IcmpLimit, now: Instant, tries: usize) -> usize {
         (0..tries).filter(|_| limit.allow(now)).count()
+    }
+
+    /// Two dual-stack vxlan hosts: 1 (10.244.1.0/24, fd00:10:244:1::/64, 2001:db8::1) and 2
+    /// (…:2), each with the other's route; host 2's lease names a weft node.
+    fn dual_hosts() -> (Forwarder, Forwarder, RouteTable, RouteTable) {
+        use crate::route::{Peer, Peer6};
+        let half = |n: u16| -> Ipv6Subnet { format!("fd00:10:244:{n}::/64").parse().unwrap() };
+        let peer = |n: u8| Peer {
+            subnet: Subnet::from_parts(Ipv4Addr::new(10, 244, n, 0), 24).unwrap(),
+            public_ip: Ipv4Addr::new(192, 0, 2, n),
+            backend: PeerBackend::Vxlan,
+            vtep_mac: Some(MacAddr([2, 0, 0, 0, 0, n])),
+            vni: Some(1),
+            node: (n == 2).then(|| crate::lease::record::NodeId::parse("node-bbbb").unwrap()),
+            stale: false,
+            ipv6: Some(Peer6 {
+                subnet: half(u16::from(n)),
+                public_ip: Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(n)),
+                vtep_mac: MacAddr([2, 0, 0, 0, 0, n]),
+            }),
+        };
+        let host = |n: u8| {
+            let own = Arc::new(OwnSubnet::default());
+            own.set(Some(Subnet::from_parts(Ipv4Addr::new(10, 244, n, 0), 24).unwrap()));
+            let own6 = Arc::new(OwnSubnet6::default());
+            own6.set(Some(half(u16::from(n))));
+            Forwarder {
+                backend: BackendKind::Vxlan,
+                vni: vxlan::Vni::new(1).unwrap(),
+                port: 8472,
+                our_mac: MacAddr([2, 0, 0, 0, 0, n]),
+                own,
+                icmp_source: Ipv4Addr::new(10, 244, 0, 0),
+                icmp_limit: Arc::default(),
+                ipv6: Ipv6Forwarding { own: own6, icmp_source: "fd00:10:244::".parse().unwrap() },
+            }
+        };
+        let net = "10.244.0.0/16".parse().unwrap();
+        (
+            host(1),
+            host(2),
+            RouteTable::build(net, 24, [peer(2)]),
+            RouteTable::build(net, 24, [peer(1)]),
+        )
+    }
+
+    /// An IPv6/UDP packet of `payload` bytes, in a buffer with [`HEADROOM`] in front.
+    fn udp6(src: &str, dst: &str, payload: usize) -> (Vec<u8>, usize) {
+        let repr = ipv6::Repr {
+            src_addr: src.parse().unwrap(),
+            dst_addr: dst.parse().unwrap(),
+            next_header: wire::ip::proto::UDP,
+            payload_len: 8 + payload,
+            hop_limit: 64,
+        };
+        let mut buf = vec![0u8; HEADROOM + repr.buffer_len() + 16];
+        repr.emit(&mut buf[HEADROOM..]).unwrap();
+        buf[HEADROOM + 40..HEADROOM + 42].copy_from_slice(&5000u16.to_be_bytes());
+        buf[HEADROOM + 42..HEADROOM + 44].copy_from_slice(&5001u16.to_be_bytes());
+        buf[HEADROOM + 44..HEADROOM + 46].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
+        (buf, repr.buffer_len())
+    }
+
+    fn v6_peer(n: u16) -> SocketAddr {
+        SocketAddr::V6(SocketAddrV6::new(
+            Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, n),
+            8472,
+            0,
+            0,
+        ))
+    }
+
+    #[test]
+    fn ipv6_crosses_in_vxlan_over_the_ipv6_underlay_and_is_validated_on_arrival() {
+        let (a, b, a_routes, b_routes) = dual_hosts();
+        let mut reply = [0u8; 1500];
+        let (mut buf, len) = udp6("fd00:10:244:1::5", "fd00:10:244:2::7", 100);
+        let packet = buf[HEADROOM..HEADROOM + len].to_vec();
+        let Tx::Send { peer, range, flow } =
+            a.encap(&a_routes, &mut buf, len, &mut reply, Instant::ZERO)
+        else {
+            panic!("not sent")
+        };
+        assert_eq!(peer, v6_peer(2));
+        assert_eq!(flow, wire::flow_hash(&packet));
+        let vx = vxlan::Packet::new_checked(&buf[range.clone()]).unwrap();
+        assert_eq!(vxlan::Repr::parse(&vx).unwrap().vni, a.vni);
+        let eth = ethernet::Frame::new_checked(vx.payload()).unwrap();
+        assert_eq!((eth.dst_addr(), eth.src_addr()), (b.our_mac, a.our_mac));
+        assert_eq!(eth.ethertype(), ethernet::EtherType::IPV6);
+        // As host 2's socket hands it over, from host 1's PublicIPv6, with trailing bytes.
+        let mut datagram = buf[range].to_vec();
+        let dlen = datagram.len();
+        datagram.extend_from_slice(&[0xee; 7]);
+        let rx = b.decap(&b_routes, v6_peer(1), &mut datagram, dlen);
+        let Rx::Deliver { range, checksums_trusted } = rx else { panic!("{rx:?}") };
+        assert_eq!(&datagram[range], &packet[..]);
+        assert!(!checksums_trusted, "host 1's lease names no weft node");
+        // Back the other way: host 2's lease names a weft node, so its checksums are trusted.
+        let (mut buf, len) = udp6("fd00:10:244:2::7", "fd00:10:244:1::5", 10);
+        let Tx::Send { range, .. } = b.encap(&b_routes, &mut buf, len, &mut reply, Instant::ZERO)
+        else {
+            panic!("not sent back")
+        };
+        let mut datagram = buf[range].to_vec();
+        let dlen = datagram.len();
+        let rx = a.decap(&a_routes, v6_peer(2), &mut datagram, dlen);
+        assert!(matches!(rx, Rx::Deliver { checksums_trusted: true, .. }), "{rx:?}");
+    }
+
+    #[test]
+    fn ipv6_arrivals_that_break_a_rule_are_dropped_by_reason() {
+        let (a, b, a_routes, b_routes) = dual_hosts();
+        let mut reply = [0u8; 1500];
+        // A VXLAN datagram from host 1 carrying `inner`, with `ethertype`.
+        let datagram = |src: &str, dst: &str, ethertype| {
+            let (mut buf, len) = udp6(src, dst, 20);
+            let route = TxRoute { to: v6_peer(2), flow: 0, peer_mac: Some(b.our_mac), ethertype };
+            a.emit_encap(&route, &mut buf[..HEADROOM]);
+            buf.truncate(HEADROOM + len);
+            buf
+        };
+        let decap = |from: SocketAddr, mut d: Vec<u8>| {
+            let n = d.len();
+            b.decap(&b_routes, from, &mut d, n)
+        };
+        let ok = datagram("fd00:10:244:1::5", "fd00:10:244:2::7", ethernet::EtherType::IPV6);
+        assert!(matches!(decap(v6_peer(1), ok.clone()), Rx::Deliver { .. }));
+        // An inner source outside the sender's IPv6 half, and a sender no lease names.
+        let spoofed = datagram("fd00:10:244:9::5", "fd00:10:244:2::7", ethernet::EtherType::IPV6);
+        assert_eq!(decap(v6_peer(1), spoofed), Rx::Drop(DropReason::RxSpoofedSource));
+        assert_eq!(decap(v6_peer(9), ok.clone()), Rx::Drop(DropReason::RxUnknownSender));
+        // Not for us; an IPv4 EtherType from an IPv6 sender; another VNI; not our MAC.
+        let elsewhere = datagram("fd00:10:244:1::5", "fd00:10:244:3::7", ethernet::EtherType::IPV6);
+        assert_eq!(decap(v6_peer(1), elsewhere), Rx::Drop(DropReason::RxNotForUs));
+        let v4_type = datagram("fd00:10:244:1::5", "fd00:10:244:2::7", ethernet::EtherType::IPV4);
+        assert_eq!(decap(v6_peer(1), v4_type), Rx::Drop(DropReason::RxNotIpv6));
+        let mut other_vni = ok.clone();
+        other_vni[6] = 9;
+        assert_eq!(decap(v6_peer(1), other_vni), Rx::Drop(DropReason::RxWrongVni));
+        let mut other_mac = ok.clone();
+        other_mac[vxlan::HEADER_LEN + 5] = 0x77;
+        assert_eq!(decap(v6_peer(1), other_mac), Rx::Drop(DropReason::RxNotOurMac));
+        assert_eq!(decap(v6_peer(1), ok[..60].to_vec()), Rx::Drop(DropReason::RxMalformed));
+        // An IPv6 packet sent over IPv4 is not taken either: IPv6 travels over IPv6.
+        let over_v4 = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 8472));
+        assert_eq!(decap(over_v4, ok.clone()), Rx::Drop(DropReason::RxNotIpv4));
+
+        // TX: our own half, a destination in no half (ICMPv6 no route), a malformed packet.
+        let mut send = |src: &str, dst: &str| {
+            let (mut buf, len) = udp6(src, dst, 10);
+            a.encap(&a_routes, &mut buf, len, &mut reply, Instant::ZERO)
+        };
+        assert_eq!(send("fd00:10:244:1::5", "fd00:10:244:1::6"), Tx::Drop(DropReason::TxOwnSubnet));
+        let Tx::Reply { len, reason: DropReason::TxNoRoute } =
+            send("fd00:10:244:1::5", "fd00:99::1")
+        else {
+            panic!("no ICMPv6 no-route reply")
+        };
+        let icmp = ipv6::Packet::new_checked(&reply[..len]).unwrap();
+        assert_eq!(icmp.dst_addr(), "fd00:10:244:1::5".parse::<Ipv6Addr>().unwrap());
+        assert_eq!((icmp.next_header(), icmp.payload()[0]), (icmpv6::NEXT_HEADER, 1));
+        let (mut short, _) = udp6("fd00:10:244:1::5", "fd00:10:244:2::7", 10);
+        assert_eq!(
+            a.encap(&a_routes, &mut short, 30, &mut reply, Instant::ZERO),
+            Tx::Drop(DropReason::TxMalformed)
+        );
+    }
+
+    #[test]
+    fn without_an_ipv6_subnet_or_on_the_udp_backend_ipv6_is_not_carried() {
+        let (a, b, a_routes, b_routes) = dual_hosts();
+        let mut reply = [0u8; 1500];
+        let v4_only = Forwarder { ipv6: Ipv6Forwarding::default(), ..a.clone() };
+        let udp = Forwarder { backend: BackendKind::Udp, ..a };
+        for fwd in [&v4_only, &udp] {
+            let (mut buf, len) = udp6("fd00:10:244:1::5", "fd00:10:244:2::7", 10);
+            let tx = fwd.encap(&a_routes, &mut buf, len, &mut reply, Instant::ZERO);
+            assert_eq!(tx, Tx::Drop(DropReason::TxIpv6));
+        }
+        let v4_only = Forwarder { ipv6: Ipv6Forwarding::default(), ..b };
+        let mut d = vec![0u8; 200];
+        assert_eq!(
+            v4_only.decap(&b_routes, v6_peer(1), &mut d, 200),
+            Rx::Drop(DropReason::RxUnknownSender)
+        );
     }
 
     #[test]

@@ -97,6 +97,8 @@ pub struct EtherType(pub u16);
 impl EtherType {
     /// IPv4 (RFC 894).
     pub const IPV4: Self = Self(0x0800);
+    /// IPv6 (RFC 2464).
+    pub const IPV6: Self = Self(0x86dd);
 }
 
 /// A read/write view of an Ethernet II frame.

@@ -392,6 +392,7 @@ mod tests {
             own,
             icmp_source: Ipv4Addr::new(10, 244, 0, 0),
             icmp_limit: Arc::default(),
+            ipv6: Default::default(),
         };
         (fwd, routes)
     }
