@@ -561,28 +561,11 @@ impl Forwarder {
             return Rx::Drop(DropReason::RxMalformed);
         };
         let inner = match self.backend {
-            BackendKind::Vxlan => {
-                let Ok(vx) = vxlan::Packet::new_checked(&datagram[..]) else {
-                    return Rx::Drop(DropReason::RxMalformed);
-                };
-                let repr = match vxlan::Repr::parse(&vx) {
-                    Ok(r) => r,
-                    Err(_) => return Rx::Drop(DropReason::RxBadFlags),
-                };
-                if repr.vni != self.vni {
-                    return Rx::Drop(DropReason::RxWrongVni);
-                }
-                let Ok(eth) = ethernet::Frame::new_checked(&datagram[vxlan::HEADER_LEN..]) else {
-                    return Rx::Drop(DropReason::RxMalformed);
-                };
-                if eth.dst_addr() != self.our_mac {
-                    return Rx::Drop(DropReason::RxNotOurMac);
-                }
-                if eth.ethertype() != ethernet::EtherType::IPV4 {
-                    return Rx::Drop(DropReason::RxNotIpv4);
-                }
-                HEADROOM..len
-            }
+            BackendKind::Vxlan => match self.vxlan_ethertype(datagram) {
+                Ok(ethernet::EtherType::IPV4) => HEADROOM..len,
+                Ok(_) => return Rx::Drop(DropReason::RxNotIpv4),
+                Err(reason) => return Rx::Drop(reason),
+            },
             BackendKind::Udp => 0..len,
         };
         let Ok(mut ip) = ipv4::Packet::new_checked(&mut datagram[inner.clone()]) else {
@@ -609,6 +592,23 @@ impl Forwarder {
         Rx::Deliver { range: inner.start..inner.start + total, checksums_trusted }
     }
 
+    /// The VXLAN checks of every received datagram, whichever family it came over: a VXLAN
+    /// header with the I bit alone and our VNI, then an inner Ethernet header to our VTEP MAC.
+    /// Returns the inner EtherType, for the caller to check against the family.
+    fn vxlan_ethertype(&self, datagram: &[u8]) -> Result<ethernet::EtherType, DropReason> {
+        let vx = vxlan::Packet::new_checked(datagram).map_err(|_| DropReason::RxMalformed)?;
+        let repr = vxlan::Repr::parse(&vx).map_err(|_| DropReason::RxBadFlags)?;
+        if repr.vni != self.vni {
+            return Err(DropReason::RxWrongVni);
+        }
+        let eth = ethernet::Frame::new_checked(&datagram[vxlan::HEADER_LEN..])
+            .map_err(|_| DropReason::RxMalformed)?;
+        if eth.dst_addr() != self.our_mac {
+            return Err(DropReason::RxNotOurMac);
+        }
+        Ok(eth.ethertype())
+    }
+
     /// [`Self::decap`] of a datagram from an IPv6 sender: VXLAN carrying IPv6, from a peer's
     /// `PublicIPv6`, with an inner source in that peer's IPv6 half.
     fn decap6(&self, routes: &RouteTable, from: Ipv6Addr, buf: &mut [u8], len: usize) -> Rx {
@@ -619,22 +619,10 @@ impl Forwarder {
             // No IPv6 peer is expected: nothing here sends to one.
             return Rx::Drop(DropReason::RxUnknownSender);
         }
-        let Ok(vx) = vxlan::Packet::new_checked(&datagram[..]) else {
-            return Rx::Drop(DropReason::RxMalformed);
-        };
-        match vxlan::Repr::parse(&vx) {
-            Ok(r) if r.vni == self.vni => {}
-            Ok(_) => return Rx::Drop(DropReason::RxWrongVni),
-            Err(_) => return Rx::Drop(DropReason::RxBadFlags),
-        }
-        let Ok(eth) = ethernet::Frame::new_checked(&datagram[vxlan::HEADER_LEN..]) else {
-            return Rx::Drop(DropReason::RxMalformed);
-        };
-        if eth.dst_addr() != self.our_mac {
-            return Rx::Drop(DropReason::RxNotOurMac);
-        }
-        if eth.ethertype() != ethernet::EtherType::IPV6 {
-            return Rx::Drop(DropReason::RxNotIpv6);
+        match self.vxlan_ethertype(datagram) {
+            Ok(ethernet::EtherType::IPV6) => {}
+            Ok(_) => return Rx::Drop(DropReason::RxNotIpv6),
+            Err(reason) => return Rx::Drop(reason),
         }
         let Ok(ip) = ipv6::Packet::new_checked(&datagram[HEADROOM..]) else {
             return Rx::Drop(DropReason::RxMalformed);
