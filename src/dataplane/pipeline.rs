@@ -472,13 +472,9 @@ impl Forwarder {
             return Err(Refusal::Drop(DropReason::TxOwnSubnet));
         }
         let Some(peer) = routes.lookup(dst) else {
-            if !self.icmp_limit.allow(now) {
-                return Err(Refusal::Suppressed(DropReason::TxNoRoute));
-            }
-            return Err(match icmpv4::emit_dest_unreachable(packet, 0, self.icmp_source, reply) {
-                Ok(len) => Refusal::Reply { len, reason: DropReason::TxNoRoute },
-                Err(_) => Refusal::Drop(DropReason::TxNoRoute),
-            });
+            return Err(self.no_route(now, || {
+                icmpv4::emit_dest_unreachable(packet, 0, self.icmp_source, reply)
+            }));
         };
         let flow = wire::flow_hash(packet);
         let to = SocketAddr::V4(SocketAddrV4::new(peer.public_ip, self.port));
@@ -488,6 +484,19 @@ impl Forwarder {
             _ => return Err(Refusal::Drop(DropReason::TxBackendMismatch)),
         };
         Ok(TxRoute { to, flow, peer_mac, ethertype: ethernet::EtherType::IPV4 })
+    }
+
+    /// The refusal of a packet to a destination in no lease: the no-route error `emit` writes
+    /// (ICMP or ICMPv6) when the [`IcmpLimit`] bucket has a token at `now`, else a suppressed
+    /// drop; a plain drop when the rules forbid an error reply.
+    fn no_route(&self, now: Instant, emit: impl FnOnce() -> Result<usize, wire::Error>) -> Refusal {
+        if !self.icmp_limit.allow(now) {
+            return Refusal::Suppressed(DropReason::TxNoRoute);
+        }
+        match emit() {
+            Ok(len) => Refusal::Reply { len, reason: DropReason::TxNoRoute },
+            Err(_) => Refusal::Drop(DropReason::TxNoRoute),
+        }
     }
 
     /// [`Self::route`] for an IPv6 packet: to the peer whose IPv6 half holds the destination,
@@ -512,14 +521,9 @@ impl Forwarder {
             return Err(Refusal::Drop(DropReason::TxOwnSubnet));
         }
         let Some((peer, half)) = routes.lookup6(dst) else {
-            if !self.icmp_limit.allow(now) {
-                return Err(Refusal::Suppressed(DropReason::TxNoRoute));
-            }
-            let source = self.ipv6.icmp_source;
-            return Err(match icmpv6::emit_dest_unreachable(packet, 0, source, reply) {
-                Ok(len) => Refusal::Reply { len, reason: DropReason::TxNoRoute },
-                Err(_) => Refusal::Drop(DropReason::TxNoRoute),
-            });
+            return Err(self.no_route(now, || {
+                icmpv6::emit_dest_unreachable(packet, 0, self.ipv6.icmp_source, reply)
+            }));
         };
         if peer.backend != PeerBackend::Vxlan {
             return Err(Refusal::Drop(DropReason::TxBackendMismatch));
