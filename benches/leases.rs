@@ -299,7 +299,7 @@ struct Host {
     routes: Arc<Routes>,
     stats: Arc<RouteStats>,
     health: Arc<Health>,
-    subnet: watch::Receiver<Option<Subnet>>,
+    subnet: watch::Receiver<Option<LeaseName>>,
     /// The last table looked at (kept, so that a new table is never mistaken for it).
     table: Arc<RouteTable>,
     /// Last reported (subnet, ready).
@@ -429,7 +429,7 @@ async fn run_hosts(
             idx as u8,
             1,
         ]);
-        let attrs = weft::daemon::lease_attrs(&network, ip, mac);
+        let attrs = weft::daemon::lease_attrs(&network, ip, None, mac);
         let health = Arc::new(Health::new(clock.clone()));
         let (subnet_tx, subnet_rx) = watch::channel(None);
         let routes =
@@ -589,7 +589,7 @@ async fn poll(
                 h.table = table.clone();
                 changed[k] = true;
             }
-            let own = *h.subnet.borrow();
+            let own = h.subnet.borrow().map(|l| l.subnet);
             if own != h.own {
                 h.own = own;
                 changed[k] = true;
@@ -633,7 +633,7 @@ async fn poll(
                 {
                     continue;
                 }
-                let own = h.ip == ip && *h.subnet.borrow() == Some(s);
+                let own = h.ip == ip && h.subnet.borrow().map(|l| l.subnet) == Some(s);
                 let has = own
                     || h.table
                         .lookup(s.network())
@@ -666,7 +666,7 @@ async fn poll(
                     h.await_rehold = true;
                 }
             }
-            let subnet = *h.subnet.borrow();
+            let subnet = h.subnet.borrow().map(|l| l.subnet);
             let ready = h.health.readiness().is_ok();
             if (subnet, ready) != h.reported {
                 h.reported = (subnet, ready);
@@ -794,7 +794,7 @@ struct FlannelHost {
     clock: Arc<dyn Clock>,
     /// Ready while flanneld runs and its last write's etcd lease is live as far as it knows.
     health: Arc<Health>,
-    subnet_tx: watch::Sender<Option<Subnet>>,
+    subnet_tx: watch::Sender<Option<LeaseName>>,
     calls: Arc<Calls>,
     counts: Arc<FlannelCounts>,
     exits: Arc<AtomicU64>,
@@ -931,7 +931,7 @@ async fn flanneld(
         }
         *subnet_env = Some(s);
     }
-    h.subnet_tx.send_replace(Some(s));
+    h.subnet_tx.send_replace(Some(LeaseName::v4(s)));
     let ttl = h.ttl;
     let margin = flannel_margin(ttl);
     // flannel's MonitorLease: a timer to expiry − margin, re-armed by every event of its own

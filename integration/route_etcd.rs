@@ -73,7 +73,7 @@ struct Watcher {
     routes: Arc<Routes>,
     stats: Arc<RouteStats>,
     _shutdown: watch::Sender<bool>,
-    _own: watch::Sender<Option<Subnet>>,
+    _own: watch::Sender<Option<weft::lease::record::LeaseName>>,
 }
 
 impl Watcher {

@@ -8,7 +8,7 @@
 //! with `--dataplane none`), then the lease driver acquires the lease and runs until SIGTERM or
 //! SIGINT. On shutdown the lease is kept for a restart unless `--relinquish-on-exit` is given.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +20,7 @@ use tracing::{error, info, warn};
 
 use crate::atomic_file;
 use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
-use crate::dataplane::driver::{Dataplane, DataplaneConfig, DataplaneError};
+use crate::dataplane::driver::{Dataplane, DataplaneConfig, DataplaneError, Ipv6Dataplane};
 use crate::dataplane::link::DriftLog;
 use crate::dataplane::link_watch::{ChangeWatch, Interest};
 use crate::dataplane::netlink::{Netlink, NetlinkError, TunStatus};
@@ -30,7 +30,7 @@ use crate::health::{self, Health};
 use crate::instance::{self, Attempt, StateDirLock};
 use crate::lease::driver::{DriverConfig, LeaseDriver};
 use crate::lease::keeper::{Keeper, KeeperConfig};
-use crate::lease::record::{Incarnation, LeaseAttrs, NodeId, Subnet};
+use crate::lease::record::{Incarnation, LeaseAttrs, LeaseName, NodeId, Subnet};
 use crate::lease::store::Store;
 use crate::lease::subnet_env::{self, ReadOutcome};
 use crate::route::watcher::RouteStats;
@@ -55,6 +55,8 @@ pub struct RunOptions {
     pub iface: Option<String>,
     /// `--public-ip`.
     pub public_ip: Option<Ipv4Addr>,
+    /// `--public-ipv6` (used on a dual-stack vxlan network).
+    pub public_ipv6: Option<Ipv6Addr>,
     /// `--subnet-file`.
     pub subnet_file: PathBuf,
     /// `--state-dir`.
@@ -174,6 +176,37 @@ pub(crate) struct Underlay {
     pub(crate) mtu: u32,
 }
 
+/// Finds the IPv6 underlay address to publish as `PublicIPv6`, as flanneld does on a
+/// dual-stack network: `--public-ipv6` when given; else the first global IPv6 address of the
+/// IPv4 underlay's interface `iface`; else (no interface known, or it has no global IPv6
+/// address) that of the main table's IPv6 default route's interface. None found is an error
+/// naming what to give: a dual-stack vxlan node cannot carry IPv6 without one.
+pub(crate) fn find_underlay6(
+    iface: Option<&str>,
+    public_ipv6: Option<Ipv6Addr>,
+) -> anyhow::Result<Ipv6Addr> {
+    if let Some(ip) = public_ipv6 {
+        return Ok(ip);
+    }
+    let netlink = Netlink::open().context("finding the IPv6 underlay")?;
+    let addrs = netlink.ipv6_addresses_by_interface().context("listing IPv6 addresses")?;
+    let first_of = |name: &str| addrs.iter().find(|(n, _)| n == name).map(|(_, a)| *a);
+    if let Some(ip) = iface.and_then(first_of) {
+        return Ok(ip);
+    }
+    let default6 =
+        netlink.default_route6_iface().context("finding the IPv6 default route's interface")?;
+    if let Some(ip) = default6.as_deref().and_then(first_of) {
+        return Ok(ip);
+    }
+    bail!(
+        "the network config enables IPv6 (vxlan) but {} has no global IPv6 address{}: give \
+         --public-ipv6, or an --iface with one",
+        iface.unwrap_or("the underlay interface"),
+        default6.map(|d| format!(" (nor has {d}, the IPv6 default route's)")).unwrap_or_default()
+    )
+}
+
 /// Finds the underlay as flanneld does: `--iface` (name or address), else the interface of the
 /// main table's IPv4 default route (of lowest metric, asked over netlink); `--public-ip`
 /// overrides the published address. The MTU is the interface's, over netlink too.
@@ -214,25 +247,31 @@ pub(crate) fn find_underlay(
     Ok(Underlay { iface: name, public_ip: public_ip.unwrap_or(addr), mtu })
 }
 
-/// The lease value this node publishes.
-pub fn lease_attrs(network: &NetworkConfig, public_ip: Ipv4Addr, vtep_mac: MacAddr) -> LeaseAttrs {
+/// The lease value this node publishes. On a dual-stack vxlan network (`public_ipv6` given)
+/// it adds `PublicIPv6` and `BackendV6Data`, whose `VtepMAC` is the same MAC: weft's one TUN
+/// device carries both halves (flannel's kernel peers program `flannel-v6.<VNI>` with it).
+pub fn lease_attrs(
+    network: &NetworkConfig,
+    public_ip: Ipv4Addr,
+    public_ipv6: Option<Ipv6Addr>,
+    vtep_mac: MacAddr,
+) -> LeaseAttrs {
+    let vxlan_data =
+        || serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": vtep_mac.to_string() });
+    let public_ipv6 = public_ipv6
+        .filter(|_| network.ipv6.is_some() && network.backend.kind == BackendKind::Vxlan);
     let (backend_type, backend_data) = match network.backend.kind {
-        BackendKind::Vxlan => (
-            Some("vxlan".to_string()),
-            Some(
-                serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": vtep_mac.to_string() }),
-            ),
-        ),
+        BackendKind::Vxlan => (Some("vxlan".to_string()), Some(vxlan_data())),
         // flannel's udp backend writes no BackendType; weft does the same so flannel peers
         // treat weft's udp leases as their own.
         BackendKind::Udp => (None, None),
     };
     LeaseAttrs {
         public_ip,
-        public_ipv6: None,
+        public_ipv6,
         backend_type,
         backend_data,
-        backend_v6_data: None,
+        backend_v6_data: public_ipv6.map(|_| vxlan_data()),
         node_id: None,
         incarnation: None,
     }
@@ -257,21 +296,6 @@ pub fn etcd_endpoint_addrs(etcd_endpoints: &[String]) -> Vec<UnderlayAddr> {
         .collect()
 }
 
-/// Why `weft run` cannot serve a valid config yet, if it cannot: flannel's dual-stack fields
-/// parse (docs/dual-stack.md), but weft leases and forwards IPv4 only so far. Waiting, loudly,
-/// is what an invalid config gets too: the node stays unready and takes the config once it is
-/// changed, rather than coming up IPv4-only in a cluster that asked for IPv6.
-pub fn not_supported_yet(cfg: &NetworkConfig) -> Option<String> {
-    // The udp backend is served: flannel's leases both halves and carries IPv4 only.
-    let v6 = cfg.ipv6.as_ref().filter(|_| cfg.backend.kind == BackendKind::Vxlan)?;
-    Some(format!(
-        "the network config enables IPv6 (EnableIPv6, IPv6Network {}) with the vxlan backend: \
-         weft leases both halves but does not forward IPv6 yet (docs/dual-stack.md); remove \
-         the IPv6 fields, or run flanneld on this node",
-        v6.network
-    ))
-}
-
 /// What a dual-stack config means for the udp backend, said once at start: flannel's udp
 /// backend leases an IPv6 half (and writes it to subnet.env) but carries IPv4 only.
 pub fn udp_ipv6_notice(cfg: &NetworkConfig) -> Option<String> {
@@ -285,7 +309,7 @@ pub fn udp_ipv6_notice(cfg: &NetworkConfig) -> Option<String> {
 }
 
 /// Reads the network config, retrying every second until it is present, valid and something
-/// weft can serve ([`not_supported_yet`]) (flanneld does the same), or until `shutdown`.
+/// (flanneld does the same), or until `shutdown`.
 pub(crate) async fn wait_for_config(
     store: &dyn Store,
     shutdown: &mut watch::Receiver<bool>,
@@ -294,10 +318,7 @@ pub(crate) async fn wait_for_config(
     loop {
         let problem = match store.config().await {
             Ok(Some(raw)) => match NetworkConfig::parse(&raw) {
-                Ok(cfg) => match not_supported_yet(&cfg) {
-                    None => return Ok(Some(cfg)),
-                    Some(why) => why,
-                },
+                Ok(cfg) => return Ok(Some(cfg)),
                 Err(e) => format!("the network config in the store is invalid: {e}"),
             },
             Ok(None) => {
@@ -386,13 +407,27 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
         warn!("{notice}");
     }
     let underlay = find_underlay(opts.iface.as_deref(), opts.public_ip)?;
-    info!(iface = underlay.iface.as_deref().unwrap_or("?"), public_ip = %underlay.public_ip, mtu = underlay.mtu, "underlay");
+    let public_ipv6 = match &network.ipv6 {
+        Some(_) if network.backend.kind == BackendKind::Vxlan => {
+            Some(find_underlay6(underlay.iface.as_deref(), opts.public_ipv6)?)
+        }
+        _ => None,
+    };
+    info!(iface = underlay.iface.as_deref().unwrap_or("?"), public_ip = %underlay.public_ip, public_ipv6 = public_ipv6.map(|a| a.to_string()), mtu = underlay.mtu, "underlay");
     network.check_underlay(&underlay_addrs(underlay.public_ip, &opts.etcd_endpoints))?;
+    if let (Some(v6), Some(ip)) = (&network.ipv6, public_ipv6)
+        && v6.network.contains(&ip)
+    {
+        bail!(
+            "the public IPv6 address {ip} lies inside IPv6Network {}: the overlay would route its own underlay",
+            v6.network
+        );
+    }
     if opts.ip_masq {
         warn!("--ip-masq is written to subnet.env only: weft installs no iptables rules");
     }
     let vtep_mac = load_vtep_mac(&opts.state_dir)?;
-    let attrs = lease_attrs(&network, underlay.public_ip, vtep_mac);
+    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac);
     let previous = previous_subnet(&opts.subnet_file, &network);
 
     let ttl = opts.lease_ttl;
@@ -437,7 +472,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
                 return stopped(health_task).await;
             }
             match start_dataplane(
-                dataplane_config(&opts, &network, &underlay, vtep_mac),
+                dataplane_config(&opts, &network, &underlay, public_ipv6, vtep_mac),
                 routes.clone(),
                 &health,
                 subnet_rx.clone(),
@@ -701,7 +736,7 @@ fn start_route_watcher(
     network: &NetworkConfig,
     store: &Arc<dyn Store>,
     health: &Arc<Health>,
-    subnet_rx: watch::Receiver<Option<Subnet>>,
+    subnet_rx: watch::Receiver<Option<LeaseName>>,
     shutdown_rx: &watch::Receiver<bool>,
 ) -> (Arc<Routes>, tokio::task::JoinHandle<()>) {
     let routes = Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
@@ -729,11 +764,12 @@ const LINK_SETTLE: Duration = Duration::from_millis(20);
 /// Starts the data plane on `routes` and the task that re-addresses the TUN device when this
 /// node's subnet changes and repairs its link state when someone else changes it.
 /// What the data plane is started with: the run options, the network config, the underlay
-/// and this host's VTEP MAC.
+/// (and its IPv6 address on a dual-stack vxlan network) and this host's VTEP MAC.
 fn dataplane_config(
     opts: &RunOptions,
     network: &NetworkConfig,
     underlay: &Underlay,
+    public_ipv6: Option<Ipv6Addr>,
     vtep_mac: MacAddr,
 ) -> DataplaneConfig {
     DataplaneConfig {
@@ -746,6 +782,11 @@ fn dataplane_config(
         overhead: u32::from(network.backend.encap_overhead()),
         network: network.network,
         public_ip: underlay.public_ip,
+        ipv6: network
+            .ipv6
+            .as_ref()
+            .zip(public_ipv6)
+            .map(|(v6, public_ip)| Ipv6Dataplane { network: v6.network, public_ip }),
         workers: opts.workers,
         tun_offload: opts.tun_offload,
         udp_gso: opts.udp_gso,
@@ -761,7 +802,7 @@ fn start_dataplane(
     cfg: DataplaneConfig,
     routes: Arc<Routes>,
     health: &Arc<Health>,
-    subnet_rx: watch::Receiver<Option<Subnet>>,
+    subnet_rx: watch::Receiver<Option<LeaseName>>,
     shutdown_rx: &watch::Receiver<bool>,
     resync: Duration,
 ) -> anyhow::Result<(Arc<Dataplane>, Vec<tokio::task::JoinHandle<()>>)> {
@@ -814,7 +855,7 @@ async fn next_netlink_change(
 /// reads the link every [`LINK_CHECK`] instead.
 fn spawn_addresser(
     dataplane: Arc<Dataplane>,
-    mut subnet_rx: watch::Receiver<Option<Subnet>>,
+    mut subnet_rx: watch::Receiver<Option<LeaseName>>,
     mut stop: watch::Receiver<bool>,
     resync: Duration,
 ) -> tokio::task::JoinHandle<()> {
@@ -908,44 +949,61 @@ mod tests {
 
     use super::*;
 
-    /// A dual-stack config is waited out like an invalid one: no return while it is in the
-    /// store, the node takes the config once it is changed to IPv4 only.
+    /// A dual-stack config is taken at once, on either backend; the udp backend's says at
+    /// start that IPv6 is not carried.
     #[tokio::test(start_paused = true)]
-    async fn a_dual_stack_config_is_waited_out_until_it_is_ipv4_only() {
+    async fn a_dual_stack_config_is_served_on_both_backends() {
         use crate::lease::memory::MemoryStore;
         use crate::time::ManualClock;
-        let store = MemoryStore::new(Arc::new(ManualClock::new()), "/coreos.com/network");
-        let client = store.client("admin");
-        let dual = br#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}"#;
-        client.set_config(dual).await.unwrap();
-        let cfg = NetworkConfig::parse(dual).unwrap();
-        let why = not_supported_yet(&cfg).expect("IPv6 is not served yet");
-        assert!(why.contains("EnableIPv6") && why.contains("fd00:10:244::/56"), "{why}");
-        assert_eq!(udp_ipv6_notice(&cfg), None);
-        // The udp backend is served dual-stack (IPv4 carried, both halves leased), loudly.
-        let udp = br#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"udp"}}"#;
-        let udp = NetworkConfig::parse(udp).unwrap();
-        assert_eq!(not_supported_yet(&udp), None);
-        let notice = udp_ipv6_notice(&udp).expect("said at start");
-        assert!(notice.contains("IPv4 only") && notice.contains("fd00:10:244::/56"), "{notice}");
+        for (backend, carried) in [("vxlan", true), ("udp", false)] {
+            let store = MemoryStore::new(Arc::new(ManualClock::new()), "/coreos.com/network");
+            let raw = format!(
+                r#"{{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{{"Type":"{backend}"}}}}"#
+            );
+            store.client("admin").set_config(raw.as_bytes()).await.unwrap();
+            let (_stop, mut stop_rx) = watch::channel(false);
+            let reader = store.client("node");
+            let got = tokio::time::timeout(
+                Duration::from_secs(5),
+                wait_for_config(&reader, &mut stop_rx),
+            )
+            .await
+            .expect("taken at once")
+            .unwrap()
+            .expect("a config");
+            assert_eq!(
+                got.ipv6.map(|v6| v6.network.to_string()).as_deref(),
+                Some("fd00:10:244::/56")
+            );
+            assert_eq!(udp_ipv6_notice(&got).is_none(), carried, "{backend}");
+        }
+    }
 
-        let (_stop, mut stop_rx) = watch::channel(false);
-        let reader = store.client("node");
-        let waited =
-            tokio::time::timeout(Duration::from_secs(5), wait_for_config(&reader, &mut stop_rx))
-                .await;
-        assert!(waited.is_err(), "returned a config weft cannot serve: {waited:?}");
-
-        let v4 = br#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#;
-        client.set_config(v4).await.unwrap();
-        let got =
-            tokio::time::timeout(Duration::from_secs(5), wait_for_config(&reader, &mut stop_rx))
-                .await
-                .expect("takes the IPv4 config")
-                .unwrap()
-                .expect("a config");
-        assert!(got.ipv6.is_none());
-        assert_eq!(not_supported_yet(&got), None);
+    /// A vxlan node on a dual-stack network publishes its IPv6 underlay address and the same
+    /// VTEP MAC for the IPv6 half; a udp node (flannel's udp backend publishes none) and an
+    /// IPv4-only network publish neither.
+    #[test]
+    fn the_lease_value_carries_the_ipv6_underlay_only_where_ipv6_is_carried() {
+        let mac = MacAddr([2, 0, 0, 0, 0, 7]);
+        let v4 = Ipv4Addr::new(192, 0, 2, 7);
+        let v6: Ipv6Addr = "2001:db8::7".parse().unwrap();
+        let config = |backend: &str, dual: bool| {
+            let ipv6 =
+                if dual { r#","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56""# } else { "" };
+            let raw = format!(
+                r#"{{"Network":"10.244.0.0/16"{ipv6},"Backend":{{"Type":"{backend}","VNI":4}}}}"#
+            );
+            NetworkConfig::parse(raw.as_bytes()).unwrap()
+        };
+        let attrs = lease_attrs(&config("vxlan", true), v4, Some(v6), mac);
+        assert_eq!(attrs.public_ipv6, Some(v6));
+        let want = serde_json::json!({ "VNI": 4, "VtepMAC": "02:00:00:00:00:07" });
+        assert_eq!(attrs.backend_v6_data, Some(want.clone()));
+        assert_eq!(attrs.backend_data, Some(want));
+        for (backend, dual) in [("udp", true), ("vxlan", false)] {
+            let attrs = lease_attrs(&config(backend, dual), v4, Some(v6), mac);
+            assert_eq!((attrs.public_ipv6, attrs.backend_v6_data), (None, None), "{backend}");
+        }
     }
 
     #[test]

@@ -123,6 +123,10 @@ struct RunArgs {
     /// Address to publish as PublicIP; default: the underlay interface's address.
     #[arg(long, env = "WEFT_PUBLIC_IP")]
     public_ip: Option<Ipv4Addr>,
+    /// Address to publish as PublicIPv6 on a dual-stack vxlan network; default: the underlay
+    /// interface's first global IPv6 address (else the IPv6 default route interface's).
+    #[arg(long, env = "WEFT_PUBLIC_IPV6")]
+    public_ipv6: Option<std::net::Ipv6Addr>,
     /// Where to write flannel's subnet.env.
     #[arg(long, env = "WEFT_SUBNET_FILE", default_value = "/run/flannel/subnet.env")]
     subnet_file: PathBuf,
@@ -282,6 +286,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 etcd_endpoints: args.etcd.etcd_endpoints.clone(),
                 iface: args.iface.clone(),
                 public_ip: args.public_ip,
+                public_ipv6: args.public_ipv6,
                 subnet_file: args.subnet_file.clone(),
                 state_dir: args.state_dir.clone(),
                 lease_ttl: args.subnet_lease_ttl,
@@ -332,10 +337,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 .context("nothing written")?;
             let store = etcd.connect().await?;
             store.set_config(&raw).await?;
-            if let Some(why) = daemon::not_supported_yet(&cfg) {
-                // Written: flannel nodes can use it; weft nodes wait until it changes.
-                eprintln!("weft: warning: {why}");
-            } else if let Some(notice) = daemon::udp_ipv6_notice(&cfg) {
+            if let Some(notice) = daemon::udp_ipv6_notice(&cfg) {
                 eprintln!("weft: note: {notice}");
             }
             eprintln!(

@@ -589,6 +589,7 @@ fn hand_driven_keeper_holding_a_lease() -> (Keeper, Instant, HeldLease) {
         attrs: weft::daemon::lease_attrs(
             &network,
             public_ip(0),
+            None,
             weft::dataplane::wire::ethernet::MacAddr([2, 0, 0, 0, 0, 1]),
         ),
         node: node.clone(),

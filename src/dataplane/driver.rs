@@ -13,7 +13,9 @@
 //! Workers share the port with `SO_REUSEPORT`; the kernel spreads
 //! flows over TUN queues and sockets by hash, so one flow stays on one worker. The port is
 //! bound on the public IP (the wildcard only when that is no local address), without
-//! `SO_REUSEADDR`, so that no other user's socket can bind it beside ours.
+//! `SO_REUSEADDR`, so that no other user's socket can bind it beside ours. On a dual-stack
+//! network every worker has a second set of sockets, `IPV6_V6ONLY`, bound the same way on the
+//! public IPv6 address; a [`FamilySockets`] pairs them, so the loops see one socket.
 //!
 //! Drift repair ([`Dataplane::repair_link`], called every second by the daemon): the TUN
 //! device's MTU, `IFF_UP`, address and Network route are read back over netlink
@@ -23,13 +25,13 @@
 //! outer source port differs per flow (RFC 7348 §5) and receivers can spread flows too.
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::{debug, info, warn};
 
 use super::counters::{Counters, Offload};
@@ -37,15 +39,15 @@ use super::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
 use super::link::{self, DriftLog, Repair, WantedLink};
 use super::link_watch::{ChangeWatch, Interest};
 use super::netlink::{Netlink, NetlinkError, TunStatus};
-use super::pipeline::{Forwarder, OwnSubnet};
+use super::pipeline::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubnet6};
 use super::supervise::WorkerStates;
 use super::sys::{self, Tun, TunError, TunOptions};
 use super::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
 use super::wire::ethernet::MacAddr;
 use super::wire::vxlan::Vni;
-use super::worker::{self, StopSignal, TunIo, UdpIo, WorkerConfig};
+use super::worker::{self, FamilySockets, StopSignal, TunIo, UdpIo, WorkerConfig};
 use crate::config::BackendKind;
-use crate::lease::record::Subnet;
+use crate::lease::record::{Ipv6Subnet, LeaseName, Subnet};
 use crate::route::Routes;
 use crate::time::{BootClock, Instant};
 
@@ -56,6 +58,21 @@ const WAKE: Duration = Duration::from_millis(200);
 const TX_POOL: usize = 4;
 /// Socket buffers (wireguard-go's 7 MiB).
 const SOCKET_BUFFER: usize = 7 << 20;
+/// VXLAN's overhead over an IPv6 underlay: outer IPv6 (40), UDP (8), VXLAN (8), inner
+/// Ethernet (14). The IPv6 network's route through the TUN device carries the underlay MTU
+/// minus this as its path MTU (see `netlink::network_route6`).
+const VXLAN6_OVERHEAD: u32 = 70;
+/// IPv6's minimum link MTU (RFC 8200): no route gets a lower path MTU.
+const IPV6_MIN_MTU: u32 = 1280;
+
+/// The IPv6 half of the underlay and overlay, on a dual-stack vxlan network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ipv6Dataplane {
+    /// The cluster's IPv6 network, routed through the TUN device.
+    pub(crate) network: Ipv6Net,
+    /// Our public IPv6 address: IPv6 datagrams are sent from it when it is a local address.
+    pub(crate) public_ip: Ipv6Addr,
+}
 
 /// What the data plane needs to start.
 #[derive(Clone, Debug)]
@@ -78,6 +95,8 @@ pub(crate) struct DataplaneConfig {
     pub(crate) network: Ipv4Net,
     /// Our public IP: datagrams are sent from it when it is a local address.
     pub(crate) public_ip: Ipv4Addr,
+    /// The IPv6 half, on a dual-stack vxlan network.
+    pub(crate) ipv6: Option<Ipv6Dataplane>,
     /// Workers (TUN queues); at least 1.
     pub(crate) workers: usize,
     /// TUN offloads (TSO, checksum, USO) with userspace split and GRO.
@@ -149,7 +168,7 @@ impl TunIo for Tun {
 /// The worker threads of one socket binding, and how to stop them.
 #[derive(Debug)]
 struct Running {
-    /// The address the sockets are bound on (the public IP, or the wildcard behind NAT).
+    /// The public IP the sockets were opened for (bound on it, or on the wildcard behind NAT).
     public_ip: Ipv4Addr,
     stop: Arc<StopSignal>,
     threads: Vec<JoinHandle<()>>,
@@ -166,10 +185,17 @@ impl Running {
     }
 }
 
-/// One worker's sockets: the one on the backend port and the pool datagrams leave from.
-struct WorkerSockets {
+/// One worker's sockets of one family: the one on the backend port and the pool datagrams
+/// leave from.
+struct FamilySet {
     rx: BatchSocket,
     tx_pool: Vec<BatchSocket>,
+}
+
+/// One worker's sockets: IPv4, and IPv6 on a dual-stack network.
+struct WorkerSockets {
+    v4: FamilySet,
+    v6: Option<FamilySet>,
 }
 
 /// A running data plane. Stops its threads on [`Dataplane::stop`] or drop.
@@ -185,6 +211,8 @@ pub(crate) struct Dataplane {
     routes: Arc<Routes>,
     running: std::sync::Mutex<Running>,
     own: Arc<OwnSubnet>,
+    /// Our IPv6 subnet (unset on an IPv4-only network).
+    own6: Arc<OwnSubnet6>,
     /// Counters, for `/metrics`.
     pub(crate) counters: Arc<Counters>,
     /// Which worker threads run, for `/readyz` and `/metrics`; says when weft should exit.
@@ -240,7 +268,12 @@ impl Dataplane {
             own: Arc::new(OwnSubnet::default()),
             icmp_source: cfg.network.network(),
             icmp_limit: Arc::default(),
-            ipv6: Default::default(),
+            ipv6: match cfg.ipv6 {
+                Some(v6) => {
+                    Ipv6Forwarding { own: Arc::default(), icmp_source: v6.network.network() }
+                }
+                None => Ipv6Forwarding::default(),
+            },
         };
         let wcfg = WorkerConfig {
             batch: if cfg.batching { super::udp::MAX_BATCH } else { 1 },
@@ -251,7 +284,7 @@ impl Dataplane {
         };
         let (bound_on, sockets) = open_sockets(&cfg, cfg.public_ip, workers)?;
         let counters = Arc::new(Counters::default());
-        if let Some(first) = sockets.first() {
+        if let Some(WorkerSockets { v4: first, v6 }) = sockets.first() {
             for (offload, on) in [
                 (Offload::TunTso, wcfg.gro_tcp),
                 (Offload::TunUso, wcfg.gro_udp),
@@ -272,12 +305,16 @@ impl Dataplane {
                 udp_gro = first.rx.capabilities().gro,
                 batch = wcfg.batch,
                 port = cfg.port,
-                bound_on = %bound_on,
+                bound_on = %bound_on.v4,
+                bound_on_ipv6 = bound_on.v6.map(|a| a.to_string()),
+                ipv6_udp_gso = v6.as_ref().map(|s| s.tx_pool.iter().all(BatchSocket::gso_enabled)),
+                ipv6_udp_gro = v6.as_ref().map(|s| s.rx.capabilities().gro),
                 backend = cfg.backend.as_str(),
                 "data plane up"
             );
         }
         let own = fwd.own.clone();
+        let own6 = fwd.ipv6.own.clone();
         let dp = Self {
             cfg,
             queues,
@@ -286,15 +323,16 @@ impl Dataplane {
             wcfg,
             routes,
             running: std::sync::Mutex::new(Running {
-                public_ip: bound_on,
+                public_ip: bound_on.public_ip,
                 stop: StopSignal::new(),
                 threads: Vec::new(),
             }),
             own,
+            own6,
             counters,
             workers: Arc::new(WorkerStates::default()),
         };
-        let running = dp.spawn_workers(bound_on, sockets)?;
+        let running = dp.spawn_workers(bound_on.public_ip, sockets)?;
         *dp.running.lock().unwrap_or_else(|e| e.into_inner()) = running;
         Ok(dp)
     }
@@ -312,10 +350,24 @@ impl Dataplane {
         };
         let metered = |sock| MeteredSocket::new(sock, self.counters.clone());
         for (i, (tun, sockets)) in self.queues.iter().zip(sockets).enumerate() {
+            let WorkerSockets { v4, v6 } = sockets;
+            let (rx6, mut pool6) = match v6 {
+                Some(s) => (Some(metered(s.rx)), s.tx_pool.into_iter().map(metered).collect()),
+                None => (None, Vec::new()),
+            };
+            // Pool socket k of each family is paired: one flow keeps one socket per family.
+            let tx_pool = v4
+                .tx_pool
+                .into_iter()
+                .map(|s| {
+                    let v6 = (!pool6.is_empty()).then(|| pool6.remove(0));
+                    FamilySockets::new(metered(s), v6)
+                })
+                .collect();
             let spawned = worker::Worker {
                 tun: tun.clone(),
-                tx_pool: sockets.tx_pool.into_iter().map(metered).collect(),
-                rx: metered(sockets.rx),
+                tx_pool,
+                rx: FamilySockets::new(metered(v4.rx), rx6),
                 fwd: self.fwd.clone(),
                 routes: self.routes.clone(),
                 counters: self.counters.clone(),
@@ -347,26 +399,53 @@ impl Dataplane {
         let (bound_on, sockets) = open_sockets(&self.cfg, public_ip, self.queues.len())?;
         let old = running.public_ip;
         running.stop();
-        *running = self.spawn_workers(bound_on, sockets)?;
-        info!(old = %old, new = %bound_on, port = self.cfg.port, "data plane sockets re-bound");
+        *running = self.spawn_workers(public_ip, sockets)?;
+        info!(old = %old, new = %bound_on.v4, port = self.cfg.port, "data plane sockets re-bound");
         Ok(())
     }
 
-    /// Points the data plane at this host's subnet: the TUN device gets `<subnet>.0/32` and a
-    /// route for the whole network, and received packets for that subnet are delivered.
-    pub(crate) fn set_subnet(&self, subnet: Option<Subnet>) -> Result<(), NetlinkError> {
+    /// Points the data plane at this host's lease: the TUN device gets `<subnet>.0/32` and a
+    /// route for the whole network, and received packets for that subnet are delivered. On a
+    /// dual-stack network the same for the IPv6 half: `<v6 subnet>::/128` (the previous half's
+    /// address removed) and a route for the IPv6 network, with the path MTU of VXLAN over IPv6.
+    pub(crate) fn set_subnet(&self, lease: Option<LeaseName>) -> Result<(), NetlinkError> {
+        let dev = self.cfg.tun_name.as_str();
         let old = self.own.get();
+        let old6 = self.own6.get();
+        let subnet = lease.map(|l| l.subnet);
+        // An IPv6 half is carried only when the underlay has IPv6 (it always has on a
+        // dual-stack vxlan network: the daemon refuses to start without it).
+        let subnet6 = lease.and_then(|l| l.ipv6).filter(|_| self.cfg.ipv6.is_some());
         self.own.set(subnet);
         if let Some(s) = subnet
             && old != Some(s)
         {
             let addr = tun_address(s);
-            self.netlink.set_ipv4(&self.cfg.tun_name, addr)?;
-            self.netlink.set_up(&self.cfg.tun_name)?;
-            self.netlink.add_route(&self.cfg.tun_name, self.cfg.network)?;
-            info!(tun = %self.cfg.tun_name, %addr, network = %self.cfg.network, "TUN addressed");
+            self.netlink.set_ipv4(dev, addr)?;
+            self.netlink.set_up(dev)?;
+            self.netlink.add_route(dev, self.cfg.network)?;
+            info!(tun = %dev, %addr, network = %self.cfg.network, "TUN addressed");
         }
+        if let (Some(s6), Some(v6)) = (subnet6, self.cfg.ipv6)
+            && old6 != Some(s6)
+        {
+            let addr = tun_address6(s6);
+            self.netlink.set_ipv6(dev, addr, old6.map(tun_address6))?;
+            let mtu = self.route6_mtu();
+            self.netlink.add_route6(dev, v6.network, mtu)?;
+            info!(tun = %dev, %addr, network = %v6.network, path_mtu = mtu, "TUN addressed (IPv6)");
+        }
+        // Set once the device has the address and route: a packet delivered before would
+        // have no route back.
+        self.own6.set(subnet6);
         Ok(())
+    }
+
+    /// The path MTU of the IPv6 network's route: the underlay's minus VXLAN's overhead over
+    /// IPv6, at most the TUN device's and never below IPv6's minimum.
+    fn route6_mtu(&self) -> u32 {
+        let over_ipv6 = self.cfg.underlay_mtu.saturating_sub(VXLAN6_OVERHEAD);
+        over_ipv6.min(tun_mtu(&self.cfg)).max(IPV6_MIN_MTU)
     }
 
     /// Starts a watch of the kernel's notifications about the TUN device (its link, addresses
@@ -383,7 +462,16 @@ impl Dataplane {
     /// while a subnet is held the address and route of [`Dataplane::set_subnet`].
     pub(crate) fn wanted_link(&self) -> WantedLink {
         let address = self.own.get().map(tun_address);
-        WantedLink { mtu: tun_mtu(&self.cfg), address, route: address.map(|_| self.cfg.network) }
+        let address6 = self.own6.get().map(tun_address6);
+        let route6 =
+            self.cfg.ipv6.filter(|_| address6.is_some()).map(|v6| (v6.network, self.route6_mtu()));
+        WantedLink {
+            mtu: tun_mtu(&self.cfg),
+            address,
+            route: address.map(|_| self.cfg.network),
+            address6,
+            route6,
+        }
     }
 
     /// Drift repair: reads the TUN device's link state, puts back whatever someone else changed
@@ -393,7 +481,7 @@ impl Dataplane {
     /// [`super::netlink::REPLY_TIMEOUT`]): call it from a blocking thread.
     pub(crate) fn repair_link(&self, drift: &mut DriftLog) {
         let dev = self.cfg.tun_name.as_str();
-        let seen = match self.netlink.observe_link(dev) {
+        let seen = match self.netlink.observe_link(dev, self.cfg.ipv6.is_some()) {
             Ok(seen) => {
                 if drift.observed() {
                     info!(tun = %dev, "reading the TUN device's link state works again");
@@ -439,6 +527,8 @@ impl Dataplane {
             Repair::SetUp => self.netlink.set_up(dev),
             Repair::SetAddress { want, .. } => self.netlink.set_ipv4(dev, *want),
             Repair::AddRoute { network } => self.netlink.add_route(dev, *network),
+            Repair::AddAddress6 { want } => self.netlink.set_ipv6(dev, *want, None),
+            Repair::AddRoute6 { network, mtu } => self.netlink.add_route6(dev, *network, *mtu),
         }
     }
 
@@ -449,7 +539,17 @@ impl Dataplane {
     }
 }
 
-/// Opens `workers` sets of sockets for `public_ip`: returns the address they are bound on.
+/// Where [`open_sockets`] bound: the public IP asked for, and the addresses the sockets are
+/// bound on (the public IPs, or the wildcard of their family behind NAT).
+#[derive(Clone, Copy, Debug)]
+struct BoundOn {
+    public_ip: Ipv4Addr,
+    v4: IpAddr,
+    v6: Option<IpAddr>,
+}
+
+/// Opens `workers` sets of sockets for `public_ip` (and, on a dual-stack network, for the
+/// configured public IPv6 address); returns the addresses they are bound on.
 ///
 /// The backend port is bound on the public IP, where peers send, and only when that is no
 /// local address (behind NAT, `--public-ip` naming the NAT's address) on the wildcard; the
@@ -457,24 +557,50 @@ impl Dataplane {
 /// address peers know. Without SO_REUSEADDR no other socket can bind the port beside ours;
 /// SO_REUSEPORT joins our workers' sockets into one group, which Linux opens only to sockets of
 /// the same effective UID (so run weft under a UID of its own; a root process can always take
-/// the port).
+/// the port). The IPv6 sockets are bound the same way on the public IPv6 address, and are
+/// `IPV6_V6ONLY`, so that the two families' sockets share the port without sharing datagrams.
 fn open_sockets(
     cfg: &DataplaneConfig,
     public_ip: Ipv4Addr,
     workers: usize,
-) -> Result<(Ipv4Addr, Vec<WorkerSockets>), DataplaneError> {
-    let bind_on = match BatchSocket::open(UdpConfig::new(SocketAddr::V4(SocketAddrV4::new(
-        public_ip, 0,
-    )))) {
+) -> Result<(BoundOn, Vec<WorkerSockets>), DataplaneError> {
+    let v4 = bind_address(cfg, IpAddr::V4(public_ip));
+    let v6 = cfg.ipv6.map(|v6| bind_address(cfg, IpAddr::V6(v6.public_ip)));
+    let sockets = (0..workers)
+        .map(|_| {
+            Ok(WorkerSockets {
+                v4: open_family(cfg, v4, workers)?,
+                v6: v6.map(|a| open_family(cfg, a, workers)).transpose()?,
+            })
+        })
+        .collect::<Result<Vec<_>, UdpError>>()?;
+    Ok((BoundOn { public_ip, v4, v6 }, sockets))
+}
+
+/// The address to bind for `public_ip`: itself when it is a local address, else (NAT) the
+/// wildcard of its family, said at WARN.
+fn bind_address(cfg: &DataplaneConfig, public_ip: IpAddr) -> IpAddr {
+    match BatchSocket::open(UdpConfig::new(SocketAddr::new(public_ip, 0))) {
         Err(UdpError::Bind { source, .. }) if source.kind() == io::ErrorKind::AddrNotAvailable => {
             warn!(%public_ip, port = cfg.port, "the public IP is no local address (NAT?): receiving on every address, sending from the one the kernel picks");
-            Ipv4Addr::UNSPECIFIED
+            match public_ip {
+                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            }
         }
         _ => public_ip,
-    };
+    }
+}
+
+/// One worker's sockets bound on `bind_on`: the backend port's and the sending pool.
+fn open_family(
+    cfg: &DataplaneConfig,
+    bind_on: IpAddr,
+    workers: usize,
+) -> Result<FamilySet, UdpError> {
     let gso_retry = GsoRetryConfig::new(cfg.udp_gso.retry_after);
     let rx_cfg = UdpConfig {
-        bind: SocketAddr::V4(SocketAddrV4::new(bind_on, cfg.port)),
+        bind: SocketAddr::new(bind_on, cfg.port),
         reuse_port: workers > 1,
         gso: false,
         gro: cfg.udp_gro,
@@ -482,24 +608,17 @@ fn open_sockets(
         buffer_bytes: SOCKET_BUFFER,
     };
     let tx_cfg = UdpConfig {
-        bind: SocketAddr::V4(SocketAddrV4::new(bind_on, 0)),
+        bind: SocketAddr::new(bind_on, 0),
         reuse_port: false,
         gso: cfg.udp_gso.on,
         gro: false,
         gso_retry,
         buffer_bytes: SOCKET_BUFFER,
     };
-    let sockets = (0..workers)
-        .map(|_| {
-            Ok(WorkerSockets {
-                rx: BatchSocket::open(rx_cfg)?,
-                tx_pool: (0..TX_POOL)
-                    .map(|_| BatchSocket::open(tx_cfg))
-                    .collect::<Result<Vec<_>, _>>()?,
-            })
-        })
-        .collect::<Result<Vec<_>, UdpError>>()?;
-    Ok((bind_on, sockets))
+    Ok(FamilySet {
+        rx: BatchSocket::open(rx_cfg)?,
+        tx_pool: (0..TX_POOL).map(|_| BatchSocket::open(tx_cfg)).collect::<Result<Vec<_>, _>>()?,
+    })
 }
 
 /// The TUN device's MTU: the underlay's minus the encapsulation overhead, never below 576.
@@ -510,6 +629,12 @@ fn tun_mtu(cfg: &DataplaneConfig) -> u32 {
 /// The TUN device's address for `subnet`: `<subnet>.0/32`.
 fn tun_address(subnet: Subnet) -> Ipv4Net {
     Ipv4Net::new(subnet.network(), 32).unwrap_or_else(|_| subnet.net())
+}
+
+/// The TUN device's IPv6 address for `subnet`: `<subnet>::/128`, as flannel addresses its
+/// `flannel-v6.<VNI>` device.
+fn tun_address6(subnet: Ipv6Subnet) -> Ipv6Net {
+    Ipv6Net::new(subnet.network(), 128).unwrap_or_else(|_| subnet.net())
 }
 
 impl std::ops::Drop for Dataplane {
@@ -649,6 +774,8 @@ impl UdpIo for MeteredSocket {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddrV4;
+
     use super::*;
 
     fn at(secs: u64) -> Instant {

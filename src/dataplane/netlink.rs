@@ -24,21 +24,24 @@
 
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::packet_core::Nla;
 use rtnetlink::packet_route::AddressFamily;
-use rtnetlink::packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
+use rtnetlink::packet_route::address::{
+    AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope,
+};
 use rtnetlink::packet_route::link::{
     InfoData, InfoKind, InfoTun, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
+    RouteScope, RouteType,
 };
 use rtnetlink::{LinkUnspec, RouteMessageBuilder};
 
@@ -266,16 +269,22 @@ impl Netlink {
         })
     }
 
-    /// Every IPv4 address of the link with index `index` (`RTM_GETADDR` dump).
+    /// The main table's IPv6 routes (`RTM_GETROUTE` dump).
+    fn ipv6_routes(&self, name: &str) -> Result<Vec<RouteMessage>, NetlinkError> {
+        let handle = self.handle.clone();
+        self.run("RTM_GETROUTE", name, async move {
+            let query = RouteMessageBuilder::<Ipv6Addr>::new().build();
+            handle.route().get(query).execute().try_collect::<Vec<_>>().await
+        })
+    }
+
+    /// Every address of either family of the link with index `index` (`RTM_GETADDR` dump).
     fn addresses(&self, name: &str, index: u32) -> Result<Vec<AddressMessage>, NetlinkError> {
         let handle = self.handle.clone();
         let all: Vec<AddressMessage> = self.run("RTM_GETADDR", name, async move {
             handle.address().get().set_link_index_filter(index).execute().try_collect().await
         })?;
-        Ok(all
-            .into_iter()
-            .filter(|a| a.header.index == index && a.header.family == AddressFamily::Inet)
-            .collect())
+        Ok(all.into_iter().filter(|a| a.header.index == index).collect())
     }
 
     /// Sets an interface's MTU (`RTM_SETLINK`).
@@ -310,38 +319,91 @@ impl Netlink {
         if ipv4_addresses(&before, index).contains(&addr) {
             return Ok(());
         }
-        let handle = self.handle.clone();
-        self.run("RTM_NEWADDR", name, async move {
-            handle
-                .address()
-                .add(index, IpAddr::V4(addr.addr()), addr.prefix_len())
-                .replace()
-                .execute()
-                .await
-        })?;
+        self.add_address(name, index, IpNet::V4(addr))?;
         let old_primary = before.into_iter().find(|a| {
-            !a.header.flags.contains(AddressHeaderFlags::Secondary)
+            a.header.family == AddressFamily::Inet
+                && !a.header.flags.contains(AddressHeaderFlags::Secondary)
                 && ipv4_addresses(std::slice::from_ref(a), index) != [addr]
         });
         if let Some(old) = old_primary {
-            let handle = self.handle.clone();
-            let deleted = self
-                .run("RTM_DELADDR", name, async move { handle.address().del(old).execute().await });
-            match deleted {
-                // Gone already (someone else removed it meanwhile): as wanted.
-                Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {}
-                other => other?,
-            }
+            self.delete_address(name, old)?;
         }
         Ok(())
+    }
+
+    /// Gives the interface the IPv6 address `addr` (`RTM_NEWADDR`, without duplicate address
+    /// detection: the address is the host's own subnet's, which no other node holds), and
+    /// removes `old` (`RTM_DELADDR`) when it is another address the interface has: the address
+    /// of the IPv6 half this host held before. Other IPv6 addresses (the link-local one) are
+    /// left alone: IPv6 has no primary address to replace.
+    pub(crate) fn set_ipv6(
+        &self,
+        name: &str,
+        addr: Ipv6Net,
+        old: Option<Ipv6Net>,
+    ) -> Result<(), NetlinkError> {
+        let index = self.link(name)?.header.index;
+        let before = self.addresses(name, index)?;
+        if !ipv6_addresses(&before, index).contains(&addr) {
+            self.add_address(name, index, IpNet::V6(addr))?;
+        }
+        let stale = before.into_iter().find(|a| {
+            let found = ipv6_addresses(std::slice::from_ref(a), index);
+            old.is_some_and(|o| o != addr && found == [o])
+        });
+        if let Some(stale) = stale {
+            self.delete_address(name, stale)?;
+        }
+        Ok(())
+    }
+
+    /// Adds `addr` to the link `index` (`RTM_NEWADDR`, replacing one of the same address); an
+    /// IPv6 address without duplicate address detection.
+    fn add_address(&self, name: &str, index: u32, addr: IpNet) -> Result<(), NetlinkError> {
+        let handle = self.handle.clone();
+        self.run("RTM_NEWADDR", name, async move {
+            let mut request = handle.address().add(index, addr.addr(), addr.prefix_len()).replace();
+            if addr.addr().is_ipv6() {
+                request.message_mut().header.flags |= AddressHeaderFlags::Nodad;
+            }
+            request.execute().await
+        })
+    }
+
+    /// Removes the address `old` describes (`RTM_DELADDR`); one already gone is fine.
+    fn delete_address(&self, name: &str, old: AddressMessage) -> Result<(), NetlinkError> {
+        let handle = self.handle.clone();
+        let deleted =
+            self.run("RTM_DELADDR", name, async move { handle.address().del(old).execute().await });
+        match deleted {
+            // Gone already (someone else removed it meanwhile): as wanted.
+            Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => Ok(()),
+            other => other,
+        }
     }
 
     /// Adds a route to `dst` through the interface, without a gateway, in the main table
     /// (`RTM_NEWROUTE`). An existing route is fine.
     pub(crate) fn add_route(&self, name: &str, dst: Ipv4Net) -> Result<(), NetlinkError> {
         let index = self.link(name)?.header.index;
+        self.new_route(name, network_route(dst, index))
+    }
+
+    /// Adds a route to the IPv6 network `dst` through the interface, without a gateway, in the
+    /// main table, with the path MTU `mtu` (`RTM_NEWROUTE`; see [`network_route6`]). An existing
+    /// route is fine.
+    pub(crate) fn add_route6(
+        &self,
+        name: &str,
+        dst: Ipv6Net,
+        mtu: u32,
+    ) -> Result<(), NetlinkError> {
+        let index = self.link(name)?.header.index;
+        self.new_route(name, network_route6(dst, index, mtu))
+    }
+
+    fn new_route(&self, name: &str, route: RouteMessage) -> Result<(), NetlinkError> {
         let handle = self.handle.clone();
-        let route = network_route(dst, index);
         match self.run(
             "RTM_NEWROUTE",
             name,
@@ -353,18 +415,29 @@ impl Netlink {
     }
 
     /// The interface's link state as the kernel reports it now, for drift repair
-    /// ([`super::link`]): `IFF_UP`, the MTU, its IPv4 addresses and the main table's
-    /// gatewayless routes through it.
-    pub(crate) fn observe_link(&self, name: &str) -> Result<ObservedLink, NetlinkError> {
+    /// ([`super::link`]): `IFF_UP`, the MTU, its addresses and the main table's gatewayless
+    /// routes through it, of both families (IPv6 only when `ipv6`: a host without IPv6 need
+    /// not answer for it).
+    pub(crate) fn observe_link(
+        &self,
+        name: &str,
+        ipv6: bool,
+    ) -> Result<ObservedLink, NetlinkError> {
         let link = self.link(name)?;
         let index = link.header.index;
-        let addresses = ipv4_addresses(&self.addresses(name, index)?, index);
-        let routes = device_routes(&self.ipv4_routes(name)?, index);
+        let all = self.addresses(name, index)?;
+        let (addresses6, routes6) = if ipv6 {
+            (ipv6_addresses(&all, index), device_routes6(&self.ipv6_routes(name)?, index))
+        } else {
+            (Vec::new(), Vec::new())
+        };
         Ok(ObservedLink {
             up: link.header.flags.contains(LinkFlags::Up),
             mtu: link_mtu(&link).unwrap_or(0),
-            addresses,
-            routes,
+            addresses: ipv4_addresses(&all, index),
+            routes: device_routes(&self.ipv4_routes(name)?, index),
+            addresses6,
+            routes6,
         })
     }
 
@@ -401,10 +474,36 @@ impl Netlink {
         Ok(named_ipv4_addresses(&links, &addresses))
     }
 
+    /// Every interface's global IPv6 addresses ([`named_ipv6_addresses`]), as
+    /// `(interface name, address)` in the kernel's order.
+    pub(crate) fn ipv6_addresses_by_interface(
+        &self,
+    ) -> Result<Vec<(String, Ipv6Addr)>, NetlinkError> {
+        let handle = self.handle.clone();
+        let links: Vec<LinkMessage> = self.run("RTM_GETLINK", "*", async move {
+            handle.link().get().execute().try_collect().await
+        })?;
+        let handle = self.handle.clone();
+        let addresses: Vec<AddressMessage> = self.run("RTM_GETADDR", "*", async move {
+            handle.address().get().execute().try_collect().await
+        })?;
+        Ok(named_ipv6_addresses(&links, &addresses))
+    }
+
     /// The name of the interface the main table's IPv4 default route leaves through (the one
     /// of lowest metric), if there is one.
     pub(crate) fn default_route_iface(&self) -> Result<Option<String>, NetlinkError> {
-        let Some(index) = default_route_oif(&self.ipv4_routes("default")?) else {
+        self.iface_of(default_route_oif(&self.ipv4_routes("default")?))
+    }
+
+    /// The same for the IPv6 default route.
+    pub(crate) fn default_route6_iface(&self) -> Result<Option<String>, NetlinkError> {
+        self.iface_of(default_route_oif(&self.ipv6_routes("default")?))
+    }
+
+    /// The name of the interface with index `index`, if there is one.
+    fn iface_of(&self, index: Option<u32>) -> Result<Option<String>, NetlinkError> {
+        let Some(index) = index else {
             return Ok(None);
         };
         let handle = self.handle.clone();
@@ -481,22 +580,74 @@ pub(crate) fn tun_status_of(link: &LinkMessage) -> TunStatus {
     }
 }
 
-/// The IPv4 addresses, with their prefix lengths, that `addresses` give the link `index`
-/// (`IFA_LOCAL`, the interface's own address; `IFA_ADDRESS` when there is no `IFA_LOCAL`).
+/// The address, with its prefix length, that one address message gives its link, if it is of
+/// the message's family (`IFA_LOCAL`, the interface's own address; `IFA_ADDRESS` when there is
+/// no `IFA_LOCAL`).
+fn address_net(a: &AddressMessage) -> Option<IpNet> {
+    let of_family = |ip: &IpAddr| match a.header.family {
+        AddressFamily::Inet => ip.is_ipv4(),
+        AddressFamily::Inet6 => ip.is_ipv6(),
+        _ => false,
+    };
+    let local = a.attributes.iter().find_map(|attr| match attr {
+        AddressAttribute::Local(ip) if of_family(ip) => Some(*ip),
+        _ => None,
+    });
+    let address = a.attributes.iter().find_map(|attr| match attr {
+        AddressAttribute::Address(ip) if of_family(ip) => Some(*ip),
+        _ => None,
+    });
+    IpNet::new(local.or(address)?, a.header.prefix_len).ok()
+}
+
+/// The IPv4 addresses, with their prefix lengths, that `addresses` give the link `index`.
 pub(crate) fn ipv4_addresses(addresses: &[AddressMessage], index: u32) -> Vec<Ipv4Net> {
     addresses
         .iter()
         .filter(|a| a.header.index == index)
+        .filter_map(|a| match address_net(a)? {
+            IpNet::V4(net) => Some(net),
+            IpNet::V6(_) => None,
+        })
+        .collect()
+}
+
+/// The IPv6 addresses, with their prefix lengths, that `addresses` give the link `index`.
+pub(crate) fn ipv6_addresses(addresses: &[AddressMessage], index: u32) -> Vec<Ipv6Net> {
+    addresses
+        .iter()
+        .filter(|a| a.header.index == index)
+        .filter_map(|a| match address_net(a)? {
+            IpNet::V6(net) => Some(net),
+            IpNet::V4(_) => None,
+        })
+        .collect()
+}
+
+/// `(interface name, address)` for every global IPv6 address in `addresses` whose link is
+/// among `links`, in the order of `addresses`: what an IPv6 underlay can be reached at. Left
+/// out, as flanneld leaves them out: link-local and host-scope addresses, and addresses still
+/// in duplicate address detection (`IFA_F_TENTATIVE`) or found duplicate (`IFA_F_DADFAILED`),
+/// which the kernel does not let a socket bind.
+pub(crate) fn named_ipv6_addresses(
+    links: &[LinkMessage],
+    addresses: &[AddressMessage],
+) -> Vec<(String, Ipv6Addr)> {
+    let names: Vec<(u32, String)> =
+        links.iter().filter_map(|l| Some((l.header.index, link_name(l)?))).collect();
+    let unusable = AddressHeaderFlags::Tentative | AddressHeaderFlags::Dadfailed;
+    addresses
+        .iter()
+        .filter(|a| a.header.family == AddressFamily::Inet6)
+        .filter(|a| a.header.scope == AddressScope::Universe)
+        .filter(|a| !a.header.flags.intersects(unusable))
         .filter_map(|a| {
-            let local = a.attributes.iter().find_map(|attr| match attr {
-                AddressAttribute::Local(IpAddr::V4(ip)) => Some(*ip),
-                _ => None,
-            });
-            let address = a.attributes.iter().find_map(|attr| match attr {
-                AddressAttribute::Address(IpAddr::V4(ip)) => Some(*ip),
-                _ => None,
-            });
-            Ipv4Net::new(local.or(address)?, a.header.prefix_len).ok()
+            let (_, name) = names.iter().find(|(i, _)| *i == a.header.index)?;
+            let IpNet::V6(net) = address_net(a)? else { return None };
+            let ip = net.addr();
+            // fe80::/10 carries link scope anyway; a kernel that says otherwise is not trusted.
+            let link_local = ip.segments()[0] & 0xffc0 == 0xfe80;
+            (!link_local && !ip.is_loopback() && !ip.is_multicast()).then(|| (name.clone(), ip))
         })
         .collect()
 }
@@ -532,23 +683,31 @@ fn table_of(route: &RouteMessage) -> u32 {
         .unwrap_or(u32::from(route.header.table))
 }
 
-fn destination_of(route: &RouteMessage) -> Option<Ipv4Net> {
+/// A route's destination, of the route's family.
+fn destination_of(route: &RouteMessage) -> Option<IpNet> {
+    let family = route.header.address_family;
     let dst = route.attributes.iter().find_map(|a| match a {
-        RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
-        RouteAttribute::Destination(_) => None,
+        RouteAttribute::Destination(RouteAddress::Inet(ip)) if family == AddressFamily::Inet => {
+            Some(IpAddr::V4(*ip))
+        }
+        RouteAttribute::Destination(RouteAddress::Inet6(ip)) if family == AddressFamily::Inet6 => {
+            Some(IpAddr::V6(*ip))
+        }
         _ => None,
     });
     // The default route has no destination attribute.
-    let dst = match (dst, route.header.destination_prefix_length) {
-        (Some(ip), len) => (ip, len),
-        (None, 0) => (Ipv4Addr::UNSPECIFIED, 0),
-        (None, _) => return None,
+    let dst = match (dst, route.header.destination_prefix_length, family) {
+        (Some(ip), len, _) => (ip, len),
+        (None, 0, AddressFamily::Inet) => (IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+        (None, 0, AddressFamily::Inet6) => (IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+        (None, _, _) => return None,
     };
-    Ipv4Net::new(dst.0, dst.1).ok()
+    IpNet::new(dst.0, dst.1).ok()
 }
 
-fn is_main_unicast_v4(route: &RouteMessage) -> bool {
-    route.header.address_family == AddressFamily::Inet
+/// Whether a route is a unicast route of the main table (either family).
+fn is_main_unicast(route: &RouteMessage) -> bool {
+    matches!(route.header.address_family, AddressFamily::Inet | AddressFamily::Inet6)
         && route.header.kind == RouteType::Unicast
         && table_of(route) == u32::from(RouteHeader::RT_TABLE_MAIN)
 }
@@ -577,22 +736,58 @@ fn network_route(dst: Ipv4Net, index: u32) -> RouteMessage {
         .build()
 }
 
+/// The route [`Netlink::add_route6`] adds: to the IPv6 `dst` through the link `index`, no
+/// gateway, main table, with the path MTU `mtu` (`RTAX_MTU`). The MTU is the underlay's minus
+/// VXLAN's overhead over IPv6 (70 bytes, 20 more than over IPv4, the TUN device's MTU): the
+/// kernel then tells senders the path MTU itself (ICMPv6 Packet Too Big), as it does for
+/// flannel's `flannel-v6.<VNI>` device, whose own MTU is that.
+fn network_route6(dst: Ipv6Net, index: u32, mtu: u32) -> RouteMessage {
+    let mut route = RouteMessageBuilder::<Ipv6Addr>::new()
+        .destination_prefix(dst.network(), dst.prefix_len())
+        .output_interface(index)
+        .protocol(RouteProtocol::Boot)
+        .build();
+    route.attributes.push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+    route
+}
+
+/// The destinations of the main table's gatewayless unicast routes through the link `index`,
+/// both families.
+fn device_nets(routes: &[RouteMessage], index: u32) -> impl Iterator<Item = IpNet> + '_ {
+    routes
+        .iter()
+        .filter(|r| is_main_unicast(r) && !has_gateway(r))
+        .filter(move |r| r.attributes.contains(&RouteAttribute::Oif(index)))
+        .filter_map(destination_of)
+}
+
 /// The destinations of the main table's unicast IPv4 routes through the link `index` without a
 /// gateway: the routes weft adds for the Network.
 pub(crate) fn device_routes(routes: &[RouteMessage], index: u32) -> Vec<Ipv4Net> {
-    routes
-        .iter()
-        .filter(|r| is_main_unicast_v4(r) && !has_gateway(r))
-        .filter(|r| r.attributes.contains(&RouteAttribute::Oif(index)))
-        .filter_map(destination_of)
+    device_nets(routes, index)
+        .filter_map(|n| match n {
+            IpNet::V4(n) => Some(n),
+            IpNet::V6(_) => None,
+        })
         .collect()
 }
 
-/// The interface index of the main table's IPv4 default route of lowest metric.
+/// The same for IPv6: the route weft adds for the IPv6 network.
+pub(crate) fn device_routes6(routes: &[RouteMessage], index: u32) -> Vec<Ipv6Net> {
+    device_nets(routes, index)
+        .filter_map(|n| match n {
+            IpNet::V6(n) => Some(n),
+            IpNet::V4(_) => None,
+        })
+        .collect()
+}
+
+/// The interface index of the main table's default route of lowest metric in `routes` (a dump
+/// of one family).
 pub(crate) fn default_route_oif(routes: &[RouteMessage]) -> Option<u32> {
     routes
         .iter()
-        .filter(|r| is_main_unicast_v4(r) && r.header.destination_prefix_length == 0)
+        .filter(|r| is_main_unicast(r) && r.header.destination_prefix_length == 0)
         .filter_map(|r| {
             let metric = r.attributes.iter().find_map(|a| match a {
                 RouteAttribute::Priority(p) => Some(*p),
@@ -853,6 +1048,96 @@ mod tests {
         );
     }
 
+    fn route6(dst: Option<(&str, u8)>, attrs: Vec<RouteAttribute>) -> RouteMessage {
+        let mut r = RouteMessageBuilder::<Ipv6Addr>::new().build();
+        if let Some((ip, len)) = dst {
+            r.header.destination_prefix_length = len;
+            let ip: Ipv6Addr = ip.parse().unwrap();
+            r.attributes.push(RouteAttribute::Destination(RouteAddress::Inet6(ip)));
+        }
+        r.attributes.extend(attrs);
+        r
+    }
+
+    fn net6(s: &str) -> Ipv6Net {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ipv6_routes_through_the_device_and_the_ipv6_default_route_are_found() {
+        let gw = RouteAttribute::Gateway(RouteAddress::Inet6("fe80::1".parse().unwrap()));
+        let routes = [
+            route6(None, vec![RouteAttribute::Oif(ETH0), gw.clone(), RouteAttribute::Priority(9)]),
+            route6(Some(("2001:db8::", 64)), vec![RouteAttribute::Oif(ETH0)]),
+            route6(Some(("fd00:10:244::", 56)), vec![RouteAttribute::Oif(WEFT0)]),
+            route6(Some(("fd00:99::", 32)), vec![RouteAttribute::Oif(WEFT0), gw]),
+            // An IPv4 destination in an IPv6 message is not read as either.
+            route6(Some(("fe80::", 64)), vec![RouteAttribute::Oif(WEFT0)]),
+        ];
+        let mut odd = route6(None, vec![RouteAttribute::Oif(WEFT0)]);
+        odd.attributes
+            .push(RouteAttribute::Destination(RouteAddress::Inet(Ipv4Addr::new(10, 0, 0, 0))));
+        odd.header.destination_prefix_length = 8;
+        assert_eq!(
+            device_routes6(&routes, WEFT0),
+            vec![net6("fd00:10:244::/56"), net6("fe80::/64")]
+        );
+        assert_eq!(device_routes(&routes, WEFT0), vec![], "no IPv4 route among them");
+        assert_eq!(device_routes6(&[odd], WEFT0), vec![]);
+        assert_eq!(default_route_oif(&routes), Some(ETH0));
+        // What add_route6 sends is what the observation finds (else drift repair loops).
+        let added = network_route6(net6("fd00:10:244::/56"), WEFT0, 1430);
+        assert_eq!(
+            device_routes6(std::slice::from_ref(&added), WEFT0),
+            vec![net6("fd00:10:244::/56")]
+        );
+        assert!(added.attributes.contains(&RouteAttribute::Metrics(vec![RouteMetric::Mtu(1430)])));
+    }
+
+    #[test]
+    fn the_ipv6_underlay_addresses_are_the_global_usable_ones() {
+        let link = |index: u32, name: &str| {
+            let mut l = LinkMessage::default();
+            l.header.index = index;
+            l.attributes.push(LinkAttribute::IfName(name.into()));
+            l
+        };
+        let address = |index: u32, ip: &str, scope: AddressScope, flags: AddressHeaderFlags| {
+            let mut a = AddressMessage::default();
+            a.header.family = AddressFamily::Inet6;
+            a.header.index = index;
+            a.header.prefix_len = 64;
+            a.header.scope = scope;
+            a.header.flags = flags;
+            a.attributes.push(AddressAttribute::Address(IpAddr::V6(ip.parse().unwrap())));
+            a
+        };
+        let none = AddressHeaderFlags::empty();
+        let links = [link(1, "lo"), link(ETH0, "eth0")];
+        let addresses = [
+            address(1, "::1", AddressScope::Host, none),
+            address(ETH0, "fe80::2", AddressScope::Link, none),
+            // A kernel that calls a link-local address global is not believed.
+            address(ETH0, "fe80::3", AddressScope::Universe, none),
+            address(ETH0, "2001:db8::7", AddressScope::Universe, AddressHeaderFlags::Tentative),
+            address(ETH0, "2001:db8::8", AddressScope::Universe, AddressHeaderFlags::Dadfailed),
+            address(ETH0, "2001:db8::2", AddressScope::Universe, AddressHeaderFlags::Permanent),
+            address(ETH0, "2001:db8::9", AddressScope::Universe, none),
+            address(77, "2001:db8::77", AddressScope::Universe, none),
+        ];
+        let ip = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        assert_eq!(
+            named_ipv6_addresses(&links, &addresses),
+            vec![("eth0".to_string(), ip("2001:db8::2")), ("eth0".to_string(), ip("2001:db8::9"))]
+        );
+        assert_eq!(ipv6_addresses(&addresses, 1), vec![net6("::1/64")]);
+        // An IPv4 message is never read as an IPv6 address, nor the other way round.
+        let mut v4 = address(ETH0, "2001:db8::5", AddressScope::Universe, none);
+        v4.header.family = AddressFamily::Inet;
+        assert_eq!(named_ipv6_addresses(&links, &[v4.clone()]), vec![]);
+        assert_eq!(ipv4_addresses(&[v4], ETH0), vec![]);
+    }
+
     #[test]
     fn every_interfaces_addresses_are_listed_as_getifaddrs_lists_them() {
         let nl = Netlink::open().unwrap();
@@ -881,18 +1166,26 @@ mod tests {
     #[test]
     fn the_link_state_is_read_back_without_privilege() {
         let nl = Netlink::open().unwrap();
-        let lo = nl.observe_link("lo").unwrap();
+        let lo = nl.observe_link("lo", true).unwrap();
         assert_eq!(lo.mtu, mtu_of("lo").unwrap());
         assert_eq!(nl.mtu("lo").unwrap(), Some(lo.mtu));
         if lo.up {
             let loopback: Ipv4Net = "127.0.0.1/8".parse().unwrap();
             assert!(lo.addresses.contains(&loopback), "{lo:?}");
+            // ::1 unless this namespace has IPv6 off.
+            let v6_off = std::fs::read_to_string("/proc/sys/net/ipv6/conf/lo/disable_ipv6")
+                .map_or(true, |v| v.trim() == "1");
+            let loopback6: Ipv6Net = "::1/128".parse().unwrap();
+            assert!(v6_off || lo.addresses6.contains(&loopback6), "{lo:?}");
+            assert!(lo.addresses6.iter().all(|a| a.addr().is_loopback()), "{lo:?}");
         }
-        let missing = nl.observe_link("weftnosuch0").unwrap_err();
+        let v4_only = nl.observe_link("lo", false).unwrap();
+        assert!(v4_only.addresses6.is_empty() && v4_only.routes6.is_empty(), "{v4_only:?}");
+        let missing = nl.observe_link("weftnosuch0", false).unwrap_err();
         let NetlinkError::Request { op, ref name, .. } = missing else { panic!("{missing}") };
         assert_eq!((op, name.as_str()), ("RTM_GETLINK", "weftnosuch0"));
         assert_eq!(missing.raw_os_error(), Some(libc::ENODEV));
-        assert!(matches!(nl.observe_link(""), Err(NetlinkError::BadName(_))));
+        assert!(matches!(nl.observe_link("", true), Err(NetlinkError::BadName(_))));
     }
 
     #[test]

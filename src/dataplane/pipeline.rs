@@ -368,6 +368,11 @@ impl OwnSubnet6 {
     pub fn is_set(&self) -> bool {
         self.0.load().is_some()
     }
+
+    /// The subnet (the control plane's read; the packet path uses [`OwnSubnet6::contains`]).
+    pub(crate) fn get(&self) -> Option<Ipv6Subnet> {
+        self.0.load().as_deref().copied()
+    }
 }
 
 /// The IPv6 half of the forwarding configuration, on a dual-stack vxlan network.

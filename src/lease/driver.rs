@@ -28,7 +28,7 @@ use super::hooks::{HookConfig, HookKind, HookRun, HookRunner};
 use super::keeper::{
     AcquireKind, Action, ActionResult, Keeper, KeeperEvent, LossReason, Readiness,
 };
-use super::record::{NodeId, Revision, Subnet};
+use super::record::{LeaseName, NodeId, Revision, Subnet};
 use super::store::{Store, WatchEvent, WatchStream};
 use super::subnet_env::{self, SubnetEnv, SubnetEnv6};
 use crate::config::NetworkConfig;
@@ -111,7 +111,7 @@ pub struct LeaseDriver {
     clock: Arc<dyn Clock>,
     health: Arc<Health>,
     cfg: DriverConfig,
-    subnet_tx: watch::Sender<Option<Subnet>>,
+    subnet_tx: watch::Sender<Option<LeaseName>>,
     own_watch: Option<(Subnet, WatchStream)>,
     watch_retry_at: Instant,
     hooks: HookRunner,
@@ -133,7 +133,7 @@ impl LeaseDriver {
         clock: Arc<dyn Clock>,
         health: Arc<Health>,
         cfg: DriverConfig,
-        subnet_tx: watch::Sender<Option<Subnet>>,
+        subnet_tx: watch::Sender<Option<LeaseName>>,
     ) -> Self {
         let now = clock.now();
         let hooks = HookRunner::start(
@@ -316,7 +316,7 @@ impl LeaseDriver {
                     }
                 }
                 self.write_subnet_env(subnet);
-                self.subnet_tx.send_replace(Some(subnet));
+                self.subnet_tx.send_replace(Some(LeaseName { subnet, ipv6: self.keeper.ipv6() }));
             }
             KeeperEvent::SubnetChanged { old, new } => {
                 Counters::inc(&c.subnet_changes);
@@ -337,7 +337,7 @@ impl LeaseDriver {
                 Counters::inc(&c.recoveries);
                 info!(%subnet, "recovered: the lease had vanished and was reclaimed; same subnet");
                 self.write_subnet_env(subnet);
-                self.subnet_tx.send_replace(Some(subnet));
+                self.subnet_tx.send_replace(Some(LeaseName { subnet, ipv6: self.keeper.ipv6() }));
             }
             KeeperEvent::Lost { subnet, reason, holder, holder_node } => {
                 Counters::inc(&c.losses);
@@ -379,7 +379,7 @@ impl LeaseDriver {
                     other_ip = other_ip.map(|i| i.to_string()).unwrap_or_default(),
                     "IDENTITY CLASH: {reason}"
                 );
-                let old = self.subnet_tx.borrow().to_owned();
+                let old = self.subnet_tx.borrow().map(|l| l.subnet);
                 self.hooks.run(HookRun {
                     kind: HookKind::LeaseLost,
                     old,

@@ -41,7 +41,7 @@ use tracing::{debug, info, warn};
 use super::Routes;
 use super::set::RouteSet;
 use crate::config::NetworkConfig;
-use crate::lease::record::Subnet;
+use crate::lease::record::LeaseName;
 use crate::lease::store::{Store, StoreError, WatchStream};
 use crate::metrics;
 
@@ -184,12 +184,12 @@ pub async fn run(
     store: Arc<dyn Store>,
     routes: Arc<Routes>,
     network: NetworkConfig,
-    mut own: watch::Receiver<Option<Subnet>>,
+    mut own: watch::Receiver<Option<LeaseName>>,
     stats: Arc<RouteStats>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut set = RouteSet::new(network.network, network.subnet_len);
-    set.set_own(*own.borrow_and_update());
+    set.set_own(own.borrow_and_update().map(|l| l.subnet));
     let mut own_open = true;
     let mut stream: Option<WatchStream> = None;
     let mut listed_once = false;
@@ -266,7 +266,7 @@ pub async fn run(
             }
             r = own.changed(), if own_open => match r {
                 Ok(()) => {
-                    let subnet = *own.borrow_and_update();
+                    let subnet = own.borrow_and_update().map(|l| l.subnet);
                     if set.set_own(subnet) {
                         publish(&routes, &set, &stats);
                     }
@@ -356,6 +356,7 @@ mod tests {
     use super::*;
     use crate::dataplane::wire::ethernet::MacAddr;
     use crate::lease::memory::{MemoryClient, MemoryStore};
+    use crate::lease::record::Subnet;
     use crate::lease::record::{Incarnation, LeaseAttrs, LeaseName, NodeId, Revision, StoredLease};
     use crate::lease::store::{
         BadEntry, CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord,
@@ -400,7 +401,7 @@ mod tests {
         store: MemoryStore,
         routes: Arc<Routes>,
         stats: Arc<RouteStats>,
-        own: watch::Sender<Option<Subnet>>,
+        own: watch::Sender<Option<LeaseName>>,
         shutdown: watch::Sender<bool>,
         task: JoinHandle<()>,
     }
@@ -705,15 +706,15 @@ mod tests {
         h.join(1, "10.244.1.0/24").await;
         h.join(2, "10.244.2.0/24").await;
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
-        h.own.send_replace(Some(subnet("10.244.1.0/24")));
+        h.own.send_replace(Some(LeaseName::v4(subnet("10.244.1.0/24"))));
         h.expect(PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;
-        h.own.send_replace(Some(subnet("10.244.2.0/24")));
+        h.own.send_replace(Some(LeaseName::v4(subnet("10.244.2.0/24"))));
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
         h.own.send_replace(None);
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
         // Also during an outage.
         h.store.set_down(true);
-        h.own.send_replace(Some(subnet("10.244.2.0/24")));
+        h.own.send_replace(Some(LeaseName::v4(subnet("10.244.2.0/24"))));
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
         h.stop().await;
     }
@@ -721,7 +722,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn own_subnet_set_before_start_is_never_published() {
         let h = Harness::start();
-        h.own.send_replace(Some(subnet("10.244.1.0/24")));
+        h.own.send_replace(Some(LeaseName::v4(subnet("10.244.1.0/24"))));
         h.join(1, "10.244.1.0/24").await;
         h.join(2, "10.244.2.0/24").await;
         h.expect(PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;

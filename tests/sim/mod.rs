@@ -433,7 +433,7 @@ impl World {
                 let incarnation = Incarnation::parse(&format!("inc-{}-{:04}", h.name, h.runs))
                     .expect("a valid incarnation");
                 let cfg = KeeperConfig {
-                    attrs: lease_attrs(&network, h.public_ip, h.mac),
+                    attrs: lease_attrs(&network, h.public_ip, None, h.mac),
                     node: h.node.clone(),
                     incarnation,
                     ttl,
@@ -1111,7 +1111,7 @@ struct FlannelCtx<'a> {
 
 /// flanneld's value: `LeaseAttrs` without weft's fields.
 fn flannel_attrs(network: &NetworkConfig, h: &Host) -> LeaseAttrs {
-    lease_attrs(network, h.public_ip, h.mac)
+    lease_attrs(network, h.public_ip, None, h.mac)
 }
 
 /// flannel's `updateSubnet`: a fresh lease and an unconditional put (no compare).

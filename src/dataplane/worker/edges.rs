@@ -52,6 +52,11 @@ pub trait UdpIo: Send {
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+    /// A second descriptor to wait on, for a socket made of two (the IPv6 socket of a
+    /// [`super::FamilySockets`]).
+    fn second_poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 impl UdpIo for udp::BatchSocket {

@@ -44,12 +44,14 @@ use crate::route::Routes;
 use crate::time::Clock;
 
 mod edges;
+mod family;
 mod plan;
 mod rx;
 mod tx;
 mod wait;
 
 pub use edges::{TunIo, UdpIo};
+pub use family::FamilySockets;
 pub use rx::RxPath;
 pub use tx::TxPath;
 pub use wait::{Idle, StopSignal};
@@ -190,7 +192,8 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
         if cfg.one_thread {
             let thread = name.to_owned();
             let counters = counters.thread(&thread);
-            let mut idle = Idle::new(&[tun.poll_fd(), rx.poll_fd()], &stop, cfg.wake)?;
+            let fds = [tun.poll_fd(), rx.poll_fd()];
+            let mut idle = Idle::new(&with_second(&fds, &rx), &stop, cfg.wake)?;
             let t = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
                 let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
                 supervise(&thread, &states, policy, &*clock, stop.flag(), || {
@@ -220,7 +223,7 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
         };
         let thread = format!("{name}-rx");
         let counters = counters.thread(&thread);
-        let mut idle = Idle::new(&[rx.poll_fd()], &stop, cfg.wake)?;
+        let mut idle = Idle::new(&with_second(&[rx.poll_fd()], &rx), &stop, cfg.wake)?;
         let rx = std::thread::Builder::new().name(thread.clone()).spawn(move || {
             let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
             supervise(&thread, &states, policy, &*clock, stop.flag(), || {
@@ -229,6 +232,14 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
         })?;
         Ok(vec![tx, rx])
     }
+}
+
+/// `fds` and the socket's second descriptor, if it has one (an IPv6 socket beside the IPv4 one).
+fn with_second<U: UdpIo>(
+    fds: &[Option<std::os::fd::RawFd>],
+    sock: &U,
+) -> Vec<Option<std::os::fd::RawFd>> {
+    fds.iter().copied().chain(sock.second_poll_fd().map(Some)).collect()
 }
 
 #[cfg(test)]
