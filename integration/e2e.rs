@@ -14,9 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use support::kernel_flannel::KernelFlannelPeer;
 use support::netns::{
-    Iperf3Server, Lab, Pod, assert_tun_configured, finish_ping, first_reply, in_netns, iperf3_bps,
-    ns_output, ns_run, ns_spawn_nobody, ping_lossy, ping_ok, run, set_tx_checksum, spawn_ping,
+    HUB_IPV6, Iperf3Server, Lab, Pod, assert_tun_configured, finish_ping, first_reply, host_ipv6,
+    in_netns, iperf3_bps, ns_output, ns_run, ns_spawn_nobody, ping_lossy, ping_ok, run, spawn_ping,
 };
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
@@ -163,6 +164,16 @@ fn udp_dual_stack_network_leases_both_halves_and_carries_ipv4() {
         assert!(halves.insert(half.to_owned()), "two hosts with {half}");
         assert!(w.log().contains("the udp backend carries IPv4 only"), "{}", w.log_tail(20));
     }
+    // The pods are dual-stack all the same, as flannel's CNI plugin makes them: an IPv6 address
+    // from their host's FLANNEL_IPV6_SUBNET.
+    for (w, p) in wefts.iter().zip(&pods) {
+        let half: ipnet::Ipv6Net = w.subnet6().expect("FLANNEL_IPV6_SUBNET").parse().expect("v6");
+        let ip6 = p.ip6.unwrap_or_else(|| panic!("pod {} has no IPv6 address", p.ns));
+        assert!(half.contains(&ip6), "pod {} has {ip6}, outside its host's {half}", p.ns);
+    }
+    // The lab's IPv6 underlay: hosts reach each other and the hub over 2001:db8::/64.
+    ping_ok(&lab.host(1), host_ipv6(2), 2);
+    ping_ok(&lab.host(3), HUB_IPV6, 1);
     // `weft lease list` shows each half beside its subnet.
     let list = lab.admin(&["lease", "list"]);
     assert!(list.starts_with("SUBNET             IPV6-SUBNET"), "{list}");
@@ -266,68 +277,15 @@ fn restarted_host_keeps_its_subnet_and_traffic_resumes() {
 fn kernel_vxlan_peer_set_up_like_flannel_interoperates_both_ways() {
     let lab = Lab::new(VXLAN);
     let (wefts, pods) = lab.up(&[1, 2], &[]);
-    let h9 = lab.host(9);
-    let ip9 = |args: &[&str]| {
-        let mut all = vec!["ip", "-n", h9.as_str()];
-        all.extend_from_slice(args);
-        run(&all)
-    };
-    ip9(&[
-        "link",
-        "add",
-        "flannel.1",
-        "type",
-        "vxlan",
-        "id",
-        "1",
-        "local",
-        "192.0.2.9",
-        "dev",
-        "eth0",
-        "dstport",
-        "8472",
-        "nolearning",
-    ]);
-    ip9(&["link", "set", "flannel.1", "mtu", "1450"]);
-    // Finish inner checksums on the kernel host's "wire", as a physical NIC would (see
-    // `set_tx_checksum`): without it, TCP from the kernel peer reaches weft with partial sums.
-    set_tx_checksum(&h9, "eth0", false);
-    ip9(&["addr", "add", "10.244.200.0/32", "dev", "flannel.1"]);
-    ip9(&["link", "set", "flannel.1", "up"]);
-    let link: serde_json::Value =
-        serde_json::from_str(&ip9(&["-j", "link", "show", "flannel.1"])).expect("ip -j");
-    let mac9 = link[0]["address"].as_str().expect("flannel.1 MAC").to_owned();
-    // The kernel host's lease, in flannel's format, as a reservation (no etcd lease).
-    let value = format!(
-        r#"{{"PublicIP":"192.0.2.9","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{mac9}"}}}}"#
-    );
-    lab.etcdctl(&["put", "/coreos.com/network/subnets/10.244.200.0-24", &value]);
+    // flannel.1 over 192.0.2.9, addressed 10.244.200.0/32, its lease a reservation in etcd.
+    let k9 = KernelFlannelPeer::new(&lab, 9, "10.244.200.0/24", None);
     // Program the kernel host for each weft host, as flannel's handleSubnetEvents does.
     for w in &wefts {
-        let s = w.subnet().expect("subnet");
-        let lease = lab.lease_value(&s).expect("weft lease");
-        let mac = lease["BackendData"]["VtepMAC"].as_str().expect("VtepMAC").to_owned();
-        let public = lease["PublicIP"].as_str().expect("PublicIP").to_owned();
-        assert_eq!(public, format!("192.0.2.{}", w.n));
-        let s0 = s.split('/').next().expect("subnet address").to_owned();
-        ip9(&["neigh", "replace", &s0, "lladdr", &mac, "dev", "flannel.1", "nud", "permanent"]);
-        run(&[
-            "bridge",
-            "-n",
-            &h9,
-            "fdb",
-            "append",
-            &mac,
-            "dev",
-            "flannel.1",
-            "dst",
-            &public,
-            "self",
-            "permanent",
-        ]);
-        ip9(&["route", "replace", &s, "via", &s0, "dev", "flannel.1", "onlink"]);
+        let lease = lab.vxlan_lease(&w.subnet().expect("subnet"));
+        assert_eq!(lease.public_ip, Ipv4Addr::new(192, 0, 2, w.n));
+        k9.program(&lease);
     }
-    let pod9 = lab.pod_with(9, "10.244.200.1/24", 1450);
+    let pod9 = k9.pod(&lab, 1450);
     for w in &wefts {
         w.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 2.0);
     }

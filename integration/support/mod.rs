@@ -7,6 +7,8 @@
 //! - [`weft`]: real `weft run` processes in the root namespace (`--dataplane none`); its flags
 //!   ([`weft::RunArgs`]) are also those of [`netns`]'s hosts, plus what a TUN host adds.
 //! - [`netns`]: hosts in network namespaces with the TUN data plane, pods, a hub with etcd.
+//! - [`kernel_flannel`]: a [`netns`] host set up and programmed as flannel's kernel vxlan
+//!   backend does (IPv4 and IPv6), for interop tests.
 //! - [`process`]: every child dies with its test (`PR_SET_PDEATHSIG`).
 //!
 //! Which suites need what is in Cargo.toml's features: `etcd` (the etcd suites) and `netns`
@@ -14,6 +16,7 @@
 #![allow(dead_code)]
 
 pub mod etcd;
+pub mod kernel_flannel;
 pub mod netns;
 pub mod process;
 pub mod weft;

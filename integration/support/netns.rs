@@ -2,10 +2,17 @@
 //! running real `weft run` processes with a TUN data plane, and pods behind each host.
 //!
 //! ```text
-//!   <p>hub  bridge br0 192.0.2.254/24, etcd on 192.0.2.254:2379
-//!   <p>hN   a host: eth0 192.0.2.N/24 (veth to the hub's bridge), default route via .254
+//!   <p>hub  bridge br0 192.0.2.254/24 and 2001:db8::fe/64, etcd on 192.0.2.254:2379
+//!   <p>hN   a host: eth0 192.0.2.N/24 and 2001:db8::N/64 (veth to the hub's bridge),
+//!           default routes via 192.0.2.254 and 2001:db8::fe
 //!   <p>pN   a pod behind bridge cni0 in <p>hN, attached by the CNI bridge plugin from subnet.env
+//!           (an IPv4 address, and an IPv6 one when subnet.env has FLANNEL_IPV6_SUBNET)
 //! ```
+//!
+//! The IPv6 underlay: host N's address is `2001:db8::N` with N as the last 16-bit group, so it
+//! is written in hex ([`host_ipv6`]: host 10 is `2001:db8::a`, the hub's 254 is `::fe`). Both
+//! ends are added `nodad`, usable at once. Overlay addresses come from 10.244.0.0/16 and, on
+//! dual-stack networks, [`IPV6_NETWORK`] (fd00::/8).
 //!
 //! Contract:
 //! - Needs root and the tools in [`REQUIRED_TOOLS`]; [`Lab::new`] panics loudly when either is
@@ -23,7 +30,7 @@
 //!   `WEFT_E2E_KEEP_LOGS=1` to keep it after passing tests too.
 
 use std::fs::File;
-use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -32,6 +39,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::etcd::{etcd_binary, member_args};
+use super::kernel_flannel::VxlanLease;
 use super::process::{Daemon, die_with_parent};
 use super::weft::{RunArgs, http_get};
 
@@ -44,6 +52,11 @@ pub const ETCD: &str = "http://192.0.2.254:2379";
 /// and nothing answers until their neighbour entry expires (15–45 s): a host whose weft
 /// started while the next host was being wired could not reach etcd (CI, stop 16).
 pub const HUB_MAC: &str = "02:00:c0:00:02:fe";
+/// The hub bridge's IPv6 address on the underlay (`2001:db8::fe`, 254 in hex as in 192.0.2.254).
+pub const HUB_IPV6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0xfe);
+/// The overlay's IPv6 network in the lab's dual-stack configs (and in the `subnet.env` that
+/// [`Lab::pod_with_ipv6`] writes for a host without weft).
+pub const IPV6_NETWORK: &str = "fd00:10:244::/56";
 /// The key prefix (flannel's default).
 pub const PREFIX: &str = "/coreos.com/network";
 /// weft's health port inside each host namespace (every host has its own loopback).
@@ -55,6 +68,11 @@ pub const REQUIRED_TOOLS: &[&str] = &[
     "ip", "bridge", "ping", "iperf3", "etcd", "etcdctl", "setpriv", "unshare", "mknod", "sh",
     "python3",
 ];
+
+/// Host `n`'s IPv6 underlay address: `2001:db8::N`, N the last 16-bit group (so `{n:x}`).
+pub fn host_ipv6(n: u8) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(n))
+}
 
 /// Panics unless the test runs as root with every tool in [`REQUIRED_TOOLS`].
 pub fn require_root_and_tools() {
@@ -220,17 +238,25 @@ impl PingResult {
     }
 }
 
-/// `ping -c COUNT -i INTERVAL -W 1 DST` from namespace `ns`, to completion.
-pub fn ping_lossy(ns: &str, dst: Ipv4Addr, count: u32, interval: f64) -> PingResult {
+/// `-4` or `-6`: the family flag of ping and iperf3 for `dst`.
+fn family_flag(dst: IpAddr) -> &'static str {
+    if dst.is_ipv6() { "-6" } else { "-4" }
+}
+
+/// `ping -4|-6 -c COUNT -i INTERVAL -W 1 DST` from namespace `ns`, to completion. `dst` is an
+/// [`Ipv4Addr`], an [`Ipv6Addr`] or an [`IpAddr`]; the family flag follows it.
+pub fn ping_lossy(ns: &str, dst: impl Into<IpAddr>, count: u32, interval: f64) -> PingResult {
+    let dst = dst.into();
     let (c, i, d) = (count.to_string(), format!("{interval}"), dst.to_string());
-    let out = ns_output(ns, &["ping", "-n", "-c", &c, "-i", &i, "-W", "1", &d]);
+    let out = ns_output(ns, &["ping", family_flag(dst), "-n", "-c", &c, "-i", &i, "-W", "1", &d]);
     let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&out.stderr));
     PingResult::parse(text)
 }
 
-/// `ping -c COUNT -i 0.2 -W 1`; panics unless every reply came back.
-pub fn ping_ok(ns: &str, dst: Ipv4Addr, count: u32) -> PingResult {
+/// `ping -4|-6 -c COUNT -i 0.2 -W 1`; panics unless every reply came back.
+pub fn ping_ok(ns: &str, dst: impl Into<IpAddr>, count: u32) -> PingResult {
+    let dst = dst.into();
     let r = ping_lossy(ns, dst, count, 0.2);
     assert!(
         r.transmitted == count && r.received == count,
@@ -243,9 +269,10 @@ pub fn ping_ok(ns: &str, dst: Ipv4Addr, count: u32) -> PingResult {
 }
 
 /// Starts a ping in the background; finish it with [`finish_ping`].
-pub fn spawn_ping(ns: &str, dst: Ipv4Addr, count: u32, interval: f64) -> Child {
+pub fn spawn_ping(ns: &str, dst: impl Into<IpAddr>, count: u32, interval: f64) -> Child {
+    let dst = dst.into();
     let (c, i, d) = (count.to_string(), format!("{interval}"), dst.to_string());
-    ns_spawn(ns, &["ping", "-n", "-c", &c, "-i", &i, "-W", "1", &d])
+    ns_spawn(ns, &["ping", family_flag(dst), "-n", "-c", &c, "-i", &i, "-W", "1", &d])
 }
 
 /// Waits for a background ping and parses its summary.
@@ -278,15 +305,18 @@ impl Drop for Iperf3Server {
 }
 
 /// Runs an iperf3 TCP test for `secs` from `client_ns` to `server_ip` (an iperf3 server must
-/// be started there, see [`Iperf3Server`]); returns the receiver's bits per second.
-pub fn iperf3_bps(client_ns: &str, server_ip: Ipv4Addr, secs: u32) -> f64 {
+/// be started there, see [`Iperf3Server`]; it listens on both families); returns the
+/// receiver's bits per second. An IPv6 `server_ip` runs `iperf3 -6`.
+pub fn iperf3_bps(client_ns: &str, server_ip: impl Into<IpAddr>, secs: u32) -> f64 {
+    let server_ip = server_ip.into();
     let (ip, t) = (server_ip.to_string(), secs.to_string());
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let out = ns_output(
-            client_ns,
-            &["iperf3", "-c", &ip, "-t", &t, "-J", "--connect-timeout", "3000"],
-        );
+        let mut args = vec!["iperf3", "-c", &ip, "-t", &t, "-J", "--connect-timeout", "3000"];
+        if server_ip.is_ipv6() {
+            args.push("-6");
+        }
+        let out = ns_output(client_ns, &args);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
         if let Some(bps) = json["end"]["sum_received"]["bits_per_second"].as_f64() {
@@ -313,6 +343,9 @@ pub struct Pod {
     pub ns: String,
     /// Its address (from host-local: the subnet's `.2` for the first pod).
     pub ip: Ipv4Addr,
+    /// Its IPv6 address, when subnet.env had `FLANNEL_IPV6_SUBNET` (host-local's second range:
+    /// the subnet's `::2` for the first pod). Not tentative: usable at once.
+    pub ip6: Option<Ipv6Addr>,
 }
 
 /// The network lab. See the module docs.
@@ -352,6 +385,7 @@ impl Lab {
         run(&["ip", "-n", &hub, "link", "set", "lo", "up"]);
         run(&["ip", "-n", &hub, "link", "add", "br0", "address", HUB_MAC, "type", "bridge"]);
         run(&["ip", "-n", &hub, "addr", "add", "192.0.2.254/24", "dev", "br0"]);
+        run(&["ip", "-n", &hub, "addr", "add", &format!("{HUB_IPV6}/64"), "dev", "br0", "nodad"]);
         run(&["ip", "-n", &hub, "link", "set", "br0", "up"]);
         lab.start_etcd();
         let cfg = lab.dir().join("network.json");
@@ -449,7 +483,42 @@ impl Lab {
         self.etcd_get(&key).map(|v| serde_json::from_str(&v).expect("lease value is JSON"))
     }
 
-    /// Host `n` (created on first use): eth0 192.0.2.n/24 on the hub's bridge.
+    /// The etcd key and value of the lease whose IPv4 half is `subnet` (`10.244.3.0/24`),
+    /// whichever form its key has: IPv4-only (`…/subnets/10.244.3.0-24`) or dual-stack
+    /// (`…/subnets/10.244.3.0-24&fd00:10:244:3::-64`), found by listing the prefix. Panics if
+    /// there are both.
+    pub fn lease_entry(&self, subnet: &str) -> Option<(String, serde_json::Value)> {
+        let base = format!("{PREFIX}/subnets/{}", subnet.replace('/', "-"));
+        let out = self.etcdctl(&["get", "--prefix", &base]);
+        let lines: Vec<&str> = out.lines().collect();
+        let found: Vec<(String, serde_json::Value)> = lines
+            .chunks(2)
+            .filter(|kv| kv[0] == base || kv[0].starts_with(&format!("{base}&")))
+            .map(|kv| {
+                let v = kv.get(1).copied().unwrap_or("");
+                let json = serde_json::from_str(v)
+                    .unwrap_or_else(|e| panic!("lease {} is not JSON ({e}): {v:?}", kv[0]));
+                (kv[0].to_owned(), json)
+            })
+            .collect();
+        assert!(found.len() <= 1, "two keys for the subnet {subnet}:\n{out}");
+        found.into_iter().next()
+    }
+
+    /// The lease whose IPv4 half is `subnet`, parsed as a vxlan lease ([`VxlanLease`]); panics
+    /// when there is none.
+    pub fn vxlan_lease(&self, subnet: &str) -> VxlanLease {
+        let (key, value) = self.lease_entry(subnet).unwrap_or_else(|| {
+            panic!(
+                "no lease for {subnet} in etcd; subnets:\n{}",
+                self.etcdctl(&["get", "--prefix", &format!("{PREFIX}/subnets/")])
+            )
+        });
+        VxlanLease::from_etcd(&key, &value)
+    }
+
+    /// Host `n` (created on first use): eth0 192.0.2.n/24 and [`host_ipv6`]`(n)`/64 on the hub's
+    /// bridge.
     pub fn host(&self, n: u8) -> String {
         let host = self.ns(&format!("h{n}"));
         if self.has_ns(&host) {
@@ -466,6 +535,9 @@ impl Lab {
         run(&["ip", "-n", &host, "addr", "add", &format!("192.0.2.{n}/24"), "dev", "eth0"]);
         run(&["ip", "-n", &host, "link", "set", "eth0", "up"]);
         run(&["ip", "-n", &host, "route", "add", "default", "via", "192.0.2.254"]);
+        let ip6 = format!("{}/64", host_ipv6(n));
+        run(&["ip", "-n", &host, "addr", "add", &ip6, "dev", "eth0", "nodad"]);
+        run(&["ip", "-n", &host, "-6", "route", "add", "default", "via", &HUB_IPV6.to_string()]);
         host
     }
 
@@ -548,7 +620,7 @@ impl Lab {
         self.add_ns(&pod);
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lib/cni.sh");
         let ipam = self.dir().join(format!("h{n}-cni"));
-        let ip = run(&[
+        let out = run(&[
             "bash",
             "-c",
             "set -e; source \"$0\"; cni_pod_up \"$@\"",
@@ -558,23 +630,45 @@ impl Lab {
             &subnet_env.to_string_lossy(),
             &ipam.to_string_lossy(),
         ]);
-        let ip = ip.trim().parse().unwrap_or_else(|e| panic!("pod address {ip:?} from CNI: {e}"));
-        Pod { ns: pod, ip }
+        // The IPv4 address, then the IPv6 one on a line of its own when the pod has one.
+        let mut lines = out.lines();
+        let ip = lines.next().unwrap_or("");
+        let ip =
+            ip.parse().unwrap_or_else(|e| panic!("pod address {ip:?} from CNI ({out:?}): {e}"));
+        let ip6 = lines.next().map(|l| {
+            l.parse().unwrap_or_else(|e| panic!("pod IPv6 address {l:?} from CNI ({out:?}): {e}"))
+        });
+        let env = std::fs::read_to_string(subnet_env).unwrap_or_default();
+        assert_eq!(
+            ip6.is_some(),
+            env.contains("FLANNEL_IPV6_SUBNET="),
+            "pod {pod}: IPv6 address {ip6:?} vs its subnet.env:\n{env}"
+        );
+        Pod { ns: pod, ip, ip6 }
     }
 
     /// A pod behind host `n` whose bridge takes the address `cni` (`10.244.200.1/24`), for a
     /// host that runs no weft (the kernel VXLAN peer): a `subnet.env` saying so is written for
     /// it, and the pod attached from that by [`Lab::pod`].
     pub fn pod_with(&self, n: u8, cni: &str, mtu: u32) -> Pod {
+        self.pod_with_env(n, &format!("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET={cni}\n"), mtu)
+    }
+
+    /// [`Lab::pod_with`] on a dual-stack network: the bridge also takes `cni6`
+    /// (`fd00:10:244:c8::1/64`), and the pod an address from it, as flannel writes the IPv6
+    /// pair into `subnet.env` (`FLANNEL_IPV6_NETWORK` is [`IPV6_NETWORK`]).
+    pub fn pod_with_ipv6(&self, n: u8, cni: &str, cni6: &str, mtu: u32) -> Pod {
+        let env = format!(
+            "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET={cni}\n\
+             FLANNEL_IPV6_NETWORK={IPV6_NETWORK}\nFLANNEL_IPV6_SUBNET={cni6}\n"
+        );
+        self.pod_with_env(n, &env, mtu)
+    }
+
+    fn pod_with_env(&self, n: u8, subnets: &str, mtu: u32) -> Pod {
         let env = self.dir().join(format!("h{n}-subnet.env"));
-        std::fs::write(
-            &env,
-            format!(
-                "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET={cni}\nFLANNEL_MTU={mtu}\n\
-                 FLANNEL_IPMASQ=false\n"
-            ),
-        )
-        .expect("write the pod's subnet.env");
+        let text = format!("{subnets}FLANNEL_MTU={mtu}\nFLANNEL_IPMASQ=false\n");
+        std::fs::write(&env, text).expect("write the pod's subnet.env");
         self.pod(n, &env)
     }
 
@@ -850,6 +944,16 @@ impl Weft {
         Some(format!("{}/{len}", Ipv4Addr::from(u32::from(ip) - 1)))
     }
 
+    /// The IPv6 subnet (`fd00:10:244:3::/64`) from subnet.env's `FLANNEL_IPV6_SUBNET`, if
+    /// written.
+    pub fn subnet6(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.subnet_file()).ok()?;
+        let line = text.lines().find_map(|l| l.strip_prefix("FLANNEL_IPV6_SUBNET="))?;
+        let (ip, len) = line.split_once('/')?;
+        let ip: Ipv6Addr = ip.parse().ok()?;
+        Some(format!("{}/{len}", Ipv6Addr::from(u128::from(ip) - 1)))
+    }
+
     /// Whether `/readyz` answers 200 and subnet.env names a subnet.
     pub fn ready(&self) -> bool {
         self.get("/readyz").0 == 200 && self.subnet().is_some()
@@ -943,11 +1047,12 @@ impl Drop for Weft {
 pub const READY_WITHIN: Duration = Duration::from_secs(20);
 
 /// Pings until the first reply (one echo at a time, 200 ms wait each); the time it took.
-pub fn first_reply(ns: &str, dst: Ipv4Addr, within: Duration) -> Option<Duration> {
+pub fn first_reply(ns: &str, dst: impl Into<IpAddr>, within: Duration) -> Option<Duration> {
+    let dst = dst.into();
     let t0 = Instant::now();
     let d = dst.to_string();
     while t0.elapsed() < within {
-        let out = ns_output(ns, &["ping", "-n", "-c", "1", "-W", "0.2", &d]);
+        let out = ns_output(ns, &["ping", family_flag(dst), "-n", "-c", "1", "-W", "0.2", &d]);
         if out.status.success() {
             return Some(t0.elapsed());
         }

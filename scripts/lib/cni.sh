@@ -10,7 +10,10 @@
 #   ipMasq      the opposite of FLANNEL_IPMASQ: when the daemon does not masquerade traffic
 #               leaving the cluster, the bridge plugin does (iptables, in the host's namespace)
 #   mtu         FLANNEL_MTU
-#   ipam        host-local, one range: FLANNEL_SUBNET's network; one route: FLANNEL_NETWORK
+#   ipam        host-local, one range per subnet present: FLANNEL_SUBNET's network, then
+#               FLANNEL_IPV6_SUBNET's; one route per network present: FLANNEL_NETWORK, then
+#               FLANNEL_IPV6_NETWORK (getDelegateIPAM). A dual-stack pod gets one address of
+#               each family, and the bridge cni0 each subnet's first address.
 # One addition of ours: host-local's dataDir, so that address allocations are kept in the
 # caller's work directory, not in the machine's /var/lib/cni.
 
@@ -25,7 +28,15 @@ for line in open(sys.argv[1]):
     key, sep, value = line.strip().partition("=")
     if sep:
         env[key] = value
-subnet = ipaddress.ip_interface(env["FLANNEL_SUBNET"]).network
+ranges, routes = [], []
+for sub in ("FLANNEL_SUBNET", "FLANNEL_IPV6_SUBNET"):
+    if env.get(sub):
+        ranges.append([{"subnet": str(ipaddress.ip_interface(env[sub]).network)}])
+for net in ("FLANNEL_NETWORK", "FLANNEL_IPV6_NETWORK"):
+    if env.get(net):
+        routes.append({"dst": env[net]})
+if not ranges:
+    sys.exit(f"{sys.argv[1]}: neither FLANNEL_SUBNET nor FLANNEL_IPV6_SUBNET")
 print(json.dumps({
     "cniVersion": "0.3.1",
     "name": "cbr0",
@@ -37,16 +48,19 @@ print(json.dumps({
     "ipam": {
         "type": "host-local",
         "dataDir": sys.argv[2],
-        "ranges": [[{"subnet": str(subnet)}]],
-        "routes": [{"dst": env["FLANNEL_NETWORK"]}],
+        "ranges": ranges,
+        "routes": routes,
     },
 }))
 PY
 }
 
 # cni_pod_up PREFIX N SUBNET_ENV DATA_DIR: a pod namespace <p>pN (made if missing) attached to
-# host <p>hN by the bridge plugin; prints the pod's IPv4 address. Fails, printing the plugin's
-# error, if the plugin does.
+# host <p>hN by the bridge plugin; prints the pod's IPv4 address, and, only when the pod has
+# one (subnet.env has FLANNEL_IPV6_SUBNET), its IPv6 address on a second line: on an
+# IPv4-only network `$(cni_pod_up ...)` is the IPv4 address alone, as before. Returns once no
+# IPv6 address of the pod or of cni0 is tentative (DAD), so the pod can be reached at once.
+# Fails, printing the plugin's error, if the plugin does.
 cni_pod_up() {
     local host="${1}h${2}" pod="${1}p${2}" env="$3" data="$4" conf result
     [ -e "/run/netns/$pod" ] || ip netns add "$pod"
@@ -60,5 +74,37 @@ cni_pod_up() {
         echo "config: $conf" >&2
         return 1
     fi
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["ips"][0]["address"].split("/")[0])' <<<"$result"
+    local ips
+    ips=$(python3 -c '
+import ipaddress, json, sys
+addrs = [ipaddress.ip_interface(ip["address"]).ip for ip in json.load(sys.stdin)["ips"]]
+v4 = [a for a in addrs if a.version == 4]
+v6 = [a for a in addrs if a.version == 6]
+print(v4[0] if v4 else "")
+if v6:
+    print(v6[0])' <<<"$result") || return 1
+    if [ "$(wc -l <<<"$ips")" -gt 1 ]; then
+        cni_wait_dad "$pod" "" || return 1
+        cni_wait_dad "$host" cni0 || return 1
+    fi
+    echo "$ips"
+}
+
+# cni_wait_dad NS [DEV]: waits (up to 5 s) until no IPv6 address in namespace NS (on DEV, if
+# given) is tentative; fails, listing them, if one stays tentative or DAD failed.
+cni_wait_dad() {
+    local ns="$1" dev=() left
+    [ -n "$2" ] && dev=(dev "$2")
+    for _ in $(seq 100); do
+        left=$(ip -n "$ns" -6 addr show "${dev[@]}" dadfailed)
+        if [ -n "$left" ]; then
+            echo "IPv6 duplicate address detection failed in $ns: $left" >&2
+            return 1
+        fi
+        left=$(ip -n "$ns" -6 addr show "${dev[@]}" tentative)
+        [ -z "$left" ] && return 0
+        sleep 0.05
+    done
+    echo "IPv6 addresses still tentative in $ns after 5 s: $left" >&2
+    return 1
 }

@@ -1,0 +1,270 @@
+//! A kernel flannel node in the [`netns`](super::netns) lab: a host that runs no weft, whose
+//! VXLAN devices, neighbours, FDB entries and routes are set up exactly as flannel's vxlan
+//! backend sets them up (flannel-io/flannel, `pkg/backend/vxlan`: `vxlan.go` RegisterNetwork,
+//! `device.go`, `vxlan_network.go` handleSubnetEvents). The one home of that recipe for every
+//! interop test, IPv4-only or dual-stack.
+//!
+//! - [`KernelFlannelPeer::new`]: `flannel.1` (VNI 1, port 8472, `nolearning`) over host N's
+//!   192.0.2.N, addressed `<subnet base>/32`; with an IPv6 subnet also `flannel-v6.1` over
+//!   `2001:db8::N` (the lab's [`host_ipv6`]), addressed `<v6 subnet base>/128`, `accept_ra` 0.
+//!   Each device has its own random MAC, published in `BackendData` and `BackendV6Data`. Its
+//!   lease goes into etcd as a reservation (no etcd lease, so no TTL) under flannel's key.
+//! - [`KernelFlannelPeer::program`]: what handleSubnetEvents does on `EventAdded` for another
+//!   node's [`VxlanLease`], per half: a permanent neighbour `<base> lladdr <VtepMAC>`, an FDB
+//!   entry `<VtepMAC> dst <public address> self permanent` (flannel's NeighSet: replace), and
+//!   the route `<subnet> via <base> onlink`, all on the half's device. No route for the whole
+//!   network: flannel adds none.
+//! - [`KernelFlannelPeer::pod`]: a pod behind it (bridge at the subnets' `.1` / `::1`), from a
+//!   `subnet.env` as flannel would write it ([`Lab::pod_with_ipv6`]).
+//!
+//! The kernel host's eth0 has transmit checksum offload off ([`set_tx_checksum`]): see there.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use ipnet::{Ipv4Net, Ipv6Net};
+
+use super::netns::{Lab, PREFIX, Pod, host_ipv6, run, set_tx_checksum};
+
+/// The VNI flannel uses by default, and the lab's.
+pub const VNI: u32 = 1;
+/// The VXLAN port flannel's kernel devices use (Linux's default, 8472), and weft's.
+pub const VXLAN_PORT: &str = "8472";
+
+/// One node's vxlan lease as flannel's vxlan backend reads it: the IPv4 half always, the IPv6
+/// half when the key names one and the value carries `PublicIPv6` and `BackendV6Data`.
+#[derive(Clone, Debug)]
+pub struct VxlanLease {
+    /// `10.244.1.0/24`.
+    pub subnet: Ipv4Net,
+    /// `PublicIP`.
+    pub public_ip: Ipv4Addr,
+    /// `BackendData.VtepMAC`.
+    pub vtep_mac: String,
+    /// The IPv6 half.
+    pub v6: Option<VxlanLeaseV6>,
+}
+
+/// The IPv6 half of a [`VxlanLease`].
+#[derive(Clone, Debug)]
+pub struct VxlanLeaseV6 {
+    /// `fd00:10:244:1::/64`, from the key.
+    pub subnet: Ipv6Net,
+    /// `PublicIPv6`.
+    pub public_ip: Ipv6Addr,
+    /// `BackendV6Data.VtepMAC`.
+    pub vtep_mac: String,
+}
+
+impl VxlanLease {
+    /// Parses a lease: its key (`<prefix>/subnets/10.244.1.0-24`, or with
+    /// `&fd00:10:244:1::-64`) and its value (flannel's JSON). Panics, quoting both, on a lease
+    /// flannel's vxlan backend would not program: another backend, no IPv4 VtepMAC, or a key
+    /// with an IPv6 half whose value lacks `PublicIPv6` or `BackendV6Data.VtepMAC`.
+    pub fn from_etcd(key: &str, value: &serde_json::Value) -> Self {
+        let ctx = || format!("lease {key} = {value}");
+        let name = key.rsplit('/').next().unwrap_or(key);
+        let (v4, v6) = match name.split_once('&') {
+            Some((a, b)) => (a, Some(b)),
+            None => (name, None),
+        };
+        let net = |half: &str| half.replacen('-', "/", 1);
+        let subnet: Ipv4Net = net(v4).parse().unwrap_or_else(|e| panic!("{e}: {}", ctx()));
+        assert_eq!(value["BackendType"], "vxlan", "not a vxlan lease: {}", ctx());
+        let text = |v: &serde_json::Value, what: &str| -> String {
+            v.as_str().unwrap_or_else(|| panic!("no {what} in {}", ctx())).to_owned()
+        };
+        let public_ip = text(&value["PublicIP"], "PublicIP")
+            .parse()
+            .unwrap_or_else(|e| panic!("PublicIP: {e}: {}", ctx()));
+        let vtep_mac = text(&value["BackendData"]["VtepMAC"], "BackendData.VtepMAC");
+        let v6 = v6.map(|half| {
+            let subnet: Ipv6Net = net(half).parse().unwrap_or_else(|e| panic!("{e}: {}", ctx()));
+            let public_ip = text(&value["PublicIPv6"], "PublicIPv6 (the key has an IPv6 half)")
+                .parse()
+                .unwrap_or_else(|e| panic!("PublicIPv6: {e}: {}", ctx()));
+            let vtep_mac = text(
+                &value["BackendV6Data"]["VtepMAC"],
+                "BackendV6Data.VtepMAC (the key has an IPv6 half)",
+            );
+            VxlanLeaseV6 { subnet, public_ip, vtep_mac }
+        });
+        Self { subnet, public_ip, vtep_mac, v6 }
+    }
+
+    /// flannel's key for this lease: `<prefix>/subnets/<v4>-<len>[&<v6>-<len>]`.
+    pub fn key(&self) -> String {
+        let mut key =
+            format!("{PREFIX}/subnets/{}-{}", self.subnet.addr(), self.subnet.prefix_len());
+        if let Some(v6) = &self.v6 {
+            key.push_str(&format!("&{}-{}", v6.subnet.addr(), v6.subnet.prefix_len()));
+        }
+        key
+    }
+
+    /// flannel's value for this lease (vxlan.go newSubnetAttrs).
+    pub fn value(&self) -> String {
+        let mut v = serde_json::json!({
+            "PublicIP": self.public_ip.to_string(),
+            "PublicIPv6": null,
+            "BackendType": "vxlan",
+            "BackendData": {"VNI": VNI, "VtepMAC": self.vtep_mac},
+        });
+        if let Some(v6) = &self.v6 {
+            v["PublicIPv6"] = v6.public_ip.to_string().into();
+            v["BackendV6Data"] = serde_json::json!({"VNI": VNI, "VtepMAC": v6.vtep_mac});
+        }
+        v.to_string()
+    }
+}
+
+/// A host running flannel's vxlan data plane in the kernel; see the module docs.
+pub struct KernelFlannelPeer {
+    /// The host number (192.0.2.N, 2001:db8::N).
+    pub n: u8,
+    /// The host namespace.
+    pub ns: String,
+    /// Its own lease, as written to etcd.
+    pub lease: VxlanLease,
+}
+
+impl KernelFlannelPeer {
+    /// Host `n` of `lab` as a kernel flannel node holding `subnet` (`10.244.200.0/24`) and, on a
+    /// dual-stack network, `subnet6` (`fd00:10:244:c8::/64`); its lease is put into etcd.
+    pub fn new(lab: &Lab, n: u8, subnet: &str, subnet6: Option<&str>) -> Self {
+        let ns = lab.host(n);
+        let subnet: Ipv4Net = subnet.parse().expect("IPv4 subnet");
+        let public_ip = Ipv4Addr::new(192, 0, 2, n);
+        // Finish inner checksums on the kernel host's "wire", as a physical NIC would (see
+        // `set_tx_checksum`): without it, TCP from the kernel peer reaches weft with partial sums.
+        set_tx_checksum(&ns, "eth0", false);
+        let vtep_mac = add_vxlan_device(&ns, "flannel.1", &public_ip.to_string());
+        ip(&ns, &["link", "set", "flannel.1", "mtu", "1450"]);
+        ip(&ns, &["addr", "add", &format!("{}/32", subnet.addr()), "dev", "flannel.1"]);
+        ip(&ns, &["link", "set", "flannel.1", "up"]);
+        let v6 = subnet6.map(|s6| {
+            let s6: Ipv6Net = s6.parse().expect("IPv6 subnet");
+            let public_ip = host_ipv6(n);
+            let dev = "flannel-v6.1";
+            let vtep_mac = add_vxlan_device(&ns, dev, &public_ip.to_string());
+            // device.go newVXLANDevice: no router advertisements on the VTEP. Its MTU is the
+            // kernel's default for an IPv6 underlay (eth0's less 70), as flannel leaves it.
+            run(&[
+                "ip",
+                "netns",
+                "exec",
+                &ns,
+                "sh",
+                "-c",
+                "echo 0 > /proc/sys/net/ipv6/conf/$0/accept_ra",
+                dev,
+            ]);
+            // ConfigureIPv6: `<v6 base>/128`, not tentative (DAD has nothing to find here).
+            let addr = format!("{}/128", s6.addr());
+            ip(&ns, &["-6", "addr", "add", &addr, "dev", dev, "nodad"]);
+            ip(&ns, &["link", "set", dev, "up"]);
+            VxlanLeaseV6 { subnet: s6, public_ip, vtep_mac }
+        });
+        let lease = VxlanLease { subnet, public_ip, vtep_mac, v6 };
+        // A reservation, as an operator writes one: no etcd lease attached.
+        lab.etcdctl(&["put", &lease.key(), &lease.value()]);
+        Self { n, ns, lease }
+    }
+
+    /// Programs the route to another node holding `peer`, as flannel's handleSubnetEvents does
+    /// on `EventAdded` (no DirectRouting): the IPv4 half on `flannel.1`, and the IPv6 half on
+    /// `flannel-v6.1` when both this node and `peer` have one.
+    pub fn program(&self, peer: &VxlanLease) {
+        self.program_half(
+            "flannel.1",
+            &peer.subnet.to_string(),
+            &peer.subnet.addr().to_string(),
+            &peer.vtep_mac,
+            &peer.public_ip.to_string(),
+        );
+        if let (Some(_), Some(p6)) = (&self.lease.v6, &peer.v6) {
+            self.program_half(
+                "flannel-v6.1",
+                &p6.subnet.to_string(),
+                &p6.subnet.addr().to_string(),
+                &p6.vtep_mac,
+                &p6.public_ip.to_string(),
+            );
+        }
+    }
+
+    fn program_half(&self, dev: &str, subnet: &str, base: &str, mac: &str, public: &str) {
+        let ns = self.ns.as_str();
+        // AddARP / AddV6ARP: the peer's VTEP address resolves to its VTEP MAC, permanently.
+        ip(ns, &["neigh", "replace", base, "lladdr", mac, "dev", dev, "nud", "permanent"]);
+        // AddFDB / AddV6FDB: frames to that MAC go to the peer's public address.
+        run(&[
+            "bridge",
+            "-n",
+            ns,
+            "fdb",
+            "replace",
+            mac,
+            "dev",
+            dev,
+            "dst",
+            public,
+            "self",
+            "permanent",
+        ]);
+        // Last, as flannel does: the route, via the peer's VTEP address on the device.
+        ip(ns, &["route", "replace", subnet, "via", base, "dev", dev, "onlink"]);
+    }
+
+    /// A pod behind this host: its bridge at the subnet's `.1` (and `::1` on dual stack), the
+    /// pod's MTU `mtu` (FLANNEL_MTU).
+    pub fn pod(&self, lab: &Lab, mtu: u32) -> Pod {
+        let cni = format!("{}/{}", first_host(self.lease.subnet), self.lease.subnet.prefix_len());
+        match &self.lease.v6 {
+            None => lab.pod_with(self.n, &cni, mtu),
+            Some(v6) => {
+                let first = Ipv6Addr::from(u128::from(v6.subnet.addr()) + 1);
+                let cni6 = format!("{first}/{}", v6.subnet.prefix_len());
+                lab.pod_with_ipv6(self.n, &cni, &cni6, mtu)
+            }
+        }
+    }
+}
+
+fn first_host(net: Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(net.addr()) + 1)
+}
+
+/// `ip -n NS ARGS...`; must succeed.
+fn ip(ns: &str, args: &[&str]) -> String {
+    let mut all = vec!["ip", "-n", ns];
+    all.extend_from_slice(args);
+    run(&all)
+}
+
+/// A VXLAN device as flannel's newVXLANDevice makes one (VNI 1, `local` the underlay address,
+/// on eth0, port 8472, no learning); returns its MAC.
+fn add_vxlan_device(ns: &str, dev: &str, local: &str) -> String {
+    let vni = VNI.to_string();
+    ip(
+        ns,
+        &[
+            "link",
+            "add",
+            dev,
+            "type",
+            "vxlan",
+            "id",
+            &vni,
+            "local",
+            local,
+            "dev",
+            "eth0",
+            "dstport",
+            VXLAN_PORT,
+            "nolearning",
+        ],
+    );
+    let link: serde_json::Value =
+        serde_json::from_str(&ip(ns, &["-j", "link", "show", dev])).expect("ip -j link");
+    link[0]["address"].as_str().unwrap_or_else(|| panic!("no MAC on {dev}: {link}")).to_owned()
+}
