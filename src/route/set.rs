@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ipnet::Ipv4Net;
 
-use super::table::{Peer, RouteTable};
+use super::table::{Peer, Peer6, RouteTable};
 use crate::lease::keys;
 use crate::lease::record::{HistoryState, Revision, StoredLease, Subnet};
 use crate::lease::store::{BadEntry, Listing, WatchBatch, WatchEvent};
@@ -68,6 +68,9 @@ pub struct RouteSet {
     /// Keys under `subnets/` that are skipped, by key, with why: rebuilt by every listing,
     /// added to by watch events (and removed by a delete of a key that parses).
     ignored: BTreeMap<String, String>,
+    /// Routed leases whose IPv6 half cannot be carried (why, by key): they are routed over
+    /// IPv4 only. Rebuilt by every listing, kept up by watch events.
+    ipv4_only: BTreeMap<String, String>,
 }
 
 impl RouteSet {
@@ -83,6 +86,7 @@ impl RouteSet {
             needs_relist: false,
             bad_entries: 0,
             ignored: BTreeMap::new(),
+            ipv4_only: BTreeMap::new(),
         }
     }
 
@@ -119,9 +123,11 @@ impl RouteSet {
         let mut next: BTreeMap<Subnet, Entry> = BTreeMap::new();
         let mut unreadable: BTreeSet<Subnet> = BTreeSet::new();
         self.ignored.clear();
+        self.ipv4_only.clear();
         for lease in &listing.leases {
             match self.route_of(lease) {
                 Ok(peer) => {
+                    self.note_half(lease);
                     next.insert(lease.subnet, Entry { peer, mod_revision: lease.mod_revision });
                 }
                 Err(Skip::Foreign(why)) => self.ignore(lease_key(lease.subnet), why),
@@ -216,16 +222,19 @@ impl RouteSet {
                 match self.route_of(lease) {
                     Ok(peer) => {
                         self.ignored.remove(&lease_key(lease.subnet));
+                        self.note_half(lease);
                         let entry = Entry { peer, mod_revision: lease.mod_revision };
                         let old = self.entries.insert(lease.subnet, entry);
                         self.is_visible(lease.subnet)
                             && old.map(|e| e.peer).as_ref() != self.peer(lease.subnet)
                     }
                     Err(Skip::Foreign(why)) => {
+                        self.ipv4_only.remove(&lease_key(lease.subnet));
                         self.ignore(lease_key(lease.subnet), why);
                         false
                     }
                     Err(Skip::Unroutable(why)) => {
+                        self.ipv4_only.remove(&lease_key(lease.subnet));
                         self.ignore(lease_key(lease.subnet), why);
                         self.mark_stale(lease.subnet)
                     }
@@ -233,6 +242,7 @@ impl RouteSet {
             }
             WatchEvent::Delete { subnet, revision } => {
                 self.ignored.remove(&lease_key(*subnet));
+                self.ipv4_only.remove(&lease_key(*subnet));
                 if self.covered(*revision)
                     || self.entries.get(subnet).is_none_or(|e| e.mod_revision >= *revision)
                 {
@@ -263,6 +273,19 @@ impl RouteSet {
             .check_lease_of(self.network, self.subnet_len)
             .map_err(|e| Skip::Foreign(e.to_string()))?;
         Peer::from_lease(lease).map_err(|e| Skip::Unroutable(format!("cannot route to it: {e}")))
+    }
+
+    /// Records whether a routed lease's IPv6 half can be carried ([`Peer6::from_lease`]).
+    fn note_half(&mut self, lease: &StoredLease) {
+        let key = lease_key(lease.subnet);
+        match (lease.ipv6, Peer6::from_lease(lease)) {
+            (Some(half), Err(e)) => {
+                self.ipv4_only.insert(key, format!("its IPv6 half {half} cannot be routed: {e}"));
+            }
+            _ => {
+                self.ipv4_only.remove(&key);
+            }
+        }
     }
 
     fn ignore(&mut self, key: String, why: String) {
@@ -345,6 +368,12 @@ impl RouteSet {
     /// and the watch events since.
     pub fn ignored(&self) -> &BTreeMap<String, String> {
         &self.ignored
+    }
+
+    /// The routed leases whose IPv6 half cannot be carried, by key, with why (on a dual-stack
+    /// vxlan network, for a warning and a gauge: a peer reached over IPv4 only).
+    pub fn ipv4_only(&self) -> &BTreeMap<String, String> {
+        &self.ipv4_only
     }
 
     /// The route the set holds for `subnet`, including the own subnet's (which
@@ -911,5 +940,71 @@ mod tests {
         assert_eq!(routes(&s), [r("10.244.1.0/24", 1, false)]);
         s.apply_batch(&delete("10.244.3.0/25", 12));
         assert!(!s.ignored().contains_key("subnets/10.244.3.0-25"));
+    }
+
+    /// A dual-stack lease (`host`'s half `fd00:10:244:<host>::/64`) with `v6_json` added to
+    /// its vxlan value.
+    fn dual(s: &str, host: u8, rev: i64, v6_json: &str) -> StoredLease {
+        let json = format!(
+            r#"{{"PublicIP":"192.0.2.{host}","BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"02:00:00:00:00:{host:02x}"}}{v6_json}}}"#
+        );
+        StoredLease {
+            ipv6: Some(format!("fd00:10:244:{host}::/64").parse().unwrap()),
+            attrs: LeaseAttrs::from_json(json.as_bytes()).unwrap(),
+            ..lease(s, host, rev)
+        }
+    }
+
+    #[test]
+    fn peers_whose_ipv6_half_cannot_be_carried_are_routed_over_ipv4_and_listed() {
+        let carried = r#","PublicIPv6":"2001:db8::1","BackendV6Data":{"VNI":1,"VtepMAC":"02:00:00:00:00:01"}"#;
+        let mut s = set();
+        s.apply_listing(&listing(
+            10,
+            vec![
+                dual("10.244.1.0/24", 1, 3, carried),
+                // flannel's udp-style value: no PublicIPv6.
+                dual("10.244.2.0/24", 2, 4, r#","PublicIPv6":null"#),
+                // IPv4-only lease: nothing to say.
+                lease("10.244.3.0/24", 3, 5),
+            ],
+            vec![],
+        ));
+        assert_eq!(
+            routes(&s),
+            [
+                r("10.244.1.0/24", 1, false),
+                r("10.244.2.0/24", 2, false),
+                r("10.244.3.0/24", 3, false)
+            ]
+        );
+        let listed: Vec<(&str, &str)> =
+            s.ipv4_only().iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(
+            listed,
+            [(
+                "subnets/10.244.2.0-24",
+                "its IPv6 half fd00:10:244:2::/64 cannot be routed: PublicIPv6 is not a unicast address"
+            )]
+        );
+        let t = s.table();
+        assert!(t.lookup6("fd00:10:244:1::9".parse().unwrap()).is_some());
+        assert!(t.lookup6("fd00:10:244:2::9".parse().unwrap()).is_none());
+        // The peer fixes its value: off the list; it breaks it again: back; it leaves: off.
+        let put_dual = |v6: &str, rev| WatchBatch {
+            revision: Revision(rev),
+            events: vec![WatchEvent::Put(dual("10.244.2.0/24", 2, rev, v6))],
+        };
+        let fixed = r#","PublicIPv6":"2001:db8::2","BackendV6Data":{"VNI":1,"VtepMAC":"02:00:00:00:00:02"}"#;
+        s.apply_batch(&put_dual(fixed, 11));
+        assert!(s.ipv4_only().is_empty(), "{:?}", s.ipv4_only());
+        s.apply_batch(&put_dual(r#","PublicIPv6":"2001:db8::2""#, 12));
+        assert!(s.ipv4_only()["subnets/10.244.2.0-24"].contains("BackendV6Data"));
+        s.apply_batch(&delete("10.244.2.0/24", 13));
+        assert!(s.ipv4_only().is_empty());
+        // A listing starts the list afresh.
+        s.apply_batch(&put_dual(r#","PublicIPv6":null"#, 14));
+        s.apply_listing(&listing(20, vec![dual("10.244.1.0/24", 1, 3, carried)], vec![]));
+        assert!(s.ipv4_only().is_empty());
     }
 }

@@ -40,7 +40,7 @@ use tracing::{debug, info, warn};
 
 use super::Routes;
 use super::set::RouteSet;
-use crate::config::NetworkConfig;
+use crate::config::{BackendKind, NetworkConfig};
 use crate::lease::record::LeaseName;
 use crate::lease::store::{Store, StoreError, WatchStream};
 use crate::metrics;
@@ -77,12 +77,15 @@ pub struct RouteStats {
     /// Keys under `subnets/` currently ignored: not a lease of this network, or unreadable
     /// (gauge).
     pub(crate) ignored_keys: AtomicU64,
+    /// On a dual-stack vxlan network, peers routed over IPv4 only because their lease's IPv6
+    /// half cannot be carried (gauge).
+    pub(crate) ipv4_only_peers: AtomicU64,
 }
 
 impl Collector for RouteStats {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> std::fmt::Result {
         let load = |v: &AtomicU64| v.load(Ordering::Relaxed);
-        let gauges: [(&str, &str, &AtomicU64); 3] = [
+        let gauges: [(&str, &str, &AtomicU64); 4] = [
             ("weft_routes", "Routes to peers in the published table.", &self.routes),
             (
                 "weft_routes_stale",
@@ -93,6 +96,12 @@ impl Collector for RouteStats {
                 "weft_route_ignored_keys",
                 "Keys under subnets/ ignored: not a lease of this network, or unreadable.",
                 &self.ignored_keys,
+            ),
+            (
+                "weft_route_ipv4_only_peers",
+                "Peers on a dual-stack vxlan network routed over IPv4 only: their lease's IPv6 \
+                 half cannot be carried.",
+                &self.ipv4_only_peers,
             ),
         ];
         for (name, help, v) in gauges {
@@ -133,14 +142,38 @@ fn publish(routes: &Routes, set: &RouteSet, stats: &RouteStats) {
     routes.store(table);
 }
 
+/// What the watcher has warned about, so that each key is warned about once while it lasts.
+#[derive(Debug, Default)]
+struct Warned {
+    /// Keys ignored.
+    ignored: BTreeSet<String>,
+    /// Peers routed over IPv4 only.
+    ipv4_only: BTreeSet<String>,
+}
+
 /// Counts what the set skipped since the last call, and warns once about each key it newly
-/// ignores (a key that comes back after being deleted is warned about again).
+/// ignores (a key that comes back after being deleted is warned about again). On a network
+/// that carries IPv6 (`carries_ipv6`: dual stack on vxlan) the same for each peer whose IPv6
+/// half cannot be carried: it is reached over IPv4 only. On the udp backend no peer's half is
+/// carried, as flannel's; that is said once at start, not per peer.
 fn note_skipped(
     set: &RouteSet,
     stats: &RouteStats,
     bad_seen: &mut u64,
-    warned: &mut BTreeSet<String>,
+    warned: &mut Warned,
+    carries_ipv6: bool,
 ) {
+    if carries_ipv6 {
+        let ipv4_only = set.ipv4_only();
+        stats.ipv4_only_peers.store(ipv4_only.len() as u64, Ordering::Relaxed);
+        warned.ipv4_only.retain(|k| ipv4_only.contains_key(k));
+        for (key, why) in ipv4_only {
+            if warned.ipv4_only.insert(key.clone()) {
+                warn!(%key, reason = %why, "a peer is reached over IPv4 only: its lease's IPv6 half cannot be carried");
+            }
+        }
+    }
+    let warned = &mut warned.ignored;
     let new_bad = set.bad_entries();
     stats.bad_entries.fetch_add(new_bad - *bad_seen, Ordering::Relaxed);
     *bad_seen = new_bad;
@@ -197,7 +230,8 @@ pub async fn run(
     let mut list_at: Option<Instant> = Some(Instant::now());
     let mut backoff = BACKOFF_MIN;
     let mut bad_seen = 0u64;
-    let mut warned = BTreeSet::new();
+    let mut warned = Warned::default();
+    let carries_ipv6 = network.ipv6.is_some() && network.backend.kind == BackendKind::Vxlan;
 
     let debounced = |last_list: Option<Instant>| {
         let now = Instant::now();
@@ -234,7 +268,7 @@ pub async fn run(
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
-            note_skipped(&set, &stats, &mut bad_seen, &mut warned);
+            note_skipped(&set, &stats, &mut bad_seen, &mut warned, carries_ipv6);
             if list_at.is_none() && stream.is_none() {
                 match store.watch(set.resume_revision(), None).await {
                     Ok(s) => {
@@ -302,7 +336,7 @@ pub async fn run(
             if changed {
                 publish(&routes, &set, &stats);
             }
-            note_skipped(&set, &stats, &mut bad_seen, &mut warned);
+            note_skipped(&set, &stats, &mut bad_seen, &mut warned, carries_ipv6);
             if set.needs_relist() && list_at.is_none() {
                 list_at = Some(debounced(last_list));
             }
@@ -602,7 +636,8 @@ mod tests {
     }
 
     /// The route metrics byte for byte as weft's hand-written renderer wrote them before
-    /// prometheus-client (`tests/golden/metrics_routes.prom` is its output for these values).
+    /// prometheus-client (`tests/golden/metrics_routes.prom` is its output for these values;
+    /// `weft_route_ipv4_only_peers` came after, in the same form).
     #[test]
     fn route_metrics_render_exactly_as_before() {
         let stats = Arc::new(RouteStats::default());
@@ -614,6 +649,7 @@ mod tests {
             &stats.bad_entries,
             &stats.relists,
             &stats.watch_errors,
+            &stats.ipv4_only_peers,
         ];
         for (v, n) in all.into_iter().zip(1..) {
             v.store(n, Ordering::Relaxed);
