@@ -14,7 +14,9 @@ mod support;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use support::netns::{Lab, assert_tun_configured, first_reply, ns_output, ping_ok, run};
+use support::netns::{
+    IPV6_NETWORK, Lab, assert_tun_configured, first_reply, ns_output, ping_ok, run,
+};
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
 /// weft0's MTU on a 1500-byte underlay with vxlan (50 bytes of encapsulation).
@@ -162,4 +164,71 @@ fn a_changed_mtu_is_set_back() {
     drift_is_repaired(&["link", "set", "weft0", "mtu", "1000"], &|_| {
         vec![("mtu", format!("weft0's MTU was 1000, not {TUN_MTU}: set it back to {TUN_MTU}"))]
     });
+}
+
+/// flannel's dual-stack vxlan network (docs/dual-stack.md).
+const DUAL_VXLAN: &str = r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}"#;
+
+/// The IPv6 half of weft0 drifts: its global addresses are flushed, then the IPv6 network's
+/// route is deleted. weft puts each back (`<v6 subnet>::/128`, the route with its path MTU),
+/// counts each under its own `what`, logs each once, and pod 1 reaches pod 2 over IPv6 again;
+/// the IPv4 half is never touched.
+#[test]
+fn the_ipv6_address_and_route_are_put_back_on_a_dual_stack_network() {
+    let lab = Lab::new(DUAL_VXLAN);
+    let (wefts, pods) = lab.up(&[1, 2], &NO_RESYNC);
+    let w1 = &wefts[0];
+    let host1 = lab.host(1);
+    let pod2_v6 = pods[1].ip6.expect("pod 2 has an IPv6 address");
+    ping_ok(&pods[0].ns, pod2_v6, 3);
+    let half = w1.subnet6().expect("host 1's IPv6 half");
+    let addr6 = format!("{}/128", half.split('/').next().expect("subnet address"));
+    let what6 = ["ipv6_address", "ipv6_route"];
+    for what in what6 {
+        assert_eq!(w1.metric(&repairs_metric(what)), Some(0.0), "{what} before the drift");
+    }
+    let drifts: [(&[&str], &str, String); 2] = [
+        (
+            &["-6", "addr", "flush", "dev", "weft0", "scope", "global"],
+            "ipv6_address",
+            format!("weft0 had lost its IPv6 address {addr6}: set {addr6}"),
+        ),
+        (
+            &["-6", "route", "del", IPV6_NETWORK, "dev", "weft0"],
+            "ipv6_route",
+            format!("the route for {IPV6_NETWORK} via weft0 was gone: added it back"),
+        ),
+    ];
+    for (drift, what, line) in &drifts {
+        let mut cmd = vec!["ip", "-n", host1.as_str()];
+        cmd.extend_from_slice(drift);
+        let drifted = Instant::now();
+        run(&cmd);
+        w1.wait_metric(&repairs_metric(what), REPAIRED_WITHIN, |v| v >= 1.0);
+        w1.wait_log(line, REPAIRED_WITHIN);
+        let resumed = first_reply(&pods[0].ns, pod2_v6, Duration::from_secs(10));
+        assert!(
+            resumed.is_some() && drifted.elapsed() < REPAIRED_WITHIN * 2,
+            "after `{}`, pod 1 did not reach pod 2 over IPv6 again ({:?})\n--- host 1 log ---\n{}",
+            drift.join(" "),
+            drifted.elapsed(),
+            w1.log_tail(30)
+        );
+    }
+    std::thread::sleep(SETTLE);
+    let shown = run(&["ip", "-n", &host1, "-6", "addr", "show", "dev", "weft0", "scope", "global"]);
+    assert!(shown.contains(&addr6), "weft0 lacks {addr6}:\n{shown}");
+    let route = run(&["ip", "-n", &host1, "-6", "route", "show", IPV6_NETWORK]);
+    assert!(route.contains("dev weft0") && route.contains("mtu 1430"), "{route}");
+    let log = w1.log();
+    for (_, what, line) in &drifts {
+        assert_eq!(w1.metric(&repairs_metric(what)), Some(1.0), "{what} repairs\n{log}");
+        assert_eq!(log.matches(line.as_str()).count(), 1, "{line:?} in host 1's log:\n{log}");
+    }
+    for what in KINDS {
+        assert_eq!(w1.metric(&repairs_metric(what)), Some(0.0), "{what}: the IPv4 half drifted?");
+    }
+    assert_tun_configured(&lab, w1, 50);
+    ping_ok(&pods[0].ns, pods[1].ip, 3);
+    ping_ok(&pods[1].ns, pods[0].ip6.expect("pod 1's IPv6 address"), 3);
 }

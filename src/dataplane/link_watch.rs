@@ -1,7 +1,8 @@
-//! Notice of changes to the kernel's links, IPv4 addresses and IPv4 routes, as they happen:
-//! a `NETLINK_ROUTE` socket bound to the `RTNLGRP_LINK`, `RTNLGRP_IPV4_IFADDR` and
-//! `RTNLGRP_IPV4_ROUTE` multicast groups (what `ip monitor link address route` listens to), over
-//! the `rtnetlink` crate.
+//! Notice of changes to the kernel's links, addresses and routes, as they happen: a
+//! `NETLINK_ROUTE` socket bound to the `RTNLGRP_LINK`, `RTNLGRP_IPV4_IFADDR` and
+//! `RTNLGRP_IPV4_ROUTE` multicast groups (what `ip monitor link address route` listens to), and
+//! for a link's own watch (the TUN device, which carries IPv6 on a dual-stack network) also
+//! `RTNLGRP_IPV6_IFADDR` and `RTNLGRP_IPV6_ROUTE`, over the `rtnetlink` crate.
 //!
 //! Contract:
 //! - A [`ChangeWatch`] runs its socket on a thread of its own (`weft-nl-watch`, a current-thread
@@ -39,6 +40,23 @@ pub(crate) enum Interest {
 }
 
 impl Interest {
+    /// The multicast groups to join: the underlay's address is IPv4 (`Any`); the TUN device's
+    /// state has an IPv6 half on a dual-stack network (`Link`).
+    fn groups(self) -> &'static [MulticastGroup] {
+        match self {
+            Interest::Link(_) => &[
+                MulticastGroup::Link,
+                MulticastGroup::Ipv4Ifaddr,
+                MulticastGroup::Ipv4Route,
+                MulticastGroup::Ipv6Ifaddr,
+                MulticastGroup::Ipv6Route,
+            ],
+            Interest::Any => {
+                &[MulticastGroup::Link, MulticastGroup::Ipv4Ifaddr, MulticastGroup::Ipv4Route]
+            }
+        }
+    }
+
     fn keeps(self, msg: &RouteNetlinkMessage) -> bool {
         match self {
             Interest::Link(index) => concerns_link(msg, index),
@@ -81,9 +99,8 @@ impl ChangeWatch {
     pub(crate) fn start(interest: Interest) -> Result<(Self, watch::Receiver<u64>), NetlinkError> {
         let (changes_tx, changes_rx) = watch::channel(0u64);
         let (thread, ()) = NetlinkThread::spawn("weft-nl-watch", move || {
-            let groups =
-                [MulticastGroup::Link, MulticastGroup::Ipv4Ifaddr, MulticastGroup::Ipv4Route];
-            let (connection, _handle, mut messages) = rtnetlink::new_multicast_connection(&groups)?;
+            let (connection, _handle, mut messages) =
+                rtnetlink::new_multicast_connection(interest.groups())?;
             let forward = async move {
                 while let Some((message, _)) = messages.next().await {
                     let changed = match &message.payload {
