@@ -236,6 +236,14 @@ fn vxlan_dual_stack_three_hosts_ping_both_families_and_carry_iperf3_over_ipv6() 
         assert_dual_stack_lease(&lab, w);
         assert_tun_configured_v6(&lab, w);
         assert_pod_in(pod, &w.subnet6().expect("FLANNEL_IPV6_SUBNET"));
+        // VXLAN over the IPv6 underlay: a UDP socket on the PublicIPv6, port 8472.
+        let want = format!("[{}]:8472", host_ipv6(w.n));
+        let sockets = run(&["ip", "netns", "exec", &w.ns, "ss", "-H", "-u", "-a", "-n"]);
+        assert!(
+            sockets.split_whitespace().any(|a| a == want),
+            "host {}: no UDP socket on {want}:\n{sockets}",
+            w.n
+        );
     }
     ping_all_pairs_both_families(&pods);
     iperf3_v6_both_ways(&pods[0], &pods[1], "weft host 1 <-> weft host 2");
