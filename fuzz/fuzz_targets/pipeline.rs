@@ -6,9 +6,10 @@
 //! the untouched packet, and goes to the peer the table names for the destination; a Reply is a
 //! valid ICMP error inside the reply buffer; a Deliver is an IPv4 packet inside the datagram of
 //! exactly its total length, from a source routed to the sender, to our subnet. With an own
-//! IPv6 subnet (`own6`), IPv6 packets go the IPv6 way: a Reply is then a valid ICMPv6 error,
-//! and datagrams come from IPv6 senders too (none of which the table routes: every one is
-//! dropped).
+//! IPv6 subnet (`own6`), IPv6 packets go the IPv6 way (peers may have IPv6 halves): a Send goes
+//! in VXLAN with EtherType IPv6 to the `PublicIPv6` and VTEP MAC of the half `lookup6` names, a
+//! Reply is a valid ICMPv6 error, and a datagram from an IPv6 sender is delivered only as an
+//! IPv6 packet of exactly its length, from a source in that sender's half, to our IPv6 subnet.
 #![no_main]
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -79,6 +80,23 @@ fuzz_target!(|data: &[u8]| {
         // Also a length that does not fit the buffer.
         let len = if input.extra >= 250 { buf.len() } else { packet.len() };
         match fwd.encap(&table, &mut buf, len, &mut reply, now) {
+            Tx::Send { peer, range, flow } if packet.first().is_some_and(|b| b >> 4 == 6) => {
+                assert!(range.end <= buf.len() && range.end == HEADROOM + len);
+                assert_eq!(&buf[HEADROOM..range.end], &packet[..], "encap changed the packet");
+                assert_eq!(fwd.backend, BackendKind::Vxlan, "IPv6 sent over the udp backend");
+                let ip = ipv6::Packet::new_checked(&packet[..]).expect("sent IPv6 packets check");
+                let dst = ip.dst_addr();
+                let own6 = &fwd.ipv6.own;
+                assert!(own6.is_set() && !own6.contains(dst), "sent within our own IPv6 subnet");
+                let (_, half) = table.lookup6(dst).expect("sent IPv6 without a route");
+                assert_eq!(peer, SocketAddrV6::new(half.public_ip, fwd.port, 0, 0).into());
+                assert_eq!(flow, weft::dataplane::wire::flow_hash(&packet));
+                let vx = vxlan::Packet::new_checked(&buf[range.clone()]).unwrap();
+                assert_eq!(vxlan::Repr::parse(&vx).map(|r| r.vni), Ok(fwd.vni));
+                let eth = ethernet::Frame::new_checked(vx.payload()).unwrap();
+                assert_eq!(eth.dst_addr(), half.vtep_mac);
+                assert_eq!(eth.ethertype(), ethernet::EtherType::IPV6);
+            }
             Tx::Send { peer, range, flow } => {
                 assert!(range.end <= buf.len() && range.end == HEADROOM + len);
                 assert_eq!(range.start, HEADROOM - fwd.headroom());
@@ -134,11 +152,16 @@ fuzz_target!(|data: &[u8]| {
         let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, *sender), 8472);
         let len = buf.len();
         if *from_v6 {
-            // The arbitrary peers have no IPv6 halves: no IPv6 sender is ever routed.
-            let from6 = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(*sender));
-            let from6 = SocketAddr::V6(SocketAddrV6::new(from6, 8472, 0, 0));
-            let rx = fwd.decap(&table, from6, &mut buf, len);
-            assert!(matches!(rx, Rx::Drop(_)), "delivered from an unrouted IPv6 sender: {rx:?}");
+            let ip6 = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(*sender));
+            let from6 = SocketAddr::V6(SocketAddrV6::new(ip6, 8472, 0, 0));
+            if let Rx::Deliver { range, .. } = fwd.decap(&table, from6, &mut buf, len) {
+                assert!(range.end <= len, "delivered past the datagram");
+                let ip = ipv6::Packet::new_checked(&buf[range.clone()]).expect("delivered checks");
+                assert_eq!(usize::from(ip.payload_len()) + ipv6::HEADER_LEN, range.len());
+                assert!(fwd.ipv6.own.contains(ip.dst_addr()), "delivered IPv6 not for us");
+                let (_, half) = table.lookup6(ip.src_addr()).expect("from an unrouted source");
+                assert_eq!(half.public_ip, ip6, "delivered a spoofed IPv6 source");
+            }
             continue;
         }
         buf.extend_from_slice(&[0xee; 3]);

@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use arbitrary::{Arbitrary, Result, Unstructured};
 use weft::dataplane::wire::{checksum, ip, ipv4, ipv6, tcp, udp};
 use weft::lease::record::Subnet;
-use weft::route::{Peer, PeerBackend, RouteTable};
+use weft::route::{Peer, Peer6, PeerBackend, RouteTable};
 
 /// A TCP or UDP packet over IPv4 or IPv6, every checksum valid unless `corrupt` says otherwise.
 #[derive(Arbitrary, Clone, Debug)]
@@ -163,6 +163,9 @@ pub struct ArbPeer {
     pub mac: Option<[u8; 6]>,
     pub vni: Option<u32>,
     pub stale: bool,
+    /// An IPv6 half `fd00:10:244:<n>::/(48 + len % 17)` behind `2001:db8::<public>`, with the
+    /// VTEP MAC `mac` (or 02:..:02): `(n, len)`.
+    pub ipv6: Option<(u16, u8)>,
 }
 
 /// A network (prefix 8..=30 mostly, any when `wide`) and its subnet length.
@@ -216,7 +219,17 @@ impl ArbNetwork {
             vni: p.vni,
             node: None,
             stale: p.stale,
-            ipv6: None,
+            ipv6: p.ipv6.map(|(n, len)| {
+                let len = 48 + len % 17;
+                let net = ipnet::Ipv6Net::new(Ipv6Addr::new(0xfd00, 0x10, 0x244, n, 0, 0, 0, 0), len)
+                    .unwrap()
+                    .trunc();
+                Peer6 {
+                    subnet: weft::lease::record::Ipv6Subnet::new(net).unwrap(),
+                    public_ip: Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(p.public)),
+                    vtep_mac: weft::dataplane::wire::ethernet::MacAddr(p.mac.unwrap_or([2; 6])),
+                }
+            }),
         }
     }
 
