@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# weft throughput benchmark: the same two namespace hosts, the same run, five data paths.
+# weft throughput benchmark: the same two namespace hosts, the same run, seven data paths
+# (five over IPv4, two over IPv6).
 #
-#   <p>h1 eth0 192.0.2.1 ==== veth (MTU 1500) ==== eth0 192.0.2.2 <p>h2
+#   <p>h1 eth0 192.0.2.1   ==== veth (MTU 1500) ==== eth0 192.0.2.2   <p>h2
+#              2001:db8::1/64                          2001:db8::2/64  (nodad)
 #        etcd on 192.0.2.1:2379 (for weft)
 #
 #   raw        iperf3 straight over the underlay veth
@@ -11,12 +13,27 @@
 #   weft-udp   weft run, flannel's udp backend
 #   weft-base  weft run, vxlan, one worker, no TUN offload, no UDP GSO/GRO, no batching:
 #              the flannel-udp-like baseline (one packet per syscall)
+#   kernel6    Linux VXLAN over the IPv6 underlay set up as flannel's dual-stack vxlan backend
+#              does (flannel-v6.1 over 2001:db8::N, nolearning, <v6 base>/128, permanent neigh +
+#              fdb entries, route via the peer's v6 base onlink; MTU the kernel's 1430), traffic
+#              between the hosts' overlay IPv6 addresses (fd00:10:244:1:: -> fd00:10:244:2::)
+#   weft-vxlan6 weft run on the dual-stack vxlan network (EnableIPv6, fd00:10:244::/56), all
+#              batching and offloads on as for weft-vxlan; IPv6 in VXLAN over the IPv6 underlay
+#              (PublicIPv6 2001:db8::N from --iface), traffic between the hosts' weft0 IPv6
+#              addresses (<v6 subnet base>, from subnet.env's FLANNEL_IPV6_SUBNET; route MTU 1430)
+#
+# The IPv6 rows (kernel6, weft-vxlan6) get their own tables, and their ratios are to kernel6
+# (kernel VXLAN over IPv6), not to the IPv4 kernel row. iperf3 and ping run with -6 for them.
+# sockperf over IPv6: only if this machine's sockperf takes an IPv6 address (checked at start;
+# sockperf 3.7, the version this was written with, refuses one: "Invalid address"); if not,
+# the IPv6 rows' sockperf cells read "n/a" (null in the JSON).
 #
 # For each: TCP 1 stream, TCP 4 streams, UDP 1400 B and 64 B packet rates (iperf3 -u -b 0), the
 # TCP 1-stream retransmits (a healthy path shows none: they betray drops or reordering), and the
 # latency figures below; each figure is the median of RUNS runs. Overlay traffic goes host to
-# host between the overlay addresses (10.244.1.0 -> 10.244.2.0), so every path carries the same
-# hops. Prints a throughput table and a latency table, each figure with its ratio to kernel VXLAN,
+# host between the overlay addresses (10.244.1.0 -> 10.244.2.0; fd00:10:244:1:: -> :2:: over
+# IPv6), so every path carries the same hops. Prints a throughput table and a latency table per
+# family, each figure with its ratio to kernel VXLAN of the same family (kernel, or kernel6),
 # and CPU seconds per GB forwarded (whole-machine busy time from /proc/stat during the TCP
 # 1-stream runs), and writes it all as JSON to bench-results.json (or $BENCH_JSON).
 #
@@ -39,8 +56,11 @@
 # Usage: scripts/bench.sh [--quick]      RUNS=3 DURATION=5 IDLE_PINGS=100 by default;
 #                                        --quick: RUNS=1 DURATION=2 IDLE_PINGS=40
 #   (DURATION is also each sockperf run's length, warm-up included)
-#   BENCH_PATHS="weft-vxlan"  only some paths (default: all five)
+#   BENCH_PATHS="weft-vxlan"  only some paths (default: all seven:
+#                             raw kernel weft-vxlan weft-udp weft-base kernel6 weft-vxlan6)
 #   WEFT_BIN=/path/to/weft    bench that binary (e.g. another commit's build) instead of building
+#   BENCH_LOGS=DIR            keep each weft run's log there as <path>-h<N>.log (the WORK dir,
+#                             where weft logs, is removed on exit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/netns.sh
@@ -54,7 +74,13 @@ SOCKPERF_LOW_MPS=${SOCKPERF_LOW_MPS:-100}
 SOCKPERF_UDP_PORT=11111
 SOCKPERF_TCP_PORT=11112
 OUT=${BENCH_JSON:-bench-results.json}
-PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-udp weft-base"}
+PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-udp weft-base kernel6 weft-vxlan6"}
+for path in $PATHS; do
+    case $path in
+        raw | kernel | weft-vxlan | weft-udp | weft-base | kernel6 | weft-vxlan6) ;;
+        *) echo "bench: unknown path $path in BENCH_PATHS (see the header of $0)" >&2; exit 1 ;;
+    esac
+done
 
 [ "$(id -u)" -eq 0 ] || { echo "bench: run as root (it creates network namespaces)" >&2; exit 1; }
 scripts/setup.sh >/dev/null
@@ -93,6 +119,9 @@ for h in "$H1" "$H2"; do ip -n "$h" link set lo up; done
 ip -n "$H1" link add eth0 mtu 1500 type veth peer name eth0 mtu 1500 netns "$H2"
 ip -n "$H1" addr add 192.0.2.1/24 dev eth0; ip -n "$H1" link set eth0 up
 ip -n "$H2" addr add 192.0.2.2/24 dev eth0; ip -n "$H2" link set eth0 up
+# The IPv6 underlay (for kernel6 and weft-vxlan6; weft ignores it on an IPv4-only network).
+ip -n "$H1" addr add 2001:db8::1/64 dev eth0 nodad
+ip -n "$H2" addr add 2001:db8::2/64 dev eth0 nodad
 
 ip netns exec "$H1" etcd --name bench --data-dir "$WORK/etcd" \
     --listen-client-urls http://192.0.2.1:2379 --advertise-client-urls http://192.0.2.1:2379 \
@@ -104,6 +133,15 @@ for _ in $(seq 1 50); do
     sleep 0.2
 done
 admin() { ip netns exec "$H2" "$WEFT" "$@" --etcd-endpoints http://192.0.2.1:2379; }
+
+# Does this sockperf take an IPv6 address? (3.7 does not: "-i ::1" gives "Invalid address".)
+# A server on h1's ::1 for a moment: one that refuses the address exits at once saying so.
+if ip netns exec "$H1" timeout 1 sockperf server -i ::1 -p "$SOCKPERF_UDP_PORT" 2>&1 |
+    grep -q "Invalid address"; then
+    SOCKPERF_V6=0
+else
+    SOCKPERF_V6=1
+fi
 
 busy_jiffies() { awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat; }
 
@@ -125,41 +163,52 @@ sockperf_pp() {
             }' >>"$WORK/raw.jsonl" || true
 }
 
+# measure NAME DST: DST an IPv6 address (it has a ':') runs iperf3 and ping with -6, and sockperf
+# only if SOCKPERF_V6.
 measure() {
-    local name=$1 dst=$2 r proto rate
+    local name=$1 dst=$2 r proto rate fam=-4 sp=1
+    if [[ $dst == *:* ]]; then fam=-6; sp=$SOCKPERF_V6; fi
     ip netns exec "$H2" iperf3 -s -D --pidfile "$WORK/iperf.pid" >/dev/null 2>&1
-    ip netns exec "$H2" sockperf server -i "$dst" -p "$SOCKPERF_UDP_PORT" >"$WORK/sockperf-udp-server.log" 2>&1 &
-    echo $! >"$WORK/sockperf-udp.pid"
-    ip netns exec "$H2" sockperf server --tcp -i "$dst" -p "$SOCKPERF_TCP_PORT" >"$WORK/sockperf-tcp-server.log" 2>&1 &
-    echo $! >"$WORK/sockperf-tcp.pid"
+    if [ "$sp" = 1 ]; then
+        ip netns exec "$H2" sockperf server -i "$dst" -p "$SOCKPERF_UDP_PORT" >"$WORK/sockperf-udp-server.log" 2>&1 &
+        echo $! >"$WORK/sockperf-udp.pid"
+        ip netns exec "$H2" sockperf server --tcp -i "$dst" -p "$SOCKPERF_TCP_PORT" >"$WORK/sockperf-tcp-server.log" 2>&1 &
+        echo $! >"$WORK/sockperf-tcp.pid"
+    fi
     sleep 0.3
     for r in $(seq 1 "$RUNS"); do
         local j0 j1 json
         j0=$(busy_jiffies)
-        ip netns exec "$H1" iperf3 -c "$dst" -t "$DURATION" -J >"$WORK/tcp1.json" 2>/dev/null || true
+        ip netns exec "$H1" iperf3 "$fam" -c "$dst" -t "$DURATION" -J >"$WORK/tcp1.json" 2>/dev/null || true
         j1=$(busy_jiffies)
-        python3 - "$name" "$r" "$j0" "$j1" "$(getconf CLK_TCK)" "$WORK/tcp1.json" >>"$WORK/raw.jsonl" <<'PY' || true
-import json, sys
+        python3 - "$name" "$r" "$j0" "$j1" "$(getconf CLK_TCK)" "$WORK/tcp1.json" "$dst" >>"$WORK/raw.jsonl" <<'PY' || true
+import ipaddress, json, sys
 name, run, j0, j1, tck = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 try:
     d = json.load(open(sys.argv[6]))
     bps = d["end"]["sum_received"]["bits_per_second"]
     nbytes = d["end"]["sum_received"]["bytes"]
     cpu = (j1 - j0) / tck
-    print(json.dumps({"path": name, "run": run, "metric": "tcp1_gbps", "value": bps / 1e9}))
+    # Where iperf3 says it connected: the path's own addresses (an IPv6 path really ran over IPv6).
+    conn = (d["start"].get("connected") or [{}])[0]
+    local, remote = conn.get("local_host"), conn.get("remote_host")
+    if remote is None or ipaddress.ip_address(remote) != ipaddress.ip_address(sys.argv[7]):
+        print(f"bench: {name}: iperf3 connected to {remote}, not {sys.argv[7]}", file=sys.stderr)
+    print(json.dumps({"path": name, "run": run, "metric": "tcp1_gbps", "value": bps / 1e9,
+                      "local": local, "remote": remote}))
     print(json.dumps({"path": name, "run": run, "metric": "cpu_s_per_gb", "value": cpu / (nbytes / 1e9)}))
     print(json.dumps({"path": name, "run": run, "metric": "tcp1_retr", "value": d["end"]["sum_sent"].get("retransmits", 0)}))
 except Exception as e:
     print(json.dumps({"path": name, "run": run, "metric": "tcp1_gbps", "value": None, "error": str(e)}))
 PY
-        json=$(ip netns exec "$H1" iperf3 -c "$dst" -t "$DURATION" -P 4 -J 2>/dev/null || true)
+        json=$(ip netns exec "$H1" iperf3 "$fam" -c "$dst" -t "$DURATION" -P 4 -J 2>/dev/null || true)
         python3 -c '
 import json, sys
 d = json.load(sys.stdin)
 print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "tcp4_gbps", "value": d["end"]["sum_received"]["bits_per_second"] / 1e9}))
 ' "$name" "$r" <<<"$json" >>"$WORK/raw.jsonl" 2>/dev/null || true
         for size in 1400 64; do
-            json=$(ip netns exec "$H1" iperf3 -c "$dst" -u -b 0 -l "$size" -t "$DURATION" -J 2>/dev/null || true)
+            json=$(ip netns exec "$H1" iperf3 "$fam" -c "$dst" -u -b 0 -l "$size" -t "$DURATION" -J 2>/dev/null || true)
             python3 -c '
 import json, sys
 d = json.load(sys.stdin)
@@ -170,13 +219,13 @@ print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "udp" 
 ' "$name" "$r" "$size" <<<"$json" >>"$WORK/raw.jsonl" 2>/dev/null || true
         done
         # ping 5 ms: a packet every 5 ms (the older figure, ping_us): average RTT.
-        ip netns exec "$H1" ping -q -c 200 -i 0.005 -W 1 "$dst" 2>/dev/null |
+        ip netns exec "$H1" ping "$fam" -q -c 200 -i 0.005 -W 1 "$dst" 2>/dev/null |
             awk -F'[/ ]' -v n="$name" -v r="$r" '/^rtt/ {printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"ping_us\",\"value\":%f}\n", n, r, $8*1000}' \
             >>"$WORK/raw.jsonl" || true
         # idle ping: a packet every 50 ms, after a second of quiet: average and minimum RTT.
         sleep 1
         local woke=$(( $(wakeups 1) + $(wakeups 2) ))
-        ip netns exec "$H1" ping -q -c "$IDLE_PINGS" -i 0.05 -W 1 "$dst" 2>/dev/null |
+        ip netns exec "$H1" ping "$fam" -q -c "$IDLE_PINGS" -i 0.05 -W 1 "$dst" 2>/dev/null |
             awk -F'[/ ]' -v n="$name" -v r="$r" '/^rtt/ {
                 printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"idle_ping_avg_us\",\"value\":%f}\n", n, r, $8*1000
                 printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"idle_ping_min_us\",\"value\":%f}\n", n, r, $7*1000 }' \
@@ -191,9 +240,11 @@ print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "udp" 
                 "$(python3 -c "print($woke / $IDLE_PINGS)")" >>"$WORK/raw.jsonl"
         fi
         # request/response: sockperf ping-pong, UDP and TCP, at a low rate and back to back.
-        for proto in udp tcp; do
-            for rate in low max; do sockperf_pp "$name" "$r" "$proto" "$rate" "$dst"; done
-        done
+        if [ "$sp" = 1 ]; then
+            for proto in udp tcp; do
+                for rate in low max; do sockperf_pp "$name" "$r" "$proto" "$rate" "$dst"; done
+            done
+        fi
     done
     stop_servers
     sleep 0.3
@@ -213,14 +264,35 @@ flannel_vxlan_peer() { # NS PEER_NS PEER_IP PN
     ip -n "$1" route replace "10.244.$4.0/24" via "10.244.$4.0" dev flannel.1 onlink
 }
 
+flannel_vxlan6_up() { # NS N: flannel-v6.1 over 2001:db8::N, as flannel's dual-stack vxlan backend
+    # creates it (no router advertisements; MTU left at the kernel's default, eth0's less 70)
+    local ns=$1 n=$2
+    ip -n "$ns" link add flannel-v6.1 type vxlan id 1 local "2001:db8::$n" dev eth0 dstport 8472 nolearning
+    ip netns exec "$ns" sh -c 'echo 0 >/proc/sys/net/ipv6/conf/flannel-v6.1/accept_ra'
+    ip -n "$ns" -6 addr add "fd00:10:244:$n::/128" dev flannel-v6.1 nodad
+    ip -n "$ns" link set flannel-v6.1 up
+}
+flannel_vxlan6_peer() { # NS PEER_NS PN
+    local mac
+    mac=$(ip -n "$2" -br link show flannel-v6.1 | awk '{print $3}')
+    ip -n "$1" -6 neigh replace "fd00:10:244:$3::" lladdr "$mac" dev flannel-v6.1 nud permanent
+    bridge -n "$1" fdb append "$mac" dev flannel-v6.1 dst "2001:db8::$3" self permanent
+    ip -n "$1" -6 route replace "fd00:10:244:$3::/64" via "fd00:10:244:$3::" dev flannel-v6.1 onlink
+}
+
 wakeups() { # N: weft_dataplane_wakeups_total on host N (0 if weft does not answer)
     { netns_http "${P}h$1" 9797 /metrics || true; } |
         awk '/^weft_dataplane_wakeups_total / { v = $2 } END { print v + 0 }'
 }
 
-weft_up() { # BACKEND FLAGS...
-    local backend=$1; shift
-    printf '{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0","SubnetMax":"10.244.2.0","Backend":{"Type":"%s"}}' "$backend" >"$WORK/net.json"
+weft_up() { # BACKEND [ipv6] FLAGS...: ipv6, the dual-stack network (fd00:10:244::/56 beside
+    # 10.244.0.0/16, a /64 each: fd00:10:244:1:: or :2::)
+    local backend=$1 v6=""; shift
+    if [ "${1:-}" = ipv6 ]; then
+        v6=',"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","IPv6SubnetLen":64,"IPv6SubnetMin":"fd00:10:244:1::","IPv6SubnetMax":"fd00:10:244:2::"'
+        shift
+    fi
+    printf '{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0","SubnetMax":"10.244.2.0"%s,"Backend":{"Type":"%s"}}' "$v6" "$backend" >"$WORK/net.json"
     admin network set "$WORK/net.json" >/dev/null 2>&1
     local n
     for n in 1 2; do
@@ -241,12 +313,27 @@ weft_up() { # BACKEND FLAGS...
     done
     sleep 1 # routes
 }
-weft_down() {
+weft_down() { # PATH: its name, for BENCH_LOGS
     local n
     for n in 1 2; do kill "$(cat "$WORK/w$n/pid")" 2>/dev/null || true; done
     for n in 1 2; do while kill -0 "$(cat "$WORK/w$n/pid")" 2>/dev/null; do sleep 0.1; done; done
+    if [ -n "${BENCH_LOGS:-}" ]; then
+        mkdir -p "$BENCH_LOGS"
+        for n in 1 2; do cp "$WORK/w$n/log" "$BENCH_LOGS/$1-h$n.log"; done
+    fi
 }
 weft_dst() { sed -n 's/^FLANNEL_SUBNET=\(.*\)\.1\/.*/\1.0/p' "$WORK/w2/subnet.env"; }
+# h2's weft0 IPv6 address: the base of subnet.env's FLANNEL_IPV6_SUBNET (fd00:10:244:2::1/64 ->
+# fd00:10:244:2::), checked against weft0's addresses.
+weft_dst6() {
+    local env dst
+    env=$(sed -n 's/^FLANNEL_IPV6_SUBNET=//p' "$WORK/w2/subnet.env")
+    [ -n "$env" ] || { echo "bench: no FLANNEL_IPV6_SUBNET in h2's subnet.env" >&2; return 1; }
+    dst=$(python3 -c 'import ipaddress, sys; print(ipaddress.ip_interface(sys.argv[1]).network.network_address)' "$env")
+    ip -n "$H2" -6 -br addr show dev weft0 | grep -q " $dst/128" ||
+        { echo "bench: weft0 on h2 lacks $dst/128:" >&2; ip -n "$H2" -6 addr show dev weft0 >&2; return 1; }
+    echo "$dst"
+}
 
 for path in $PATHS; do
     echo "== $path" >&2
@@ -257,18 +344,29 @@ for path in $PATHS; do
             flannel_vxlan_peer "$H1" "$H2" 192.0.2.2 2; flannel_vxlan_peer "$H2" "$H1" 192.0.2.1 1
             measure kernel 10.244.2.0
             ip -n "$H1" link del flannel.1; ip -n "$H2" link del flannel.1 ;;
-        weft-vxlan) weft_up vxlan; measure weft-vxlan "$(weft_dst)"; weft_down ;;
-        weft-udp) weft_up udp; measure weft-udp "$(weft_dst)"; weft_down ;;
+        weft-vxlan) weft_up vxlan; measure weft-vxlan "$(weft_dst)"; weft_down weft-vxlan ;;
+        weft-udp) weft_up udp; measure weft-udp "$(weft_dst)"; weft_down weft-udp ;;
         weft-base)
             weft_up vxlan --workers 1 --no-tun-offload --no-udp-gso --no-udp-gro --no-batching
-            measure weft-base "$(weft_dst)"; weft_down ;;
+            measure weft-base "$(weft_dst)"; weft_down weft-base ;;
+        kernel6)
+            flannel_vxlan6_up "$H1" 1; flannel_vxlan6_up "$H2" 2
+            flannel_vxlan6_peer "$H1" "$H2" 2; flannel_vxlan6_peer "$H2" "$H1" 1
+            measure kernel6 fd00:10:244:2::
+            ip -n "$H1" link del flannel-v6.1; ip -n "$H2" link del flannel-v6.1 ;;
+        weft-vxlan6)
+            weft_up vxlan ipv6
+            dst6=$(weft_dst6)
+            measure weft-vxlan6 "$dst6"; weft_down weft-vxlan6 ;;
     esac
 done
 
-python3 - "$WORK/raw.jsonl" "$OUT" "$RUNS" "$DURATION" "$IDLE_PINGS" "$SOCKPERF_MSG" "$SOCKPERF_LOW_MPS" <<'PY'
+python3 - "$WORK/raw.jsonl" "$OUT" "$RUNS" "$DURATION" "$IDLE_PINGS" "$SOCKPERF_MSG" "$SOCKPERF_LOW_MPS" "$SOCKPERF_V6" <<'PY'
 import json, statistics, sys, platform
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-runs, duration, idle_pings, sp_msg, sp_low = (int(a) for a in sys.argv[3:8])
+runs, duration, idle_pings, sp_msg, sp_low, sp_v6 = (int(a) for a in sys.argv[3:9])
+IPV6_PATHS = ("kernel6", "weft-vxlan6")  # over the IPv6 underlay: ratios to kernel6
+def baseline(p): return "kernel6" if p in IPV6_PATHS else "kernel"
 throughput = ["tcp1_gbps", "tcp4_gbps", "udp1400_kpps", "udp64_kpps", "cpu_s_per_gb", "tcp1_retr"]
 sockperf = [f"sp_{proto}_{rate}_{q}_us" for proto in ("udp", "tcp") for rate in ("low", "max") for q in ("p50", "p99")]
 latency = ["ping_us", "idle_ping_avg_us", "idle_ping_min_us", "idle_wakeups_per_ping"] + sockperf
@@ -282,37 +380,56 @@ for p in paths:
     for m in metrics:
         vals = [r["value"] for r in rows if r["path"] == p and r["metric"] == m and r.get("value") is not None]
         med[(p, m)] = statistics.median(vals) if vals else None
-def fmt(v, m):
-    if v is None: return "-"
+def fmt(v, m, p):
+    if v is None:
+        # sockperf that refuses IPv6 addresses: not measured, rather than failed.
+        return "n/a" if p in IPV6_PATHS and m.startswith("sp_") and not sp_v6 else "-"
     if m == "idle_wakeups_per_ping": return f"{v:.1f}"
     return f"{v:.2f}" if m in ("tcp1_gbps", "tcp4_gbps", "cpu_s_per_gb") else f"{v:.0f}"
 def cell(p, m):
-    """The median, and its ratio to kernel VXLAN's (not for CPU s/GB and retransmits)."""
-    v, k = med[(p, m)], med.get(("kernel", m))
-    c = fmt(v, m)
-    if v is not None and k and p != "kernel" and m not in ("cpu_s_per_gb", "tcp1_retr"):
+    """The median, and its ratio to kernel VXLAN's over the same family (kernel, or kernel6 for
+    the IPv6 paths; not for CPU s/GB and retransmits)."""
+    b = baseline(p)
+    v, k = med[(p, m)], med.get((b, m))
+    c = fmt(v, m, p)
+    if v is not None and k and p != b and m not in ("cpu_s_per_gb", "tcp1_retr"):
         c += f" ({v / k:.2f}x)"
     return c
-def table(hdr, cols):
+v4 = [p for p in paths if p not in IPV6_PATHS]
+v6 = [p for p in paths if p in IPV6_PATHS]
+sections = [(ps, title) for ps, title in (
+    (v4, "IPv4 (ratios to kernel)"),
+    (v6, "IPv6: over the IPv6 underlay (ratios to kernel6, kernel VXLAN over IPv6)")) if ps]
+def table(ps, hdr, cols):
     print("| " + " | ".join(hdr) + " |")
     print("|" + "|".join("---" for _ in hdr) + "|")
-    for p in paths:
+    for p in ps:
         print("| " + " | ".join([p] + [" / ".join(cell(p, m) for m in c) for c in cols]) + " |")
     print()
-table(["path", "TCP 1 (Gb/s)", "TCP 4 (Gb/s)", "UDP 1400 (kpps)", "UDP 64 (kpps)", "CPU s/GB", "TCP 1 retr"],
-      [[m] for m in throughput])
+for ps, title in sections:
+    print(f"Throughput, {title}")
+    table(ps, ["path", "TCP 1 (Gb/s)", "TCP 4 (Gb/s)", "UDP 1400 (kpps)", "UDP 64 (kpps)", "CPU s/GB", "TCP 1 retr"],
+          [[m] for m in throughput])
 low = f"{sp_low}/s"
-table(["path", "ping 5 ms avg", "idle ping avg", "idle ping min", "wake-ups / idle ping",
-       f"UDP {low} p50 / p99", "UDP max p50 / p99", f"TCP {low} p50 / p99", "TCP max p50 / p99"],
-      [["ping_us"], ["idle_ping_avg_us"], ["idle_ping_min_us"], ["idle_wakeups_per_ping"]] +
-      [[f"sp_{proto}_{rate}_p50_us", f"sp_{proto}_{rate}_p99_us"] for proto in ("udp", "tcp") for rate in ("low", "max")])
+for ps, title in sections:
+    print(f"Latency, {title}")
+    table(ps, ["path", "ping 5 ms avg", "idle ping avg", "idle ping min", "wake-ups / idle ping",
+               f"UDP {low} p50 / p99", "UDP max p50 / p99", f"TCP {low} p50 / p99", "TCP max p50 / p99"],
+          [["ping_us"], ["idle_ping_avg_us"], ["idle_ping_min_us"], ["idle_wakeups_per_ping"]] +
+          [[f"sp_{proto}_{rate}_p50_us", f"sp_{proto}_{rate}_p99_us"] for proto in ("udp", "tcp") for rate in ("low", "max")])
 print(f"latency: round-trip times in microseconds. ping 5 ms: ping -i 0.005 (200 pings); idle ping: ping -i 0.05 "
       f"({idle_pings} pings); UDP/TCP: sockperf ping-pong --full-rtt, {sp_msg} B messages, --mps {sp_low} and --mps max")
-print("ratios in brackets are to kernel VXLAN; medians of", runs, "runs of", duration, "s")
+if v6 and not sp_v6:
+    print("sockperf over IPv6: n/a (this sockperf refuses IPv6 addresses)")
+print("ratios in brackets are to kernel VXLAN of the same family: IPv4 rows to kernel, IPv6 rows to kernel6; "
+      "medians of", runs, "runs of", duration, "s")
 out = {"runs": runs, "duration_s": duration, "kernel": platform.release(),
        "latency": {"unit": "microseconds, full round trip", "idle_pings": idle_pings, "idle_ping_interval_s": 0.05,
                    "sockperf_msg_bytes": sp_msg, "sockperf_low_mps": sp_low,
                    "sockperf": "ping-pong --full-rtt: RTT percentiles, not sockperf's default one-way RTT/2"},
+       "families": {p: "ipv6" if p in IPV6_PATHS else "ipv4" for p in paths},
+       "ratio_baseline": {p: baseline(p) for p in paths},
+       "sockperf_ipv6": bool(sp_v6),
        "results": {p: {m: med[(p, m)] for m in metrics} for p in paths}, "samples": rows}
 json.dump(out, open(sys.argv[2], "w"), indent=2)
 print("JSON:", sys.argv[2])
