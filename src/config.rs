@@ -639,6 +639,25 @@ impl NetworkConfig {
             && subnet.network() <= self.subnet_max
     }
 
+    /// The IPv6 half that pairs with `subnet` by position: the `i`-th leasable IPv6 subnet for
+    /// the `i`-th leasable IPv4 one (`SubnetMin` with `IPv6SubnetMin`, the next with the next,
+    /// ...). `None` on an IPv4-only network, for a subnet that does not fit, or past
+    /// `IPv6SubnetMax` (an IPv6 range smaller than the IPv4 one). Nodes that lease different
+    /// subnets at the same moment thus never pick the same half (see `policy::pair_ipv6`).
+    pub fn home_ipv6_half(&self, subnet: Subnet) -> Option<Ipv6Subnet> {
+        let v6 = self.ipv6.as_ref()?;
+        if !self.fits(subnet) {
+            return None;
+        }
+        let shift = 32u32.checked_sub(u32::from(self.subnet_len))?;
+        let index =
+            (u32::from(subnet.network()) - u32::from(self.subnet_min)).checked_shr(shift)?;
+        let step = 1u128.checked_shl(128u32.checked_sub(u32::from(v6.subnet_len))?)?;
+        let addr = u128::from(v6.subnet_min).checked_add(u128::from(index).checked_mul(step)?)?;
+        let net = Ipv6Net::new(Ipv6Addr::from(addr), v6.subnet_len).ok()?;
+        Ipv6Subnet::new(net).ok().filter(|h| v6.fits(h.net()))
+    }
+
     /// Whether a lease of both halves may be held under this config: its IPv4 subnet fits, and
     /// it has an IPv6 half exactly when the config enables IPv6, a half that fits too
     /// (flannel reuses a previous lease only if both halves fit).
