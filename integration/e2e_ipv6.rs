@@ -27,7 +27,8 @@ use std::time::Duration;
 use ipnet::Ipv6Net;
 use support::kernel_flannel::{KernelFlannelPeer, VxlanLease};
 use support::netns::{
-    HUB_IPV6, IPV6_NETWORK, Iperf3Server, Lab, Pod, Weft, host_ipv6, iperf3_bps, ping_ok, run,
+    HUB_IPV6, IPV6_NETWORK, Iperf3Server, Lab, Pod, READY_WITHIN, Weft, host_ipv6, iperf3_bps,
+    ping_ok, run,
 };
 
 /// flannel's dual-stack vxlan network, as the brief for weft's IPv6 data plane has it.
@@ -286,4 +287,36 @@ fn kernel_flannel_v6_peer_set_up_like_flannel_interoperates_both_ways() {
     iperf3_v6_both_ways(&pods[0], &pod9, "weft host 1 <-> kernel node 9");
     let (tx, rx) = link_packets(&k9.ns, "flannel-v6.1");
     assert!(tx > 0 && rx > 0, "flannel-v6.1 on host 9: {tx} packets out, {rx} in");
+}
+
+/// Where `PublicIPv6` comes from: host 1's eth0 gets a second address, 2001:db8::91, which the
+/// kernel lists first (newest first, for IPv6), so weft would pick it by itself; given
+/// `--public-ipv6 2001:db8::1` it must publish that one instead. Host 2 gets neither `--iface` nor
+/// any address flag, so weft takes the IPv4 default route's interface and its first global
+/// IPv6 address. Each lease publishes its address, and the pods reach each other over IPv6
+/// both ways, so the IPv6 sockets listen where the leases say.
+#[test]
+fn the_ipv6_underlay_is_the_flag_or_the_default_route_interfaces_address() {
+    let lab = Lab::new(DUAL_VXLAN);
+    let h1 = lab.host(1);
+    run(&["ip", "-n", &h1, "-6", "addr", "add", "2001:db8::91/64", "dev", "eth0", "nodad"]);
+    let listed =
+        run(&["ip", "-n", &h1, "-6", "-br", "addr", "show", "dev", "eth0", "scope", "global"]);
+    assert!(listed.contains("2001:db8::91/64 2001:db8::1/64"), "the kernel's order: {listed}");
+    let mut w1 = lab.start_weft(1, &["--public-ipv6", "2001:db8::1"]);
+    let mut w2 = lab.start_weft_by_default_route(2, &[]);
+    w1.wait_ready(READY_WITHIN);
+    w2.wait_ready(READY_WITHIN);
+    for (w, want) in [(&w1, "2001:db8::1"), (&w2, "2001:db8::2")] {
+        let subnet = w.subnet().expect("FLANNEL_SUBNET");
+        let (key, value) = lab.lease_entry(&subnet).expect("a lease");
+        assert_eq!(value["PublicIPv6"], want, "host {}: {key} = {value}", w.n);
+    }
+    for w in [&w1, &w2] {
+        w.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 1.0);
+    }
+    let p1 = lab.pod(1, &w1.subnet_file());
+    let p2 = lab.pod(2, &w2.subnet_file());
+    ping_ok(&p1.ns, ip6_of(&p2), 3);
+    ping_ok(&p2.ns, ip6_of(&p1), 3);
 }
