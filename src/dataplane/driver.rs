@@ -352,17 +352,14 @@ impl Dataplane {
         for (i, (tun, sockets)) in self.queues.iter().zip(sockets).enumerate() {
             let WorkerSockets { v4, v6 } = sockets;
             let (rx6, mut pool6) = match v6 {
-                Some(s) => (Some(metered(s.rx)), s.tx_pool.into_iter().map(metered).collect()),
-                None => (None, Vec::new()),
+                Some(s) => (Some(metered(s.rx)), s.tx_pool.into_iter()),
+                None => (None, Vec::new().into_iter()),
             };
             // Pool socket k of each family is paired: one flow keeps one socket per family.
             let tx_pool = v4
                 .tx_pool
                 .into_iter()
-                .map(|s| {
-                    let v6 = (!pool6.is_empty()).then(|| pool6.remove(0));
-                    FamilySockets::new(metered(s), v6)
-                })
+                .map(|s| FamilySockets::new(metered(s), pool6.next().map(metered)))
                 .collect();
             let spawned = worker::Worker {
                 tun: tun.clone(),
@@ -416,7 +413,10 @@ impl Dataplane {
         // An IPv6 half is carried only when the underlay has IPv6 (it always has on a
         // dual-stack vxlan network: the daemon refuses to start without it).
         let subnet6 = lease.and_then(|l| l.ipv6).filter(|_| self.cfg.ipv6.is_some());
+        // Set before the device is addressed, as for IPv4: should addressing fail, drift
+        // repair (which wants what these say) puts the address and route in place later.
         self.own.set(subnet);
+        self.own6.set(subnet6);
         if let Some(s) = subnet
             && old != Some(s)
         {
@@ -435,9 +435,6 @@ impl Dataplane {
             self.netlink.add_route6(dev, v6.network, mtu)?;
             info!(tun = %dev, %addr, network = %v6.network, path_mtu = mtu, "TUN addressed (IPv6)");
         }
-        // Set once the device has the address and route: a packet delivered before would
-        // have no route back.
-        self.own6.set(subnet6);
         Ok(())
     }
 

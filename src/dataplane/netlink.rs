@@ -463,6 +463,12 @@ impl Netlink {
     pub(crate) fn ipv4_addresses_by_interface(
         &self,
     ) -> Result<Vec<(String, Ipv4Addr)>, NetlinkError> {
+        let (links, addresses) = self.links_and_addresses()?;
+        Ok(named_ipv4_addresses(&links, &addresses))
+    }
+
+    /// Every link and every address (one `RTM_GETLINK` and one `RTM_GETADDR` dump).
+    fn links_and_addresses(&self) -> Result<(Vec<LinkMessage>, Vec<AddressMessage>), NetlinkError> {
         let handle = self.handle.clone();
         let links: Vec<LinkMessage> = self.run("RTM_GETLINK", "*", async move {
             handle.link().get().execute().try_collect().await
@@ -471,7 +477,7 @@ impl Netlink {
         let addresses: Vec<AddressMessage> = self.run("RTM_GETADDR", "*", async move {
             handle.address().get().execute().try_collect().await
         })?;
-        Ok(named_ipv4_addresses(&links, &addresses))
+        Ok((links, addresses))
     }
 
     /// Every interface's global IPv6 addresses ([`named_ipv6_addresses`]), as
@@ -479,14 +485,7 @@ impl Netlink {
     pub(crate) fn ipv6_addresses_by_interface(
         &self,
     ) -> Result<Vec<(String, Ipv6Addr)>, NetlinkError> {
-        let handle = self.handle.clone();
-        let links: Vec<LinkMessage> = self.run("RTM_GETLINK", "*", async move {
-            handle.link().get().execute().try_collect().await
-        })?;
-        let handle = self.handle.clone();
-        let addresses: Vec<AddressMessage> = self.run("RTM_GETADDR", "*", async move {
-            handle.address().get().execute().try_collect().await
-        })?;
+        let (links, addresses) = self.links_and_addresses()?;
         Ok(named_ipv6_addresses(&links, &addresses))
     }
 
@@ -600,28 +599,40 @@ fn address_net(a: &AddressMessage) -> Option<IpNet> {
     IpNet::new(local.or(address)?, a.header.prefix_len).ok()
 }
 
+/// The IPv4 network, if `net` is one.
+fn v4(net: IpNet) -> Option<Ipv4Net> {
+    match net {
+        IpNet::V4(net) => Some(net),
+        IpNet::V6(_) => None,
+    }
+}
+
+/// The IPv6 network, if `net` is one.
+fn v6(net: IpNet) -> Option<Ipv6Net> {
+    match net {
+        IpNet::V6(net) => Some(net),
+        IpNet::V4(_) => None,
+    }
+}
+
+/// The addresses, with their prefix lengths, that `addresses` give the link `index`.
+fn link_addresses(addresses: &[AddressMessage], index: u32) -> impl Iterator<Item = IpNet> + '_ {
+    addresses.iter().filter(move |a| a.header.index == index).filter_map(address_net)
+}
+
 /// The IPv4 addresses, with their prefix lengths, that `addresses` give the link `index`.
 pub(crate) fn ipv4_addresses(addresses: &[AddressMessage], index: u32) -> Vec<Ipv4Net> {
-    addresses
-        .iter()
-        .filter(|a| a.header.index == index)
-        .filter_map(|a| match address_net(a)? {
-            IpNet::V4(net) => Some(net),
-            IpNet::V6(_) => None,
-        })
-        .collect()
+    link_addresses(addresses, index).filter_map(v4).collect()
 }
 
 /// The IPv6 addresses, with their prefix lengths, that `addresses` give the link `index`.
 pub(crate) fn ipv6_addresses(addresses: &[AddressMessage], index: u32) -> Vec<Ipv6Net> {
-    addresses
-        .iter()
-        .filter(|a| a.header.index == index)
-        .filter_map(|a| match address_net(a)? {
-            IpNet::V6(net) => Some(net),
-            IpNet::V4(_) => None,
-        })
-        .collect()
+    link_addresses(addresses, index).filter_map(v6).collect()
+}
+
+/// Every link's index and name.
+fn link_names(links: &[LinkMessage]) -> Vec<(u32, String)> {
+    links.iter().filter_map(|l| Some((l.header.index, link_name(l)?))).collect()
 }
 
 /// `(interface name, address)` for every global IPv6 address in `addresses` whose link is
@@ -633,8 +644,7 @@ pub(crate) fn named_ipv6_addresses(
     links: &[LinkMessage],
     addresses: &[AddressMessage],
 ) -> Vec<(String, Ipv6Addr)> {
-    let names: Vec<(u32, String)> =
-        links.iter().filter_map(|l| Some((l.header.index, link_name(l)?))).collect();
+    let names = link_names(links);
     let unusable = AddressHeaderFlags::Tentative | AddressHeaderFlags::Dadfailed;
     addresses
         .iter()
@@ -643,8 +653,7 @@ pub(crate) fn named_ipv6_addresses(
         .filter(|a| !a.header.flags.intersects(unusable))
         .filter_map(|a| {
             let (_, name) = names.iter().find(|(i, _)| *i == a.header.index)?;
-            let IpNet::V6(net) = address_net(a)? else { return None };
-            let ip = net.addr();
+            let ip = v6(address_net(a)?)?.addr();
             // fe80::/10 carries link scope anyway; a kernel that says otherwise is not trusted.
             let link_local = ip.segments()[0] & 0xffc0 == 0xfe80;
             (!link_local && !ip.is_loopback() && !ip.is_multicast()).then(|| (name.clone(), ip))
@@ -658,15 +667,13 @@ pub(crate) fn named_ipv4_addresses(
     links: &[LinkMessage],
     addresses: &[AddressMessage],
 ) -> Vec<(String, Ipv4Addr)> {
-    let names: Vec<(u32, String)> =
-        links.iter().filter_map(|l| Some((l.header.index, link_name(l)?))).collect();
+    let names = link_names(links);
     addresses
         .iter()
         .filter(|a| a.header.family == AddressFamily::Inet)
         .filter_map(|a| {
             let (_, name) = names.iter().find(|(i, _)| *i == a.header.index)?;
-            let net = ipv4_addresses(std::slice::from_ref(a), a.header.index).pop()?;
-            Some((name.clone(), net.addr()))
+            Some((name.clone(), v4(address_net(a)?)?.addr()))
         })
         .collect()
 }
@@ -764,22 +771,12 @@ fn device_nets(routes: &[RouteMessage], index: u32) -> impl Iterator<Item = IpNe
 /// The destinations of the main table's unicast IPv4 routes through the link `index` without a
 /// gateway: the routes weft adds for the Network.
 pub(crate) fn device_routes(routes: &[RouteMessage], index: u32) -> Vec<Ipv4Net> {
-    device_nets(routes, index)
-        .filter_map(|n| match n {
-            IpNet::V4(n) => Some(n),
-            IpNet::V6(_) => None,
-        })
-        .collect()
+    device_nets(routes, index).filter_map(v4).collect()
 }
 
 /// The same for IPv6: the route weft adds for the IPv6 network.
 pub(crate) fn device_routes6(routes: &[RouteMessage], index: u32) -> Vec<Ipv6Net> {
-    device_nets(routes, index)
-        .filter_map(|n| match n {
-            IpNet::V6(n) => Some(n),
-            IpNet::V4(_) => None,
-        })
-        .collect()
+    device_nets(routes, index).filter_map(v6).collect()
 }
 
 /// The interface index of the main table's default route of lowest metric in `routes` (a dump
