@@ -16,26 +16,14 @@ use std::time::{Duration, Instant};
 
 use support::kernel_flannel::KernelFlannelPeer;
 use support::netns::{
-    HUB_IPV6, Iperf3Server, Lab, Pod, assert_tun_configured, finish_ping, first_reply, host_ipv6,
-    in_netns, iperf3_bps, ns_output, ns_run, ns_spawn_nobody, ping_lossy, ping_ok, run, spawn_ping,
+    Families, HUB_IPV6, Iperf3Server, Lab, Pod, assert_tun_configured, finish_ping, first_reply,
+    host_ipv6, in_netns, iperf3_bps, ns_output, ns_run, ns_spawn_nobody, ping_all_pairs,
+    ping_lossy, ping_ok, run, spawn_ping,
 };
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
 const UDP: &str = r#"{"Network":"10.244.0.0/16","Backend":{"Type":"udp"}}"#;
 const READY: Duration = Duration::from_secs(20);
-
-/// Pings every ordered pair of pods (3 echoes each, in parallel); panics on any loss.
-fn ping_all_pairs(pods: &[Pod]) {
-    std::thread::scope(|s| {
-        for a in pods {
-            for b in pods {
-                if a.ns != b.ns {
-                    s.spawn(move || ping_ok(&a.ns, b.ip, 3));
-                }
-            }
-        }
-    });
-}
 
 fn ip_of(pod: &Pod) -> Ipv4Addr {
     pod.ip
@@ -60,7 +48,7 @@ fn three_hosts(network: &str, label: &str, overhead: u32) {
     for w in &wefts {
         assert_tun_configured(&lab, w, overhead);
     }
-    ping_all_pairs(&pods);
+    ping_all_pairs(&pods, Families::V4);
     // A full-MTU packet with DF set crosses without fragmentation.
     let size = (1500 - overhead - 28).to_string();
     let big = ns_output(
@@ -143,7 +131,7 @@ fn udp_dual_stack_network_leases_both_halves_and_carries_ipv4() {
         r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"udp"}}"#,
     );
     let (wefts, pods) = lab.up(&[1, 2, 3], &[]);
-    ping_all_pairs(&pods);
+    ping_all_pairs(&pods, Families::V4);
     let keys = lab.etcdctl(&["get", "--prefix", "--keys-only", "/coreos.com/network/subnets/"]);
     let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(keys.len(), 3, "{keys:?}");

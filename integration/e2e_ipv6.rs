@@ -27,8 +27,8 @@ use std::time::Duration;
 use ipnet::Ipv6Net;
 use support::kernel_flannel::{KernelFlannelPeer, VxlanLease};
 use support::netns::{
-    HUB_IPV6, IPV6_NETWORK, Iperf3Server, Lab, Pod, READY_WITHIN, Weft, host_ipv6, iperf3_bps,
-    ping_ok, run,
+    Families, HUB_IPV6, IPV6_NETWORK, Iperf3Server, Lab, Pod, READY_WITHIN, Weft, host_ipv6,
+    iperf3_bps, ping_all_pairs, ping_ok, run,
 };
 
 /// flannel's dual-stack vxlan network, as the brief for weft's IPv6 data plane has it.
@@ -40,21 +40,6 @@ const KERNEL_MTU: u32 = 1450;
 
 fn ip6_of(pod: &Pod) -> Ipv6Addr {
     pod.ip6.unwrap_or_else(|| panic!("pod {} has no IPv6 address (IPv4 {})", pod.ns, pod.ip))
-}
-
-/// Pings every ordered pair of pods over IPv4 and over IPv6 (3 echoes each, in parallel);
-/// panics on any loss.
-fn ping_all_pairs_both_families(pods: &[Pod]) {
-    std::thread::scope(|s| {
-        for a in pods {
-            for b in pods {
-                if a.ns != b.ns {
-                    s.spawn(move || ping_ok(&a.ns, b.ip, 3));
-                    s.spawn(move || ping_ok(&a.ns, ip6_of(b), 3));
-                }
-            }
-        }
-    });
 }
 
 /// iperf3 over IPv6 from `a` to `b`, then from `b` to `a` (2 s each); both must carry data.
@@ -207,7 +192,7 @@ fn kernel_recipe_two_flannel_nodes_reach_each_other_over_both_families() {
     let (p8, p9) = (k8.pod(&lab, KERNEL_MTU), k9.pod(&lab, KERNEL_MTU));
     assert_pod_in(&p8, "fd00:10:244:c9::/64");
     assert_pod_in(&p9, "fd00:10:244:c8::/64");
-    ping_all_pairs_both_families(&[p8.clone(), p9.clone()]);
+    ping_all_pairs(&[p8.clone(), p9.clone()], Families::Both);
     iperf3_v6_both_ways(&p8, &p9, "kernel node 8 <-> kernel node 9");
     // It went through the VTEPs (no other path exists: the hub forwards nothing).
     for k in [&k8, &k9] {
@@ -246,7 +231,7 @@ fn vxlan_dual_stack_three_hosts_ping_both_families_and_carry_iperf3_over_ipv6() 
             w.n
         );
     }
-    ping_all_pairs_both_families(&pods);
+    ping_all_pairs(&pods, Families::Both);
     iperf3_v6_both_ways(&pods[0], &pods[1], "weft host 1 <-> weft host 2");
     for w in &wefts {
         let routes = w.metric("weft_routes");

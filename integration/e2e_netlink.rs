@@ -11,24 +11,15 @@ mod support;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use support::netns::{Lab, Pod, assert_tun_configured, inet_addrs, ping_ok, run, weft0_link};
+use support::netns::{
+    Families, Lab, assert_tun_configured, inet_addrs, ping_all_pairs, run, weft0_link,
+};
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
 const READY: Duration = Duration::from_secs(20);
 /// "Within a few seconds": weft repairs as the kernel reports the change (its periodic read is
 /// turned off where this is used: `--netlink-resync 1h`).
 const REPAIRED_WITHIN: Duration = Duration::from_secs(5);
-
-/// Pings every ordered pair of pods (3 echoes each); panics on any loss.
-fn ping_all_pairs(pods: &[Pod]) {
-    for a in pods {
-        for b in pods {
-            if a.ns != b.ns {
-                ping_ok(&a.ns, b.ip, 3);
-            }
-        }
-    }
-}
 
 /// weft0's IPv4 addresses (`a.b.c.d/len`) and MTU on host `host`.
 fn weft0(host: &str) -> (Vec<String>, u64) {
@@ -66,7 +57,7 @@ fn the_underlay_is_the_default_routes_interface_with_its_mtu() {
     for w in [&w1, &w2] {
         w.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 1.0);
     }
-    ping_all_pairs(&pods);
+    ping_all_pairs(&pods, Families::V4);
 }
 
 /// Someone gives weft0 another address and removes weft's: weft puts its own back as its
@@ -107,5 +98,5 @@ fn a_replaced_address_is_swapped_back_keeping_the_network_route() {
         &format!("weft0 had lost its address {addr}/32 (it had 10.244.250.9/32): set {addr}/32"),
         REPAIRED_WITHIN,
     );
-    ping_all_pairs(&pods);
+    ping_all_pairs(&pods, Families::V4);
 }

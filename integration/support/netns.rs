@@ -254,6 +254,34 @@ pub fn ping_lossy(ns: &str, dst: impl Into<IpAddr>, count: u32, interval: f64) -
     PingResult::parse(text)
 }
 
+/// Which families [`ping_all_pairs`] pings over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Families {
+    /// IPv4 only.
+    V4,
+    /// IPv4, and IPv6 (every pod must have an IPv6 address).
+    Both,
+}
+
+/// Pings every ordered pair of pods over `families` (3 echoes each, in parallel); panics on
+/// any loss, or when a pod lacks the IPv6 address `Both` needs.
+pub fn ping_all_pairs(pods: &[Pod], families: Families) {
+    let ip6 = |p: &Pod| p.ip6.unwrap_or_else(|| panic!("pod {} has no IPv6 address", p.ns));
+    std::thread::scope(|s| {
+        for a in pods {
+            for b in pods {
+                if a.ns != b.ns {
+                    s.spawn(move || ping_ok(&a.ns, b.ip, 3));
+                    if families == Families::Both {
+                        let dst = ip6(b);
+                        s.spawn(move || ping_ok(&a.ns, dst, 3));
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// `ping -4|-6 -c COUNT -i 0.2 -W 1`; panics unless every reply came back.
 pub fn ping_ok(ns: &str, dst: impl Into<IpAddr>, count: u32) -> PingResult {
     let dst = dst.into();
