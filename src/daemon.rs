@@ -95,6 +95,8 @@ pub struct RunOptions {
     pub batching: bool,
     /// `--worker-threads 1`.
     pub one_thread: bool,
+    /// `--spin`: the longest a one-thread worker keeps looking after a small step.
+    pub spin: Duration,
     /// `--netlink-resync`: how often the TUN device's link state is read for drift when no
     /// netlink notification said it changed.
     pub netlink_resync: Duration,
@@ -793,6 +795,7 @@ fn dataplane_config(
         udp_gro: opts.udp_gro,
         batching: opts.batching,
         one_thread: opts.one_thread,
+        spin: opts.spin,
     }
 }
 

@@ -193,6 +193,13 @@ struct RunArgs {
     /// each direction its own.
     #[arg(long, env = "WEFT_WORKER_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     worker_threads: u8,
+    /// After a step that moved little (a request, a reply), a one-thread worker keeps looking
+    /// for more this long (at most 1ms) before it sleeps, so that a reply coming back soon is
+    /// forwarded without a wake-up. It backs off while nothing comes back in time, and spins
+    /// at most half of the thread's time. Off (0) by default: on a test bed whose hosts share
+    /// two cores it gained nothing measurable (README, "Spinning instead of sleeping").
+    #[arg(long, env = "WEFT_SPIN", default_value = "0", value_parser = parse_spin)]
+    spin: Duration,
     /// weft repairs drift of its TUN device as the kernel reports it (netlink notifications);
     /// it also reads the device's state this often in case a notification was lost. Hidden:
     /// the default suits every use but tests, which turn it off (an hour) to see the
@@ -208,6 +215,18 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 10s, 5m, 24h)"))?;
     if d.is_zero() {
         return Err("must be more than zero".into());
+    }
+    Ok(d)
+}
+
+/// `--spin`: 0 (off), or a duration of at most 1 ms.
+fn parse_spin(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 0, 20us, 50us)"))?;
+    if d > Duration::from_millis(1) {
+        return Err("at most 1ms: a longer spin keeps a core busy instead of waiting".into());
     }
     Ok(d)
 }
@@ -308,6 +327,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 udp_gro: !args.no_udp_gro,
                 batching: !args.no_batching,
                 one_thread: args.worker_threads == 1,
+                spin: args.spin,
                 netlink_resync: args.netlink_resync,
             };
             daemon::run(opts, Arc::new(store)).await
@@ -484,5 +504,22 @@ fn history_text(s: HistoryState) -> &'static str {
         HistoryState::Held => "held",
         HistoryState::Relinquished => "relinquished",
         HistoryState::Revoked => "revoked",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spin_is_off_at_zero_and_at_most_a_millisecond() {
+        assert_eq!(parse_spin("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_spin("50us"), Ok(Duration::from_micros(50)));
+        assert_eq!(parse_spin("1ms"), Ok(Duration::from_millis(1)));
+        assert!(parse_spin("2ms").unwrap_err().contains("at most 1ms"));
+        assert!(parse_spin("fast").unwrap_err().contains("examples"));
+        let args = Cli::try_parse_from(["weft", "run"]);
+        let Ok(Cli { command: Command::Run(run), .. }) = args else { panic!("{args:?}") };
+        assert_eq!(run.spin, Duration::ZERO, "off unless asked for");
     }
 }

@@ -47,7 +47,7 @@ fn peer(n: u8, backend: PeerBackend) -> Peer {
 }
 
 /// Starts host `n` (subnet 10.244.n.0/24, underlay 192.0.2.n) knowing the other hosts, its
-/// workers reading `clock`.
+/// workers reading `clock`; a one-thread worker keeps looking for `spin` after a small step.
 #[allow(clippy::too_many_arguments)]
 fn start(
     net: &FakeNet,
@@ -57,6 +57,7 @@ fn start(
     port: u16,
     stop: &Arc<StopSignal>,
     one_thread: bool,
+    spin: Duration,
     clock: ManualClock,
 ) -> Host {
     let pb = if backend == BackendKind::Vxlan { PeerBackend::Vxlan } else { PeerBackend::Udp };
@@ -88,6 +89,7 @@ fn start(
         gro_tcp: false,
         gro_udp: false,
         one_thread,
+        spin,
     };
     worker::Worker {
         tun: tun.clone(),
@@ -136,8 +138,10 @@ fn two_hosts_with(
 ) -> (FakeNet, Host, Host, Arc<StopSignal>) {
     let net = FakeNet::new();
     let stop = StopSignal::new();
-    let a = start(&net, 1, &[2], backend, port, &stop, one_thread, ManualClock::new());
-    let b = start(&net, 2, &[1], backend, port, &stop, one_thread, ManualClock::new());
+    // No spin: the fakes run on a manual clock, which a spin would wait on for ever.
+    let (spin, clock) = (Duration::ZERO, ManualClock::new);
+    let a = start(&net, 1, &[2], backend, port, &stop, one_thread, spin, clock());
+    let b = start(&net, 2, &[1], backend, port, &stop, one_thread, spin, clock());
     (net, a, b, stop)
 }
 
@@ -174,6 +178,43 @@ fn one_thread_workers_carry_packets_both_ways() {
     assert_eq!(a.tun.take_written(WAIT).expect("delivered back to host 1"), back);
     assert_eq!(count_settles(|| a.counters.packets().tx_packets), 1);
     assert_eq!(count_settles(|| b.counters.packets().rx_packets), 1);
+    stop.stop();
+}
+
+/// Issue 12, item 3: after a small step a one-thread worker keeps looking instead of sleeping,
+/// so a reply that comes back soon is forwarded without a wake-up; once the spin is over it
+/// sleeps. Host 1's clock stands still until the test moves it, so "soon" lasts as long as the
+/// test needs, whatever the machine's load: the reply is sent 30 ms later.
+#[test]
+fn a_one_thread_worker_spins_after_a_small_step_and_forwards_the_reply_without_sleeping() {
+    let net = FakeNet::new();
+    let stop = StopSignal::new();
+    let (vx, spin) = (BackendKind::Vxlan, Duration::from_micros(50));
+    let clock = ManualClock::new();
+    let a = start(&net, 1, &[2], vx, 8472, &stop, true, spin, clock.clone());
+    let b = start(&net, 2, &[1], vx, 8472, &stop, true, Duration::ZERO, ManualClock::new());
+    let there = echo(Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2), 63);
+    let back = echo(Ipv4Addr::new(10, 244, 2, 2), Ipv4Addr::new(10, 244, 1, 2), 63);
+    let wakeups = || a.counters.packets().wakeups;
+
+    a.tun.inject(&there);
+    assert_eq!(b.tun.take_written(WAIT).expect("delivered to host 2"), there);
+    // Host 1's thread counted its last wake-up before it read the request.
+    let before = wakeups();
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(wakeups(), before, "host 1 slept after a small step instead of spinning");
+    b.tun.inject(&back);
+    assert_eq!(a.tun.take_written(WAIT).expect("delivered back to host 1"), back);
+    assert_eq!(wakeups(), before, "the reply needed a wake-up");
+
+    // The spin after the reply ends once its time has passed: the thread sleeps again. (The
+    // clock moves on until it does: moved once, it could move before that spin began.)
+    let deadline = std::time::Instant::now() + WAIT;
+    while wakeups() == before && std::time::Instant::now() < deadline {
+        clock.advance(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(wakeups() > before, "still spinning long after the spin's time");
     stop.stop();
 }
 
@@ -265,8 +306,19 @@ fn a_flood_to_unleased_destinations_gets_at_most_a_burst_of_icmp_errors() {
     let stop = StopSignal::new();
     let clock = ManualClock::new();
     clock.advance(Duration::from_secs(1000));
-    let a = start(&net, 1, &[2], BackendKind::Vxlan, 8472, &stop, false, clock.clone());
-    let _b = start(&net, 2, &[1], BackendKind::Vxlan, 8472, &stop, false, ManualClock::new());
+    let a =
+        start(&net, 1, &[2], BackendKind::Vxlan, 8472, &stop, false, Duration::ZERO, clock.clone());
+    let _b = start(
+        &net,
+        2,
+        &[1],
+        BackendKind::Vxlan,
+        8472,
+        &stop,
+        false,
+        Duration::ZERO,
+        ManualClock::new(),
+    );
     let flood = |round: u64| {
         for i in 0..FLOOD {
             let dst = Ipv4Addr::new(10, 244, 100 + (i % 100) as u8, 2);

@@ -75,6 +75,7 @@ fuzz_target!(|data: &[u8]| {
         gro_tcp: input.gro_tcp,
         gro_udp: input.gro_udp,
         one_thread: true,
+        spin: std::time::Duration::ZERO,
     };
     let tun = if input.vnet { FakeTun::with_vnet_hdr() } else { FakeTun::new() };
     let fake = FakeNet::new();
@@ -154,10 +155,11 @@ fuzz_target!(|data: &[u8]| {
     let mut tx = TxPath::new(&*tun, &cfg, clock);
     // Each step reads at most one batch; drain what was injected.
     for _ in 0..32 {
-        if !tx.step(
+        if tx.step(
             &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
             &mut pool,
-        ) {
+        ) == 0
+        {
             break;
         }
     }
@@ -167,10 +169,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut rx = RxPath::new(&*tun, &sock, &cfg);
     for _ in 0..64 {
-        if !rx.step(
+        if rx.step(
             &Context { tun: &*tun, fwd: &fwd2, routes: &routes2, counters: &counters },
             &mut sock,
-        ) {
+        ) == 0
+        {
             break;
         }
     }

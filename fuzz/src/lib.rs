@@ -221,9 +221,10 @@ impl ArbNetwork {
             stale: p.stale,
             ipv6: p.ipv6.map(|(n, len)| {
                 let len = 48 + len % 17;
-                let net = ipnet::Ipv6Net::new(Ipv6Addr::new(0xfd00, 0x10, 0x244, n, 0, 0, 0, 0), len)
-                    .unwrap()
-                    .trunc();
+                let net =
+                    ipnet::Ipv6Net::new(Ipv6Addr::new(0xfd00, 0x10, 0x244, n, 0, 0, 0, 0), len)
+                        .unwrap()
+                        .trunc();
                 Peer6 {
                     subnet: weft::lease::record::Ipv6Subnet::new(net).unwrap(),
                     public_ip: Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(p.public)),

@@ -19,6 +19,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 
 use super::link::RepairKind;
 use super::pipeline::DropReason;
+use super::worker::SpinEnd;
 use crate::metrics;
 
 /// What one forwarding thread counts as packets go through it: drops by [`DropReason`], packets
@@ -48,12 +49,19 @@ pub struct PacketCounters {
     pub(crate) tx_batches: AtomicU64,
     /// `recvmmsg` calls that received at least one datagram.
     pub(crate) rx_batches: AtomicU64,
+    /// Spins of a one-thread loop (`worker::spin`), by how they ended.
+    spins: [AtomicU64; SpinEnd::ALL.len()],
 }
 
 impl PacketCounters {
     /// Counts a drop.
     pub(crate) fn count_drop(&self, reason: DropReason) {
         self.drops[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a spin that ended.
+    pub(crate) fn count_spin(&self, end: SpinEnd) {
+        self.spins[end as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Adds this block's counts to `totals`.
@@ -71,6 +79,9 @@ impl PacketCounters {
         totals.wakeups += load(&self.wakeups);
         totals.tx_batches += load(&self.tx_batches);
         totals.rx_batches += load(&self.rx_batches);
+        for (total, v) in totals.spins.iter_mut().zip(&self.spins) {
+            *total += load(v);
+        }
     }
 }
 
@@ -96,12 +107,18 @@ pub struct PacketTotals {
     pub tx_batches: u64,
     /// Batches received from the sockets.
     pub rx_batches: u64,
+    spins: [u64; SpinEnd::ALL.len()],
 }
 
 impl PacketTotals {
     /// The count for one reason.
     pub(crate) fn drops(&self, reason: DropReason) -> u64 {
         self.drops[reason as usize]
+    }
+
+    /// The spins that ended one way.
+    pub fn spins(&self, end: SpinEnd) -> u64 {
+        self.spins[end as usize]
     }
 }
 
@@ -236,6 +253,14 @@ impl Collector for Counters {
         )?;
         metrics::counter_family(
             &mut e,
+            "weft_dataplane_spins_total",
+            "Times a forwarding thread kept looking instead of sleeping after a small step \
+             (--spin), by how the spin ended: caught (work came: a wake-up saved), missed \
+             (nothing came: time spent for nothing), cut (the CPU budget ran out).",
+            SpinEnd::ALL.map(|end| ([("outcome", end.label())], p.spins(end))),
+        )?;
+        metrics::counter_family(
+            &mut e,
             "weft_dataplane_link_repairs_total",
             "Repairs of the TUN device's link state after someone else changed it, by what had \
              drifted.",
@@ -327,6 +352,9 @@ mod tests {
         q1.wakeups.fetch_add(1, Ordering::Relaxed);
         q0.tx_batches.fetch_add(9, Ordering::Relaxed);
         q1.rx_batches.fetch_add(10, Ordering::Relaxed);
+        q0.count_spin(SpinEnd::Caught);
+        q1.count_spin(SpinEnd::Caught);
+        q1.count_spin(SpinEnd::Missed);
         c.set_offload(Offload::TunTso, true);
         c.set_offload(Offload::UdpGso, true);
         c.gso_fallbacks.fetch_add(3, Ordering::Relaxed);

@@ -109,6 +109,8 @@ pub(crate) struct DataplaneConfig {
     pub(crate) batching: bool,
     /// One thread per worker for both directions (else one per direction).
     pub(crate) one_thread: bool,
+    /// The longest a one-thread worker keeps looking after a small step (`WorkerConfig::spin`).
+    pub(crate) spin: Duration,
 }
 
 /// UDP GSO: whether to use it, and how soon to try it again after a GSO send failed.
@@ -281,6 +283,7 @@ impl Dataplane {
             gro_tcp: cfg.tun_offload && offloads.tso,
             gro_udp: cfg.tun_offload && offloads.uso,
             one_thread: cfg.one_thread,
+            spin: cfg.spin,
         };
         let (bound_on, sockets) = open_sockets(&cfg, cfg.public_ip, workers)?;
         let counters = Arc::new(Counters::default());

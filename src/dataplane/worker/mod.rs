@@ -47,12 +47,15 @@ mod edges;
 mod family;
 mod plan;
 mod rx;
+mod spin;
 mod tx;
 mod wait;
 
 pub use edges::{TunIo, UdpIo};
 pub use family::FamilySockets;
 pub use rx::RxPath;
+use spin::Next;
+pub use spin::SpinEnd;
 pub use tx::TxPath;
 pub use wait::{Idle, StopSignal};
 
@@ -70,6 +73,10 @@ pub struct WorkerConfig {
     pub gro_udp: bool,
     /// Run TX and RX on one thread ([`run_both`]) instead of two.
     pub one_thread: bool,
+    /// The longest a one-thread loop keeps looking after a small step before it sleeps
+    /// ([`spin`]: request/response traffic only, backing off, within a CPU budget); zero: it
+    /// sleeps at once. The two-thread loops never spin.
+    pub spin: Duration,
 }
 
 /// What a forwarding loop works with besides its own buffers and sockets: the TUN queue, the
@@ -97,7 +104,7 @@ pub(crate) fn run_tx<T: TunIo, U: UdpIo>(
 ) {
     let mut tx = TxPath::new(cx.tun, &cfg, clock);
     while !stop.is_stopped() {
-        if tx.step(cx, pool) {
+        if tx.step(cx, pool) > 0 {
             supervise::injected_fault();
         } else {
             idle.wait(cx.tun);
@@ -117,7 +124,7 @@ pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
 ) {
     let mut rx = RxPath::new(cx.tun, sock, &cfg);
     while !stop.is_stopped() {
-        if rx.step(cx, sock) {
+        if rx.step(cx, sock) > 0 {
             supervise::injected_fault();
         } else {
             idle.wait(cx.tun);
@@ -129,7 +136,9 @@ pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
 /// Both directions on one thread: drain TX and RX without waiting, and sleep in `idle` (the
 /// TUN queue and the socket) only when both are idle. A reply the kernel generates inside our
 /// TUN write (an ICMP echo reply, a TCP ACK) is then picked up by the same thread without a
-/// wake-up, which on a VM costs tens of microseconds.
+/// wake-up, which on a VM costs tens of microseconds. After a small step the loop may keep
+/// looking a little longer before it sleeps ([`spin::SpinPolicy`], at most `cfg.spin`), so
+/// that a reply coming back soon is picked up without a wake-up either.
 pub(crate) fn run_both<T: TunIo, U: UdpIo>(
     cx: &Context<'_, T>,
     pool: &mut [U],
@@ -139,16 +148,30 @@ pub(crate) fn run_both<T: TunIo, U: UdpIo>(
     idle: &mut Idle,
     stop: &StopSignal,
 ) {
-    let mut tx = TxPath::new(cx.tun, &cfg, clock);
+    let mut tx = TxPath::new(cx.tun, &cfg, clock.clone());
     let mut rx = RxPath::new(cx.tun, sock, &cfg);
+    let mut spin = spin::SpinPolicy::new(cfg.spin, clock.now());
+    // Reading the clock costs a few tens of nanoseconds (vDSO); only a spinning loop needs it.
+    let spins = !cfg.spin.is_zero();
     while !stop.is_stopped() {
-        let sent = tx.step(cx, pool);
-        let received = rx.step(cx, sock);
-        if !sent && !received {
-            idle.wait(cx.tun);
-            cx.counters.wakeups.fetch_add(1, Ordering::Relaxed);
-        } else {
+        let moved = tx.step(cx, pool) + rx.step(cx, sock);
+        if moved > 0 {
+            if spins && let Some(end) = spin.worked(moved, clock.now()) {
+                cx.counters.count_spin(end);
+            }
             supervise::injected_fault();
+            continue;
+        }
+        let next = if spins { spin.keep_looking(clock.now()) } else { Next::Sleep { ended: None } };
+        match next {
+            Next::Spin => std::hint::spin_loop(),
+            Next::Sleep { ended } => {
+                if let Some(end) = ended {
+                    cx.counters.count_spin(end);
+                }
+                idle.wait(cx.tun);
+                cx.counters.wakeups.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -418,6 +441,7 @@ mod tests {
         gro_tcp: true,
         gro_udp: false,
         one_thread: true,
+        spin: Duration::ZERO,
     };
 
     /// Reads into host 1's TUN (with offloads) one flow's seq 1000..1500 alone, then
@@ -460,15 +484,19 @@ mod tests {
         let (c1, c2) = (PacketCounters::default(), PacketCounters::default());
         let stream = inject_stream(&tun1);
         let mut tx = TxPath::new(&*tun1, &CFG, clock());
-        assert!(tx.step(
-            &Context { tun: &*tun1, fwd: &fwd1, routes: &routes1, counters: &c1 },
-            &mut pool,
-        ));
+        assert!(
+            tx.step(
+                &Context { tun: &*tun1, fwd: &fwd1, routes: &routes1, counters: &c1 },
+                &mut pool,
+            ) > 0
+        );
         let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
-        assert!(rx.step(
-            &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
-            &mut sock2,
-        ));
+        assert!(
+            rx.step(
+                &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
+                &mut sock2,
+            ) > 0
+        );
         assert_eq!(c2.rx_packets.load(Ordering::Relaxed), 5);
 
         // The 500-byte segment alone (a larger one cannot follow it), then the rest merged.
@@ -506,10 +534,12 @@ mod tests {
                 net.send_raw(from, SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472), s);
             }
             let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
-            assert!(rx.step(
-                &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
-                &mut sock2,
-            ));
+            assert!(
+                rx.step(
+                    &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
+                    &mut sock2,
+                ) > 0
+            );
             let mut written = 0;
             while tun2.take_written(Duration::ZERO).is_some() {
                 written += 1;
@@ -530,10 +560,12 @@ mod tests {
         let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001);
         net.send_raw(from, SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472), &[0; 70_000]);
         let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
-        assert!(rx.step(
-            &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
-            &mut sock2,
-        ));
+        assert!(
+            rx.step(
+                &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
+                &mut sock2,
+            ) > 0
+        );
         let mut totals = PacketTotals::default();
         c2.add_to(&mut totals);
         assert_eq!(totals.drops(DropReason::RxTruncated), 1);
@@ -560,10 +592,12 @@ mod tests {
             tun.inject(&frame);
         }
         let mut tx = TxPath::new(&*tun, &CFG, clock());
-        assert!(tx.step(
-            &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
-            &mut pool,
-        ));
+        assert!(
+            tx.step(
+                &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
+                &mut pool,
+            ) > 0
+        );
         assert_eq!(pool[0].messages_sent(), 2);
         let mut bufs = vec![vec![0u8; 2048]; 16];
         let mut metas = vec![RecvMeta::default(); 16];
@@ -592,10 +626,12 @@ mod tests {
         pool[0].set_gso(false);
         inject_stream(&tun);
         let mut tx = TxPath::new(&*tun, &CFG, clock());
-        assert!(tx.step(
-            &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
-            &mut pool,
-        ));
+        assert!(
+            tx.step(
+                &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
+                &mut pool,
+            ) > 0
+        );
         assert_eq!(pool[0].messages_sent(), 5);
     }
 
@@ -608,10 +644,12 @@ mod tests {
         let counters = PacketCounters::default();
         inject_stream(&tun);
         let mut tx = TxPath::new(&*tun, &CFG, clock());
-        assert!(tx.step(
-            &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
-            &mut pool,
-        ));
+        assert!(
+            tx.step(
+                &Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters },
+                &mut pool,
+            ) > 0
+        );
 
         let mut bufs = vec![vec![0u8; 2048]; 16];
         let mut metas = vec![RecvMeta::default(); 16];

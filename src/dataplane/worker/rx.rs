@@ -48,9 +48,10 @@ impl RxPath {
     }
 
     /// Receives a batch (without waiting), validates, decapsulates and writes the inner
-    /// packets to TUN. Returns whether anything was received: `false` means the socket was
-    /// found empty (or failed), and the caller may sleep on it.
-    pub fn step<T: TunIo, U: UdpIo>(&mut self, cx: &Context<'_, T>, sock: &mut U) -> bool {
+    /// packets to TUN. Returns how many bytes were received (what the caller's
+    /// [`super::spin::SpinPolicy`] weighs): 0 means the socket was found empty (or failed), and
+    /// the caller may sleep on it.
+    pub fn step<T: TunIo, U: UdpIo>(&mut self, cx: &Context<'_, T>, sock: &mut U) -> usize {
         let &Context { tun, fwd, routes, counters } = cx;
         let Self { bufs, metas, refs, gro, vnet } = self;
         let n = match sock.recv_batch(bufs, metas, Duration::ZERO) {
@@ -58,11 +59,11 @@ impl RxPath {
             Err(_) => {
                 counters.io_errors.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(10));
-                return false;
+                return 0;
             }
         };
         if n == 0 {
-            return false;
+            return 0;
         }
         counters.rx_batches.fetch_add(1, Ordering::Relaxed);
         let table = routes.load();
@@ -70,12 +71,14 @@ impl RxPath {
         // Counted once per batch, not per packet: an atomic add is not free even on a cache
         // line no other thread writes.
         let (mut delivered, mut delivered_bytes) = (0u64, 0u64);
+        let mut received = 0usize;
         for (b, meta) in metas.iter().enumerate().take(n) {
             if meta.truncated {
                 counters.count_drop(DropReason::RxTruncated);
                 continue;
             }
             let len = meta.len.min(bufs[b].len());
+            received += len;
             let seg = meta.segment_size.filter(|s| *s > 0).unwrap_or(len).max(1);
             let mut off = 0;
             while off < len {
@@ -110,7 +113,8 @@ impl RxPath {
         write_coalesced(tun, gro, bufs, refs, counters);
         counters.rx_packets.fetch_add(delivered, Ordering::Relaxed);
         counters.rx_bytes.fetch_add(delivered_bytes, Ordering::Relaxed);
-        true
+        // A batch of truncated datagrams only still moved something: the caller must not sleep.
+        received.max(1)
     }
 }
 

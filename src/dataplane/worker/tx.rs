@@ -67,19 +67,20 @@ impl TxPath {
 
     /// Reads what is queued on TUN (one batch, without waiting), encapsulates and sends it.
     /// `pool` holds the sockets datagrams leave from; the inner flow's hash picks one, so the
-    /// outer source port is stable per flow. Returns whether anything was read: `false` means
-    /// the queue was found empty (or failed), and the caller may sleep on it.
-    pub fn step<T: TunIo, U: UdpIo>(&mut self, cx: &Context<'_, T>, pool: &mut [U]) -> bool {
+    /// outer source port is stable per flow. Returns how many bytes were read (what the
+    /// caller's [`super::spin::SpinPolicy`] weighs): 0 means the queue was found empty (or
+    /// failed), and the caller may sleep on it.
+    pub fn step<T: TunIo, U: UdpIo>(&mut self, cx: &Context<'_, T>, pool: &mut [U]) -> usize {
         let &Context { tun, fwd, routes, counters } = cx;
         if pool.is_empty() {
-            return false;
+            return 0;
         }
         let (vnet, hdr_room) = (self.vnet, if self.vnet { virtio_net::LEN } else { 0 });
         let Self { slots, scratch, pending, clock, .. } = self;
         let now = clock.now();
         let table = routes.load();
         pending.clear();
-        let mut read_any = false;
+        let mut read = 0usize;
         for i in 0..slots.len() {
             let n = match tun.read(&mut slots[i][HEADROOM - hdr_room..]) {
                 Ok(0) => break,
@@ -90,7 +91,7 @@ impl TxPath {
                     break;
                 }
             };
-            read_any = true;
+            read += n;
             let Some(len) = n.checked_sub(hdr_room) else {
                 counters.count_drop(DropReason::TxMalformed);
                 continue;
@@ -137,10 +138,10 @@ impl TxPath {
             }
         }
         send_pending(slots, pending, pool, &mut scratch.send_buf, counters, now);
-        if read_any {
+        if read > 0 {
             counters.tx_batches.fetch_add(1, Ordering::Relaxed);
         }
-        read_any
+        read
     }
 }
 
