@@ -434,6 +434,7 @@ mod tests {
             subnet: subnet(s),
             ipv6: None,
             attrs: LeaseAttrs::from_json(json.as_bytes()).unwrap(),
+            create_revision: Revision(rev),
             mod_revision: Revision(rev),
             lease_id: StoreLeaseId(rev),
         }

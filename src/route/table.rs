@@ -503,6 +503,7 @@ mod tests {
             subnet: subnet("10.244.3.0/24"),
             ipv6: None,
             attrs: LeaseAttrs::from_json(json.as_bytes()).unwrap(),
+            create_revision: Revision(7),
             mod_revision: Revision(7),
             lease_id: StoreLeaseId(1),
         }
