@@ -36,6 +36,7 @@ fn listing(config: &NetworkConfig, n: usize) -> Listing {
                 node_id: Some(node.clone()),
                 incarnation: None,
             },
+            create_revision: Revision(i as i64 + 1),
             mod_revision: Revision(i as i64 + 1),
             lease_id: StoreLeaseId(i as i64 + 1),
         });

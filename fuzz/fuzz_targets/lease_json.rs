@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use weft::dataplane::wire::ethernet::MacAddr;
-use weft::lease::keys::KeyLayout;
+use weft::lease::keys::{KeyLayout, KeyRevisions};
 use weft::lease::record::{
     HistoryRecord, Ipv6Subnet, LeaseAttrs, LeaseName, Revision, StoreLeaseId, StoredLease, Subnet,
     SubnetError,
@@ -29,6 +29,7 @@ fuzz_target!(|data: &[u8]| {
             subnet,
             ipv6: None,
             attrs,
+            create_revision: Revision(1),
             mod_revision: Revision(1),
             lease_id: StoreLeaseId(0),
         };
@@ -101,7 +102,8 @@ fuzz_target!(|data: &[u8]| {
     // exactly when its name and the value parse, and a subnet's own key reads back to it.
     let keys = KeyLayout::new("/coreos.com/network/");
     let name = Subnet::parse_key_name(text);
-    let lease = keys.parse_lease(&bad.key, data, Revision(3), StoreLeaseId(5));
+    let revisions = KeyRevisions { create_revision: Revision(2), mod_revision: Revision(3) };
+    let lease = keys.parse_lease(&bad.key, data, revisions, StoreLeaseId(5));
     assert_eq!(lease.is_ok(), name.is_ok() && LeaseAttrs::from_json(data).is_ok());
     if let Err(e) = &lease {
         assert_eq!(e.key, bad.key);

@@ -82,6 +82,7 @@ fn lease(net: &ArbNetwork, l: &ArbLease) -> Option<StoredLease> {
         subnet: net.subnet(l.index, l.len.map_or(net.subnet_len(), |x| x % 33)),
         ipv6: None,
         attrs,
+        create_revision: Revision(i64::from(l.rev)),
         mod_revision: Revision(i64::from(l.rev)),
         lease_id: StoreLeaseId(0),
     })

@@ -46,7 +46,7 @@ use etcd_client::{
     TxnOpResponse, TxnResponse, WatchOptions,
 };
 
-use super::keys::KeyLayout;
+use super::keys::{KeyLayout, KeyRevisions};
 use super::record::{
     HistoryEntry, HistoryRecord, HistoryState, LeaseAttrs, LeaseName, NodeId, Revision,
     StoreLeaseId, StoredLease, Subnet,
@@ -487,7 +487,10 @@ impl EtcdStore {
         self.keys().parse_lease(
             &key_text(kv),
             kv.value(),
-            Revision(kv.mod_revision()),
+            KeyRevisions {
+                create_revision: Revision(kv.create_revision()),
+                mod_revision: Revision(kv.mod_revision()),
+            },
             StoreLeaseId(kv.lease()),
         )
     }

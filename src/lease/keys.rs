@@ -37,6 +37,15 @@ use super::record::{
 };
 use super::store::BadEntry;
 
+/// The two revisions etcd keeps for a key, as [`KeyLayout::parse_lease`] takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRevisions {
+    /// When the key was created (unchanged by later writes until it is deleted).
+    pub create_revision: Revision,
+    /// When the key was last written.
+    pub mod_revision: Revision,
+}
+
 /// The directory of subnet leases, relative to the prefix (no trailing slash).
 pub(crate) const SUBNETS: &str = "subnets";
 
@@ -193,13 +202,14 @@ impl KeyLayout {
         &self,
         key: &str,
         value: &[u8],
-        mod_revision: Revision,
+        revisions: KeyRevisions,
         lease_id: StoreLeaseId,
     ) -> Result<StoredLease, BadEntry> {
         let read = || -> Result<StoredLease, KeyError> {
             let LeaseName { subnet, ipv6 } = self.name_of(key)?;
             let attrs = LeaseAttrs::from_json(value)?;
-            Ok(StoredLease { subnet, ipv6, attrs, mod_revision, lease_id })
+            let KeyRevisions { create_revision, mod_revision } = revisions;
+            Ok(StoredLease { subnet, ipv6, attrs, create_revision, mod_revision, lease_id })
         };
         read().map_err(|e| e.at(key))
     }
@@ -272,6 +282,11 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// A key created and last written at `rev`.
+    fn revs(rev: i64) -> KeyRevisions {
+        KeyRevisions { create_revision: Revision(rev), mod_revision: Revision(rev) }
+    }
+
     #[test]
     fn keys_are_flannels_layout_under_the_prefix() {
         let k = KeyLayout::new("/coreos.com/network/");
@@ -293,18 +308,19 @@ mod tests {
     fn leases_history_and_deletes_parse_back_or_name_the_problem() {
         let k = KeyLayout::new("/p");
         let value = br#"{"PublicIP":"192.0.2.1","PublicIPv6":null}"#;
-        let lease = k.parse_lease("/p/subnets/10.244.3.0-24", value, Revision(7), StoreLeaseId(9));
+        let revisions = KeyRevisions { create_revision: Revision(4), mod_revision: Revision(7) };
+        let lease = k.parse_lease("/p/subnets/10.244.3.0-24", value, revisions, StoreLeaseId(9));
         let lease = lease.unwrap();
         assert_eq!(
-            (lease.subnet, lease.mod_revision, lease.lease_id),
-            (sn("10.244.3.0/24"), Revision(7), StoreLeaseId(9))
+            (lease.subnet, lease.create_revision, lease.mod_revision, lease.lease_id),
+            (sn("10.244.3.0/24"), Revision(4), Revision(7), StoreLeaseId(9))
         );
-        let bad = k.parse_lease("/p/subnets/bogus", value, Revision(1), StoreLeaseId(0));
+        let bad = k.parse_lease("/p/subnets/bogus", value, revs(1), StoreLeaseId(0));
         assert_eq!(bad.as_ref().unwrap_err().key, "/p/subnets/bogus");
         assert!(bad.unwrap_err().problem.starts_with("bad key: "));
-        let bad = k.parse_lease("/p/subnets/10.244.3.0-24", b"{", Revision(1), StoreLeaseId(0));
+        let bad = k.parse_lease("/p/subnets/10.244.3.0-24", b"{", revs(1), StoreLeaseId(0));
         assert!(bad.unwrap_err().problem.starts_with("bad value: "));
-        let bad = k.parse_lease("/q/subnets/10.244.3.0-24", value, Revision(1), StoreLeaseId(0));
+        let bad = k.parse_lease("/q/subnets/10.244.3.0-24", value, revs(1), StoreLeaseId(0));
         assert_eq!(bad.unwrap_err().problem, "not under /p/subnets/");
 
         let record = br#"{"state":"held","node":"node-aaaa","public_ip":"192.0.2.1"}"#;
@@ -324,7 +340,7 @@ mod tests {
         let k = KeyLayout::new("/p");
         let value = br#"{"PublicIP":"192.0.2.1","PublicIPv6":"2001:db8::1"}"#;
         let key = "/p/subnets/10.244.3.0-24&fd00:0:0:3::-64";
-        let lease = k.parse_lease(key, value, Revision(7), StoreLeaseId(9)).unwrap();
+        let lease = k.parse_lease(key, value, revs(7), StoreLeaseId(9)).unwrap();
         assert_eq!(lease.subnet, sn("10.244.3.0/24"));
         assert_eq!(lease.ipv6, Some("fd00:0:0:3::/64".parse().unwrap()));
         assert_eq!(k.lease(lease.name()), key);

@@ -50,7 +50,7 @@ use std::time::Duration;
 use futures::channel::mpsc;
 use futures::{FutureExt, StreamExt};
 
-use super::keys::KeyLayout;
+use super::keys::{KeyLayout, KeyRevisions};
 use super::record::{
     HistoryEntry, HistoryRecord, HistoryState, LeaseAttrs, LeaseName, NodeId, Revision,
     StoreLeaseId, StoredLease, Subnet,
@@ -257,6 +257,8 @@ impl World {
                     if let Some(state) = self.leases.get_mut(&lease) {
                         state.keys.insert(key.clone());
                     }
+                    let (create_revision, version) =
+                        old.as_ref().map_or((rev, 1), |kv| (kv.create_revision, kv.version + 1));
                     if self.keys.is_subnet_key(&key) {
                         self.writes.push(WriteRecord {
                             client: client.to_owned(),
@@ -266,8 +268,12 @@ impl World {
                             previous_node: old.as_ref().and_then(|kv| node_of(&kv.value)),
                             new_node: node_of(&value),
                         });
+                        let revisions = KeyRevisions {
+                            create_revision: Revision(create_revision),
+                            mod_revision: Revision(rev),
+                        };
                         let parsed =
-                            self.keys.parse_lease(&key, &value, Revision(rev), StoreLeaseId(lease));
+                            self.keys.parse_lease(&key, &value, revisions, StoreLeaseId(lease));
                         let event = match parsed {
                             Ok(stored) => WatchEvent::Put(stored),
                             Err(bad) => WatchEvent::Bad(bad),
@@ -279,8 +285,6 @@ impl World {
                         // A departure marker: route watchers see it beside the delete.
                         batch.push((key.clone(), WatchEvent::Departed(departed)));
                     }
-                    let (create_revision, version) =
-                        old.map_or((rev, 1), |kv| (kv.create_revision, kv.version + 1));
                     let kv = KeyValue { value, create_revision, mod_revision: rev, version, lease };
                     self.kv.insert(key, kv);
                 }
@@ -409,7 +413,11 @@ impl World {
     }
 
     fn parse_lease(&self, key: &str, kv: &KeyValue) -> Result<StoredLease, BadEntry> {
-        self.keys.parse_lease(key, &kv.value, Revision(kv.mod_revision), StoreLeaseId(kv.lease))
+        let revisions = KeyRevisions {
+            create_revision: Revision(kv.create_revision),
+            mod_revision: Revision(kv.mod_revision),
+        };
+        self.keys.parse_lease(key, &kv.value, revisions, StoreLeaseId(kv.lease))
     }
 
     fn parse_history(&self, key: &str, kv: &KeyValue) -> Result<HistoryEntry, BadEntry> {
@@ -1130,6 +1138,35 @@ mod tests {
         let listing = block_on(a.list()).unwrap();
         assert_eq!(listing.leases.len(), 1);
         assert!(listing.history.is_empty());
+    }
+
+    #[test]
+    fn a_keys_create_revision_survives_its_rewrites_in_listings_and_watches() {
+        let (_, store) = setup();
+        let a = store.client("a");
+        let s = subnet("10.244.3.0/24");
+        let held = created(block_on(a.create(s, &attrs("node-aaaa", 1), TTL)).unwrap());
+        let mut watch = block_on(a.watch(Revision(held.mod_revision.0 + 1), None)).unwrap();
+        let renewed = match block_on(a.renew(&held, &attrs("node-aaaa", 7), TTL)).unwrap() {
+            RenewOutcome::Renewed(renewed) => renewed,
+            other => panic!("expected Renewed, got {other:?}"),
+        };
+        assert!(renewed.mod_revision > held.mod_revision);
+        let listing = block_on(a.list()).unwrap();
+        let listed = &listing.leases[0];
+        assert_eq!(
+            (listed.create_revision, listed.mod_revision),
+            (held.mod_revision, renewed.mod_revision)
+        );
+        let put = batches(&mut watch).into_iter().flat_map(|b| b.events).find_map(|e| match e {
+            WatchEvent::Put(l) => Some(l),
+            _ => None,
+        });
+        let put = put.expect("the renewal's put");
+        assert_eq!(
+            (put.create_revision, put.mod_revision),
+            (held.mod_revision, renewed.mod_revision)
+        );
     }
 
     #[test]

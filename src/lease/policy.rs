@@ -367,6 +367,7 @@ mod tests {
                 node_id: Some(node(holder)),
                 incarnation: None,
             },
+            create_revision: Revision(rev),
             mod_revision: Revision(rev),
             lease_id: StoreLeaseId(rev),
         }

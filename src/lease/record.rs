@@ -499,6 +499,10 @@ pub struct StoredLease {
     pub ipv6: Option<Ipv6Subnet>,
     /// The parsed value.
     pub attrs: LeaseAttrs,
+    /// The key's create revision: when this key was created. Unlike the mod revision, no
+    /// renewal or rewrite of the key moves it, so it orders keys by who came first (route
+    /// watchers give a contested IPv6 half to the first, `route::set`).
+    pub create_revision: Revision,
     /// The key's mod revision: renew and adopt compare on it.
     pub mod_revision: Revision,
     /// The etcd lease the key is attached to (`0`: none, a reservation).

@@ -27,6 +27,16 @@
 //!   key turned unreadable is kept and marked stale (we cannot tell who holds it now).
 //!   flannel's IPv6-only leases (`0.0.0.0-0&<v6>`) are leases, not garbage: they are neither
 //!   routed (no IPv4 subnet) nor reported.
+//! - **One IPv6 half, one route.** etcd's create compares the IPv4 subnet only, so two live
+//!   keys can name one IPv6 half (a flannel node drawing a half a weft node holds, or an
+//!   operator's hand). The half is routed to the key created first (the lowest
+//!   [`StoredLease::create_revision`], ties to the lower IPv4 subnet); every other live key
+//!   naming it is routed over IPv4 only and listed in [`RouteSet::half_conflicts`]. The choice
+//!   depends on the store alone, so every node makes the same one; it is re-made whenever a key
+//!   naming the half comes, changes or goes, so a conflict clears when a key goes. A stale
+//!   route's half gives way to any live key naming it (as its IPv4 route gives way to a new
+//!   holder of its subnet). The own lease takes part (it is a key of the store like any other):
+//!   [`RouteSet::own_half_conflict`] says when it shares its half.
 //! - Revisions: a listing at revision `r` makes the watch resume from `r + 1`, a batch at
 //!   revision `b` from `b + 1` ([`RouteSet::resume_revision`]). Events a listing already covers
 //!   (at or below its revision) are ignored, so a re-list may run while the old watch goes on.
@@ -41,7 +51,7 @@ use ipnet::Ipv4Net;
 
 use super::table::{Peer, Peer6, RouteTable};
 use crate::lease::keys;
-use crate::lease::record::{HistoryState, Revision, StoredLease, Subnet};
+use crate::lease::record::{HistoryState, Ipv6Subnet, LeaseName, Revision, StoredLease, Subnet};
 use crate::lease::store::{BadEntry, Listing, WatchBatch, WatchEvent};
 
 /// The latest known route of one subnet and the key revision it came from.
@@ -50,6 +60,54 @@ struct Entry {
     peer: Peer,
     /// The mod revision of the key write this route came from.
     mod_revision: Revision,
+    /// The key's create revision: who came first, for a contested IPv6 half.
+    create_revision: Revision,
+    /// The IPv6 half the key names, whether or not it can be carried ([`Peer::ipv6`] holds it
+    /// when it can): a key claims its half either way, as its pods are addressed from it.
+    half: Option<Ipv6Subnet>,
+}
+
+impl Entry {
+    fn of(lease: &StoredLease, peer: Peer) -> Self {
+        Self {
+            peer,
+            mod_revision: lease.mod_revision,
+            create_revision: lease.create_revision,
+            half: lease.ipv6,
+        }
+    }
+}
+
+/// A live lease's claim on the IPv6 half its key names. The derived order is the rule for a
+/// contested half: the first claim keeps it. The create revision comes first because it is
+/// the store's own record of which key was there first, the same on every node, and no
+/// renewal moves it (a mod revision would: a flannel node rewrites its key on every renewal,
+/// so the half would change hands each time). One transaction may create two keys at one
+/// revision; the lower IPv4 subnet (the key names' order, as `RouteTable` orders routes)
+/// settles that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Claim {
+    create_revision: Revision,
+    subnet: Subnet,
+}
+
+/// Where a live lease's [`Claim`] is filed: its half and its create revision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Filed {
+    half: Ipv6Subnet,
+    create_revision: Revision,
+}
+
+/// This host's own lease shares its IPv6 half with another live key
+/// ([`RouteSet::own_half_conflict`]): pods on both hosts may be given the same IPv6 addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnHalfConflict {
+    /// The own lease's key.
+    pub own: LeaseName,
+    /// The half's holder, the key created first (the own key, or another).
+    pub holder: LeaseName,
+    /// Every live key naming the half, the holder first; the others are routed over IPv4 only.
+    pub keys: Vec<LeaseName>,
 }
 
 /// The latest known route per subnet, built from listings and watch events. See the module
@@ -71,6 +129,15 @@ pub struct RouteSet {
     /// Routed leases whose IPv6 half cannot be carried (why, by key): they are routed over
     /// IPv4 only. Rebuilt by every listing, kept up by watch events.
     ipv4_only: BTreeMap<String, String>,
+    /// The live (not stale) leases naming each IPv6 half, first claim first: the first is the
+    /// half's holder. Rebuilt by every listing, kept up by watch events.
+    claims: BTreeMap<Ipv6Subnet, BTreeSet<Claim>>,
+    /// The claim of each live lease that names a half, by its subnet (to find and drop it when
+    /// the lease changes or goes).
+    filed: BTreeMap<Subnet, Filed>,
+    /// Live leases whose half another key holds (by key, why): routed over IPv4 only. Kept in
+    /// step with `claims`.
+    half_conflicts: BTreeMap<String, String>,
 }
 
 impl RouteSet {
@@ -87,6 +154,9 @@ impl RouteSet {
             bad_entries: 0,
             ignored: BTreeMap::new(),
             ipv4_only: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            filed: BTreeMap::new(),
+            half_conflicts: BTreeMap::new(),
         }
     }
 
@@ -128,7 +198,7 @@ impl RouteSet {
             match self.route_of(lease) {
                 Ok(peer) => {
                     self.note_half(lease);
-                    next.insert(lease.subnet, Entry { peer, mod_revision: lease.mod_revision });
+                    next.insert(lease.subnet, Entry::of(lease, peer));
                 }
                 Err(Skip::Foreign(why)) => self.ignore(lease_key(lease.subnet), why),
                 Err(Skip::Unroutable(why)) => {
@@ -165,8 +235,9 @@ impl RouteSet {
                 next.insert(*subnet, kept);
             }
         }
-        let changed = self.visible_differs(&next);
+        let mut changed = self.visible_differs(&next);
         self.entries = next;
+        changed |= self.refile_all_claims();
         self.listed_at = Some(listing.revision);
         self.resume = self.resume.max(Revision(listing.revision.0.saturating_add(1)));
         self.needs_relist = false;
@@ -199,6 +270,12 @@ impl RouteSet {
         let mut changed = false;
         for event in &batch.events {
             changed |= self.apply_event(event, &departed);
+            // Renewals leave every claim as it is; a claim that changes re-decides its half,
+            // which may move the half's route (at worst, for the own key, a table published
+            // unchanged).
+            if let Some(subnet) = event_subnet(event) {
+                changed |= self.refile_claim(subnet);
+            }
         }
         self.resume = Revision(batch.revision.0.saturating_add(1));
         changed
@@ -223,8 +300,7 @@ impl RouteSet {
                     Ok(peer) => {
                         self.ignored.remove(&lease_key(lease.subnet));
                         self.note_half(lease);
-                        let entry = Entry { peer, mod_revision: lease.mod_revision };
-                        let old = self.entries.insert(lease.subnet, entry);
+                        let old = self.entries.insert(lease.subnet, Entry::of(lease, peer));
                         self.is_visible(lease.subnet)
                             && old.map(|e| e.peer).as_ref() != self.peer(lease.subnet)
                     }
@@ -286,6 +362,83 @@ impl RouteSet {
                 self.ipv4_only.remove(&key);
             }
         }
+    }
+
+    /// Files `subnet`'s claim on its IPv6 half afresh after its entry may have changed (a live
+    /// lease claims the half its key names; a stale or absent one claims none), re-deciding
+    /// the halves it left and joined. Whether its claim changed. O(log n) plus the claims on
+    /// those two halves.
+    fn refile_claim(&mut self, subnet: Subnet) -> bool {
+        let now = self.entries.get(&subnet).and_then(filed_of);
+        let before = self.filed.get(&subnet).copied();
+        if now == before {
+            return false;
+        }
+        if let Some(old) = before {
+            self.filed.remove(&subnet);
+            if let Some(claims) = self.claims.get_mut(&old.half) {
+                claims.remove(&Claim { create_revision: old.create_revision, subnet });
+                if claims.is_empty() {
+                    self.claims.remove(&old.half);
+                }
+            }
+            self.half_conflicts.remove(&half_key(subnet, old.half));
+            self.decide(old.half);
+        }
+        if let Some(new) = now {
+            self.filed.insert(subnet, new);
+            let claim = Claim { create_revision: new.create_revision, subnet };
+            self.claims.entry(new.half).or_default().insert(claim);
+            self.decide(new.half);
+        }
+        true
+    }
+
+    /// Files every live entry's claim afresh (after a listing): O(n log n). Whether any claim
+    /// changed.
+    fn refile_all_claims(&mut self) -> bool {
+        let before = std::mem::take(&mut self.claims);
+        self.filed.clear();
+        self.half_conflicts.clear();
+        for (subnet, entry) in &self.entries {
+            if let Some(filed) = filed_of(entry) {
+                self.filed.insert(*subnet, filed);
+                let claim = Claim { create_revision: filed.create_revision, subnet: *subnet };
+                self.claims.entry(filed.half).or_default().insert(claim);
+            }
+        }
+        let contested: Vec<Ipv6Subnet> =
+            self.claims.iter().filter(|(_, c)| c.len() > 1).map(|(half, _)| *half).collect();
+        for half in contested {
+            self.decide(half);
+        }
+        before != self.claims
+    }
+
+    /// Lists every claimant of `half` but the first as routed over IPv4 only, and takes the
+    /// first off the list.
+    fn decide(&mut self, half: Ipv6Subnet) {
+        let Some(claims) = self.claims.get(&half) else { return };
+        let mut claims = claims.iter();
+        let Some(holder) = claims.next() else { return };
+        let holder_key = half_key(holder.subnet, half);
+        for other in claims {
+            let why = format!(
+                "its IPv6 half {half} is also named by {holder_key}, created first (at revision {}), \
+                 which keeps it",
+                holder.create_revision.0
+            );
+            self.half_conflicts.insert(half_key(other.subnet, half), why);
+        }
+        self.half_conflicts.remove(&holder_key);
+    }
+
+    /// Whether the route of `subnet` (entry `entry`) carries its IPv6 half: the key holds the
+    /// half (it names none, or is the first live key naming it), or it is a stale route whose
+    /// half no live key names.
+    fn holds_half(&self, subnet: Subnet, entry: &Entry) -> bool {
+        let Some(half) = entry.half else { return true };
+        self.claims.get(&half).and_then(BTreeSet::first).is_none_or(|first| first.subnet == subnet)
     }
 
     fn ignore(&mut self, key: String, why: String) {
@@ -376,18 +529,65 @@ impl RouteSet {
         &self.ipv4_only
     }
 
+    /// The live lease keys (`subnets/<v4>&<v6>`) whose IPv6 half another live key holds (the
+    /// one created first), with why: routed over IPv4 only. Store-wide (the own key is listed
+    /// too when it is not the holder), so every node lists the same keys. As of the last
+    /// listing and the watch events since.
+    pub fn half_conflicts(&self) -> &BTreeMap<String, String> {
+        &self.half_conflicts
+    }
+
+    /// Whether this host's own lease's IPv6 half is named by another live key too, and by which.
+    pub fn own_half_conflict(&self) -> Option<OwnHalfConflict> {
+        let own = self.own?;
+        let half = self.filed.get(&own)?.half;
+        let claims = self.claims.get(&half).filter(|c| c.len() > 1)?;
+        let keys: Vec<LeaseName> =
+            claims.iter().map(|c| LeaseName { subnet: c.subnet, ipv6: Some(half) }).collect();
+        let holder = *keys.first()?;
+        Some(OwnHalfConflict { own: LeaseName { subnet: own, ipv6: Some(half) }, holder, keys })
+    }
+
     /// The route the set holds for `subnet`, including the own subnet's (which
     /// [`RouteSet::table`] leaves out).
     pub fn peer(&self, subnet: Subnet) -> Option<&Peer> {
         self.entries.get(&subnet).map(|e| &e.peer)
     }
 
-    /// The table to publish: every route but the own subnet's.
+    /// The table to publish: every route but the own subnet's, each IPv6 half on the route of
+    /// its holder alone.
     pub fn table(&self) -> RouteTable {
-        let peers =
-            self.entries.iter().filter(|(s, _)| self.is_visible(**s)).map(|(_, e)| e.peer.clone());
+        let peers = self.entries.iter().filter(|(s, _)| self.is_visible(**s)).map(|(s, e)| {
+            let mut peer = e.peer.clone();
+            if !self.holds_half(*s, e) {
+                peer.ipv6 = None;
+            }
+            peer
+        });
         RouteTable::build(self.network, self.subnet_len, peers)
     }
+}
+
+/// The claim a route's entry files: its key's half, if the route is live.
+fn filed_of(entry: &Entry) -> Option<Filed> {
+    let half = entry.half.filter(|_| !entry.peer.stale)?;
+    Some(Filed { half, create_revision: entry.create_revision })
+}
+
+/// The subnet whose entry an event may change.
+fn event_subnet(event: &WatchEvent) -> Option<Subnet> {
+    match event {
+        WatchEvent::Put(lease) => Some(lease.subnet),
+        WatchEvent::Delete { subnet, .. } => Some(*subnet),
+        WatchEvent::Bad(bad) => bad.subnet_key().flatten(),
+        WatchEvent::Departed(_) => None,
+    }
+}
+
+/// How [`RouteSet::half_conflicts`] names a dual-stack key: its exact name, both halves, as an
+/// operator would delete it.
+fn half_key(subnet: Subnet, half: Ipv6Subnet) -> String {
+    keys::relative_subnet_key(&LeaseName { subnet, ipv6: Some(half) }.key_name())
 }
 
 /// Why a parsed lease gives no route.
@@ -412,7 +612,7 @@ mod tests {
 
     use super::*;
     use crate::lease::record::{
-        HistoryEntry, HistoryRecord, LeaseAttrs, NodeId, StoreLeaseId, StoredLease,
+        HistoryEntry, HistoryRecord, LeaseAttrs, LeaseName, NodeId, StoreLeaseId, StoredLease,
     };
     use crate::lease::store::BadEntry;
 
@@ -434,6 +634,7 @@ mod tests {
             subnet: subnet(s),
             ipv6: None,
             attrs: LeaseAttrs::from_json(json.as_bytes()).unwrap(),
+            create_revision: Revision(rev),
             mod_revision: Revision(rev),
             lease_id: StoreLeaseId(rev),
         }
@@ -1006,5 +1207,198 @@ mod tests {
         s.apply_batch(&put_dual(r#","PublicIPv6":null"#, 14));
         s.apply_listing(&listing(20, vec![dual("10.244.1.0/24", 1, 3, carried)], vec![]));
         assert!(s.ipv4_only().is_empty());
+    }
+
+    /// A dual-stack lease of `host` whose IPv6 half (`half`) can be carried, its key created at
+    /// `created` and last written at `rev`.
+    fn claim(s: &str, host: u8, half: &str, created: i64, rev: i64) -> StoredLease {
+        let v6 = format!(
+            r#","PublicIPv6":"2001:db8::{host}","BackendV6Data":{{"VNI":1,"VtepMAC":"02:00:00:00:06:{host:02x}"}}"#
+        );
+        StoredLease {
+            ipv6: Some(half.parse().unwrap()),
+            create_revision: Revision(created),
+            ..dual(s, host, rev, &v6)
+        }
+    }
+
+    /// The host (last octet of its public IPv4 address) whose route carries `dst`.
+    fn half_route(s: &RouteSet, dst: &str) -> Option<u8> {
+        s.table().lookup6(dst.parse().unwrap()).map(|(p, _)| p.public_ip.octets()[3])
+    }
+
+    fn puts(rev: i64, leases: Vec<StoredLease>) -> WatchBatch {
+        WatchBatch {
+            revision: Revision(rev),
+            events: leases.into_iter().map(WatchEvent::Put).collect(),
+        }
+    }
+
+    const HALF: &str = "fd00:10:244:1::/64";
+    const FIRST: &str = "subnets/10.244.2.0-24&fd00:10:244:1::-64";
+    const LATER: &str = "subnets/10.244.1.0-24&fd00:10:244:1::-64";
+
+    /// Two live keys naming one half: host 2's key was created first (revision 3), host 1's
+    /// later (5) but host 1 rewrote its key last (so its mod revision is the lower one). A third
+    /// key has a half of its own.
+    fn contested() -> Vec<StoredLease> {
+        vec![
+            claim("10.244.1.0/24", 1, HALF, 5, 8),
+            claim("10.244.2.0/24", 2, HALF, 3, 9),
+            claim("10.244.3.0/24", 3, "fd00:10:244:3::/64", 4, 4),
+        ]
+    }
+
+    #[test]
+    fn two_keys_naming_one_half_route_it_to_the_first_created_and_list_the_other() {
+        let mut s = set();
+        s.apply_listing(&listing(10, contested(), vec![]));
+        assert_eq!(half_route(&s, "fd00:10:244:1::9"), Some(2), "the key created first");
+        let listed: Vec<(&str, &str)> =
+            s.half_conflicts().iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(
+            listed,
+            [(
+                LATER,
+                "its IPv6 half fd00:10:244:1::/64 is also named by subnets/10.244.2.0-24&fd00:10:244:1::-64, created first (at revision 3), which keeps it"
+            )]
+        );
+        // The other key keeps its IPv4 route; exactly one route carries the half.
+        let t = s.table();
+        assert_eq!(t.len(), 3);
+        let carriers: Vec<u8> = t
+            .peers()
+            .iter()
+            .filter(|p| p.ipv6.is_some_and(|v6| v6.subnet == HALF.parse().unwrap()))
+            .map(|p| p.public_ip.octets()[3])
+            .collect();
+        assert_eq!(carriers, [2]);
+        assert_eq!(
+            t.lookup(Ipv4Addr::new(10, 244, 1, 9)).map(|p| p.public_ip.octets()[3]),
+            Some(1)
+        );
+        // A key whose half is its own is never listed, and keeps its IPv6 route.
+        assert_eq!(half_route(&s, "fd00:10:244:3::9"), Some(3));
+        assert!(s.half_conflicts().keys().all(|k| !k.starts_with("subnets/10.244.3.0")));
+        assert!(s.ipv4_only().is_empty(), "a carried half is not 'cannot be carried'");
+    }
+
+    #[test]
+    fn the_half_goes_to_the_same_key_whatever_order_the_keys_come_in() {
+        let orders: [[usize; 3]; 6] =
+            [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]];
+        for order in orders {
+            let leases: Vec<StoredLease> = order.iter().map(|i| contested()[*i].clone()).collect();
+            let mut listed = set();
+            listed.apply_listing(&listing(10, leases.clone(), vec![]));
+            // The same keys brought by the watch, one batch each, in that order.
+            let mut watched = set();
+            for (rev, lease) in (10..).zip(&leases) {
+                watched.apply_batch(&puts(rev, vec![lease.clone()]));
+            }
+            for s in [&listed, &watched] {
+                assert_eq!(half_route(s, "fd00:10:244:1::9"), Some(2), "{order:?}");
+                assert_eq!(s.half_conflicts().keys().collect::<Vec<_>>(), [LATER], "{order:?}");
+            }
+        }
+        // Created in one transaction (one create revision): the lower IPv4 subnet keeps it.
+        for reversed in [false, true] {
+            let mut leases =
+                vec![claim("10.244.7.0/24", 7, HALF, 3, 3), claim("10.244.6.0/24", 6, HALF, 3, 3)];
+            if reversed {
+                leases.reverse();
+            }
+            let mut s = set();
+            s.apply_listing(&listing(10, leases, vec![]));
+            assert_eq!(half_route(&s, "fd00:10:244:1::9"), Some(6));
+            assert_eq!(
+                s.half_conflicts().keys().collect::<Vec<_>>(),
+                ["subnets/10.244.7.0-24&fd00:10:244:1::-64"]
+            );
+        }
+    }
+
+    #[test]
+    fn a_renewal_of_the_later_key_neither_moves_the_half_nor_publishes() {
+        let mut s = set();
+        s.apply_listing(&listing(10, contested(), vec![]));
+        // A flannel node rewrites its key on renewal: a new mod revision, the same create one.
+        let renewed = claim("10.244.2.0/24", 2, HALF, 3, 11);
+        assert!(!s.apply_batch(&puts(11, vec![renewed])));
+        let renewed = claim("10.244.1.0/24", 1, HALF, 5, 12);
+        assert!(!s.apply_batch(&puts(12, vec![renewed])));
+        assert_eq!(half_route(&s, "fd00:10:244:1::9"), Some(2));
+        assert_eq!(s.half_conflicts().keys().collect::<Vec<_>>(), [LATER]);
+    }
+
+    #[test]
+    fn when_the_holder_leaves_the_other_key_gets_the_half_and_the_conflict_clears() {
+        // A clean leave (the route goes) and an expiry (the route stays, stale: its half gives
+        // way to the live key).
+        for expiry in [false, true] {
+            let mut s = set();
+            s.apply_listing(&listing(10, contested(), vec![]));
+            let b = if expiry {
+                delete("10.244.2.0/24", 11)
+            } else {
+                leave("10.244.2.0/24", 11, HistoryState::Relinquished)
+            };
+            assert!(s.apply_batch(&b), "expiry {expiry}");
+            assert_eq!(half_route(&s, "fd00:10:244:1::9"), Some(1), "expiry {expiry}");
+            assert!(s.half_conflicts().is_empty(), "expiry {expiry}: {:?}", s.half_conflicts());
+            if expiry {
+                let stale = s.table().peers().iter().find(|p| p.stale).cloned().unwrap();
+                assert_eq!((stale.public_ip.octets()[3], stale.ipv6), (2, None));
+            }
+            // Host 2 leases it again: a new key, created after host 1's, so host 1 keeps it.
+            assert!(s.apply_batch(&puts(12, vec![claim("10.244.2.0/24", 2, HALF, 12, 12)])));
+            assert_eq!(half_route(&s, "fd00:10:244:1::9"), Some(1), "expiry {expiry}");
+            assert_eq!(s.half_conflicts().keys().collect::<Vec<_>>(), [FIRST], "expiry {expiry}");
+        }
+        // A listing without the holder clears it too.
+        let mut s = set();
+        s.apply_listing(&listing(10, contested(), vec![]));
+        let mut rest = contested();
+        rest.remove(1);
+        let l = listing(20, rest, vec![history("10.244.2.0/24", HistoryState::Relinquished, 15)]);
+        assert!(s.apply_listing(&l));
+        assert_eq!(half_route(&s, "fd00:10:244:1::9"), Some(1));
+        assert!(s.half_conflicts().is_empty());
+    }
+
+    #[test]
+    fn a_key_moving_to_another_half_leaves_the_contest() {
+        let mut s = set();
+        s.apply_listing(&listing(10, contested(), vec![]));
+        // An operator rewrites host 1's key with a half of its own (a new key, as the name
+        // changes; the old one is deleted in the same transaction).
+        let mut b = delete("10.244.1.0/24", 11);
+        b.events.push(WatchEvent::Put(claim("10.244.1.0/24", 1, "fd00:10:244:9::/64", 11, 11)));
+        assert!(s.apply_batch(&b));
+        assert!(s.half_conflicts().is_empty());
+        assert_eq!(half_route(&s, "fd00:10:244:1::9"), Some(2));
+        assert_eq!(half_route(&s, "fd00:10:244:9::9"), Some(1));
+    }
+
+    #[test]
+    fn the_own_lease_sharing_its_half_is_told_whichever_key_holds_it() {
+        let mut s = set();
+        s.apply_listing(&listing(10, contested(), vec![]));
+        let name = |s: &str| LeaseName { subnet: subnet(s), ipv6: Some(HALF.parse().unwrap()) };
+        // Our key is the later one: host 2 holds the half, we are listed.
+        s.set_own(Some(subnet("10.244.1.0/24")));
+        let own = s.own_half_conflict().unwrap();
+        assert_eq!(own.own, name("10.244.1.0/24"));
+        assert_eq!(own.holder, name("10.244.2.0/24"));
+        assert_eq!(own.keys, [name("10.244.2.0/24"), name("10.244.1.0/24")]);
+        assert_eq!(half_route(&s, "fd00:10:244:1::9"), Some(2));
+        // Our key holds it: the other is listed, and its route does not carry our half.
+        s.set_own(Some(subnet("10.244.2.0/24")));
+        assert_eq!(s.own_half_conflict().unwrap().holder, name("10.244.2.0/24"));
+        assert_eq!(half_route(&s, "fd00:10:244:1::9"), None);
+        assert_eq!(s.half_conflicts().keys().collect::<Vec<_>>(), [LATER]);
+        // A host whose half is its own has nothing to be told.
+        s.set_own(Some(subnet("10.244.3.0/24")));
+        assert_eq!(s.own_half_conflict(), None);
     }
 }

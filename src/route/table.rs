@@ -368,9 +368,10 @@ impl RouteTable {
         public_ips.sort_unstable();
         public_ips.dedup();
 
-        // Two peers may name the same IPv6 half (only a broken store makes that: a create
-        // compares the IPv4 subnet only); the lower IPv4 subnet keeps it, so lookups stay
-        // deterministic.
+        // Two peers may name the same IPv6 half (a create compares the IPv4 subnet only).
+        // `RouteSet` leaves it on one live key's route (the one created first); for any other
+        // caller, and for stale routes alone on a half, the lower IPv4 subnet keeps it, so
+        // lookups stay deterministic.
         let mut by_len6: BTreeMap<u8, BTreeMap<u128, u32>> = BTreeMap::new();
         for (i, p) in peers.iter().enumerate() {
             if let Some(v6) = &p.ipv6 {
@@ -503,6 +504,7 @@ mod tests {
             subnet: subnet("10.244.3.0/24"),
             ipv6: None,
             attrs: LeaseAttrs::from_json(json.as_bytes()).unwrap(),
+            create_revision: Revision(7),
             mod_revision: Revision(7),
             lease_id: StoreLeaseId(1),
         }

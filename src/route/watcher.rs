@@ -22,6 +22,11 @@
 //! - Own-subnet changes (from the lease driver) re-publish without the own subnet at once, also
 //!   while the store is unreachable.
 //! - Stops when `shutdown` turns `true` or its sender is dropped.
+//! - Two live keys naming one IPv6 half ([`RouteSet::half_conflicts`]): on a network that
+//!   carries IPv6, one WARN per key routed over IPv4 only for it, when it appears, and the
+//!   gauge `weft_route_ipv6_half_conflicts`. When this host's own key is one of them, one ERROR
+//!   per other key, naming both and what to do, on any dual-stack network: pods on both hosts
+//!   may be given the same IPv6 addresses.
 //!
 //! [`RouteStats`] counts what happened; it is the route watcher's metrics collector (add it
 //! with [`crate::health::Health::add_collector`]).
@@ -36,11 +41,12 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::Routes;
-use super::set::RouteSet;
+use super::set::{OwnHalfConflict, RouteSet};
 use crate::config::{BackendKind, NetworkConfig};
+use crate::lease::keys;
 use crate::lease::record::LeaseName;
 use crate::lease::store::{Store, StoreError, WatchStream};
 use crate::metrics;
@@ -80,12 +86,15 @@ pub struct RouteStats {
     /// On a dual-stack vxlan network, peers routed over IPv4 only because their lease's IPv6
     /// half cannot be carried (gauge).
     pub(crate) ipv4_only_peers: AtomicU64,
+    /// On a dual-stack vxlan network, live keys routed over IPv4 only because another key,
+    /// created first, names the same IPv6 half (gauge).
+    pub(crate) ipv6_half_conflicts: AtomicU64,
 }
 
 impl Collector for RouteStats {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> std::fmt::Result {
         let load = |v: &AtomicU64| v.load(Ordering::Relaxed);
-        let gauges: [(&str, &str, &AtomicU64); 4] = [
+        let gauges: [(&str, &str, &AtomicU64); 5] = [
             ("weft_routes", "Routes to peers in the published table.", &self.routes),
             (
                 "weft_routes_stale",
@@ -102,6 +111,12 @@ impl Collector for RouteStats {
                 "Peers on a dual-stack vxlan network routed over IPv4 only: their lease's IPv6 \
                  half cannot be carried.",
                 &self.ipv4_only_peers,
+            ),
+            (
+                "weft_route_ipv6_half_conflicts",
+                "Keys on a dual-stack vxlan network routed over IPv4 only: another key, created \
+                 first, names the same IPv6 half.",
+                &self.ipv6_half_conflicts,
             ),
         ];
         for (name, help, v) in gauges {
@@ -149,6 +164,79 @@ struct Warned {
     ignored: BTreeSet<String>,
     /// Peers routed over IPv4 only.
     ipv4_only: BTreeSet<String>,
+    /// Keys routed over IPv4 only because another key holds their IPv6 half.
+    half_conflicts: BTreeSet<String>,
+    /// The other keys told about, in ERRORs, as naming the own lease's IPv6 half.
+    own_half: Option<OwnHalfTold>,
+}
+
+/// The keys the watcher has told about as sharing the own lease's IPv6 half.
+#[derive(Debug)]
+struct OwnHalfTold {
+    /// The own lease's key: a new one starts afresh.
+    own: LeaseName,
+    /// The other keys naming its half.
+    others: BTreeSet<LeaseName>,
+}
+
+/// Updates the half-conflict gauge and warns once about each key newly routed over IPv4 only
+/// because another key holds its IPv6 half (on a network that carries IPv6: elsewhere no half
+/// is routed, so none is contested), and tells at ERROR, once per other key, when the own
+/// lease's half is named by another key (any dual-stack network: the pods' addresses clash
+/// whatever carries them). The own key is left to the ERROR, not warned about too.
+fn note_half_conflicts(
+    set: &RouteSet,
+    stats: &RouteStats,
+    warned: &mut Warned,
+    carries_ipv6: bool,
+) {
+    let own = set.own_half_conflict();
+    if carries_ipv6 {
+        let conflicts = set.half_conflicts();
+        stats.ipv6_half_conflicts.store(conflicts.len() as u64, Ordering::Relaxed);
+        warned.half_conflicts.retain(|k| conflicts.contains_key(k));
+        let own_key = own.as_ref().map(|c| key_of(c.own));
+        for (key, why) in conflicts {
+            if warned.half_conflicts.insert(key.clone()) && own_key.as_ref() != Some(key) {
+                warn!(%key, reason = %why, "a peer is reached over IPv4 only: another key holds its lease's IPv6 half");
+            }
+        }
+    }
+    let Some(conflict) = own else {
+        warned.own_half = None;
+        return;
+    };
+    let told = match &mut warned.own_half {
+        Some(told) if told.own == conflict.own => told,
+        slot => slot.insert(OwnHalfTold { own: conflict.own, others: BTreeSet::new() }),
+    };
+    told.others.retain(|k| conflict.keys.contains(k));
+    for other in conflict.keys.iter().filter(|k| **k != conflict.own) {
+        if told.others.insert(*other) {
+            tell_own_half_conflict(&conflict, *other);
+        }
+    }
+}
+
+/// The ERROR for the own lease's IPv6 half named by `other` too.
+fn tell_own_half_conflict(conflict: &OwnHalfConflict, other: LeaseName) {
+    // `keys` is in claim order, the holder first: the later of the two is the one further on.
+    let position = |name: LeaseName| conflict.keys.iter().position(|k| *k == name);
+    let later = if position(other) > position(conflict.own) { other } else { conflict.own };
+    error!(
+        own = %key_of(conflict.own),
+        other = %key_of(other),
+        holder = %key_of(conflict.holder),
+        later = %key_of(later),
+        "this node's lease names the same IPv6 half as another key: pods on both hosts may be \
+         given the same IPv6 addresses. Delete the later key (`weft lease revoke <its IPv4 \
+         subnet>`) and, if its node does not lease afresh by itself, restart that node"
+    );
+}
+
+/// How the watcher's logs name a lease key: `subnets/<name>`, both halves.
+fn key_of(name: LeaseName) -> String {
+    keys::relative_subnet_key(&name.key_name())
 }
 
 /// Counts what the set skipped since the last call, and warns once about each key it newly
@@ -163,6 +251,7 @@ fn note_skipped(
     warned: &mut Warned,
     carries_ipv6: bool,
 ) {
+    note_half_conflicts(set, stats, warned, carries_ipv6);
     if carries_ipv6 {
         let ipv4_only = set.ipv4_only();
         stats.ipv4_only_peers.store(ipv4_only.len() as u64, Ordering::Relaxed);
@@ -304,6 +393,8 @@ pub async fn run(
                     if set.set_own(subnet) {
                         publish(&routes, &set, &stats);
                     }
+                    // A new own subnet may be one whose half another key names.
+                    note_half_conflicts(&set, &stats, &mut warned, carries_ipv6);
                 }
                 // The lease driver is gone: keep the last own subnet.
                 Err(_) => own_open = false,
@@ -394,7 +485,7 @@ mod tests {
     use crate::lease::record::{Incarnation, LeaseAttrs, LeaseName, NodeId, Revision, StoredLease};
     use crate::lease::store::{
         BadEntry, CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord,
-        ReleaseOutcome, RenewOutcome,
+        ReleaseOutcome, RenewOutcome, WatchBatch, WatchEvent,
     };
     use crate::route::RouteTable;
     use crate::time::ManualClock;
@@ -430,6 +521,61 @@ mod tests {
         }
     }
 
+    /// `host`'s dual-stack lease value: IPv6 carried (`PublicIPv6`, `BackendV6Data`).
+    fn attrs6(host: u8) -> LeaseAttrs {
+        LeaseAttrs {
+            public_ipv6: Some(format!("2001:db8::{host}").parse().unwrap()),
+            backend_v6_data: Some(
+                serde_json::json!({"VNI": 1, "VtepMAC": format!("02:00:00:00:06:{host:02x}")}),
+            ),
+            ..attrs(host)
+        }
+    }
+
+    const HALF: &str = "fd00:10:244:1::/64";
+
+    /// The full key of `s`'s lease naming [`HALF`].
+    fn half_key(s: &str) -> String {
+        format!("{PREFIX}/{}", key_of(half_name(s)))
+    }
+
+    fn half_name(s: &str) -> LeaseName {
+        LeaseName { subnet: subnet(s), ipv6: Some(HALF.parse().unwrap()) }
+    }
+
+    /// `host`'s lease of `s` naming [`HALF`], created at `created`.
+    fn half_lease(s: &str, host: u8, created: i64) -> StoredLease {
+        StoredLease {
+            subnet: subnet(s),
+            ipv6: Some(HALF.parse().unwrap()),
+            attrs: attrs6(host),
+            create_revision: Revision(created),
+            mod_revision: Revision(created),
+            lease_id: crate::lease::record::StoreLeaseId(created),
+        }
+    }
+
+    /// What is logged while `f` runs.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
     struct Harness {
         clock: ManualClock,
         store: MemoryStore,
@@ -452,6 +598,27 @@ mod tests {
             let network =
                 NetworkConfig::parse(br#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#)
                     .unwrap();
+            Self::start_on(clock, store, client, network)
+        }
+
+        /// On a dual-stack vxlan network (`fd00:10:244::/48`, `/64` halves).
+        fn start_dual() -> Self {
+            let clock = ManualClock::new();
+            let store = MemoryStore::new(Arc::new(clock.clone()), PREFIX);
+            let client: Arc<dyn Store> = Arc::new(store.client("routes"));
+            let network = NetworkConfig::parse(
+                br#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/48","Backend":{"Type":"vxlan"}}"#,
+            )
+            .unwrap();
+            Self::start_on(clock, store, client, network)
+        }
+
+        fn start_on(
+            clock: ManualClock,
+            store: MemoryStore,
+            client: Arc<dyn Store>,
+            network: NetworkConfig,
+        ) -> Self {
             let routes =
                 Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
             let stats = Arc::new(RouteStats::default());
@@ -637,7 +804,8 @@ mod tests {
 
     /// The route metrics byte for byte as weft's hand-written renderer wrote them before
     /// prometheus-client (`tests/golden/metrics_routes.prom` is its output for these values;
-    /// `weft_route_ipv4_only_peers` came after, in the same form).
+    /// `weft_route_ipv4_only_peers` and `weft_route_ipv6_half_conflicts` came after, in the
+    /// same form).
     #[test]
     fn route_metrics_render_exactly_as_before() {
         let stats = Arc::new(RouteStats::default());
@@ -650,6 +818,7 @@ mod tests {
             &stats.relists,
             &stats.watch_errors,
             &stats.ipv4_only_peers,
+            &stats.ipv6_half_conflicts,
         ];
         for (v, n) in all.into_iter().zip(1..) {
             v.store(n, Ordering::Relaxed);
@@ -658,6 +827,85 @@ mod tests {
             metrics::render_collector(stats).unwrap(),
             include_str!("../../tests/golden/metrics_routes.prom")
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_second_key_naming_a_held_ipv6_half_is_routed_over_ipv4_only_until_one_goes() {
+        let h = Harness::start_dual();
+        // Host 2's key first, then host 1's (a flannel node drawing the same random half).
+        h.store.put_raw(&half_key("10.244.2.0/24"), &attrs6(2).to_json(), Some(TTL));
+        h.store.put_raw(&half_key("10.244.1.0/24"), &attrs6(1).to_json(), Some(TTL));
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        let half_route = |h: &Harness| {
+            let t = h.routes.load();
+            t.lookup6("fd00:10:244:1::9".parse().unwrap()).map(|(p, _)| p.public_ip.octets()[3])
+        };
+        assert_eq!(half_route(&h), Some(2), "the key created first");
+        assert_eq!(stat(&h.stats.ipv6_half_conflicts), 1);
+        assert_eq!(stat(&h.stats.ipv4_only_peers), 0);
+        let text = metrics::render_collector(h.stats.clone()).unwrap();
+        assert!(text.contains("\nweft_route_ipv6_half_conflicts 1\n"), "{text}");
+        // Host 2's key expires (deleted without a departure marker): its stale route gives
+        // the half up to the live key, and the conflict is over.
+        assert!(h.store.delete_raw(&half_key("10.244.2.0/24")));
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, true)]).await;
+        assert_eq!(half_route(&h), Some(1));
+        assert_eq!(stat(&h.stats.ipv6_half_conflicts), 0);
+        h.stop().await;
+    }
+
+    #[test]
+    fn half_conflicts_are_warned_once_and_the_own_share_is_an_error_once() {
+        let mut set = RouteSet::new("10.244.0.0/16".parse().unwrap(), 24);
+        let leases = vec![half_lease("10.244.2.0/24", 2, 3), half_lease("10.244.1.0/24", 1, 5)];
+        set.apply_listing(&Listing { revision: Revision(10), leases, ..Listing::default() });
+        set.set_own(Some(subnet("10.244.1.0/24")));
+        let stats = RouteStats::default();
+        let mut warned = Warned::default();
+        let note = |set: &RouteSet, warned: &mut Warned| {
+            logged(|| note_half_conflicts(set, &stats, warned, true))
+        };
+        // Our key is the later one: an ERROR naming both and what to do; no WARN about our key.
+        let first = note(&set, &mut warned);
+        assert_eq!(first.matches("ERROR").count(), 1, "{first}");
+        assert_eq!(first.matches("WARN").count(), 0, "{first}");
+        for part in [
+            "own=subnets/10.244.1.0-24&fd00:10:244:1::-64",
+            "other=subnets/10.244.2.0-24&fd00:10:244:1::-64",
+            "later=subnets/10.244.1.0-24&fd00:10:244:1::-64",
+            "weft lease revoke",
+        ] {
+            assert!(first.contains(part), "{part}: {first}");
+        }
+        assert_eq!(stat(&stats.ipv6_half_conflicts), 1);
+        assert_eq!(note(&set, &mut warned), "", "told once");
+        // A third key on the half: a WARN for it, and an ERROR for it (it is later than ours).
+        let third = WatchEvent::Put(half_lease("10.244.3.0/24", 3, 11));
+        set.apply_batch(&WatchBatch { revision: Revision(11), events: vec![third] });
+        let second = note(&set, &mut warned);
+        assert_eq!(second.matches("WARN").count(), 1, "{second}");
+        assert!(second.contains("key=subnets/10.244.3.0-24&fd00:10:244:1::-64"), "{second}");
+        assert_eq!(second.matches("ERROR").count(), 1, "{second}");
+        assert!(second.contains("later=subnets/10.244.3.0-24&fd00:10:244:1::-64"), "{second}");
+        assert_eq!(stat(&stats.ipv6_half_conflicts), 2);
+        assert_eq!(note(&set, &mut warned), "", "told once");
+        // The third key goes and comes back: told again.
+        let gone = WatchEvent::Delete { subnet: subnet("10.244.3.0/24"), revision: Revision(12) };
+        set.apply_batch(&WatchBatch { revision: Revision(12), events: vec![gone] });
+        assert_eq!(note(&set, &mut warned), "");
+        assert_eq!(stat(&stats.ipv6_half_conflicts), 1);
+        let back = WatchEvent::Put(half_lease("10.244.3.0/24", 3, 13));
+        set.apply_batch(&WatchBatch { revision: Revision(13), events: vec![back] });
+        let again = note(&set, &mut warned);
+        assert_eq!((again.matches("WARN").count(), again.matches("ERROR").count()), (1, 1));
+        // Our half is ours alone again once the others are gone: nothing to tell, gauge 0.
+        let events = ["10.244.2.0/24", "10.244.3.0/24"]
+            .map(|s| WatchEvent::Delete { subnet: subnet(s), revision: Revision(14) })
+            .to_vec();
+        set.apply_batch(&WatchBatch { revision: Revision(14), events });
+        assert_eq!(note(&set, &mut warned), "");
+        assert_eq!(stat(&stats.ipv6_half_conflicts), 0);
+        assert!(warned.own_half.is_none() && warned.half_conflicts.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
