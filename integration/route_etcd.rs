@@ -78,9 +78,13 @@ struct Watcher {
 
 impl Watcher {
     async fn start(etcd: &EtcdServer, prefix: &str) -> Self {
-        let network =
-            NetworkConfig::parse(br#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#)
-                .expect("network config");
+        Self::start_on(etcd, prefix, br#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#)
+            .await
+    }
+
+    /// A watcher of the network `config` (JSON).
+    async fn start_on(etcd: &EtcdServer, prefix: &str, config: &[u8]) -> Self {
+        let network = NetworkConfig::parse(config).expect("network config");
         let routes =
             Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
         let stats = Arc::new(RouteStats::default());
@@ -212,4 +216,68 @@ async fn a_leave_and_its_marker_arrive_in_one_watch_batch_and_renewals_wake_no_w
     // Taken again: the marker goes in the create's transaction.
     created(a.create(s, &attrs(2), LONG_TTL).await.unwrap());
     assert!(raw.get(marker.as_str(), None).await.expect("get").kvs().is_empty());
+}
+
+/// The dual-stack value of host `host`: its IPv6 half can be carried.
+fn dual_attrs(host: u8) -> LeaseAttrs {
+    LeaseAttrs {
+        public_ipv6: Some(format!("2001:db8::{host}").parse().expect("test address")),
+        backend_v6_data: Some(
+            serde_json::json!({"VNI": 1, "VtepMAC": format!("02:00:00:00:06:{host:02x}")}),
+        ),
+        ..attrs(host)
+    }
+}
+
+/// Two live keys naming one IPv6 half (etcd's create guards the IPv4 subnet only: here a
+/// second writer puts its key by hand, as a flannel node that drew the same half would): the
+/// half is routed to the key etcd created first, by etcd's own create revision, even after
+/// the later key's holder last wrote before the first's did; the other key keeps its IPv4
+/// route, is counted, and gets the half when the first key goes.
+#[tokio::test]
+async fn a_half_two_keys_name_is_routed_to_the_key_etcd_created_first() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let hosts = store(&etcd, &prefix).await;
+    let half: weft::lease::record::Ipv6Subnet = "fd00:10:244:1::/64".parse().unwrap();
+    let first =
+        weft::lease::record::LeaseName { subnet: subnet("10.244.2.0/24"), ipv6: Some(half) };
+    let later =
+        weft::lease::record::LeaseName { subnet: subnet("10.244.1.0/24"), ipv6: Some(half) };
+    let held = created(hosts.create_pruning(first, &dual_attrs(2), LONG_TTL, &[]).await.unwrap());
+    created(hosts.create_pruning(later, &dual_attrs(1), LONG_TTL, &[]).await.unwrap());
+    // The first key is rewritten last: by mod revision it is now the later one.
+    let renewed = match hosts.renew(&held, &dual_attrs(2), LONG_TTL).await.unwrap() {
+        weft::lease::store::RenewOutcome::Renewed(r) => r,
+        other => panic!("expected Renewed, got {other:?}"),
+    };
+    let listing = hosts.list().await.unwrap();
+    let revs: Vec<(Subnet, i64, i64)> =
+        listing.leases.iter().map(|l| (l.subnet, l.create_revision.0, l.mod_revision.0)).collect();
+    assert!(
+        revs[0].1 > revs[1].1 && revs[0].2 < revs[1].2,
+        "10.244.1.0/24 created after and written before 10.244.2.0/24: {revs:?}"
+    );
+    assert_eq!(revs[1].2, renewed.mod_revision.0);
+
+    let config = br#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}"#;
+    let w = Watcher::start_on(&etcd, &prefix, config).await;
+    w.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+    let carrier = |w: &Watcher| {
+        w.routes.load().lookup6("fd00:10:244:1::9".parse().unwrap()).map(|(p, _)| p.public_ip)
+    };
+    assert_eq!(carrier(&w), Some(Ipv4Addr::new(192, 0, 2, 2)), "the key created first");
+    let text = w.metrics();
+    assert!(text.contains("weft_route_ipv6_half_conflicts 1\n"), "{text}");
+
+    // The first key goes: the other key carries the half now, and nothing conflicts.
+    assert_eq!(hosts.release(&renewed, &node(2)).await.unwrap(), ReleaseOutcome::Released);
+    w.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+    let deadline = Instant::now() + PROMPTLY;
+    while carrier(&w) != Some(Ipv4Addr::new(192, 0, 2, 1)) {
+        assert!(Instant::now() < deadline, "the half did not move to the remaining key");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = w.metrics();
+    assert!(text.contains("weft_route_ipv6_half_conflicts 0\n"), "{text}");
 }
