@@ -4,15 +4,19 @@
 //! prefix over the table's peers (checked against a naive scan); resume revisions never go
 //! back; a delete or unreadable key keeps the route (stale), unless the same batch holds a
 //! departure marker (relinquish or revoke) of that subnet at the delete's own revision.
+//! Leases name IPv6 halves from a pool of eight, so several keys often name one: no two
+//! published routes carry one half, a key listed in `half_conflicts` carries none, and which
+//! key carries a half does not depend on the order of a listing.
 #![no_main]
 
+use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use weft::lease::record::{
-    HistoryEntry, HistoryRecord, HistoryState, LeaseAttrs, NodeId, Revision, StoreLeaseId,
-    StoredLease,
+    HistoryEntry, HistoryRecord, HistoryState, Ipv6Subnet, LeaseAttrs, NodeId, Revision,
+    StoreLeaseId, StoredLease,
 };
 use weft::lease::store::{BadEntry, Listing, WatchBatch, WatchEvent};
 use weft::route::RouteSet;
@@ -23,13 +27,17 @@ struct ArbLease {
     index: u32,
     len: Option<u8>,
     rev: u8,
+    /// How many revisions before `rev` the key was created.
+    age: u8,
+    /// The IPv6 half the key names: `fd00:10:244:<n % 8>::/64`.
+    half: Option<u8>,
     value: Value,
 }
 
 #[derive(Arbitrary, Debug)]
 enum Value {
     /// A flannel-shaped value.
-    Shaped { public: u8, vxlan: Option<Option<[u8; 6]>>, vni: Option<u32> },
+    Shaped { public: u8, vxlan: Option<Option<[u8; 6]>>, vni: Option<u32>, v6: bool },
     /// Arbitrary JSON text (only leases that parse become events).
     Json(String),
 }
@@ -58,8 +66,13 @@ struct Input {
 
 fn lease(net: &ArbNetwork, l: &ArbLease) -> Option<StoredLease> {
     let attrs = match &l.value {
-        Value::Shaped { public, vxlan, vni } => {
+        Value::Shaped { public, vxlan, vni, v6 } => {
             let mut json = format!(r#"{{"PublicIP":"192.0.2.{public}""#);
+            if *v6 {
+                json.push_str(&format!(
+                    r#","PublicIPv6":"2001:db8::{public:x}","BackendV6Data":{{"VNI":1,"VtepMAC":"02:00:00:00:06:{public:02x}"}}"#
+                ));
+            }
             if let Some(mac) = vxlan {
                 json.push_str(r#","BackendType":"vxlan","BackendData":{"#);
                 if let Some(m) = mac {
@@ -80,9 +93,12 @@ fn lease(net: &ArbNetwork, l: &ArbLease) -> Option<StoredLease> {
     };
     Some(StoredLease {
         subnet: net.subnet(l.index, l.len.map_or(net.subnet_len(), |x| x % 33)),
-        ipv6: None,
+        ipv6: l.half.map(|n| {
+            let addr = std::net::Ipv6Addr::new(0xfd00, 0x10, 0x244, u16::from(n % 8), 0, 0, 0, 0);
+            Ipv6Subnet::new(ipnet::Ipv6Net::new(addr, 64).unwrap()).unwrap()
+        }),
         attrs,
-        create_revision: Revision(i64::from(l.rev)),
+        create_revision: Revision(i64::from(l.rev) - i64::from(l.age)),
         mod_revision: Revision(i64::from(l.rev)),
         lease_id: StoreLeaseId(0),
     })
@@ -99,6 +115,18 @@ fn check(set: &RouteSet, probes: &[u32], net: &ArbNetwork) {
         assert!(p.subnet.check_lease_of(net.net(), net.subnet_len()).is_ok(), "foreign route");
         assert!(table.is_known_peer(p.public_ip));
         assert_eq!(table.lookup(p.subnet.network()), Some(p), "a peer's own address");
+    }
+    // One half, one route; a key listed as conflicting carries none.
+    let mut carried = BTreeSet::new();
+    for p in peers {
+        if let Some(v6) = &p.ipv6 {
+            assert!(carried.insert(v6.subnet), "{} carried by two routes", v6.subnet);
+            let key = format!("subnets/{}-{}&", p.subnet.network(), p.subnet.prefix_len());
+            assert!(
+                set.half_conflicts().keys().all(|k| !k.starts_with(&key)),
+                "{key} is listed as conflicting and carries its half"
+            );
+        }
     }
     let base = u32::from(net.net().network());
     for &x in probes.iter().take(32) {
@@ -149,6 +177,26 @@ fuzz_target!(|data: &[u8]| {
                 };
                 set.apply_listing(&listing);
                 assert!(!set.needs_relist());
+                // The same listing in the other order gives the halves to the same routes (when
+                // each subnet is listed once: else the order picks which of its leases counts).
+                let subnets: BTreeSet<_> = listing.leases.iter().map(|l| l.subnet).collect();
+                if subnets.len() == listing.leases.len() {
+                    let mut reversed = RouteSet::new(net.net(), net.subnet_len());
+                    reversed.set_own(set.own());
+                    let mut other = listing.clone();
+                    other.leases.reverse();
+                    reversed.apply_listing(&other);
+                    let halves = |s: &RouteSet| -> Vec<_> {
+                        s.table()
+                            .peers()
+                            .iter()
+                            .map(|p| (p.subnet, p.ipv6.map(|v| v.subnet)))
+                            .collect()
+                    };
+                    if set.table().peers().iter().all(|p| !p.stale) {
+                        assert_eq!(halves(&set), halves(&reversed), "order changed the halves");
+                    }
+                }
                 // Every lease of the listing that parses is routed (not stale), unless own.
                 for l in &listing.leases {
                     if let Some(p) = set.peer(l.subnet)
