@@ -192,21 +192,39 @@ pub(crate) fn find_underlay6(
     }
     let netlink = Netlink::open().context("finding the IPv6 underlay")?;
     let addrs = netlink.ipv6_addresses_by_interface().context("listing IPv6 addresses")?;
-    let first_of = |name: &str| addrs.iter().find(|(n, _)| n == name).map(|(_, a)| *a);
-    if let Some(ip) = iface.and_then(first_of) {
-        return Ok(ip);
-    }
     let default6 =
         netlink.default_route6_iface().context("finding the IPv6 default route's interface")?;
-    if let Some(ip) = default6.as_deref().and_then(first_of) {
-        return Ok(ip);
-    }
-    bail!(
-        "the network config enables IPv6 (vxlan) but {} has no global IPv6 address{}: give \
-         --public-ipv6, or an --iface with one",
-        iface.unwrap_or("the underlay interface"),
-        default6.map(|d| format!(" (nor has {d}, the IPv6 default route's)")).unwrap_or_default()
-    )
+    Ok(pick_underlay6(iface, &addrs, default6.as_deref())?)
+}
+
+/// No IPv6 underlay address was found ([`pick_underlay6`]).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the network config enables IPv6 (vxlan) but {iface} has no global IPv6 address{also}: give \
+     --public-ipv6, or an --iface with one",
+    iface = iface.as_deref().unwrap_or("the underlay interface"),
+    also = default6.as_deref().map(|d| format!(" (nor has {d}, the IPv6 default route's)")).unwrap_or_default()
+)]
+pub(crate) struct NoUnderlay6 {
+    /// The IPv4 underlay's interface, if known.
+    iface: Option<String>,
+    /// The IPv6 default route's interface, if there is one.
+    default6: Option<String>,
+}
+
+/// The IPv6 underlay address, pure: the first of `addrs` (global IPv6 addresses by interface,
+/// in the kernel's order) on `iface` (the IPv4 underlay's interface), else the first on
+/// `default6` (the IPv6 default route's interface).
+pub(crate) fn pick_underlay6(
+    iface: Option<&str>,
+    addrs: &[(String, Ipv6Addr)],
+    default6: Option<&str>,
+) -> Result<Ipv6Addr, NoUnderlay6> {
+    let first_of = |name: &str| addrs.iter().find(|(n, _)| n == name).map(|(_, a)| *a);
+    iface.and_then(first_of).or_else(|| default6.and_then(first_of)).ok_or_else(|| NoUnderlay6 {
+        iface: iface.map(str::to_owned),
+        default6: default6.map(str::to_owned),
+    })
 }
 
 /// Finds the underlay as flanneld does: `--iface` (name or address), else the interface of the
@@ -948,6 +966,29 @@ async fn signal_shutdown(tx: Arc<watch::Sender<bool>>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_ipv6_underlay_is_the_ifaces_first_address_else_the_default_routes() {
+        let a = |s: &str| -> Ipv6Addr { s.parse().unwrap() };
+        let addrs = vec![
+            ("eth0".to_owned(), a("2001:db8::5")),
+            ("eth0".to_owned(), a("2001:db8::6")),
+            ("eth1".to_owned(), a("2001:db8:1::7")),
+        ];
+        assert_eq!(pick_underlay6(Some("eth0"), &addrs, Some("eth1")), Ok(a("2001:db8::5")));
+        // The IPv4 underlay has no IPv6 address: the IPv6 default route's interface has one.
+        assert_eq!(pick_underlay6(Some("lo"), &addrs, Some("eth1")), Ok(a("2001:db8:1::7")));
+        assert_eq!(pick_underlay6(None, &addrs, Some("eth1")), Ok(a("2001:db8:1::7")));
+        // Neither: the error names both, and the flags that fix it.
+        let e = pick_underlay6(Some("eth2"), &addrs, Some("eth3")).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "the network config enables IPv6 (vxlan) but eth2 has no global IPv6 address (nor \
+             has eth3, the IPv6 default route's): give --public-ipv6, or an --iface with one"
+        );
+        let e = pick_underlay6(None, &[], None).unwrap_err().to_string();
+        assert!(e.starts_with("the network config enables IPv6 (vxlan) but the underlay interface has no global IPv6 address: give --public-ipv6"), "{e}");
+    }
+
     use std::fs;
 
     use super::*;
