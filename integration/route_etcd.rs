@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use support::etcd::{EtcdServer, unique_prefix};
+use support::weft::weft_cli;
 use tokio::sync::watch;
 use weft::config::NetworkConfig;
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
@@ -269,6 +270,29 @@ async fn a_half_two_keys_name_is_routed_to_the_key_etcd_created_first() {
     assert_eq!(carrier(&w), Some(Ipv4Addr::new(192, 0, 2, 2)), "the key created first");
     let text = w.metrics();
     assert!(text.contains("weft_route_ipv6_half_conflicts 1\n"), "{text}");
+    // `weft lease list` tells the operator the same, by the same rule.
+    hosts.set_config(config).await.unwrap();
+    let conflicts = || {
+        let (code, out, err) = weft_cli(&[
+            "lease",
+            "list",
+            "--json",
+            "--etcd-endpoints",
+            &etcd.endpoint(),
+            "--etcd-prefix",
+            &prefix,
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let keys: Vec<String> = list["ipv6_half_conflicts"]
+            .as_array()
+            .expect("ipv6_half_conflicts")
+            .iter()
+            .map(|c| c["key"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        keys
+    };
+    assert_eq!(conflicts(), ["subnets/10.244.1.0-24&fd00:10:244:1::-64"]);
 
     // The first key goes: the other key carries the half now, and nothing conflicts.
     assert_eq!(hosts.release(&renewed, &node(2)).await.unwrap(), ReleaseOutcome::Released);
@@ -280,4 +304,5 @@ async fn a_half_two_keys_name_is_routed_to_the_key_etcd_created_first() {
     }
     let text = w.metrics();
     assert!(text.contains("weft_route_ipv6_half_conflicts 0\n"), "{text}");
+    assert!(conflicts().is_empty());
 }

@@ -426,6 +426,16 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
             "live": true,
         }));
     }
+    // Keys whose IPv6 half another key holds, by the route watchers' own rule (the key
+    // created first keeps it): what every node routes over IPv4 only.
+    let half_conflicts: Vec<(String, String)> = match config.as_ref().filter(|c| c.ipv6.is_some()) {
+        Some(c) => {
+            let mut set = weft::route::RouteSet::new(c.network, c.subnet_len);
+            set.apply_listing(&listing);
+            set.half_conflicts().iter().map(|(k, why)| (k.clone(), why.clone())).collect()
+        }
+        None => Vec::new(),
+    };
     for h in &listing.history {
         if listing.leases.iter().any(|l| l.subnet == h.subnet) {
             continue;
@@ -451,6 +461,7 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
             "leases": rows,
             "ignored": ignored.iter().map(|(key, why)| serde_json::json!({"key": key, "reason": why})).collect::<Vec<_>>(),
             "skipped": skipped.iter().map(|(key, why)| serde_json::json!({"key": key, "problem": why})).collect::<Vec<_>>(),
+            "ipv6_half_conflicts": half_conflicts.iter().map(|(key, why)| serde_json::json!({"key": key, "reason": why})).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -489,6 +500,9 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
             if r["live"].as_bool() == Some(true) { "live" } else { "free" },
             r["history"].as_str().unwrap_or(""),
         );
+    }
+    for (key, why) in &half_conflicts {
+        println!("routed over IPv4 only: {key}: {why}");
     }
     for (key, why) in &ignored {
         println!("ignored: {key}: {why}");
