@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions};
 use support::etcd::{EtcdCluster, EtcdServer, unique_prefix};
-use support::weft::{NodeOptions, Proxy, WeftNode, weft_cli};
+use support::weft::{NodeOptions, Proxy, WeftNode, lease_list_json, weft_cli};
 
 const READY: Duration = Duration::from_secs(20);
 
@@ -445,17 +445,7 @@ async fn s8_clean_shutdown_relinquishes_and_a_new_host_prefers_it() {
         read_key(&mut c, &key_of(&prefix, &s)).await.is_none(),
         "key gone at once, not after the TTL"
     );
-    let (code, out, err) = weft_cli(&[
-        "lease",
-        "list",
-        "--json",
-        "--etcd-endpoints",
-        &etcd.endpoint(),
-        "--etcd-prefix",
-        &prefix,
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let list = lease_list_json(&etcd.endpoint(), &prefix);
     let entry = list["leases"]
         .as_array()
         .unwrap()
@@ -670,17 +660,7 @@ async fn keys_that_are_not_leases_neither_block_joins_nor_become_routes() {
     }
     assert_eq!(log_count(&a, "fd00:0:0:9::"), 0, "an IPv6-only lease is not garbage");
 
-    let (code, out, err) = weft_cli(&[
-        "lease",
-        "list",
-        "--json",
-        "--etcd-endpoints",
-        &etcd.endpoint(),
-        "--etcd-prefix",
-        &prefix,
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v = lease_list_json(&etcd.endpoint(), &prefix);
     let ignored: Vec<String> = v["ignored"]
         .as_array()
         .unwrap()
@@ -688,12 +668,12 @@ async fn keys_that_are_not_leases_neither_block_joins_nor_become_routes() {
         .map(|i| i["key"].as_str().unwrap().rsplit('/').next().unwrap().to_owned())
         .collect();
     for (name, _) in &strays {
-        assert!(ignored.iter().any(|k| k == name), "{name} not listed as ignored: {out}");
+        assert!(ignored.iter().any(|k| k == name), "{name} not listed as ignored: {v}");
     }
     let leases: Vec<&str> =
         v["leases"].as_array().unwrap().iter().filter_map(|l| l["subnet"].as_str()).collect();
     for s in ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"] {
-        assert!(leases.contains(&s), "{s} missing from {out}");
+        assert!(leases.contains(&s), "{s} missing from {v}");
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use support::etcd::{EtcdServer, unique_prefix};
-use support::weft::weft_cli;
+use support::weft::lease_list_json;
 use tokio::sync::watch;
 use weft::config::NetworkConfig;
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
@@ -273,17 +273,7 @@ async fn a_half_two_keys_name_is_routed_to_the_key_etcd_created_first() {
     // `weft lease list` tells the operator the same, by the same rule.
     hosts.set_config(config).await.unwrap();
     let conflicts = || {
-        let (code, out, err) = weft_cli(&[
-            "lease",
-            "list",
-            "--json",
-            "--etcd-endpoints",
-            &etcd.endpoint(),
-            "--etcd-prefix",
-            &prefix,
-        ]);
-        assert_eq!(code, 0, "{err}");
-        let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let list = lease_list_json(&etcd.endpoint(), &prefix);
         let keys: Vec<String> = list["ipv6_half_conflicts"]
             .as_array()
             .expect("ipv6_half_conflicts")

@@ -397,6 +397,15 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// `weft lease list --json` against the etcd at `endpoint` under `prefix`, parsed; panics
+/// (with weft's stderr) if it fails.
+pub fn lease_list_json(endpoint: &str, prefix: &str) -> serde_json::Value {
+    let args = ["lease", "list", "--json", "--etcd-endpoints", endpoint, "--etcd-prefix", prefix];
+    let (code, out, err) = weft_cli(&args);
+    assert_eq!(code, 0, "weft lease list: {err}");
+    serde_json::from_str(&out).expect("weft lease list --json prints JSON")
+}
+
 /// Runs `weft` (a CLI subcommand) to completion: (exit code, stdout, stderr).
 pub fn weft_cli(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_weft")).args(args).output().expect("run weft");
