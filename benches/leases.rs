@@ -432,8 +432,10 @@ async fn run_hosts(
         let attrs = weft::daemon::lease_attrs(&network, ip, None, mac);
         let health = Arc::new(Health::new(clock.clone()));
         let (subnet_tx, subnet_rx) = watch::channel(None);
-        let routes =
-            Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
+        let routes = Arc::new(Routes::new({
+            let (net, len) = network.leased_network();
+            RouteTable::build_in(net, len, [])
+        }));
         let stats = Arc::new(RouteStats::default());
         let route_store: Arc<dyn Store> =
             Arc::new(Counting { inner: raw, calls: route_calls.clone(), host: idx, ip });
@@ -636,7 +638,7 @@ async fn poll(
                 let own = h.ip == ip && h.subnet.borrow().map(|l| l.subnet) == Some(s);
                 let has = own
                     || h.table
-                        .lookup(s.network())
+                        .lookup(s.v4().map_or(std::net::Ipv4Addr::UNSPECIFIED, |n| n.network()))
                         .is_some_and(|peer| peer.public_ip == ip && peer.subnet == s);
                 if has != gone {
                     p.seen[k] = true;
@@ -931,7 +933,7 @@ async fn flanneld(
         }
         *subnet_env = Some(s);
     }
-    h.subnet_tx.send_replace(Some(LeaseName::v4(s)));
+    h.subnet_tx.send_replace(Some(LeaseName::single(s)));
     let ttl = h.ttl;
     let margin = flannel_margin(ttl);
     // flannel's MonitorLease: a timer to expiry − margin, re-armed by every event of its own
@@ -976,7 +978,7 @@ async fn flanneld(
                     }
                 }
             }
-            Wake::Rewatch => match h.store.watch(watch_from, Some(LeaseName::v4(s))).await {
+            Wake::Rewatch => match h.store.watch(watch_from, Some(LeaseName::single(s))).await {
                 Ok(w) => {
                     watch = Some(w);
                     watch_backoff = Duration::from_millis(100);

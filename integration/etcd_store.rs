@@ -151,7 +151,7 @@ async fn a_subnet_has_one_key_whichever_form_each_create_writes() {
             LeaseName { subnet: s, ipv6: Some(half(100 + i)) },
         );
         // Rounds alternate: dual against IPv4-only, dual against another dual pairing.
-        let rival = if i % 2 == 1 { LeaseName::v4(s) } else { other_dual };
+        let rival = if i % 2 == 1 { LeaseName::single(s) } else { other_dual };
         let (ra, rb) = tokio::join!(
             a.create_pruning(dual, &attrs_a, LONG_TTL, &[]),
             b.create_pruning(rival, &attrs_b, LONG_TTL, &[])
@@ -290,7 +290,7 @@ async fn refresh_keeps_the_key_alive_without_rewriting_it_and_moves_its_history_
     };
     let first_record = record_at(&store.list().await.expect("list"));
     let watch = store
-        .watch(Revision(held.mod_revision.0 + 1), Some(LeaseName::v4(s)))
+        .watch(Revision(held.mod_revision.0 + 1), Some(LeaseName::single(s)))
         .await
         .expect("watch");
 
@@ -346,7 +346,7 @@ async fn expiry_deletes_the_key_and_a_watch_sees_the_delete() {
     let mine = attrs("node-aaaa", "inc-aaaa", [192, 0, 2, 1]);
     let held = created(store.create(s, &mine, SHORT_TTL).await.expect("create"));
     let mut own = store
-        .watch(Revision(held.mod_revision.0), Some(LeaseName::v4(s)))
+        .watch(Revision(held.mod_revision.0), Some(LeaseName::single(s)))
         .await
         .expect("watch own key");
     let started = Instant::now();
@@ -908,7 +908,10 @@ async fn a_create_prunes_the_history_it_supersedes_unless_rewritten_since() {
     let stale = weft::lease::store::HistoryPrune { subnet: s2, mod_revision: old_s2 };
     let all: Vec<_> = prune.into_iter().chain([stale]).collect();
     created(
-        store.create_pruning(LeaseName::v4(s3), &mine, LONG_TTL, &all).await.expect("create s3"),
+        store
+            .create_pruning(LeaseName::single(s3), &mine, LONG_TTL, &all)
+            .await
+            .expect("create s3"),
     );
 
     let history = store.list().await.expect("list").history;

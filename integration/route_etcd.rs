@@ -86,8 +86,10 @@ impl Watcher {
     /// A watcher of the network `config` (JSON).
     async fn start_on(etcd: &EtcdServer, prefix: &str, config: &[u8]) -> Self {
         let network = NetworkConfig::parse(config).expect("network config");
-        let routes =
-            Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
+        let routes = Arc::new(Routes::new({
+            let (net, len) = network.leased_network();
+            RouteTable::build_in(net, len, [])
+        }));
         let stats = Arc::new(RouteStats::default());
         let (own, own_rx) = watch::channel(None);
         let (shutdown, shutdown_rx) = watch::channel(false);

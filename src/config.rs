@@ -44,7 +44,7 @@
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde_json::{Map, Value};
 
 use crate::dataplane::wire::vxlan::Vni;
@@ -153,9 +153,27 @@ impl Default for Backend {
     }
 }
 
-/// A validated network config.
+/// A validated network config: IPv4-only, dual-stack or IPv6-only (at least one family).
+///
+/// The family that leases ([`NetworkConfig::leases_ipv4`]) is IPv4 whenever IPv4 is enabled: a
+/// lease's identity is then its IPv4 subnet, and on a dual-stack network its IPv6 half goes
+/// with it. On an IPv6-only network the IPv6 subnet is the lease's identity.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetworkConfig {
+    /// The IPv4 network: `Some` unless the config says `"EnableIPv4": false`.
+    pub ipv4: Option<Ipv4NetworkConfig>,
+    /// The IPv6 network: `Some` exactly when the config says `"EnableIPv6": true`.
+    pub ipv6: Option<Ipv6NetworkConfig>,
+    /// The backend.
+    pub backend: Backend,
+}
+
+/// The IPv4 part of a network config (`Network`, `SubnetLen`, `SubnetMin`, `SubnetMax`),
+/// validated: `network` has no host bits and is at most a /28, `subnet_len` is in
+/// `network.prefix_len() + 2 ..= 30`, and `subnet_min <= subnet_max` are aligned subnet
+/// addresses inside `network`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ipv4NetworkConfig {
     /// The cluster network (`Network`).
     pub network: Ipv4Net,
     /// The prefix length of each host's subnet (`SubnetLen`).
@@ -164,11 +182,6 @@ pub struct NetworkConfig {
     pub(crate) subnet_min: Ipv4Addr,
     /// The highest subnet that may be leased (`SubnetMax`).
     pub(crate) subnet_max: Ipv4Addr,
-    /// The IPv6 half of a dual-stack network: `Some` exactly when the config says
-    /// `"EnableIPv6": true`.
-    pub ipv6: Option<Ipv6NetworkConfig>,
-    /// The backend.
-    pub backend: Backend,
 }
 
 /// The IPv6 half of a dual-stack network config (`"EnableIPv6": true`), validated: `network`
@@ -412,12 +425,27 @@ pub enum ConfigError {
         /// The field.
         field: &'static str,
     },
-    /// `EnableIPv4: false`: an IPv6-only network.
+    /// `EnableIPv4: false` without `"EnableIPv6": true`: no network at all.
     #[error(
-        "EnableIPv4: false is not supported (IPv6-only networks are not supported yet; weft \
-         needs an IPv4 Network, with \"EnableIPv6\": true for dual stack)"
+        "EnableIPv4: false needs \"EnableIPv6\": true and an IPv6Network (an IPv6-only \
+         network); a config must enable at least one family"
     )]
-    Ipv4Disabled,
+    NoFamily,
+    /// An IPv6-only network with the udp backend, which carries no IPv6.
+    #[error(
+        "Backend.Type: udp carries IPv4 only (as flannel's), so an IPv6-only network \
+         (\"EnableIPv4\": false) needs \"Type\": \"vxlan\""
+    )]
+    Ipv6OnlyUdp,
+    /// An IPv4 field set on an IPv6-only network (`"EnableIPv4": false`).
+    #[error(
+        "{field}: set, but \"EnableIPv4\" is false (an IPv6-only network has no IPv4 fields; \
+         remove it, or drop \"EnableIPv4\": false for dual stack)"
+    )]
+    Ipv4NotEnabled {
+        /// The field.
+        field: &'static str,
+    },
     /// `Backend` has fields but no `Type`.
     #[error("Backend.Type: missing (Backend has other fields, so name the backend: vxlan or udp)")]
     MissingBackendType,
@@ -454,10 +482,23 @@ impl NetworkConfig {
             return Err(ConfigError::NotObject);
         };
 
-        if bool_field(obj, "EnableIPv4", "EnableIPv4")? == Some(false) {
-            return Err(ConfigError::Ipv4Disabled);
-        }
+        let enable_ipv4 = bool_field(obj, "EnableIPv4", "EnableIPv4")? != Some(false);
         let enable_ipv6 = bool_field(obj, "EnableIPv6", "EnableIPv6")? == Some(true);
+        if !enable_ipv4 {
+            if !enable_ipv6 {
+                return Err(ConfigError::NoFamily);
+            }
+            // flannel ignores them without EnableIPv4; refused for the same reason as IPv6
+            // fields without EnableIPv6, below.
+            for name in IPV4_FIELDS {
+                if field(obj, name, name)?.is_some_and(is_set) {
+                    return Err(ConfigError::Ipv4NotEnabled { field: name });
+                }
+            }
+            let ipv6 = parse_ipv6(obj)?;
+            let backend = parse_backend(field(obj, "Backend", "Backend")?)?;
+            return Self::ipv6_only(ipv6, backend);
+        }
         if !enable_ipv6 {
             // flannel reads these only with EnableIPv6, but whoever wrote them meant IPv6:
             // refusing is louder than a cluster that silently comes up IPv4-only.
@@ -512,59 +553,25 @@ impl NetworkConfig {
         subnet_max: Option<Ipv4Addr>,
         backend: Backend,
     ) -> Result<Self, ConfigError> {
-        if network.addr() != network.network() {
-            return Err(ConfigError::HostBits {
-                field: "Network",
-                value: network.to_string(),
-                suggestion: network.trunc(),
-            });
-        }
-        let prefix = network.prefix_len();
-        if prefix == 0 {
-            return Err(ConfigError::NetworkEmpty);
-        }
-        if prefix > MAX_SUBNET_LEN - 2 {
-            return Err(ConfigError::NetworkTooSmall { network });
-        }
-        let subnet_len = match subnet_len {
-            Some(len) if len > MAX_SUBNET_LEN => {
-                return Err(ConfigError::SubnetLenTooLong { len: u64::from(len) });
-            }
-            Some(len) if len < prefix + 2 => {
-                return Err(ConfigError::SubnetLenTooShort { len, network, min: prefix + 2 });
-            }
-            Some(len) => len,
-            None if prefix <= 22 => 24,
-            None => prefix + 2,
-        };
+        let ipv4 = Ipv4NetworkConfig::new(network, subnet_len, subnet_min, subnet_max)?;
         check_backend(&backend)?;
+        Ok(Self { ipv4: Some(ipv4), ipv6: None, backend })
+    }
 
-        // u64 so that the end of 255.0.0.0/8 (2^32) needs no special case.
-        let size = 1u64 << (32 - u32::from(subnet_len));
-        let start = u64::from(u32::from(network.network()));
-        let end = start + (1u64 << (32 - u32::from(prefix)));
-        let check = |name: &'static str, addr: Ipv4Addr| {
-            if !network.contains(&addr) {
-                return Err(ConfigError::OutsideNetwork { field: name, addr, network });
-            }
-            if u64::from(u32::from(addr)) % size != 0 {
-                return Err(ConfigError::Unaligned { field: name, addr, len: subnet_len });
-            }
-            Ok(addr)
-        };
-        // Both defaults lie inside the network: it holds at least four subnets.
-        let subnet_min = match subnet_min {
-            Some(addr) => check("SubnetMin", addr)?,
-            None => Ipv4Addr::from((start + size) as u32),
-        };
-        let subnet_max = match subnet_max {
-            Some(addr) => check("SubnetMax", addr)?,
-            None => Ipv4Addr::from((end - size) as u32),
-        };
-        if subnet_min > subnet_max {
-            return Err(ConfigError::MinAboveMax { min: subnet_min, max: subnet_max });
+    /// An IPv6-only config (`"EnableIPv4": false`). Its backend must be vxlan: flannel's udp
+    /// backend carries IPv4 only, so an IPv6-only udp network could carry nothing.
+    ///
+    /// # Errors
+    /// [`ConfigError::Ipv6OnlyUdp`], or backend values out of range.
+    pub(crate) fn ipv6_only(
+        ipv6: Ipv6NetworkConfig,
+        backend: Backend,
+    ) -> Result<Self, ConfigError> {
+        check_backend(&backend)?;
+        if backend.kind != BackendKind::Vxlan {
+            return Err(ConfigError::Ipv6OnlyUdp);
         }
-        Ok(Self { network, subnet_len, subnet_min, subnet_max, ipv6: None, backend })
+        Ok(Self { ipv4: None, ipv6: Some(ipv6), backend })
     }
 
     /// The config as flannel-style JSON, every field explicit, e.g.
@@ -593,10 +600,177 @@ impl NetworkConfig {
             ),
             None => String::new(),
         };
-        format!(
-            r#"{{"Network":"{}","SubnetLen":{},"SubnetMin":"{}","SubnetMax":"{}",{}"Backend":{}}}"#,
-            self.network, self.subnet_len, self.subnet_min, self.subnet_max, ipv6, backend
-        )
+        let ipv4 = match &self.ipv4 {
+            Some(v4) => format!(
+                r#""Network":"{}","SubnetLen":{},"SubnetMin":"{}","SubnetMax":"{}","#,
+                v4.network, v4.subnet_len, v4.subnet_min, v4.subnet_max
+            ),
+            None => r#""EnableIPv4":false,"#.to_owned(),
+        };
+        format!(r#"{{{ipv4}{ipv6}"Backend":{backend}}}"#)
+    }
+
+    /// Whether leases are IPv4 subnets (IPv4-only and dual-stack networks), rather than IPv6
+    /// ones (an IPv6-only network).
+    pub fn leases_ipv4(&self) -> bool {
+        self.ipv4.is_some()
+    }
+
+    /// The network leases are subnets of, and their length: the IPv4 `Network` and
+    /// `SubnetLen`, or on an IPv6-only network `IPv6Network` and `IPv6SubnetLen`. A config of
+    /// neither family (which no parser or constructor makes; only a hand-built value) leases
+    /// nothing: `0.0.0.0/0` in /33s, a length no subnet has.
+    pub fn leased_network(&self) -> (IpNet, u8) {
+        match (&self.ipv4, &self.ipv6) {
+            (Some(v4), _) => (IpNet::V4(v4.network), v4.subnet_len),
+            (None, Some(v6)) => (IpNet::V6(v6.network), v6.subnet_len),
+            (None, None) => (IpNet::V4(Ipv4Net::default()), 33),
+        }
+    }
+
+    /// The number of leasable subnets (of the family that leases).
+    pub fn subnet_count(&self) -> u128 {
+        match (&self.ipv4, &self.ipv6) {
+            (Some(v4), _) => u128::from(v4.subnet_count()),
+            (None, Some(v6)) => v6.subnet_count(),
+            (None, None) => 0,
+        }
+    }
+
+    /// Every leasable subnet (of the family that leases), ascending; lazily, since an IPv6
+    /// range may hold up to 2^125 of them.
+    pub fn subnets(&self) -> impl Iterator<Item = Subnet> + '_ {
+        let v4 = self.ipv4.iter().flat_map(Ipv4NetworkConfig::subnets);
+        let v6_only = self.ipv6.iter().filter(|_| self.ipv4.is_none());
+        v4.chain(v6_only.flat_map(|v6| v6.subnets().map(Subnet::from)))
+    }
+
+    /// Whether a subnet key names a lease of this network (of the family that leases, inside
+    /// the network, exactly its subnet length), whether or not inside the allocation range:
+    /// anything else under `subnets/` is ignored.
+    pub fn check_lease(&self, subnet: Subnet) -> Result<(), ForeignSubnet> {
+        let (network, len) = self.leased_network();
+        subnet.check_lease_of(network, len)
+    }
+
+    /// Whether `subnet` may be leased under this config (of the family that leases, inside the
+    /// network and the range, right length).
+    pub fn fits(&self, subnet: Subnet) -> bool {
+        match (&self.ipv4, &self.ipv6, subnet.v4(), subnet.v6()) {
+            (Some(v4), _, Some(net), _) => v4.fits(net),
+            (None, Some(v6), _, Some(half)) => v6.fits(half.net()),
+            _ => false,
+        }
+    }
+
+    /// The IPv6 half that pairs with `subnet` by position on a dual-stack network: the `i`-th
+    /// leasable IPv6 subnet for the `i`-th leasable IPv4 one (`SubnetMin` with
+    /// `IPv6SubnetMin`, the next with the next, ...). `None` on a network of one family, for a
+    /// subnet that does not fit, or past `IPv6SubnetMax` (an IPv6 range smaller than the IPv4
+    /// one). Nodes that lease different subnets at the same moment thus never pick the same
+    /// half (see `policy::pair_ipv6`).
+    pub fn home_ipv6_half(&self, subnet: Subnet) -> Option<Ipv6Subnet> {
+        let (v4, v6) = (self.ipv4.as_ref()?, self.ipv6.as_ref()?);
+        let net = subnet.v4()?;
+        if !v4.fits(net) {
+            return None;
+        }
+        let shift = 32u32.checked_sub(u32::from(v4.subnet_len))?;
+        let index = (u32::from(net.network()) - u32::from(v4.subnet_min)).checked_shr(shift)?;
+        let step = 1u128.checked_shl(128u32.checked_sub(u32::from(v6.subnet_len))?)?;
+        let addr = u128::from(v6.subnet_min).checked_add(u128::from(index).checked_mul(step)?)?;
+        let net = Ipv6Net::new(Ipv6Addr::from(addr), v6.subnet_len).ok()?;
+        Ipv6Subnet::new(net).ok().filter(|h| v6.fits(h.net()))
+    }
+
+    /// Whether a lease may be held under this config: its subnet fits, and it carries an IPv6
+    /// subnet exactly when the config enables IPv6, one that fits too (flannel reuses a
+    /// previous lease only if both halves fit); on an IPv6-only network that is the subnet.
+    pub fn fits_lease(&self, name: LeaseName) -> bool {
+        self.fits(name.subnet)
+            && match (&self.ipv4, &self.ipv6, name.ipv6) {
+                (Some(_), None, None) => true,
+                (Some(_), Some(v6), Some(half)) => v6.fits(half.net()),
+                (None, Some(_), Some(half)) => name.subnet.v6() == Some(half),
+                _ => false,
+            }
+    }
+}
+
+impl Ipv4NetworkConfig {
+    /// The IPv4 part of a config from its parts, with flannel's defaults for the parts not
+    /// given, validated as [`NetworkConfig::parse`] validates (see [`NetworkConfig::new`]).
+    ///
+    /// # Errors
+    /// [`ConfigError`], naming the field and the problem.
+    pub(crate) fn new(
+        network: Ipv4Net,
+        subnet_len: Option<u8>,
+        subnet_min: Option<Ipv4Addr>,
+        subnet_max: Option<Ipv4Addr>,
+    ) -> Result<Self, ConfigError> {
+        if network.addr() != network.network() {
+            return Err(ConfigError::HostBits {
+                field: "Network",
+                value: network.to_string(),
+                suggestion: network.trunc(),
+            });
+        }
+        let prefix = network.prefix_len();
+        if prefix == 0 {
+            return Err(ConfigError::NetworkEmpty);
+        }
+        if prefix > MAX_SUBNET_LEN - 2 {
+            return Err(ConfigError::NetworkTooSmall { network });
+        }
+        let subnet_len = match subnet_len {
+            Some(len) if len > MAX_SUBNET_LEN => {
+                return Err(ConfigError::SubnetLenTooLong { len: u64::from(len) });
+            }
+            Some(len) if len < prefix + 2 => {
+                return Err(ConfigError::SubnetLenTooShort { len, network, min: prefix + 2 });
+            }
+            Some(len) => len,
+            None if prefix <= 22 => 24,
+            None => prefix + 2,
+        };
+
+        // u64 so that the end of 255.0.0.0/8 (2^32) needs no special case.
+        let size = 1u64 << (32 - u32::from(subnet_len));
+        let start = u64::from(u32::from(network.network()));
+        let end = start + (1u64 << (32 - u32::from(prefix)));
+        let check = |name: &'static str, addr: Ipv4Addr| {
+            if !network.contains(&addr) {
+                return Err(ConfigError::OutsideNetwork { field: name, addr, network });
+            }
+            if u64::from(u32::from(addr)) % size != 0 {
+                return Err(ConfigError::Unaligned { field: name, addr, len: subnet_len });
+            }
+            Ok(addr)
+        };
+        // Both defaults lie inside the network: it holds at least four subnets.
+        let subnet_min = match subnet_min {
+            Some(addr) => check("SubnetMin", addr)?,
+            None => Ipv4Addr::from((start + size) as u32),
+        };
+        let subnet_max = match subnet_max {
+            Some(addr) => check("SubnetMax", addr)?,
+            None => Ipv4Addr::from((end - size) as u32),
+        };
+        if subnet_min > subnet_max {
+            return Err(ConfigError::MinAboveMax { min: subnet_min, max: subnet_max });
+        }
+        Ok(Self { network, subnet_len, subnet_min, subnet_max })
+    }
+
+    /// The lowest subnet that may be leased (`SubnetMin`), as its network address.
+    pub fn subnet_min(&self) -> Ipv4Addr {
+        self.subnet_min
+    }
+
+    /// The highest subnet that may be leased (`SubnetMax`), as its network address.
+    pub fn subnet_max(&self) -> Ipv4Addr {
+        self.subnet_max
     }
 
     /// The number of leasable subnets, `subnet_min` to `subnet_max` inclusive (0 if the fields
@@ -625,49 +799,13 @@ impl NetworkConfig {
         })
     }
 
-    /// Whether a subnet key names a lease of this network (inside it, exactly `SubnetLen`),
-    /// whether or not inside the allocation range: anything else under `subnets/` is ignored.
-    pub fn check_lease(&self, subnet: Subnet) -> Result<(), ForeignSubnet> {
-        subnet.check_lease_of(self.network, self.subnet_len)
-    }
-
-    /// Whether `subnet` may be leased under this config (inside the network and the range, right
-    /// length).
-    pub fn fits(&self, subnet: Subnet) -> bool {
-        self.check_lease(subnet).is_ok()
-            && subnet.network() >= self.subnet_min
-            && subnet.network() <= self.subnet_max
-    }
-
-    /// The IPv6 half that pairs with `subnet` by position: the `i`-th leasable IPv6 subnet for
-    /// the `i`-th leasable IPv4 one (`SubnetMin` with `IPv6SubnetMin`, the next with the next,
-    /// ...). `None` on an IPv4-only network, for a subnet that does not fit, or past
-    /// `IPv6SubnetMax` (an IPv6 range smaller than the IPv4 one). Nodes that lease different
-    /// subnets at the same moment thus never pick the same half (see `policy::pair_ipv6`).
-    pub fn home_ipv6_half(&self, subnet: Subnet) -> Option<Ipv6Subnet> {
-        let v6 = self.ipv6.as_ref()?;
-        if !self.fits(subnet) {
-            return None;
-        }
-        let shift = 32u32.checked_sub(u32::from(self.subnet_len))?;
-        let index =
-            (u32::from(subnet.network()) - u32::from(self.subnet_min)).checked_shr(shift)?;
-        let step = 1u128.checked_shl(128u32.checked_sub(u32::from(v6.subnet_len))?)?;
-        let addr = u128::from(v6.subnet_min).checked_add(u128::from(index).checked_mul(step)?)?;
-        let net = Ipv6Net::new(Ipv6Addr::from(addr), v6.subnet_len).ok()?;
-        Ipv6Subnet::new(net).ok().filter(|h| v6.fits(h.net()))
-    }
-
-    /// Whether a lease of both halves may be held under this config: its IPv4 subnet fits, and
-    /// it has an IPv6 half exactly when the config enables IPv6, a half that fits too
-    /// (flannel reuses a previous lease only if both halves fit).
-    pub fn fits_lease(&self, name: LeaseName) -> bool {
-        self.fits(name.subnet)
-            && match (&self.ipv6, name.ipv6) {
-                (None, None) => true,
-                (Some(v6), Some(half)) => v6.fits(half.net()),
-                _ => false,
-            }
+    /// Whether `subnet` may be leased under this config: exactly `subnet_len` long, no host
+    /// bits, inside the network and within `subnet_min ..= subnet_max`.
+    pub fn fits(&self, subnet: Ipv4Net) -> bool {
+        subnet.prefix_len() == self.subnet_len
+            && subnet.addr() == subnet.network()
+            && self.network.contains(&subnet)
+            && (self.subnet_min..=self.subnet_max).contains(&subnet.addr())
     }
 }
 
@@ -825,9 +963,10 @@ impl NetworkConfig {
     /// Refuses a Network that contains any of `underlay` (the host's public IP, the etcd
     /// endpoints' addresses), naming the first overlap.
     pub fn check_underlay(&self, underlay: &[UnderlayAddr]) -> Result<(), SwallowsUnderlay> {
-        match underlay.iter().find(|u| self.network.contains(&u.addr)) {
+        let Some(v4) = &self.ipv4 else { return Ok(()) };
+        match underlay.iter().find(|u| v4.network.contains(&u.addr)) {
             Some(u) => {
-                Err(SwallowsUnderlay { network: self.network, what: u.what.clone(), addr: u.addr })
+                Err(SwallowsUnderlay { network: v4.network, what: u.what.clone(), addr: u.addr })
             }
             None => Ok(()),
         }
@@ -910,6 +1049,9 @@ fn parse_backend(value: Option<&Value>) -> Result<Backend, ConfigError> {
     }
     Ok(backend)
 }
+
+/// The IPv4 fields, which flannel reads only with `"EnableIPv4": true` (its default).
+const IPV4_FIELDS: [&str; 4] = ["Network", "SubnetLen", "SubnetMin", "SubnetMax"];
 
 /// The IPv6 fields, which flannel reads only with `"EnableIPv6": true`.
 const IPV6_FIELDS: [&str; 4] = ["IPv6Network", "IPv6SubnetLen", "IPv6SubnetMin", "IPv6SubnetMax"];
@@ -1119,6 +1261,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use std::net::IpAddr;
 
     fn parse(json: &str) -> Result<NetworkConfig, ConfigError> {
         NetworkConfig::parse(json.as_bytes())
@@ -1168,7 +1311,7 @@ mod tests {
             (r#"{"Network":"10.0.0.0/8","SubnetMax":"10.0.1.0"}"#, 24, "10.0.1.0", "10.0.1.0"),
         ];
         for (json, len, min, max) in cases {
-            let c = ok(json);
+            let c = ok(json).ipv4.unwrap();
             assert_eq!((c.subnet_len, c.subnet_min, c.subnet_max), (len, ip(min), ip(max)), "{json}");
         }
     }
@@ -1209,10 +1352,12 @@ mod tests {
         assert_eq!(
             c,
             NetworkConfig {
-                network: net("10.0.0.0/8"),
-                subnet_len: 20,
-                subnet_min: ip("10.10.0.0"),
-                subnet_max: ip("10.99.0.0"),
+                ipv4: Some(Ipv4NetworkConfig {
+                    network: net("10.0.0.0/8"),
+                    subnet_len: 20,
+                    subnet_min: ip("10.10.0.0"),
+                    subnet_max: ip("10.99.0.0"),
+                }),
                 ipv6: None,
                 backend: Backend { kind: BackendKind::Udp, port: 7890, vni: 1 },
             }
@@ -1245,7 +1390,7 @@ mod tests {
         let c = ok(
             r#"{"Network":"10.5.0.0/16","EnableIPv4":true,"EnableIPv6":false,"EnableNFTables":true,"IPv6Network":"","IPv6SubnetLen":0,"Whatever":[1,2,{"x":null}],"Backend":{"Type":"vxlan","Extra":"x"}}"#,
         );
-        assert_eq!(c.network, net("10.5.0.0/16"));
+        assert_eq!(c.ipv4.unwrap().network, net("10.5.0.0/16"));
     }
 
     #[test]
@@ -1297,7 +1442,7 @@ mod tests {
             (format!(r#"{{{NET},"IPv6SubnetLen":64}}"#), "IPv6SubnetLen: set, but IPv6 is not enabled"),
             (format!(r#"{{{NET},"EnableIPv6":"yes"}}"#), "EnableIPv6: expected true or false"),
             (format!(r#"{{{NET},"EnableIPv4":false}}"#),
-                "EnableIPv4: false is not supported (IPv6-only networks are not supported yet"),
+                r#"EnableIPv4: false needs "EnableIPv6": true and an IPv6Network"#),
             (format!(r#"{{{NET},"EnableIPv4":1}}"#), "EnableIPv4: expected true or false"),
             (format!(r#"{{{NET},"network":"10.6.0.0/16"}}"#), "Network: given twice"),
             (format!(r#"{{{NET},"Backend":"vxlan"}}"#), r#"Backend: expected an object, found "vxlan""#),
@@ -1408,7 +1553,8 @@ mod tests {
         }
         // The IPv4 half is untouched by the IPv6 half.
         let c = ok(&dual(r#""IPv6Network":"fd00:10:244::/56""#));
-        assert_eq!((c.network, c.subnet_len), (net("10.244.0.0/16"), 24));
+        let v4 = c.ipv4.unwrap();
+        assert_eq!((v4.network, v4.subnet_len), (net("10.244.0.0/16"), 24));
         assert_eq!(c.ipv6.unwrap().network, net6("fd00:10:244::/56"));
     }
 
@@ -1474,12 +1620,25 @@ mod tests {
                 "IPv6SubnetMin: fd00:10:244:1:: is above IPv6SubnetMax fd00:10:244::"),
             (dual(&format!(r#"{N},"ipv6network":"fd00::/56""#)), "IPv6Network: given twice"),
             (dual(&format!(r#"{N},"IPV6SUBNETLEN":64,"IPv6SubnetLen":64"#)), "IPv6SubnetLen: given twice"),
-            // The IPv4 half is checked first, and EnableIPv4: false is refused even with IPv6.
+            // The IPv4 half is checked first.
             (r#"{"Network":"10.5.0.0/29","EnableIPv6":true,"IPv6Network":"fd00::/125"}"#.into(),
                 "Network: 10.5.0.0/29 is too small"),
             (r#"{"EnableIPv6":true,"IPv6Network":"fd00::/56"}"#.into(), "Network: missing"),
+            // IPv6-only: vxlan only, no IPv4 field, and the IPv6 half's own errors.
             (r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/56"}"#.into(),
-                "EnableIPv4: false is not supported (IPv6-only networks are not supported yet"),
+                "Backend.Type: udp carries IPv4 only (as flannel's), so an IPv6-only network"),
+            (r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/56","Backend":{"Type":"udp"}}"#.into(),
+                "Backend.Type: udp carries IPv4 only"),
+            (r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/56","Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#.into(),
+                r#"Network: set, but "EnableIPv4" is false (an IPv6-only network has no IPv4 fields"#),
+            (r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/56","subnetlen":24,"Backend":{"Type":"vxlan"}}"#.into(),
+                r#"SubnetLen: set, but "EnableIPv4" is false"#),
+            (r#"{"EnableIPv4":false,"EnableIPv6":true,"Backend":{"Type":"vxlan"}}"#.into(),
+                "IPv6Network: missing"),
+            (r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/125","Backend":{"Type":"vxlan"}}"#.into(),
+                "IPv6Network: fd00::/125 is too small"),
+            (r#"{"EnableIPv4":false,"Backend":{"Type":"vxlan"}}"#.into(),
+                r#"EnableIPv4: false needs "EnableIPv6": true"#),
             // IPv6 fields without EnableIPv6: true name the field.
             (r#"{"Network":"10.5.0.0/16","EnableIPv6":false,"IPv6Network":"fd00::/56"}"#.into(),
                 r#"IPv6Network: set, but IPv6 is not enabled (add "EnableIPv6": true for a dual-stack network, or remove the field)"#),
@@ -1730,13 +1889,13 @@ mod tests {
         assert!(!c.fits(s("10.5.4.0/24")));
         // The top of the address space: no overflow past 255.255.255.255.
         let top = ok(r#"{"Network":"255.255.255.0/24","SubnetLen":26}"#);
-        assert_eq!(top.subnet_max, ip("255.255.255.192"));
+        assert_eq!(top.ipv4.unwrap().subnet_max, ip("255.255.255.192"));
         assert_eq!(top.subnets().count(), 3);
     }
 
     #[test]
     fn hand_built_invalid_configs_do_not_panic() {
-        let mut c = ok(r#"{"Network":"10.5.0.0/16"}"#);
+        let mut c = ok(r#"{"Network":"10.5.0.0/16"}"#).ipv4.unwrap();
         c.subnet_len = 40;
         assert_eq!(c.subnet_count(), 0);
         assert_eq!(c.subnets().count(), 0);
@@ -1769,9 +1928,10 @@ mod tests {
                     prop::option::of(1..=MAX_VNI),
                     any::<u64>(),
                     prop::option::of(valid_ipv6()),
+                    any::<bool>(),
                 )
             })
-            .prop_map(|(net, len, a, b, give_min, give_max, vxlan, port, vni, case, ipv6)| {
+            .prop_map(|(net, len, a, b, give_min, give_max, vxlan, port, vni, case, ipv6, only)| {
                 let prefix = net.prefix_len();
                 let eff_len = len.unwrap_or(if prefix <= 22 { 24 } else { prefix + 2 });
                 let count = 1u64 << (eff_len - prefix);
@@ -1814,6 +1974,15 @@ mod tests {
                     obj.extend(fields);
                     v6
                 });
+                // An IPv6-only config (vxlan only): the IPv4 fields go, EnableIPv4 false.
+                if let (Some(v6), true, true) = (ipv6, only, vxlan) {
+                    for name in IPV4_FIELDS {
+                        obj.retain(|k, _| !k.eq_ignore_ascii_case(name));
+                    }
+                    obj.insert(flip("EnableIPv4", case >> 56), Value::from(false));
+                    let want = NetworkConfig::ipv6_only(v6, backend);
+                    return (Value::Object(obj).to_string(), want);
+                }
                 // The default Min is the second subnet; an explicit Max may sit below it, so
                 // mirror NetworkConfig::new's behaviour instead of assuming success.
                 let want = NetworkConfig::new(net, len, min, max, backend)
@@ -1943,17 +2112,29 @@ mod tests {
 
         #[test]
         fn subnets_fit_and_are_counted((_json, c) in valid_config()) {
+            if !c.leases_ipv4() {
+                // IPv6-only: up to 2^125 subnets (ipv6_ranges_fit_and_are_counted walks the
+                // range); the first ones are leases of it, with their subnet as their half.
+                for s in c.subnets().take(64) {
+                    prop_assert!(c.fits(s) && c.check_lease(s).is_ok(), "{} does not fit", s);
+                    prop_assert!(c.fits_lease(LeaseName::single(s)), "{}", s);
+                    prop_assert!(!c.fits_lease(LeaseName { subnet: s, ipv6: None }), "{}", s);
+                    prop_assert_eq!(c.home_ipv6_half(s), None);
+                }
+                return Ok(());
+            }
             let all: Vec<Subnet> = c.subnets().collect();
-            prop_assert_eq!(all.len() as u64, c.subnet_count());
+            prop_assert_eq!(all.len() as u128, c.subnet_count());
             prop_assert!(c.subnet_count() >= 1);
-            prop_assert_eq!(all.first().map(|s| s.network()), Some(c.subnet_min));
-            prop_assert_eq!(all.last().map(|s| s.network()), Some(c.subnet_max));
+            let v4 = c.ipv4.unwrap();
+            prop_assert_eq!(all.first().map(|s| s.network()), Some(IpAddr::V4(v4.subnet_min)));
+            prop_assert_eq!(all.last().map(|s| s.network()), Some(IpAddr::V4(v4.subnet_max)));
             for pair in all.windows(2) {
                 prop_assert!(pair[0] < pair[1]);
             }
             for s in all {
                 prop_assert!(c.fits(s), "{} does not fit", s);
-                prop_assert!(c.network.contains(&s.net()), "{} is outside {}", s, c.network);
+                prop_assert!(IpNet::V4(v4.network).contains(&s.net()), "{} is outside {}", s, v4.network);
             }
         }
 

@@ -197,6 +197,52 @@ pub(crate) fn find_underlay6(
     Ok(pick_underlay6(iface, &addrs, default6.as_deref())?)
 }
 
+/// Finds the underlay of an IPv6-only node, which has no IPv4 one: `--public-ipv6` when given,
+/// else the first global IPv6 address of `--iface` (a name, or one of its IPv6 addresses),
+/// else that of the IPv6 default route's interface. The published `PublicIP` is `0.0.0.0`, as
+/// flannel writes it; the MTU is the chosen interface's.
+pub(crate) fn find_ipv6_only_underlay(
+    iface: Option<&str>,
+    public_ipv6: Option<Ipv6Addr>,
+) -> anyhow::Result<(Underlay, Ipv6Addr)> {
+    let netlink = Netlink::open().context("finding the IPv6 underlay")?;
+    let addrs = netlink.ipv6_addresses_by_interface().context("listing IPv6 addresses")?;
+    let default6 =
+        netlink.default_route6_iface().context("finding the IPv6 default route's interface")?;
+    let (name, addr) = pick_ipv6_only_underlay(iface, public_ipv6, &addrs, default6.as_deref())?;
+    let mtu = match name.as_deref() {
+        Some(n) => netlink.mtu(n).with_context(|| format!("reading the MTU of {n}"))?,
+        None => None,
+    }
+    .unwrap_or(1500);
+    Ok((Underlay { iface: name, public_ip: Ipv4Addr::UNSPECIFIED, mtu }, addr))
+}
+
+/// The interface and address of an IPv6-only node's underlay, pure (see
+/// [`find_ipv6_only_underlay`]): `--iface` names an interface or one of its addresses;
+/// `--public-ipv6` overrides the address (its interface is then the one holding it, if any).
+pub(crate) fn pick_ipv6_only_underlay(
+    iface: Option<&str>,
+    public_ipv6: Option<Ipv6Addr>,
+    addrs: &[(String, Ipv6Addr)],
+    default6: Option<&str>,
+) -> Result<(Option<String>, Ipv6Addr), NoUnderlay6> {
+    let holder = |ip: Ipv6Addr| addrs.iter().find(|(_, a)| *a == ip).map(|(n, _)| n.clone());
+    let iface = match iface.map(|spec| (spec, spec.parse::<Ipv6Addr>())) {
+        Some((spec, Ok(ip))) => Some(
+            holder(ip)
+                .ok_or_else(|| NoUnderlay6 { iface: Some(spec.to_owned()), default6: None })?,
+        ),
+        Some((name, Err(_))) => Some(name.to_owned()),
+        None => None,
+    };
+    if let Some(ip) = public_ipv6 {
+        return Ok((iface.or_else(|| holder(ip)), ip));
+    }
+    let addr = pick_underlay6(iface.as_deref(), addrs, default6)?;
+    Ok((iface.or_else(|| holder(addr)), addr))
+}
+
 /// No IPv6 underlay address was found ([`pick_underlay6`]).
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -281,7 +327,8 @@ pub fn lease_attrs(
     let public_ipv6 = public_ipv6
         .filter(|_| network.ipv6.is_some() && network.backend.kind == BackendKind::Vxlan);
     let (backend_type, backend_data) = match network.backend.kind {
-        BackendKind::Vxlan => (Some("vxlan".to_string()), Some(vxlan_data())),
+        // An IPv6-only lease carries BackendV6Data alone, as flannel's.
+        BackendKind::Vxlan => (Some("vxlan".to_string()), network.leases_ipv4().then(vxlan_data)),
         // flannel's udp backend writes no BackendType; weft does the same so flannel peers
         // treat weft's udp leases as their own.
         BackendKind::Udp => (None, None),
@@ -369,9 +416,9 @@ pub(crate) fn previous_subnet(path: &Path, network: &NetworkConfig) -> Option<Su
             warn!(path = %path.display(), error = %e, "ignoring a corrupt subnet.env");
             None
         }
-        ReadOutcome::Valid(env) if network.fits(env.subnet) => Some(env.subnet),
+        ReadOutcome::Valid(env) if env.subnet().is_some_and(|s| network.fits(s)) => env.subnet(),
         ReadOutcome::Valid(env) => {
-            warn!(path = %path.display(), subnet = %env.subnet, "subnet.env names a subnet outside the configured range; ignoring it");
+            warn!(path = %path.display(), subnet = ?env.subnet(), "subnet.env names a subnet outside the configured range; ignoring it");
             None
         }
     }
@@ -422,16 +469,26 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     let Some(network) = wait_for_config(&*store, &mut shutdown_rx).await? else {
         return stopped(health_task).await;
     };
-    info!(network = %network.network, subnet_len = network.subnet_len, ipv6_network = ?network.ipv6.as_ref().map(|v6| v6.network), backend = ?network.backend.kind, "network config");
+    info!(network = ?network.ipv4.as_ref().map(|v4| v4.network), subnet_len = ?network.ipv4.as_ref().map(|v4| v4.subnet_len), ipv6_network = ?network.ipv6.as_ref().map(|v6| v6.network), backend = ?network.backend.kind, "network config");
     if let Some(notice) = udp_ipv6_notice(&network) {
         warn!("{notice}");
     }
-    let underlay = find_underlay(opts.iface.as_deref(), opts.public_ip)?;
-    let public_ipv6 = match &network.ipv6 {
-        Some(_) if network.backend.kind == BackendKind::Vxlan => {
-            Some(find_underlay6(underlay.iface.as_deref(), opts.public_ipv6)?)
+    let (underlay, public_ipv6) = if network.leases_ipv4() {
+        let underlay = find_underlay(opts.iface.as_deref(), opts.public_ip)?;
+        let public_ipv6 = match &network.ipv6 {
+            Some(_) if network.backend.kind == BackendKind::Vxlan => {
+                Some(find_underlay6(underlay.iface.as_deref(), opts.public_ipv6)?)
+            }
+            _ => None,
+        };
+        (underlay, public_ipv6)
+    } else {
+        if let Some(ip) = opts.public_ip {
+            warn!(%ip, "--public-ip is ignored: the network is IPv6-only (PublicIP is 0.0.0.0, as flannel writes it)");
         }
-        _ => None,
+        let (underlay, public_ipv6) =
+            find_ipv6_only_underlay(opts.iface.as_deref(), opts.public_ipv6)?;
+        (underlay, Some(public_ipv6))
     };
     info!(iface = underlay.iface.as_deref().unwrap_or("?"), public_ip = %underlay.public_ip, public_ipv6 = public_ipv6.map(|a| a.to_string()), mtu = underlay.mtu, "underlay");
     network.check_underlay(&underlay_addrs(underlay.public_ip, &opts.etcd_endpoints))?;
@@ -522,8 +579,12 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     let (public_ip_tx, public_ip_rx) = watch::channel(underlay.public_ip);
     let follower = tokio::spawn(follow_underlay(
         UnderlayFollow {
-            iface: underlay.iface.clone().filter(|_| opts.public_ip.is_none()),
-            explicit: opts.public_ip,
+            // An IPv6-only node publishes no IPv4 address: nothing to follow.
+            iface: underlay
+                .iface
+                .clone()
+                .filter(|_| opts.public_ip.is_none() && network.leases_ipv4()),
+            explicit: opts.public_ip.filter(|_| network.leases_ipv4()),
             network: network.clone(),
             etcd_endpoints: opts.etcd_endpoints.clone(),
             resync: opts.netlink_resync,
@@ -759,7 +820,10 @@ fn start_route_watcher(
     subnet_rx: watch::Receiver<Option<LeaseName>>,
     shutdown_rx: &watch::Receiver<bool>,
 ) -> (Arc<Routes>, tokio::task::JoinHandle<()>) {
-    let routes = Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
+    let routes = Arc::new(Routes::new({
+        let (net, len) = network.leased_network();
+        RouteTable::build_in(net, len, [])
+    }));
     let stats = Arc::new(RouteStats::default());
     health.add_collector(stats.clone());
     let watcher = tokio::spawn(crate::route::watcher::run(
@@ -800,7 +864,7 @@ fn dataplane_config(
         our_mac: vtep_mac,
         underlay_mtu: underlay.mtu,
         overhead: u32::from(network.backend.encap_overhead()),
-        network: network.network,
+        network: network.ipv4.as_ref().map(|v4| v4.network),
         public_ip: underlay.public_ip,
         ipv6: network
             .ipv6

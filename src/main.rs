@@ -360,10 +360,11 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             if let Some(notice) = daemon::udp_ipv6_notice(&cfg) {
                 eprintln!("weft: note: {notice}");
             }
+            let (network, subnet_len) = cfg.leased_network();
+            let family = if cfg.leases_ipv4() { "" } else { " (IPv6-only)" };
             eprintln!(
-                "network config written: {} split into /{} subnets ({} leasable), backend {}",
-                cfg.network,
-                cfg.subnet_len,
+                "network config written: {network}{family} split into /{subnet_len} subnets ({} \
+                 leasable), backend {}",
                 cfg.subnet_count(),
                 cfg.backend.kind.as_str()
             );
@@ -396,10 +397,6 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
     let mut skipped = Vec::new();
     for b in &listing.skipped {
         match b.subnet_key() {
-            Some(_) if b.is_ipv6_only_lease() => ignored.push((
-                b.key.clone(),
-                "an IPv6-only lease: not routed (weft is IPv4-only)".to_owned(),
-            )),
             Some(_) => ignored.push((b.key.clone(), b.problem.clone())),
             None => skipped.push((b.key.clone(), b.problem.clone())),
         }
@@ -430,7 +427,8 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
     // created first keeps it): what every node routes over IPv4 only.
     let half_conflicts: Vec<(String, String)> = match config.as_ref().filter(|c| c.ipv6.is_some()) {
         Some(c) => {
-            let mut set = weft::route::RouteSet::new(c.network, c.subnet_len);
+            let (network, subnet_len) = c.leased_network();
+            let mut set = weft::route::RouteSet::new(network, subnet_len);
             set.apply_listing(&listing);
             set.half_conflicts().iter().map(|(k, why)| (k.clone(), why.clone())).collect()
         }

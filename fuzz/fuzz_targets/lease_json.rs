@@ -10,7 +10,6 @@ use weft::dataplane::wire::ethernet::MacAddr;
 use weft::lease::keys::{KeyLayout, KeyRevisions};
 use weft::lease::record::{
     HistoryRecord, Ipv6Subnet, LeaseAttrs, LeaseName, Revision, StoreLeaseId, StoredLease, Subnet,
-    SubnetError,
 };
 use weft::lease::store::BadEntry;
 use weft::route::{Peer, Peer6};
@@ -71,15 +70,21 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(s.net().network(), s.network());
             let _ = s.first_host();
         }
-        Err(SubnetError::Ipv6Only) => assert!(text.starts_with("0.0.0.0-0&")),
         Err(_) => {}
     }
     let _ = text.parse::<Subnet>();
     match LeaseName::parse(text) {
         Ok(n) => {
-            assert_eq!(Subnet::parse_key_name(text), Ok(n.subnet), "the IPv4 half agrees");
+            assert_eq!(Subnet::parse_key_name(text), Ok(n.subnet), "the subnet agrees");
             assert_eq!(LeaseName::parse(&n.key_name()), Ok(n), "lease name round trip");
             assert_eq!(n.ipv6.is_some(), text.contains('&'));
+            // An IPv6-only name is exactly flannel's `0.0.0.0-0&…` form, and its half is its
+            // subnet; no other name has an IPv6 subnet.
+            assert_eq!(n.subnet.v4().is_none(), text.starts_with("0.0.0.0-0&"), "{text}");
+            if let Some(v6) = n.subnet.v6() {
+                assert_eq!(n.ipv6, Some(v6), "{text}");
+                assert_eq!(LeaseName::single(n.subnet), n, "{text}");
+            }
             if let Some(half) = n.ipv6 {
                 assert_eq!(half.to_string().parse::<Ipv6Subnet>(), Ok(half));
                 assert_eq!(half.key_name().parse::<Ipv6Subnet>(), Ok(half));
@@ -92,9 +97,9 @@ fuzz_target!(|data: &[u8]| {
     let _ = text.parse::<Ipv6Subnet>();
     let bad =
         BadEntry { key: format!("/coreos.com/network/subnets/{text}"), problem: String::new() };
-    let _ = (bad.subnet_key(), bad.is_ipv6_only_lease());
+    let _ = bad.subnet_key();
     if let Some(half) = bad.ipv6_half() {
-        assert!(LeaseName::parse(text).is_ok() || bad.is_ipv6_only_lease(), "{text}");
+        assert!(LeaseName::parse(text).is_ok(), "{text}");
         let (_, v6) = text.split_once('&').expect("a half comes after '&'");
         assert_eq!(v6.parse::<Ipv6Subnet>(), Ok(half), "{text}");
     }

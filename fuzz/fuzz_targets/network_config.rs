@@ -15,10 +15,12 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(again, cfg, "config round trip through {json}");
     let count = cfg.subnet_count();
     let first: Vec<_> = cfg.subnets().take(3).collect();
-    assert_eq!(first.len() as u64, count.min(3));
+    assert_eq!(first.len() as u128, count.min(3));
     for s in first {
         assert!(cfg.fits(s), "{s} listed but does not fit");
         assert!(cfg.check_lease(s).is_ok());
+        // The family that leases: IPv4 whenever there is an IPv4 part.
+        assert_eq!(s.v4().is_some(), cfg.leases_ipv4(), "{s}");
     }
     let _ = cfg.backend.encap_overhead();
 

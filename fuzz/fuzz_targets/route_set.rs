@@ -112,9 +112,13 @@ fn check(set: &RouteSet, probes: &[u32], net: &ArbNetwork) {
     }
     assert!(peers.windows(2).all(|w| w[0].subnet < w[1].subnet), "peers not sorted and unique");
     for p in peers {
-        assert!(p.subnet.check_lease_of(net.net(), net.subnet_len()).is_ok(), "foreign route");
+        assert!(
+            p.subnet.check_lease_of(net.net().into(), net.subnet_len()).is_ok(),
+            "foreign route"
+        );
         assert!(table.is_known_peer(p.public_ip));
-        assert_eq!(table.lookup(p.subnet.network()), Some(p), "a peer's own address");
+        let own = p.subnet.v4().expect("an IPv4 network routes IPv4 subnets").network();
+        assert_eq!(table.lookup(own), Some(p), "a peer's own address");
     }
     // One half, one live route (stale routes alone on a half are left to the table, which
     // gives it to the lower subnet); a key listed as conflicting carries none.
@@ -140,7 +144,7 @@ fn check(set: &RouteSet, probes: &[u32], net: &ArbNetwork) {
 fuzz_target!(|data: &[u8]| {
     let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else { return };
     let net = input.network;
-    let mut set = RouteSet::new(net.net(), net.subnet_len());
+    let mut set = RouteSet::new(net.net().into(), net.subnet_len());
     let node = NodeId::parse("node-0001").unwrap();
     for op in input.ops.iter().take(16) {
         let resume = set.resume_revision();
@@ -182,7 +186,7 @@ fuzz_target!(|data: &[u8]| {
                 // each subnet is listed once: else the order picks which of its leases counts).
                 let subnets: BTreeSet<_> = listing.leases.iter().map(|l| l.subnet).collect();
                 if subnets.len() == listing.leases.len() {
-                    let mut reversed = RouteSet::new(net.net(), net.subnet_len());
+                    let mut reversed = RouteSet::new(net.net().into(), net.subnet_len());
                     reversed.set_own(set.own());
                     let mut other = listing.clone();
                     other.leases.reverse();
@@ -201,7 +205,7 @@ fuzz_target!(|data: &[u8]| {
                 // Every lease of the listing that parses is routed (not stale), unless own.
                 for l in &listing.leases {
                     if let Some(p) = set.peer(l.subnet)
-                        && l.subnet.check_lease_of(net.net(), net.subnet_len()).is_ok()
+                        && l.subnet.check_lease_of(net.net().into(), net.subnet_len()).is_ok()
                         && weft::route::Peer::from_lease(l).is_ok()
                     {
                         let last = listing.leases.iter().rev().find(|x| x.subnet == l.subnet);

@@ -19,6 +19,7 @@ use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::virtio_net::{self, Header};
 use weft::dataplane::wire::vxlan;
 use weft::dataplane::worker::{Context, RxPath, TxPath, WorkerConfig};
+use weft::lease::record::Subnet;
 use weft::route::{Peer, PeerBackend, RouteTable, Routes};
 use weft::time::{Clock, ManualClock};
 use weft_fuzz::{AnyPacket, ArbNetwork, ArbPeer};
@@ -108,7 +109,9 @@ fuzz_target!(|data: &[u8]| {
         net.subnet_len(),
         table.peers().iter().cloned().chain(back),
     ));
-    let targets: Vec<Ipv4Addr> = table.peers().iter().map(|p| p.subnet.first_host()).collect();
+    let first_host = |s: Subnet| s.v4().map(|n| Ipv4Addr::from(u32::from(n.network()) + 1));
+    let targets: Vec<Ipv4Addr> =
+        table.peers().iter().filter_map(|p| first_host(p.subnet)).collect();
     let routes = Routes::new(table);
     let counters = PacketCounters::default();
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new());
@@ -119,7 +122,7 @@ fuzz_target!(|data: &[u8]| {
             Read::Packet { hdr, gso, packet, steer } => {
                 let addrs = match (steer, own_subnet, packet) {
                     (Some(k), Some(o), AnyPacket::Built(_)) if !targets.is_empty() => {
-                        Some((o.first_host(), targets[usize::from(*k) % targets.len()]))
+                        first_host(o).map(|o| (o, targets[usize::from(*k) % targets.len()]))
                     }
                     _ => None,
                 };

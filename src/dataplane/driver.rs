@@ -91,11 +91,13 @@ pub(crate) struct DataplaneConfig {
     pub(crate) underlay_mtu: u32,
     /// The encapsulation overhead (50 for vxlan, 28 for udp).
     pub(crate) overhead: u32,
-    /// The cluster network, routed through the TUN device.
-    pub(crate) network: Ipv4Net,
-    /// Our public IP: datagrams are sent from it when it is a local address.
+    /// The cluster's IPv4 network, routed through the TUN device; `None` on an IPv6-only
+    /// network, which has no IPv4 address, route or socket.
+    pub(crate) network: Option<Ipv4Net>,
+    /// Our public IP: datagrams are sent from it when it is a local address (unused on an
+    /// IPv6-only network).
     pub(crate) public_ip: Ipv4Addr,
-    /// The IPv6 half, on a dual-stack vxlan network.
+    /// The IPv6 half, on a dual-stack or IPv6-only vxlan network.
     pub(crate) ipv6: Option<Ipv6Dataplane>,
     /// Workers (TUN queues); at least 1.
     pub(crate) workers: usize,
@@ -147,6 +149,9 @@ pub(crate) enum DataplaneError {
     /// A thread.
     #[error("starting a worker thread: {0}")]
     Thread(#[source] io::Error),
+    /// Neither family has a socket: a config with no IPv4 network and no IPv6 underlay.
+    #[error("no underlay socket: the network has no IPv4 part and no IPv6 underlay was given")]
+    NoSockets,
 }
 
 impl TunIo for Tun {
@@ -194,9 +199,9 @@ struct FamilySet {
     tx_pool: Vec<BatchSocket>,
 }
 
-/// One worker's sockets: IPv4, and IPv6 on a dual-stack network.
+/// One worker's sockets: IPv4, IPv6 on a dual-stack network, IPv6 alone on an IPv6-only one.
 struct WorkerSockets {
-    v4: FamilySet,
+    v4: Option<FamilySet>,
     v6: Option<FamilySet>,
 }
 
@@ -268,7 +273,8 @@ impl Dataplane {
             port: cfg.port,
             our_mac: cfg.our_mac,
             own: Arc::new(OwnSubnet::default()),
-            icmp_source: cfg.network.network(),
+            // An IPv6-only network routes no IPv4 into the device: nothing to answer for.
+            icmp_source: cfg.network.map_or(Ipv4Addr::UNSPECIFIED, |n| n.network()),
             icmp_limit: Arc::default(),
             ipv6: match cfg.ipv6 {
                 Some(v6) => {
@@ -287,7 +293,9 @@ impl Dataplane {
         };
         let (bound_on, sockets) = open_sockets(&cfg, cfg.public_ip, workers)?;
         let counters = Arc::new(Counters::default());
-        if let Some(WorkerSockets { v4: first, v6 }) = sockets.first() {
+        if let Some(WorkerSockets { v4, v6 }) = sockets.first()
+            && let Some(first) = v4.as_ref().or(v6.as_ref())
+        {
             for (offload, on) in [
                 (Offload::TunTso, wcfg.gro_tcp),
                 (Offload::TunUso, wcfg.gro_udp),
@@ -308,7 +316,7 @@ impl Dataplane {
                 udp_gro = first.rx.capabilities().gro,
                 batch = wcfg.batch,
                 port = cfg.port,
-                bound_on = %bound_on.v4,
+                bound_on = bound_on.v4.map(|a| a.to_string()),
                 bound_on_ipv6 = bound_on.v6.map(|a| a.to_string()),
                 ipv6_udp_gso = v6.as_ref().map(|s| s.tx_pool.iter().all(BatchSocket::gso_enabled)),
                 ipv6_udp_gro = v6.as_ref().map(|s| s.rx.capabilities().gro),
@@ -359,15 +367,24 @@ impl Dataplane {
                 None => (None, Vec::new().into_iter()),
             };
             // Pool socket k of each family is paired: one flow keeps one socket per family.
-            let tx_pool = v4
-                .tx_pool
-                .into_iter()
-                .map(|s| FamilySockets::new(metered(s), pool6.next().map(metered)))
-                .collect();
+            let (tx_pool, rx) = match (v4, rx6) {
+                (Some(v4), rx6) => (
+                    v4.tx_pool
+                        .into_iter()
+                        .map(|s| FamilySockets::new(metered(s), pool6.next().map(metered)))
+                        .collect(),
+                    FamilySockets::new(metered(v4.rx), rx6),
+                ),
+                (None, Some(rx6)) => (
+                    pool6.map(|s| FamilySockets::ipv6_only(metered(s))).collect(),
+                    FamilySockets::ipv6_only(rx6),
+                ),
+                (None, None) => return Err(DataplaneError::NoSockets),
+            };
             let spawned = worker::Worker {
                 tun: tun.clone(),
                 tx_pool,
-                rx: FamilySockets::new(metered(v4.rx), rx6),
+                rx,
                 fwd: self.fwd.clone(),
                 routes: self.routes.clone(),
                 counters: self.counters.clone(),
@@ -400,7 +417,7 @@ impl Dataplane {
         let old = running.public_ip;
         running.stop();
         *running = self.spawn_workers(public_ip, sockets)?;
-        info!(old = %old, new = %bound_on.v4, port = self.cfg.port, "data plane sockets re-bound");
+        info!(old = %old, new = ?bound_on.v4, port = self.cfg.port, "data plane sockets re-bound");
         Ok(())
     }
 
@@ -412,7 +429,8 @@ impl Dataplane {
         let dev = self.cfg.tun_name.as_str();
         let old = self.own.get();
         let old6 = self.own6.get();
-        let subnet = lease.map(|l| l.subnet);
+        // An IPv6-only lease has no IPv4 subnet: no IPv4 address, route or delivery.
+        let subnet = lease.map(|l| l.subnet).filter(|s| s.v4().is_some());
         // An IPv6 half is carried only when the underlay has IPv6 (it always has on a
         // dual-stack vxlan network: the daemon refuses to start without it).
         let subnet6 = lease.and_then(|l| l.ipv6).filter(|_| self.cfg.ipv6.is_some());
@@ -420,14 +438,14 @@ impl Dataplane {
         // repair (which wants what these say) puts the address and route in place later.
         self.own.set(subnet);
         self.own6.set(subnet6);
-        if let Some(s) = subnet
-            && old != Some(s)
+        if let (Some(s), Some(network)) = (subnet.and_then(Subnet::v4), self.cfg.network)
+            && old != subnet
         {
             let addr = tun_address(s);
             self.netlink.set_ipv4(dev, addr)?;
             self.netlink.set_up(dev)?;
-            self.netlink.add_route(dev, self.cfg.network)?;
-            info!(tun = %dev, %addr, network = %self.cfg.network, "TUN addressed");
+            self.netlink.add_route(dev, network)?;
+            info!(tun = %dev, %addr, %network, "TUN addressed");
         }
         if let (Some(s6), Some(v6)) = (subnet6, self.cfg.ipv6)
             && old6 != Some(s6)
@@ -461,14 +479,14 @@ impl Dataplane {
     /// The TUN device's link state as weft set it up: the MTU of [`Dataplane::start`], and
     /// while a subnet is held the address and route of [`Dataplane::set_subnet`].
     pub(crate) fn wanted_link(&self) -> WantedLink {
-        let address = self.own.get().map(tun_address);
+        let address = self.own.get().and_then(Subnet::v4).map(tun_address);
         let address6 = self.own6.get().map(tun_address6);
         let route6 =
             self.cfg.ipv6.filter(|_| address6.is_some()).map(|v6| (v6.network, self.route6_mtu()));
         WantedLink {
             mtu: tun_mtu(&self.cfg),
             address,
-            route: address.map(|_| self.cfg.network),
+            route: address.and(self.cfg.network),
             address6,
             route6,
         }
@@ -544,7 +562,7 @@ impl Dataplane {
 #[derive(Clone, Copy, Debug)]
 struct BoundOn {
     public_ip: Ipv4Addr,
-    v4: IpAddr,
+    v4: Option<IpAddr>,
     v6: Option<IpAddr>,
 }
 
@@ -564,12 +582,13 @@ fn open_sockets(
     public_ip: Ipv4Addr,
     workers: usize,
 ) -> Result<(BoundOn, Vec<WorkerSockets>), DataplaneError> {
-    let v4 = bind_address(cfg, IpAddr::V4(public_ip));
+    // An IPv6-only network opens no IPv4 socket: there is no IPv4 underlay to carry.
+    let v4 = cfg.network.map(|_| bind_address(cfg, IpAddr::V4(public_ip)));
     let v6 = cfg.ipv6.map(|v6| bind_address(cfg, IpAddr::V6(v6.public_ip)));
     let sockets = (0..workers)
         .map(|_| {
             Ok(WorkerSockets {
-                v4: open_family(cfg, v4, workers)?,
+                v4: v4.map(|a| open_family(cfg, a, workers)).transpose()?,
                 v6: v6.map(|a| open_family(cfg, a, workers)).transpose()?,
             })
         })
@@ -627,8 +646,8 @@ fn tun_mtu(cfg: &DataplaneConfig) -> u32 {
 }
 
 /// The TUN device's address for `subnet`: `<subnet>.0/32`.
-fn tun_address(subnet: Subnet) -> Ipv4Net {
-    Ipv4Net::new(subnet.network(), 32).unwrap_or_else(|_| subnet.net())
+fn tun_address(subnet: Ipv4Net) -> Ipv4Net {
+    Ipv4Net::new(subnet.network(), 32).unwrap_or(subnet)
 }
 
 /// The TUN device's IPv6 address for `subnet`: `<subnet>::/128`, as flannel addresses its

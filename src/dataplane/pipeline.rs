@@ -309,9 +309,10 @@ pub enum Rx {
 pub struct OwnSubnet(AtomicU64);
 
 impl OwnSubnet {
-    /// Sets (or clears) the subnet.
+    /// Sets (or clears) the subnet. An IPv6-only lease's subnet has no IPv4 part: it clears
+    /// it (its IPv6 subnet is [`OwnSubnet6`]'s).
     pub fn set(&self, subnet: Option<Subnet>) {
-        let v = subnet.map_or(0, |s| {
+        let v = subnet.and_then(Subnet::v4).map_or(0, |s| {
             (u64::from(u32::from(s.network())) << 8) | u64::from(s.prefix_len()) | 1 << 40
         });
         self.0.store(v, Ordering::Release);

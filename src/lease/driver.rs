@@ -30,7 +30,7 @@ use super::keeper::{
 };
 use super::record::{LeaseName, NodeId, Revision, Subnet};
 use super::store::{Store, WatchEvent, WatchStream};
-use super::subnet_env::{self, SubnetEnv, SubnetEnv6};
+use super::subnet_env::{self, SubnetEnv, SubnetEnv4, SubnetEnv6};
 use crate::config::NetworkConfig;
 use crate::health::{Counters, Health, LeaseStatus};
 use crate::time::{Clock, Instant};
@@ -419,13 +419,12 @@ impl LeaseDriver {
             (Some(v6), Some(half)) => Some(SubnetEnv6 { network: v6.network, subnet: half }),
             _ => None,
         };
-        let env = SubnetEnv {
-            network: self.cfg.network.network,
-            subnet,
-            mtu: self.cfg.mtu,
-            ipmasq: self.cfg.ip_masq,
-            ipv6,
+        // On an IPv6-only network the subnet is the IPv6 one and there is no IPv4 pair.
+        let ipv4 = match (&self.cfg.network.ipv4, subnet.v4()) {
+            (Some(v4), Some(_)) => Some(SubnetEnv4 { network: v4.network, subnet }),
+            _ => None,
         };
+        let env = SubnetEnv { ipv4, mtu: self.cfg.mtu, ipmasq: self.cfg.ip_masq, ipv6 };
         let retry = self.env_retry.take();
         let delay = retry.as_ref().map_or(ENV_RETRY_MIN, |r| r.delay);
         self.try_write_subnet_env(env, delay, retry.map(|r| r.error));
@@ -452,7 +451,7 @@ impl LeaseDriver {
         match subnet_env::write_atomic(path, &env) {
             Ok(()) => {
                 if last_error.is_some() {
-                    info!(path = %path.display(), subnet = %env.subnet, "subnet.env written after all");
+                    info!(path = %path.display(), subnet = ?env.subnet(), "subnet.env written after all");
                 }
                 self.health.set_subnet_file_problem(None);
                 for run in std::mem::take(&mut self.hooks_after_env) {

@@ -129,7 +129,7 @@ impl KeyLayout {
 
     /// `<prefix>/subnets/<a.b.c.d>-<len>`: an IPv4-only lease's key.
     pub fn subnet(&self, subnet: Subnet) -> String {
-        self.lease(LeaseName::v4(subnet))
+        self.lease(LeaseName::single(subnet))
     }
 
     /// `<prefix>/subnets/<a.b.c.d>-<len>[&<v6>-<len>]`: the exact key of a lease.

@@ -1323,7 +1323,7 @@ mod tests {
         let a = store.client("a");
         let s = subnet("10.244.3.0/24");
         let held = created(block_on(a.create(s, &attrs("node-aaaa", 7), TTL)).unwrap());
-        let mut watch = block_on(a.watch(Revision(0), Some(LeaseName::v4(s)))).unwrap();
+        let mut watch = block_on(a.watch(Revision(0), Some(LeaseName::single(s)))).unwrap();
         assert_eq!(
             block_on(a.release(&held, &node("node-aaaa"))).unwrap(),
             ReleaseOutcome::Released
@@ -1415,7 +1415,7 @@ mod tests {
         );
         assert!(store.raw(&marker(s)).is_some());
         // A one-key watch sees no markers.
-        let mut own = block_on(a.watch(Revision(0), Some(LeaseName::v4(s)))).unwrap();
+        let mut own = block_on(a.watch(Revision(0), Some(LeaseName::single(s)))).unwrap();
         // The same node takes another subnet, pruning its record of `s`: the marker goes too.
         let prune: Vec<HistoryPrune> = block_on(a.list())
             .unwrap()
@@ -1424,7 +1424,7 @@ mod tests {
             .map(|h| HistoryPrune { subnet: h.subnet, mod_revision: h.mod_revision })
             .collect();
         let on_t = created(
-            block_on(a.create_pruning(LeaseName::v4(t), &attrs("node-aaaa", 7), TTL, &prune))
+            block_on(a.create_pruning(LeaseName::single(t), &attrs("node-aaaa", 7), TTL, &prune))
                 .unwrap(),
         );
         assert_eq!(store.raw(&marker(s)), None, "pruned with its history");
@@ -1584,7 +1584,7 @@ mod tests {
         let (_, store) = setup();
         let a = store.client("a");
         let (s1, s2) = (subnet("10.244.1.0/24"), subnet("10.244.2.0/24"));
-        let mut only = block_on(a.watch(Revision(0), Some(LeaseName::v4(s2)))).unwrap();
+        let mut only = block_on(a.watch(Revision(0), Some(LeaseName::single(s2)))).unwrap();
         let mut future = block_on(a.watch(Revision(store.revision().0 + 2), None)).unwrap();
         created(block_on(a.create(s1, &attrs("node-aaaa", 1), TTL)).unwrap());
         let h2 = created(block_on(a.create(s2, &attrs("node-aaaa", 1), TTL)).unwrap());

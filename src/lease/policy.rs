@@ -211,7 +211,8 @@ pub fn choose(
     Decision { choice, fallbacks: order.collect(), previous_taken_by }
 }
 
-/// Gives each candidate its IPv6 half on a dual-stack network (unchanged otherwise), so that
+/// Gives each candidate its IPv6 half on a dual-stack network (on an IPv6-only network, its
+/// subnet; on an IPv4-only one, none), so that
 /// the halves move together and no two nodes pick one half:
 /// - the half history remembers for the candidate's subnet, if it still fits and is free: a
 ///   node that takes back its subnet, or takes over an expired one, gets the same pair;
@@ -234,8 +235,9 @@ pub(crate) fn pair_ipv6(
     candidates: Vec<Candidate>,
     rng: &mut impl Rng,
 ) -> Vec<Candidate> {
-    let Some(v6) = &config.ipv6 else {
-        return candidates;
+    let (Some(_), Some(v6)) = (&config.ipv4, &config.ipv6) else {
+        // One family: an IPv4-only lease has no half; an IPv6-only lease's subnet is its own.
+        return candidates.into_iter().map(|c| Candidate { ipv6: c.subnet.v6(), ..c }).collect();
     };
     let mut taken: BTreeSet<Ipv6Subnet> = listing
         .leases
@@ -337,10 +339,12 @@ mod tests {
         let step = 1u32 << (32 - u32::from(len));
         let base = u32::from(Ipv4Addr::new(10, 244, 0, 0));
         NetworkConfig {
-            network: "10.244.0.0/16".parse().unwrap(),
-            subnet_len: len,
-            subnet_min: Ipv4Addr::from(base + step),
-            subnet_max: Ipv4Addr::from(base + (1 << 16) - step),
+            ipv4: Some(crate::config::Ipv4NetworkConfig {
+                network: "10.244.0.0/16".parse().unwrap(),
+                subnet_len: len,
+                subnet_min: Ipv4Addr::from(base + step),
+                subnet_max: Ipv4Addr::from(base + (1 << 16) - step),
+            }),
             ipv6: None,
             backend: Backend { kind: BackendKind::Vxlan, port: 8472, vni: 1 },
         }
@@ -736,7 +740,7 @@ mod tests {
             let (v4, h) = created(&d);
             assert!(!taken.contains(&h), "seed {seed}: {h} is taken");
             let index = (u128::from(h.network()) >> 64) & 0xffff;
-            let home = u128::from(v4.network().octets()[2]);
+            let home = u128::from(v4.v4().unwrap().network().octets()[2]);
             if (1..=4).contains(&home) {
                 // Its home half is taken (10.244.3.0 and .4.0 by flannel's keys): one of the
                 // lowest 100 free, :5:: up to :68:: (0x68 = 104).
@@ -840,7 +844,7 @@ mod tests {
         for seed in 0..20 {
             let d = choose(&c, &l, &node("a"), None, &mut StdRng::seed_from_u64(seed));
             let (subnet, h) = created(&d);
-            if subnet.network().octets()[2] < 100 {
+            if subnet.v4().unwrap().network().octets()[2] < 100 {
                 assert_eq!(h, half("fd00::f0/124"), "seed {seed}: {subnet} took a remembered half");
             }
         }

@@ -8,17 +8,32 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
-/// A subnet of the cluster network, always held by its network address (`10.244.3.0/24`).
+/// A lease's identity: the subnet of the cluster network it leases, always held by its network
+/// address. On an IPv4-only or dual-stack network it is the IPv4 subnet (`10.244.3.0/24`; a
+/// dual-stack lease's IPv6 half goes with it, [`LeaseName`]); on an IPv6-only network
+/// (`"EnableIPv4": false`) it is the IPv6 subnet (`fd00:10:244:3::/64`). History records,
+/// departure markers and routes are named by it.
 ///
-/// In the store it is spelled as flannel spells it: `10.244.3.0-24`.
+/// In the store it is spelled as flannel spells a key naming it alone: `10.244.3.0-24`, and
+/// for an IPv6 subnet flannel's IPv6-only form `0.0.0.0-0&fd00:10:244:3::-64`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Subnet(Ipv4Net);
+pub struct Subnet(Family);
+
+/// The two kinds of [`Subnet`]; private so that every value holds its network address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Family {
+    V4(Ipv4Net),
+    V6(Ipv6Subnet),
+}
+
+/// The IPv4 part of flannel's IPv6-only key form, `0.0.0.0-0&<v6>-<len>`.
+const NO_IPV4: &str = "0.0.0.0-0";
 
 /// Why a subnet key or subnet text did not parse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -29,10 +44,6 @@ pub enum SubnetError {
     /// The address has host bits set for its prefix length.
     #[error("address is not the network address of its prefix")]
     NotNetworkAddress,
-    /// flannel's IPv6-only key form (`0.0.0.0-0&<v6>-<len>`): a lease, but with no IPv4
-    /// subnet, so nothing weft (IPv4 only so far) can route or must keep free.
-    #[error("an IPv6-only lease (no IPv4 subnet)")]
-    Ipv6Only,
 }
 
 /// Why a well-formed subnet key is not a lease of the configured network: such a key is
@@ -46,7 +57,7 @@ pub enum ForeignSubnet {
         /// The key's subnet.
         subnet: Subnet,
         /// The configured network.
-        network: Ipv4Net,
+        network: IpNet,
     },
     /// Inside the network, but not of the configured `SubnetLen`.
     #[error("{subnet} is not a /{subnet_len} (the network's SubnetLen)")]
@@ -56,6 +67,17 @@ pub enum ForeignSubnet {
         /// The configured subnet length.
         subnet_len: u8,
     },
+    /// A lease of the other family: an IPv6-only lease (`0.0.0.0-0&…`) on a network that leases
+    /// IPv4 subnets, or an IPv4 one on an IPv6-only network.
+    #[error("{subnet} is not a lease of the {family} network {network}")]
+    OtherFamily {
+        /// The key's subnet.
+        subnet: Subnet,
+        /// The configured network.
+        network: IpNet,
+        /// Which family the network leases: "IPv4" or "IPv6-only".
+        family: &'static str,
+    },
 }
 
 impl Subnet {
@@ -64,57 +86,95 @@ impl Subnet {
         if net.addr() != net.network() {
             return Err(SubnetError::NotNetworkAddress);
         }
-        Ok(Self(net))
+        Ok(Self(Family::V4(net)))
     }
 
-    /// A subnet from an address and prefix length; the address must be the network address.
+    /// An IPv4 subnet from an address and prefix length; the address must be the network
+    /// address.
     pub fn from_parts(addr: Ipv4Addr, prefix_len: u8) -> Result<Self, SubnetError> {
         let net = Ipv4Net::new(addr, prefix_len).map_err(|_| SubnetError::Malformed)?;
         Self::new(net)
     }
 
-    /// The subnet as an [`Ipv4Net`].
-    pub fn net(self) -> Ipv4Net {
-        self.0
+    /// The subnet as an [`IpNet`].
+    pub fn net(self) -> IpNet {
+        match self.0 {
+            Family::V4(net) => IpNet::V4(net),
+            Family::V6(half) => IpNet::V6(half.net()),
+        }
+    }
+
+    /// The IPv4 subnet, unless this is an IPv6-only lease.
+    pub fn v4(self) -> Option<Ipv4Net> {
+        match self.0 {
+            Family::V4(net) => Some(net),
+            Family::V6(_) => None,
+        }
+    }
+
+    /// The IPv6 subnet of an IPv6-only lease (`None` for an IPv4 subnet, whose IPv6 half, on a
+    /// dual-stack network, is in its [`LeaseName`]).
+    pub fn v6(self) -> Option<Ipv6Subnet> {
+        match self.0 {
+            Family::V4(_) => None,
+            Family::V6(half) => Some(half),
+        }
     }
 
     /// The network address (`10.244.3.0`): the TUN address and the store key's address.
-    pub fn network(self) -> Ipv4Addr {
-        self.0.network()
+    pub fn network(self) -> IpAddr {
+        self.net().network()
     }
 
     /// The prefix length.
     pub fn prefix_len(self) -> u8 {
-        self.0.prefix_len()
+        self.net().prefix_len()
     }
 
-    /// The first host address (`10.244.3.1`), which flannel writes to `FLANNEL_SUBNET`.
-    pub fn first_host(self) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.network()).wrapping_add(1))
+    /// The first host address (`10.244.3.1`), which flannel writes to `FLANNEL_SUBNET` (or
+    /// `FLANNEL_IPV6_SUBNET`).
+    pub fn first_host(self) -> IpAddr {
+        match self.0 {
+            Family::V4(net) => IpAddr::V4(Ipv4Addr::from(u32::from(net.network()).wrapping_add(1))),
+            Family::V6(half) => IpAddr::V6(half.first_host()),
+        }
     }
 
-    /// Whether `addr` lies inside this subnet.
-    pub fn contains(self, addr: Ipv4Addr) -> bool {
-        self.0.contains(&addr)
+    /// Whether `addr` lies inside this subnet (never, for an address of the other family).
+    pub fn contains(self, addr: impl Into<IpAddr>) -> bool {
+        self.net().contains(&addr.into())
     }
 
-    /// The store key's last path element: `10.244.3.0-24`.
+    /// The name of a key under `subnets/` that names this subnet alone: `10.244.3.0-24`, or
+    /// flannel's IPv6-only form `0.0.0.0-0&fd00:10:244:3::-64`. History records and departure
+    /// markers are named by it too.
     pub fn key_name(self) -> String {
-        format!("{}-{}", self.network(), self.prefix_len())
+        match self.0 {
+            Family::V4(net) => format!("{}-{}", net.network(), net.prefix_len()),
+            Family::V6(half) => format!("{NO_IPV4}&{}", half.key_name()),
+        }
     }
 
-    /// Parses a store key's last path element: `10.244.3.0-24`, or flannel's dual-stack form
+    /// Parses a store key's last path element: `10.244.3.0-24`, flannel's dual-stack form
     /// `10.244.3.0-24&fd00:10:244:3::-64`, whose IPv4 half this returns (the IPv6 half must be
-    /// well-formed too; [`LeaseName::parse`] returns both). flannel's IPv6-only form
-    /// `0.0.0.0-0&<v6>-<len>` is [`SubnetError::Ipv6Only`].
+    /// well-formed too; [`LeaseName::parse`] returns both), or flannel's IPv6-only form
+    /// `0.0.0.0-0&<v6>-<len>`, an IPv6 subnet.
     pub fn parse_key_name(name: &str) -> Result<Self, SubnetError> {
         LeaseName::parse(name).map(|n| n.subnet)
     }
 
-    /// Whether this subnet is a lease of `network` split into `/subnet_len`s: inside it and of
-    /// exactly that length. Anything else under `subnets/` is ignored ([`ForeignSubnet`]).
-    pub fn check_lease_of(self, network: Ipv4Net, subnet_len: u8) -> Result<(), ForeignSubnet> {
-        if !network.contains(&self.0) {
+    /// Whether this subnet is a lease of `network` split into `/subnet_len`s: of its family,
+    /// inside it and of exactly that length. Anything else under `subnets/` is ignored
+    /// ([`ForeignSubnet`]).
+    pub fn check_lease_of(self, network: IpNet, subnet_len: u8) -> Result<(), ForeignSubnet> {
+        let net = self.net();
+        let same_family =
+            matches!((net, network), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)));
+        if !same_family {
+            let family = if network.addr().is_ipv4() { "IPv4" } else { "IPv6-only" };
+            return Err(ForeignSubnet::OtherFamily { subnet: self, network, family });
+        }
+        if !network.contains(&net) {
             return Err(ForeignSubnet::OutsideNetwork { subnet: self, network });
         }
         if self.prefix_len() != subnet_len {
@@ -126,6 +186,13 @@ impl Subnet {
     fn parse_parts(addr: &str, len: &str) -> Result<Self, SubnetError> {
         let addr: Ipv4Addr = addr.parse().map_err(|_| SubnetError::Malformed)?;
         Self::from_parts(addr, canonical_prefix_len(len, 32)?)
+    }
+}
+
+impl From<Ipv6Subnet> for Subnet {
+    /// An IPv6-only lease's subnet.
+    fn from(half: Ipv6Subnet) -> Self {
+        Self(Family::V6(half))
     }
 }
 
@@ -151,9 +218,11 @@ impl fmt::Display for Subnet {
 impl FromStr for Subnet {
     type Err = SubnetError;
 
-    /// Accepts `10.244.3.0/24` and the key form `10.244.3.0-24`.
+    /// Accepts `10.244.3.0/24`, `fd00:10:244:3::/64` (an IPv6-only lease's subnet) and the key
+    /// forms `10.244.3.0-24` and `0.0.0.0-0&fd00:10:244:3::-64`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.rsplit_once('/') {
+            Some((addr, _)) if addr.contains(':') => s.parse::<Ipv6Subnet>().map(Self::from),
             Some((addr, len)) => Self::parse_parts(addr, len),
             None => Self::parse_key_name(s),
         }
@@ -245,42 +314,47 @@ impl<'de> Deserialize<'de> for Ipv6Subnet {
     }
 }
 
-/// Everything a key under `subnets/` names: the IPv4 subnet, which is the lease's identity in
-/// weft (it names the history record, the departure marker and the route), and the IPv6 half
-/// of a dual-stack lease. The two halves are one lease: created, renewed and deleted together
-/// under one key, whose exact name every write must use (a flannel node may have written
-/// `X&Y` where an IPv4-only node would write `X`).
+/// Everything a key under `subnets/` names: the lease's [`Subnet`], which is its identity in
+/// weft (it names the history record, the departure marker and the route), and its IPv6 half.
+///
+/// - IPv4-only: `10.244.3.0-24`, no half.
+/// - Dual stack: `10.244.3.0-24&fd00:10:244:3::-64`. The two halves are one lease: created,
+///   renewed and deleted together under one key, whose exact name every write must use (a
+///   flannel node may have written `X&Y` where an IPv4-only node would write `X`).
+/// - IPv6-only: `0.0.0.0-0&fd00:10:244:3::-64`; the subnet is the IPv6 one, and `ipv6` is that
+///   same subnet, so that whatever carries IPv6 reads the half from one place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseName {
-    /// The IPv4 subnet.
+    /// The lease's identity.
     pub subnet: Subnet,
-    /// The IPv6 half, on a dual-stack network.
+    /// The IPv6 subnet the lease carries: the half of a dual-stack lease, or an IPv6-only
+    /// lease's subnet.
     pub ipv6: Option<Ipv6Subnet>,
 }
 
 impl LeaseName {
-    /// An IPv4-only lease's name.
-    pub fn v4(subnet: Subnet) -> Self {
-        Self { subnet, ipv6: None }
+    /// The name of a lease of one subnet alone: an IPv4-only lease, or an IPv6-only one.
+    pub fn single(subnet: Subnet) -> Self {
+        Self { subnet, ipv6: subnet.v6() }
     }
 
-    /// The store key's last path element: `10.244.3.0-24` or `10.244.3.0-24&fd00::-64`.
+    /// The store key's last path element: `10.244.3.0-24`, `10.244.3.0-24&fd00::-64` or
+    /// `0.0.0.0-0&fd00::-64`.
     pub fn key_name(self) -> String {
-        match self.ipv6 {
-            None => self.subnet.key_name(),
-            Some(v6) => format!("{}&{}", self.subnet.key_name(), v6.key_name()),
+        match (self.subnet.v4(), self.ipv6) {
+            (Some(_), Some(v6)) => format!("{}&{}", self.subnet.key_name(), v6.key_name()),
+            _ => self.subnet.key_name(),
         }
     }
 
-    /// Parses a store key's last path element in either form. flannel's IPv6-only form
-    /// `0.0.0.0-0&<v6>-<len>` is [`SubnetError::Ipv6Only`] (see [`ipv6_half_of_key_name`]).
+    /// Parses a store key's last path element in any of the three forms.
     pub fn parse(name: &str) -> Result<Self, SubnetError> {
         let (v4, ipv6) = match name.split_once('&') {
             None => (name, None),
             Some((v4, v6)) => {
                 let v6 = Ipv6Subnet::parse_key_name(v6)?;
-                if v4 == "0.0.0.0-0" {
-                    return Err(SubnetError::Ipv6Only);
+                if v4 == NO_IPV4 {
+                    return Ok(Self::single(Subnet::from(v6)));
                 }
                 (v4, Some(v6))
             }
@@ -292,22 +366,10 @@ impl LeaseName {
 
 impl fmt::Display for LeaseName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.ipv6 {
-            None => write!(f, "{}", self.subnet),
-            Some(v6) => write!(f, "{} & {v6}", self.subnet),
+        match (self.subnet.v4(), self.ipv6) {
+            (Some(_), Some(v6)) => write!(f, "{} & {v6}", self.subnet),
+            _ => write!(f, "{}", self.subnet),
         }
-    }
-}
-
-/// The IPv6 half a key name under `subnets/` names, whatever its IPv4 half (flannel's
-/// IPv6-only leases included): what occupies an IPv6 subnet.
-pub(crate) fn ipv6_half_of_key_name(name: &str) -> Option<Ipv6Subnet> {
-    let (_, v6) = name.split_once('&')?;
-    let v6 = Ipv6Subnet::parse_key_name(v6).ok()?;
-    // The whole name must parse (or be the IPv6-only form): `garbage&fd00::-64` occupies nothing.
-    match LeaseName::parse(name) {
-        Ok(_) | Err(SubnetError::Ipv6Only) => Some(v6),
-        Err(_) => None,
     }
 }
 
@@ -586,7 +648,7 @@ mod tests {
         let s: Subnet = "10.244.3.0/24".parse().unwrap();
         assert_eq!(s.key_name(), "10.244.3.0-24");
         assert_eq!(Subnet::parse_key_name("10.244.3.0-24").unwrap(), s);
-        assert_eq!(s.first_host(), Ipv4Addr::new(10, 244, 3, 1));
+        assert_eq!(s.first_host(), IpAddr::V4(Ipv4Addr::new(10, 244, 3, 1)));
         assert_eq!(s.to_string(), "10.244.3.0/24");
     }
 
@@ -599,13 +661,14 @@ mod tests {
         assert_eq!(Subnet::parse_key_name("10.244.3.0-+4"), Err(SubnetError::Malformed));
         assert_eq!(Subnet::parse_key_name("10.0.0.0-08"), Err(SubnetError::Malformed));
         assert_eq!(Subnet::parse_key_name("x-24"), Err(SubnetError::Malformed));
-        // flannel's dual-stack form is a lease of its IPv4 half; the IPv6-only form has none.
+        // flannel's dual-stack form is a lease of its IPv4 half; the IPv6-only form is a lease
+        // of its IPv6 subnet.
         let sn = |t: &str| t.parse::<Subnet>().unwrap();
         assert_eq!(
             Subnet::parse_key_name("10.244.1.0-24&fc00:0:0:1::-64"),
             Ok(sn("10.244.1.0/24"))
         );
-        assert_eq!(Subnet::parse_key_name("0.0.0.0-0&fc00:0:0:1::-64"), Err(SubnetError::Ipv6Only));
+        assert_eq!(Subnet::parse_key_name("0.0.0.0-0&fc00:0:0:1::-64"), Ok(sn("fc00:0:0:1::/64")));
         for bad in [
             "10.244.1.0-24&",
             "10.244.1.0-24&fc00::",
@@ -618,13 +681,27 @@ mod tests {
         ] {
             assert!(Subnet::parse_key_name(bad).is_err(), "{bad}");
         }
-        let net: Ipv4Net = "10.244.0.0/16".parse().unwrap();
+        let net: IpNet = "10.244.0.0/16".parse().unwrap();
         assert_eq!(sn("10.244.1.0/24").check_lease_of(net, 24), Ok(()));
-        for foreign in
-            ["0.0.0.0/0", "10.244.1.7/32", "10.244.1.128/25", "10.0.0.0/8", "10.9.1.0/24"]
-        {
+        for foreign in [
+            "0.0.0.0/0",
+            "10.244.1.7/32",
+            "10.244.1.128/25",
+            "10.0.0.0/8",
+            "10.9.1.0/24",
+            "fd00:10:244:1::/64",
+        ] {
             assert!(sn(foreign).check_lease_of(net, 24).is_err(), "{foreign}");
         }
+        // An IPv6-only network leases IPv6 subnets, and an IPv4 one is foreign to it.
+        let net6: IpNet = "fd00:10:244::/56".parse().unwrap();
+        assert_eq!(sn("fd00:10:244:1::/64").check_lease_of(net6, 64), Ok(()));
+        assert!(matches!(
+            sn("10.244.1.0/24").check_lease_of(net6, 24),
+            Err(ForeignSubnet::OtherFamily { family: "IPv6-only", .. })
+        ));
+        assert!(sn("fd00:10:245:1::/64").check_lease_of(net6, 64).is_err());
+        assert!(sn("fd00:10:244:1::/80").check_lease_of(net6, 64).is_err());
     }
 
     #[test]
@@ -657,12 +734,28 @@ mod tests {
         let bad =
             br#"{"state":"held","node":"node-aaaa","public_ip":"192.0.2.1","ipv6":"fd00::1/64"}"#;
         assert!(HistoryRecord::from_json(bad).is_err());
-        // The IPv6 half a key occupies: any well-formed key with one, IPv6-only ones too.
-        assert_eq!(ipv6_half_of_key_name("10.244.1.0-24&fd00:10:244:1::-64"), Some(half));
-        assert_eq!(ipv6_half_of_key_name("0.0.0.0-0&fd00:10:244:1::-64"), Some(half));
-        assert_eq!(ipv6_half_of_key_name("10.244.1.0-24"), None);
-        assert_eq!(ipv6_half_of_key_name("garbage&fd00:10:244:1::-64"), None);
-        assert_eq!(ipv6_half_of_key_name("10.244.1.0-24&fd00:10:244:1::1-64"), None);
+        // flannel's IPv6-only form: the subnet is the IPv6 one, and so is the half; it reads
+        // back as itself, and the subnet alone names the same key.
+        let only = LeaseName::parse("0.0.0.0-0&fd00:10:244:1::-64").unwrap();
+        assert_eq!(only, LeaseName::single(Subnet::from(half)));
+        assert_eq!((only.subnet.v4(), only.subnet.v6(), only.ipv6), (None, Some(half), Some(half)));
+        assert_eq!(only.key_name(), "0.0.0.0-0&fd00:10:244:1::-64");
+        assert_eq!(only.subnet.key_name(), only.key_name());
+        assert_eq!(only.to_string(), "fd00:10:244:1::/64");
+        assert_eq!(only.subnet.first_host(), IpAddr::V6(half.first_host()));
+        assert!(only.subnet.contains("fd00:10:244:1::9".parse::<Ipv6Addr>().unwrap()));
+        assert!(!only.subnet.contains(Ipv4Addr::new(0, 0, 0, 1)));
+        // Only 0.0.0.0-0 spells "no IPv4 subnet"; another IPv4 part of length 0 is a /0 lease
+        // (foreign to every network), and garbage on either side is no lease.
+        assert_eq!(
+            LeaseName::parse("0.0.0.0-0").map(|n| n.subnet.v4()),
+            Ok(Some("0.0.0.0/0".parse().unwrap()))
+        );
+        for bad in
+            ["garbage&fd00:10:244:1::-64", "0.0.0.0-0&fd00:10:244:1::1-64", "0.0.0.0-00&fd00::-64"]
+        {
+            assert!(LeaseName::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use super::keys;
 use super::record::{
     HistoryEntry, Incarnation, Ipv6Subnet, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId,
-    StoredLease, Subnet, SubnetError, ValueError,
+    StoredLease, Subnet, ValueError,
 };
 
 /// A boxed error from a client library, kept as the source of a [`StoreError`].
@@ -109,18 +109,10 @@ impl BadEntry {
         keys::subnet_key_name(&self.key).map(|name| Subnet::parse_key_name(name).ok())
     }
 
-    /// The IPv6 half this key names, if it is a subnet key with one (a dual-stack key whose
-    /// value does not parse, or flannel's IPv6-only lease): still a live key, so that half is
-    /// occupied.
+    /// The IPv6 subnet this key names, if it is a subnet key with one (a dual-stack or
+    /// IPv6-only key whose value does not parse): still a live key, so that subnet is occupied.
     pub fn ipv6_half(&self) -> Option<Ipv6Subnet> {
-        keys::subnet_key_name(&self.key).and_then(super::record::ipv6_half_of_key_name)
-    }
-
-    /// Whether this is flannel's IPv6-only lease (`<prefix>/subnets/0.0.0.0-0&<v6>-<len>`): a
-    /// lease with no IPv4 subnet, not garbage.
-    pub fn is_ipv6_only_lease(&self) -> bool {
-        keys::subnet_key_name(&self.key)
-            .is_some_and(|name| Subnet::parse_key_name(name) == Err(SubnetError::Ipv6Only))
+        keys::subnet_key_name(&self.key).and_then(|name| LeaseName::parse(name).ok()?.ipv6)
     }
 }
 
@@ -292,7 +284,7 @@ pub trait Store: Send + Sync {
         attrs: &LeaseAttrs,
         ttl: Duration,
     ) -> Result<CreateOutcome, StoreError> {
-        self.create_pruning(LeaseName::v4(subnet), attrs, ttl, &[]).await
+        self.create_pruning(LeaseName::single(subnet), attrs, ttl, &[]).await
     }
 
     /// [`Store::create`] of the key `name` (both halves), which succeeds only if no key names

@@ -46,22 +46,30 @@ use crate::lease::record::{Ipv6Subnet, Subnet};
 /// Files larger than this are refused unread: a real `subnet.env` is about 100 bytes.
 pub(crate) const MAX_FILE_LEN: u64 = 64 * 1024;
 
-/// The contents of `subnet.env`.
+/// The contents of `subnet.env`: the IPv4 pair, the IPv6 pair or both (at least one).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubnetEnv {
-    /// The cluster network (`FLANNEL_NETWORK`).
-    pub(crate) network: Ipv4Net,
-    /// This host's leased subnet (`FLANNEL_SUBNET`, written as its first host address).
-    pub(crate) subnet: Subnet,
+    /// The IPv4 pair, unless the network is IPv6-only (flannel writes it only with
+    /// `EnableIPv4`).
+    pub(crate) ipv4: Option<SubnetEnv4>,
     /// The MTU of the overlay interface (`FLANNEL_MTU`).
     pub(crate) mtu: u32,
     /// Whether the daemon masquerades traffic leaving the overlay (`FLANNEL_IPMASQ`).
     pub(crate) ipmasq: bool,
-    /// The IPv6 pair, on a dual-stack network.
+    /// The IPv6 pair, on a dual-stack or IPv6-only network.
     pub(crate) ipv6: Option<SubnetEnv6>,
 }
 
-/// The IPv6 pair of a dual-stack `subnet.env`.
+/// The IPv4 pair of `subnet.env`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubnetEnv4 {
+    /// The cluster network (`FLANNEL_NETWORK`).
+    pub(crate) network: Ipv4Net,
+    /// This host's leased subnet (`FLANNEL_SUBNET`, written as its first host address).
+    pub(crate) subnet: Subnet,
+}
+
+/// The IPv6 pair of a dual-stack or IPv6-only `subnet.env`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SubnetEnv6 {
     /// The cluster's IPv6 network (`FLANNEL_IPV6_NETWORK`).
@@ -113,6 +121,9 @@ pub enum SubnetEnvError {
         /// What is wrong with it.
         problem: LineProblem,
     },
+    /// Neither pair is present: no `FLANNEL_NETWORK` and no `FLANNEL_IPV6_NETWORK`.
+    #[error("FLANNEL_NETWORK and FLANNEL_IPV6_NETWORK: both missing (one pair is required)")]
+    NoSubnet,
     /// A required key is absent.
     #[error("{key}: missing")]
     Missing {
@@ -207,6 +218,14 @@ impl SubnetEnv {
     /// The file's bytes, exactly as flannel writes them. Only a [`SubnetEnv::validate`]d value
     /// reads back as itself.
     pub fn render(&self) -> String {
+        let ipv4 = self.ipv4.map_or_else(String::new, |v4| {
+            format!(
+                "{NETWORK}={}\n{SUBNET}={}/{}\n",
+                v4.network,
+                v4.subnet.first_host(),
+                v4.subnet.prefix_len()
+            )
+        });
         let ipv6 = self.ipv6.map_or_else(String::new, |v6| {
             format!(
                 "{IPV6_NETWORK}={}\n{IPV6_SUBNET}={}/{}\n",
@@ -215,27 +234,36 @@ impl SubnetEnv {
                 v6.subnet.prefix_len()
             )
         });
-        format!(
-            "{NETWORK}={}\n{SUBNET}={}/{}\n{ipv6}{MTU}={}\n{IPMASQ}={}\n",
-            self.network,
-            self.subnet.first_host(),
-            self.subnet.prefix_len(),
-            self.mtu,
-            self.ipmasq,
-        )
+        format!("{ipv4}{ipv6}{MTU}={}\n{IPMASQ}={}\n", self.mtu, self.ipmasq)
     }
 
-    /// Checks that [`SubnetEnv::render`] of this value reads back as it: the network has no host
-    /// bits, and the subnet is at most a /30 inside the network.
+    /// The lease's identity this file names ([`Subnet`]): the IPv4 subnet, or on an IPv6-only
+    /// network the IPv6 one. `None` only for a value built with neither pair.
+    pub fn subnet(&self) -> Option<Subnet> {
+        match (self.ipv4, self.ipv6) {
+            (Some(v4), _) => Some(v4.subnet),
+            (None, Some(v6)) => Some(Subnet::from(v6.subnet)),
+            (None, None) => None,
+        }
+    }
+
+    /// Checks that [`SubnetEnv::render`] of this value reads back as it: it has a pair, each
+    /// network has no host bits, and each subnet is at most a /30 (a /126) inside its network.
     ///
     /// # Errors
-    /// [`SubnetEnvError::NetworkHostBits`], [`SubnetEnvError::SubnetTooLong`] or
-    /// [`SubnetEnvError::SubnetOutsideNetwork`].
+    /// [`SubnetEnvError::NoSubnet`], [`SubnetEnvError::NetworkHostBits`],
+    /// [`SubnetEnvError::SubnetTooLong`], [`SubnetEnvError::SubnetOutsideNetwork`] or their
+    /// IPv6 counterparts.
     pub fn validate(&self) -> Result<(), SubnetEnvError> {
-        if self.network.addr() != self.network.network() {
-            return Err(SubnetEnvError::NetworkHostBits { network: self.network });
+        if self.ipv4.is_none() && self.ipv6.is_none() {
+            return Err(SubnetEnvError::NoSubnet);
         }
-        check_subnet(self.network, self.subnet)?;
+        if let Some(v4) = self.ipv4 {
+            if v4.network.addr() != v4.network.network() {
+                return Err(SubnetEnvError::NetworkHostBits { network: v4.network });
+            }
+            check_subnet(v4.network, v4.subnet)?;
+        }
         match self.ipv6 {
             Some(v6) if v6.network.addr() != v6.network.network() => {
                 Err(SubnetEnvError::Ipv6SubnetOutsideNetwork {
@@ -273,26 +301,13 @@ impl SubnetEnv {
         }
         let missing = |key| SubnetEnvError::Missing { key };
 
-        let text = network.ok_or_else(|| missing(NETWORK))?;
-        // Masked, as Go's net.ParseCIDR masks it for flannel's reader.
-        let network = parse_cidr(text)
-            .ok_or_else(|| bad_value(NETWORK, text, "an IPv4 CIDR (a.b.c.d/len)"))?
-            .trunc();
-
-        let text = subnet.ok_or_else(|| missing(SUBNET))?;
-        let count = text.split(',').count();
-        if count > 1 {
-            return Err(SubnetEnvError::MultipleSubnets { count });
-        }
-        let net = parse_cidr(text)
-            .ok_or_else(|| bad_value(SUBNET, text, "an IPv4 CIDR (a.b.c.d/len)"))?;
-        if net.prefix_len() > MAX_SUBNET_LEN {
-            return Err(SubnetEnvError::SubnetTooLong { subnet: net });
-        }
-        // The file holds the first host address; the subnet is its network.
-        let subnet = Subnet::new(net.trunc())
-            .map_err(|_| bad_value(SUBNET, text, "an IPv4 CIDR (a.b.c.d/len)"))?;
-        check_subnet(network, subnet)?;
+        let ipv4 = match (network, subnet) {
+            (None, None) if network6.is_some() || subnet6.is_some() => None,
+            (None, None) => return Err(SubnetEnvError::NoSubnet),
+            (None, Some(_)) => return Err(missing(NETWORK)),
+            (Some(_), None) => return Err(missing(SUBNET)),
+            (Some(network), Some(subnet)) => Some(parse_ipv4_pair(network, subnet)?),
+        };
 
         let text = mtu.ok_or_else(|| missing(MTU))?;
         let mtu = parse_decimal(text).ok_or_else(|| bad_value(MTU, text, "a number"))?;
@@ -315,8 +330,35 @@ impl SubnetEnv {
             (Some(network), Some(subnet)) => Some(parse_ipv6_pair(network, subnet)?),
         };
 
-        Ok(Self { network, subnet, mtu, ipmasq, ipv6 })
+        Ok(Self { ipv4, mtu, ipmasq, ipv6 })
     }
+}
+
+/// `FLANNEL_NETWORK` (masked, as Go's net.ParseCIDR masks it) and `FLANNEL_SUBNET` (the first
+/// host address: the subnet is its network), which must lie inside it.
+fn parse_ipv4_pair(network: &str, subnet: &str) -> Result<SubnetEnv4, SubnetEnvError> {
+    let text = network;
+    // Masked, as Go's net.ParseCIDR masks it for flannel's reader.
+    let network = parse_cidr(text)
+        .ok_or_else(|| bad_value(NETWORK, text, "an IPv4 CIDR (a.b.c.d/len)"))?
+        .trunc();
+
+    let text = subnet;
+    let count = text.split(',').count();
+    if count > 1 {
+        return Err(SubnetEnvError::MultipleSubnets { count });
+    }
+    let net =
+        parse_cidr(text).ok_or_else(|| bad_value(SUBNET, text, "an IPv4 CIDR (a.b.c.d/len)"))?;
+    if net.prefix_len() > MAX_SUBNET_LEN {
+        return Err(SubnetEnvError::SubnetTooLong { subnet: net });
+    }
+    // The file holds the first host address; the subnet is its network.
+    let subnet = Subnet::new(net.trunc())
+        .map_err(|_| bad_value(SUBNET, text, "an IPv4 CIDR (a.b.c.d/len)"))?;
+    check_subnet(network, subnet)?;
+
+    Ok(SubnetEnv4 { network, subnet })
 }
 
 /// `FLANNEL_IPV6_NETWORK` (masked, as Go's net.ParseCIDR masks it) and `FLANNEL_IPV6_SUBNET`
@@ -354,10 +396,14 @@ fn parse_cidr6(text: &str) -> Option<Ipv6Net> {
 }
 
 fn check_subnet(network: Ipv4Net, subnet: Subnet) -> Result<(), SubnetEnvError> {
-    if subnet.prefix_len() > MAX_SUBNET_LEN {
-        return Err(SubnetEnvError::SubnetTooLong { subnet: subnet.net() });
+    let Some(net) = subnet.v4() else {
+        // An IPv6 subnet in the IPv4 pair: a value built wrong, never written.
+        return Err(SubnetEnvError::SubnetOutsideNetwork { subnet, network });
+    };
+    if net.prefix_len() > MAX_SUBNET_LEN {
+        return Err(SubnetEnvError::SubnetTooLong { subnet: net });
     }
-    if !network.contains(&subnet.net()) {
+    if !network.contains(&net) {
         return Err(SubnetEnvError::SubnetOutsideNetwork { subnet, network });
     }
     Ok(())
@@ -488,8 +534,10 @@ mod tests {
 
     fn example() -> SubnetEnv {
         SubnetEnv {
-            network: "10.5.0.0/16".parse().unwrap(),
-            subnet: "10.5.52.0/24".parse().unwrap(),
+            ipv4: Some(SubnetEnv4 {
+                network: "10.5.0.0/16".parse().unwrap(),
+                subnet: "10.5.52.0/24".parse().unwrap(),
+            }),
             mtu: 1450,
             ipmasq: false,
             ipv6: None,
@@ -596,7 +644,7 @@ mod tests {
             (without(SUBNET), "FLANNEL_SUBNET: missing"),
             (without(MTU), "FLANNEL_MTU: missing"),
             (without(IPMASQ), "FLANNEL_IPMASQ: missing"),
-            (String::new(), "FLANNEL_NETWORK: missing"),
+            (String::new(), "FLANNEL_NETWORK and FLANNEL_IPV6_NETWORK: both missing"),
             (replace("10.5.0.0/16", "10.5.0.0"), "FLANNEL_NETWORK: \"10.5.0.0\" is not an IPv4 CIDR"),
             (replace("10.5.0.0/16", "10.5.0.0/+6"), "FLANNEL_NETWORK: \"10.5.0.0/+6\" is not"),
             (replace("10.5.52.1/24", "10.5.52.1/33"), "FLANNEL_SUBNET: \"10.5.52.1/33\" is not"),
@@ -640,15 +688,22 @@ mod tests {
 
     #[test]
     fn validate_refuses_what_would_not_read_back() {
-        let mut env = example();
-        env.network = "10.5.0.1/16".parse().unwrap();
-        assert!(matches!(env.validate(), Err(SubnetEnvError::NetworkHostBits { .. })));
-        let mut env = example();
-        env.subnet = "10.6.0.0/24".parse().unwrap();
-        assert!(matches!(env.validate(), Err(SubnetEnvError::SubnetOutsideNetwork { .. })));
-        let mut env = example();
-        env.subnet = "10.5.0.0/31".parse().unwrap();
-        assert!(matches!(env.validate(), Err(SubnetEnvError::SubnetTooLong { .. })));
+        let with4 = |f: &dyn Fn(&mut SubnetEnv4)| {
+            let mut env = example();
+            env.ipv4.as_mut().map(f);
+            env.validate()
+        };
+        let e = with4(&|v4| v4.network = "10.5.0.1/16".parse().unwrap());
+        assert!(matches!(e, Err(SubnetEnvError::NetworkHostBits { .. })));
+        let e = with4(&|v4| v4.subnet = "10.6.0.0/24".parse().unwrap());
+        assert!(matches!(e, Err(SubnetEnvError::SubnetOutsideNetwork { .. })));
+        let e = with4(&|v4| v4.subnet = "10.5.0.0/31".parse().unwrap());
+        assert!(matches!(e, Err(SubnetEnvError::SubnetTooLong { .. })));
+        // An IPv6 subnet in the IPv4 pair, and a file of neither pair.
+        let e = with4(&|v4| v4.subnet = "fd00:10:5::/64".parse().unwrap());
+        assert!(matches!(e, Err(SubnetEnvError::SubnetOutsideNetwork { .. })));
+        let none = SubnetEnv { ipv4: None, ..example() };
+        assert!(matches!(none.validate(), Err(SubnetEnvError::NoSubnet)));
         assert!(example().validate().is_ok());
     }
 
@@ -682,7 +737,7 @@ mod tests {
         // Overwrite a file that was left with other permissions.
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
         let mut next = example();
-        next.subnet = "10.5.9.0/24".parse().unwrap();
+        next.ipv4.as_mut().unwrap().subnet = "10.5.9.0/24".parse().unwrap();
         next.ipmasq = true;
         write_atomic(&path, &next).unwrap();
         assert_eq!(mode(&path), 0o644);
@@ -695,7 +750,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("subnet.env");
         let mut bad = example();
-        bad.subnet = "10.6.0.0/24".parse().unwrap();
+        bad.ipv4.as_mut().unwrap().subnet = "10.6.0.0/24".parse().unwrap();
         assert!(matches!(
             write_atomic(&path, &bad),
             Err(SubnetEnvError::SubnetOutsideNetwork { .. })
@@ -750,7 +805,8 @@ mod tests {
                 let host_bits = !u32::from(network.netmask());
                 let addr = u32::from(network.network()) | (pick & host_bits);
                 let subnet = Ipv4Net::new(Ipv4Addr::from(addr), sub_len).unwrap().trunc();
-                SubnetEnv { network, subnet: Subnet::new(subnet).unwrap(), mtu, ipmasq, ipv6: None }
+                let ipv4 = Some(SubnetEnv4 { network, subnet: Subnet::new(subnet).unwrap() });
+                SubnetEnv { ipv4, mtu, ipmasq, ipv6: None }
             })
     }
 

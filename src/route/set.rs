@@ -47,7 +47,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use super::table::{Peer, Peer6, RouteTable};
 use crate::lease::keys;
@@ -114,7 +114,7 @@ pub struct OwnHalfConflict {
 /// docs for the rules.
 #[derive(Clone, Debug)]
 pub struct RouteSet {
-    network: Ipv4Net,
+    network: IpNet,
     subnet_len: u8,
     own: Option<Subnet>,
     entries: BTreeMap<Subnet, Entry>,
@@ -141,8 +141,9 @@ pub struct RouteSet {
 }
 
 impl RouteSet {
-    /// An empty set for `network` whose leases are normally `/subnet_len`.
-    pub fn new(network: Ipv4Net, subnet_len: u8) -> Self {
+    /// An empty set for `network` whose leases are normally `/subnet_len`: the IPv4 network, or
+    /// on an IPv6-only network the IPv6 one ([`crate::config::NetworkConfig::leased_network`]).
+    pub fn new(network: IpNet, subnet_len: u8) -> Self {
         Self {
             network,
             subnet_len,
@@ -451,9 +452,6 @@ impl RouteSet {
     /// an unreadable value makes stale.
     fn ignore_bad(&mut self, bad: &BadEntry) -> Option<Subnet> {
         let subnet = bad.subnet_key()?;
-        if bad.is_ipv6_only_lease() {
-            return None;
-        }
         let name = bad.key.rsplit('/').next().unwrap_or(&bad.key);
         self.ignore(keys::relative_subnet_key(name), bad.problem.clone());
         subnet.filter(|s| s.check_lease_of(self.network, self.subnet_len).is_ok())
@@ -564,7 +562,7 @@ impl RouteSet {
             }
             peer
         });
-        RouteTable::build(self.network, self.subnet_len, peers)
+        RouteTable::build_in(self.network, self.subnet_len, peers)
     }
 }
 
@@ -1126,6 +1124,7 @@ mod tests {
             ignored,
             [
                 "subnets/0.0.0.0-0",
+                "subnets/0.0.0.0-0&fd00:0:0:9::-64",
                 "subnets/10.244.1.128-25",
                 "subnets/10.244.2.0-24",
                 "subnets/10.244.8.0-22",
@@ -1133,7 +1132,7 @@ mod tests {
                 "subnets/10.9.0.0-24",
                 "subnets/bogus",
             ],
-            "an IPv6-only lease is a lease, not garbage"
+            "an IPv6-only key is ignored on an IPv4 network, like any other key of no lease"
         );
         // A watch brings another; its delete takes it off the list again.
         s.apply_batch(&put("10.244.3.0/25", 7, 11));

@@ -37,7 +37,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use serde_json::Value;
 
 use crate::dataplane::wire::ethernet::MacAddr;
@@ -169,6 +169,10 @@ pub enum PeerError {
     /// `VNI` is not an integer in `0..=0xffffff`.
     #[error("VNI is not a 24-bit integer")]
     BadVni,
+    /// An IPv6-only lease (`0.0.0.0-0&…`) whose IPv6 half cannot be carried: it has nothing
+    /// else to route.
+    #[error("IPv6-only lease: {0}")]
+    Ipv6Only(Peer6Error),
 }
 
 impl Peer {
@@ -183,6 +187,9 @@ impl Peer {
     /// [`PeerError`] naming the first problem.
     pub fn from_lease(l: &StoredLease) -> Result<Peer, PeerError> {
         let attrs = &l.attrs;
+        if l.subnet.v4().is_none() {
+            return Self::from_ipv6_only_lease(l);
+        }
         let ip = attrs.public_ip;
         if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
             return Err(PeerError::BadPublicIp(ip));
@@ -225,6 +232,37 @@ impl Peer {
             stale: false,
             // An IPv6 half that cannot be carried leaves the peer IPv4-only.
             ipv6: Peer6::from_lease(l).ok().flatten(),
+        })
+    }
+
+    /// The route of an IPv6-only lease: flannel writes `PublicIP` `0.0.0.0` and no
+    /// `BackendData` there, so everything comes from the IPv6 half (`PublicIPv6`,
+    /// `BackendV6Data`), which must be carried; `PublicIP` is never routed to.
+    fn from_ipv6_only_lease(l: &StoredLease) -> Result<Peer, PeerError> {
+        let half = Peer6::from_lease(l)
+            .map_err(PeerError::Ipv6Only)?
+            .ok_or(PeerError::Ipv6Only(Peer6Error::MissingBackendData))?;
+        let vni = match &l.attrs.backend_v6_data {
+            Some(Value::Object(data)) => match json_field(data, "VNI") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(
+                    v.as_u64()
+                        .filter(|n| *n <= u64::from(Vni::MAX))
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or(PeerError::BadVni)?,
+                ),
+            },
+            _ => None,
+        };
+        Ok(Peer {
+            subnet: l.subnet,
+            public_ip: Ipv4Addr::UNSPECIFIED,
+            backend: PeerBackend::Vxlan,
+            vtep_mac: None,
+            vni,
+            node: l.attrs.node_id.clone(),
+            stale: false,
+            ipv6: Some(half),
         })
     }
 }
@@ -315,11 +353,24 @@ impl fmt::Debug for RouteTable {
 }
 
 impl RouteTable {
-    /// Builds a table for `network` (host bits are ignored) whose leases are normally
+    /// Builds a table for the IPv4 `network` (host bits are ignored) whose leases are normally
     /// `/subnet_len`, from `peers` in any order; for two peers with the same subnet, the later
     /// one wins. Never fails: peers that do not fit the slot array go into the levels.
     pub fn build(network: Ipv4Net, subnet_len: u8, peers: impl IntoIterator<Item = Peer>) -> Self {
-        let network = network.trunc();
+        Self::build_in(IpNet::V4(network), subnet_len, peers)
+    }
+
+    /// [`RouteTable::build`] for the network leases are subnets of, of either family
+    /// ([`crate::config::NetworkConfig::leased_network`]). On an IPv6-only network (`network`
+    /// is IPv6) every peer's subnet is IPv6 and the IPv4 part stays empty: only peers with an
+    /// IPv4 subnet ever enter it.
+    pub fn build_in(network: IpNet, subnet_len: u8, peers: impl IntoIterator<Item = Peer>) -> Self {
+        let (network, subnet_len) = match network {
+            IpNet::V4(net) => (net.trunc(), subnet_len),
+            // No IPv4 subnet is leased: a one-slot array no peer fits (a /32 network of /32
+            // leases) and no levels.
+            IpNet::V6(_) => (Ipv4Net::from(Ipv4Addr::UNSPECIFIED), 32),
+        };
         let by_subnet: BTreeMap<Subnet, Peer> = peers.into_iter().map(|p| (p.subnet, p)).collect();
         let mut peers: Vec<Peer> = by_subnet.into_values().collect();
         // Indices are u32 with one value reserved; no machine holds 2^32 peers, but stay total.
@@ -327,8 +378,9 @@ impl RouteTable {
 
         let base = u32::from(network.network());
         let net_mask = mask_of(network.prefix_len());
-        let fits_dense =
-            |p: &Peer| p.subnet.prefix_len() == subnet_len && network.contains(&p.subnet.network());
+        let fits_dense = |p: &Peer| {
+            p.subnet.v4().is_some_and(|s| s.prefix_len() == subnet_len && network.contains(&s))
+        };
         let slot_count = subnet_len
             .checked_sub(network.prefix_len())
             .filter(|_| subnet_len <= 32)
@@ -346,7 +398,8 @@ impl RouteTable {
         for (i, p) in peers.iter().enumerate() {
             // `peers` was truncated below NO_PEER, so `i` fits and is never NO_PEER.
             let idx = i as u32;
-            let addr = u32::from(p.subnet.network());
+            let Some(subnet) = p.subnet.v4() else { continue };
+            let addr = u32::from(subnet.network());
             if dense && fits_dense(p) {
                 let slot = (u64::from(addr - base) >> shift) as usize;
                 if let Some(s) = slots.get_mut(slot) {
@@ -364,7 +417,12 @@ impl RouteTable {
             let level = Level { mask: mask_of(len), entries: entries.into_boxed_slice() };
             if len > subnet_len { longer.push(level) } else { shorter.push(level) }
         }
-        let mut public_ips: Vec<u32> = peers.iter().map(|p| u32::from(p.public_ip)).collect();
+        // An IPv6-only peer's PublicIP is 0.0.0.0: never an underlay address to accept from.
+        let mut public_ips: Vec<u32> = peers
+            .iter()
+            .filter(|p| p.subnet.v4().is_some())
+            .map(|p| u32::from(p.public_ip))
+            .collect();
         public_ips.sort_unstable();
         public_ips.dedup();
 
@@ -829,7 +887,7 @@ mod tests {
             probes.extend([base, base | !mask_of(network.prefix_len()), base.wrapping_sub(1)]);
             probes.push(base.wrapping_add(!mask_of(network.prefix_len())).wrapping_add(1));
             for p in &peers {
-                let lo = u32::from(p.subnet.network());
+                let lo = u32::from(p.subnet.v4().unwrap().network());
                 let hi = lo | !mask_of(p.subnet.prefix_len());
                 probes.extend([lo, hi, lo.wrapping_sub(1), hi.wrapping_add(1), lo + (hi - lo) / 2]);
             }

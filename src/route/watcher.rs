@@ -310,7 +310,10 @@ pub async fn run(
     stats: Arc<RouteStats>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut set = RouteSet::new(network.network, network.subnet_len);
+    let mut set = {
+        let (net, len) = network.leased_network();
+        RouteSet::new(net, len)
+    };
     set.set_own(own.borrow_and_update().map(|l| l.subnet));
     let mut own_open = true;
     let mut stream: Option<WatchStream> = None;
@@ -619,8 +622,10 @@ mod tests {
             client: Arc<dyn Store>,
             network: NetworkConfig,
         ) -> Self {
-            let routes =
-                Arc::new(Routes::new(RouteTable::build(network.network, network.subnet_len, [])));
+            let routes = Arc::new(Routes::new({
+                let (net, len) = network.leased_network();
+                RouteTable::build_in(net, len, [])
+            }));
             let stats = Arc::new(RouteStats::default());
             let (own, own_rx) = watch::channel(None);
             let (shutdown, shutdown_rx) = watch::channel(false);
@@ -990,15 +995,15 @@ mod tests {
         h.join(1, "10.244.1.0/24").await;
         h.join(2, "10.244.2.0/24").await;
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
-        h.own.send_replace(Some(LeaseName::v4(subnet("10.244.1.0/24"))));
+        h.own.send_replace(Some(LeaseName::single(subnet("10.244.1.0/24"))));
         h.expect(PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;
-        h.own.send_replace(Some(LeaseName::v4(subnet("10.244.2.0/24"))));
+        h.own.send_replace(Some(LeaseName::single(subnet("10.244.2.0/24"))));
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
         h.own.send_replace(None);
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
         // Also during an outage.
         h.store.set_down(true);
-        h.own.send_replace(Some(LeaseName::v4(subnet("10.244.2.0/24"))));
+        h.own.send_replace(Some(LeaseName::single(subnet("10.244.2.0/24"))));
         h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
         h.stop().await;
     }
@@ -1006,7 +1011,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn own_subnet_set_before_start_is_never_published() {
         let h = Harness::start();
-        h.own.send_replace(Some(LeaseName::v4(subnet("10.244.1.0/24"))));
+        h.own.send_replace(Some(LeaseName::single(subnet("10.244.1.0/24"))));
         h.join(1, "10.244.1.0/24").await;
         h.join(2, "10.244.2.0/24").await;
         h.expect(PROMPTLY, &[("10.244.2.0/24", 2, false)]).await;

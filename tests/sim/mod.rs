@@ -1147,7 +1147,7 @@ fn step_flannel(h: &mut Host, mut ctx: FlannelCtx<'_>) -> FlannelOutcome {
     let Some(Proc::Flannel(p)) = &mut h.proc else { return FlannelOutcome::Idle };
     // Keep the own-key watch open (reconnect with backoff, resume from the cursor).
     if p.watch.is_none() && now >= p.watch_retry_at {
-        match block_on(p.client.watch(p.watch_from, p.lease.map(LeaseName::v4))) {
+        match block_on(p.client.watch(p.watch_from, p.lease.map(LeaseName::single))) {
             Ok(w) => {
                 p.watch = Some(w);
                 p.watch_backoff = Duration::from_millis(100);

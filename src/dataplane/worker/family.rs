@@ -1,6 +1,7 @@
 //! One socket per underlay family, used by the loops as one [`UdpIo`]: on a dual-stack vxlan
 //! network a worker sends and receives over IPv4 and over IPv6 (`IPV6_V6ONLY` sockets bound on
-//! the host's `PublicIPv6`), and its loops need not know.
+//! the host's `PublicIPv6`), and its loops need not know. An IPv4-only network has the IPv4
+//! socket alone, an IPv6-only one the IPv6 socket alone.
 //!
 //! Contract:
 //! - Send: a batch's messages keep their order. Each run of consecutive messages of one family
@@ -23,10 +24,10 @@ use super::edges::UdpIo;
 use crate::dataplane::udp::{RecvMeta, Transmit, UdpError};
 use crate::time::Instant;
 
-/// An IPv4 socket and, on a dual-stack network, an IPv6 one; see the module docs.
+/// An IPv4 socket, an IPv6 one, or both; see the module docs.
 #[derive(Debug)]
 pub struct FamilySockets<U> {
-    v4: U,
+    v4: Option<U>,
     v6: Option<U>,
     /// Which socket `recv_batch` asks first (true: IPv6).
     v6_first: bool,
@@ -35,12 +36,17 @@ pub struct FamilySockets<U> {
 impl<U: UdpIo> FamilySockets<U> {
     /// `v4`, and `v6` when the underlay has IPv6.
     pub fn new(v4: U, v6: Option<U>) -> Self {
-        Self { v4, v6, v6_first: false }
+        Self { v4: Some(v4), v6, v6_first: false }
     }
 
-    /// The IPv4 socket.
-    pub fn v4(&self) -> &U {
-        &self.v4
+    /// The IPv6 socket alone, on an IPv6-only network.
+    pub fn ipv6_only(v6: U) -> Self {
+        Self { v4: None, v6: Some(v6), v6_first: false }
+    }
+
+    /// The IPv4 socket, if there is one.
+    pub fn v4(&self) -> Option<&U> {
+        self.v4.as_ref()
     }
 
     /// The IPv6 socket, if there is one.
@@ -50,7 +56,7 @@ impl<U: UdpIo> FamilySockets<U> {
 
     fn socket_for(&mut self, dst: SocketAddr) -> Option<&mut U> {
         match dst {
-            SocketAddr::V4(_) => Some(&mut self.v4),
+            SocketAddr::V4(_) => self.v4.as_mut(),
             SocketAddr::V6(_) => self.v6.as_mut(),
         }
     }
@@ -85,11 +91,13 @@ impl<U: UdpIo> UdpIo for FamilySockets<U> {
         metas: &mut [RecvMeta],
         timeout: Duration,
     ) -> Result<usize, UdpError> {
-        let Some(v6) = self.v6.as_mut() else {
-            return self.v4.recv_batch(bufs, metas, timeout);
+        let (v4, v6) = match (self.v4.as_mut(), self.v6.as_mut()) {
+            (Some(one), None) | (None, Some(one)) => return one.recv_batch(bufs, metas, timeout),
+            (None, None) => return Ok(0),
+            (Some(v4), Some(v6)) => (v4, v6),
         };
         self.v6_first = !self.v6_first;
-        let (first, second) = if self.v6_first { (v6, &mut self.v4) } else { (&mut self.v4, v6) };
+        let (first, second) = if self.v6_first { (v6, v4) } else { (v4, v6) };
         // Waiting on one socket would miss the other: both are read without waiting (the
         // loops wait in epoll on both descriptors).
         let got = first.recv_batch(bufs, metas, Duration::ZERO);
@@ -107,20 +115,20 @@ impl<U: UdpIo> UdpIo for FamilySockets<U> {
     }
 
     fn max_gso_segments(&self) -> usize {
-        let v4 = self.v4.max_gso_segments();
-        self.v6.as_ref().map_or(v4, |v6| v4.min(v6.max_gso_segments()))
+        let sockets = self.v4.iter().chain(self.v6.iter());
+        sockets.map(UdpIo::max_gso_segments).min().unwrap_or(1)
     }
 
     fn gro(&self) -> bool {
-        self.v4.gro() || self.v6.as_ref().is_some_and(UdpIo::gro)
+        self.v4.iter().chain(self.v6.iter()).any(UdpIo::gro)
     }
 
     fn poll_fd(&self) -> Option<RawFd> {
-        self.v4.poll_fd()
+        self.v4.as_ref().or(self.v6.as_ref()).and_then(UdpIo::poll_fd)
     }
 
     fn second_poll_fd(&self) -> Option<RawFd> {
-        self.v6.as_ref().and_then(UdpIo::poll_fd)
+        self.v4.as_ref().and(self.v6.as_ref()).and_then(UdpIo::poll_fd)
     }
 }
 
@@ -197,7 +205,7 @@ mod tests {
         let mut s = FamilySockets::new(Rec::default(), Some(Rec::default()));
         let to = [a4(1), a6(1), a6(2), a4(2), a6(3)];
         assert_eq!(s.send_batch(&tx(&to), Instant::ZERO).unwrap(), 5);
-        assert_eq!(s.v4().sent, vec![a4(1), a4(2)]);
+        assert_eq!(s.v4().unwrap().sent, vec![a4(1), a4(2)]);
         assert_eq!(s.v6().unwrap().sent, vec![a6(1), a6(2), a6(3)]);
     }
 
@@ -216,7 +224,7 @@ mod tests {
             panic!("an IPv6 message without an IPv6 socket is refused");
         };
         assert_eq!((sent, source.raw_os_error()), (2, Some(libc::EAFNOSUPPORT)));
-        assert_eq!(s.v4().sent, vec![a4(1), a4(2)]);
+        assert_eq!(s.v4().unwrap().sent, vec![a4(1), a4(2)]);
     }
 
     #[test]
