@@ -13,7 +13,11 @@
 //!   families between every pair of pods, iperf3 over IPv6 both ways;
 //! - interop: a kernel flannel node with `flannel.1` and `flannel-v6.1`, programmed for the weft
 //!   hosts as flannel programs peers, and weft's pods reach its pod over both families, both
-//!   ways, TCP over IPv6 included.
+//!   ways, TCP over IPv6 included;
+//! - three weft hosts on an IPv6-only network (`EnableIPv4: false`) whose underlay still has
+//!   the lab's IPv4 addresses: flannel's `0.0.0.0-0&<v6>-64` keys with `PublicIP` 0.0.0.0,
+//!   subnet.env and `weft0` without IPv4, no IPv4 socket, pods with an IPv6 address alone,
+//!   `ping -6` between every pair, iperf3 over IPv6 both ways.
 //!
 //! The udp backend on a dual-stack network (IPv4 carried, pods dual-stack) is in e2e.rs.
 //! Needs root and the tools in `support::netns::REQUIRED_TOOLS`, like e2e.rs; each test builds
@@ -27,13 +31,15 @@ use std::time::Duration;
 use ipnet::Ipv6Net;
 use support::kernel_flannel::{KernelFlannelPeer, VxlanLease};
 use support::netns::{
-    Families, HUB_IPV6, IPV6_NETWORK, Iperf3Server, Lab, Pod, READY_WITHIN, Weft, host_ipv6,
-    iperf3_bps, ping_all_pairs, ping_ok, run,
+    Families, HUB_IPV6, IPV6_NETWORK, Iperf3Server, Lab, PREFIX, Pod, Pod6, READY_WITHIN, Weft,
+    host_ipv6, inet_addrs, iperf3_bps, ping_all_pairs, ping_ok, run, weft0_link,
 };
 
 /// flannel's dual-stack vxlan network, as the brief for weft's IPv6 data plane has it.
 const DUAL_VXLAN: &str = r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}"#;
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
+/// An IPv6-only vxlan network (`EnableIPv4: false`, no `Network`): hosts lease IPv6 subnets.
+const IPV6_ONLY_VXLAN: &str = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}"#;
 
 /// The pods' MTU behind a kernel flannel node (flannel's FLANNEL_MTU for vxlan on a 1500 wire).
 const KERNEL_MTU: u32 = 1450;
@@ -304,4 +310,145 @@ fn the_ipv6_underlay_is_the_flag_or_the_default_route_interfaces_address() {
     let p2 = lab.pod(2, &w2.subnet_file());
     ping_ok(&p1.ns, ip6_of(&p2), 3);
     ping_ok(&p2.ns, ip6_of(&p1), 3);
+}
+
+// --- weft, IPv6 only -----------------------------------------------------------------------
+
+/// Every key under `<prefix>/subnets/` and its value, parsed, in key order.
+fn all_leases(lab: &Lab) -> Vec<(String, serde_json::Value)> {
+    let out = lab.etcdctl(&["get", "--prefix", &format!("{PREFIX}/subnets/")]);
+    let lines: Vec<&str> = out.lines().collect();
+    lines
+        .chunks(2)
+        .map(|kv| {
+            let v = kv.get(1).copied().unwrap_or("");
+            let json = serde_json::from_str(v)
+                .unwrap_or_else(|e| panic!("lease {} is not JSON ({e}): {v:?}", kv[0]));
+            (kv[0].to_owned(), json)
+        })
+        .collect()
+}
+
+/// Three weft hosts on an IPv6-only vxlan network. The underlay keeps the lab's IPv4 addresses
+/// (192.0.2.N, an IPv4 default route), and hosts 1 and 2 are even given `--public-ip
+/// 192.0.2.N` (with `--iface eth0`): weft must use none of it, and says the flag is ignored.
+/// Host 3 gets no address or interface flag and finds eth0 by its IPv6 default route. Each
+/// host must lease a distinct /64 of `IPv6Network` under flannel's IPv6-only key
+/// `0.0.0.0-0&<v6>-64`, its value with `PublicIP` 0.0.0.0, the host's `PublicIPv6` and
+/// `BackendV6Data`, no `BackendData`; write subnet.env with the IPv6 pair alone; give `weft0`
+/// `<v6 subnet>::/128` and the IPv6 network's route, but no IPv4 address or route; and open
+/// its VXLAN socket on `[2001:db8::N]:8472` and no IPv4 UDP socket. Pods attached by the CNI
+/// bridge plugin from that subnet.env (as flannel's CNI plugin delegates) get an IPv6 address
+/// alone, reach each other with `ping -6` between every pair of hosts, and carry iperf3 over
+/// IPv6 both ways.
+#[test]
+fn vxlan_ipv6_only_network_three_hosts_ping6_every_pair_and_carry_iperf3() {
+    let lab = Lab::new(IPV6_ONLY_VXLAN);
+    let mut wefts = vec![
+        lab.start_weft(1, &[]),
+        lab.start_weft(2, &[]),
+        lab.start_weft_by_default_route(3, &[]),
+    ];
+    let subnets: Vec<String> =
+        wefts.iter_mut().map(|w| w.wait_ready_ipv6_only(READY_WITHIN)).collect();
+    let network: Ipv6Net = IPV6_NETWORK.parse().expect("IPv6 network");
+    for (w, subnet6) in wefts.iter().zip(&subnets) {
+        let net: Ipv6Net = subnet6.parse().expect("IPv6 subnet");
+        assert!(net.prefix_len() == 64 && network.contains(&net), "host {}: {net}", w.n);
+    }
+    for (i, a) in subnets.iter().enumerate() {
+        assert!(!subnets[i + 1..].contains(a), "two hosts hold {a}: {subnets:?}");
+    }
+
+    // The leases: one per host, in flannel's IPv6-only form, and no other key.
+    let leases = all_leases(&lab);
+    assert_eq!(leases.len(), 3, "the keys under {PREFIX}/subnets/: {leases:?}");
+    for (w, subnet6) in wefts.iter().zip(&subnets) {
+        let want_key = format!("{PREFIX}/subnets/0.0.0.0-0&{}", subnet6.replace('/', "-"));
+        let (key, value) = leases
+            .iter()
+            .find(|(k, _)| *k == want_key)
+            .unwrap_or_else(|| panic!("host {}: no key {want_key} in {leases:?}", w.n));
+        let ctx = format!("host {}: lease {key} = {value}", w.n);
+        assert_eq!(value["PublicIP"], "0.0.0.0", "PublicIP, {ctx}");
+        assert_eq!(value["PublicIPv6"], host_ipv6(w.n).to_string(), "PublicIPv6, {ctx}");
+        assert_eq!(value["BackendType"], "vxlan", "{ctx}");
+        assert_eq!(value["BackendV6Data"]["VNI"], 1, "BackendV6Data.VNI, {ctx}");
+        assert!(value["BackendV6Data"]["VtepMAC"].is_string(), "BackendV6Data.VtepMAC, {ctx}");
+        assert!(value["BackendData"].is_null(), "BackendData on an IPv6-only lease, {ctx}");
+    }
+    for w in &wefts[..2] {
+        w.wait_log("--public-ip is ignored", Duration::from_secs(1));
+    }
+
+    for w in &wefts {
+        let host = lab.host(w.n);
+        // subnet.env: the IPv6 pair, FLANNEL_MTU and FLANNEL_IPMASQ; no IPv4 pair.
+        let env = std::fs::read_to_string(w.subnet_file()).expect("subnet.env");
+        for absent in ["FLANNEL_NETWORK=", "FLANNEL_SUBNET="] {
+            assert!(!env.contains(absent), "host {}: {absent} in subnet.env:\n{env}", w.n);
+        }
+        let network_line = format!("FLANNEL_IPV6_NETWORK={IPV6_NETWORK}\n");
+        for present in [network_line.as_str(), "FLANNEL_IPMASQ="] {
+            assert!(env.contains(present), "host {}: no {present} in subnet.env:\n{env}", w.n);
+        }
+        // weft0: the IPv6 half as on a dual-stack network, and no IPv4 address or route.
+        assert_tun_configured_v6(&lab, w);
+        let link = weft0_link(&host);
+        assert_eq!(inet_addrs(&link), Vec::<String>::new(), "weft0's IPv4 addresses: {link}");
+        let mtu = link[0]["mtu"].as_u64().expect("weft0 mtu");
+        assert!(env.contains(&format!("FLANNEL_MTU={mtu}\n")), "weft0's MTU {mtu} vs:\n{env}");
+        let routes4 = run(&["ip", "-n", &host, "-4", "route", "show", "dev", "weft0"]);
+        assert_eq!(routes4.trim(), "", "IPv4 routes through weft0 on host {}", w.n);
+        // Sockets: VXLAN on [PublicIPv6]:8472, and no IPv4 UDP socket at all.
+        let want = format!("[{}]:8472", host_ipv6(w.n));
+        let sockets = run(&["ip", "netns", "exec", &w.ns, "ss", "-H", "-u", "-a", "-n"]);
+        assert!(
+            sockets.split_whitespace().any(|a| a == want),
+            "host {}: no UDP socket on {want}:\n{sockets}",
+            w.n
+        );
+        let sockets4 = run(&["ip", "netns", "exec", &w.ns, "ss", "-H", "-u", "-a", "-n", "-4"]);
+        assert_eq!(sockets4.trim(), "", "host {}: IPv4 UDP sockets", w.n);
+    }
+
+    // Pods from the IPv6-only subnet.env: an IPv6 address alone, in their host's subnet.
+    let pods: Vec<Pod6> = wefts.iter().map(|w| lab.pod_ipv6_only(w.n, &w.subnet_file())).collect();
+    for (pod, subnet6) in pods.iter().zip(&subnets) {
+        let net: Ipv6Net = subnet6.parse().expect("IPv6 subnet");
+        assert!(net.contains(&pod.ip6), "pod {} has {}, outside {net}", pod.ns, pod.ip6);
+        let v4 = run(&["ip", "-n", &pod.ns, "-4", "addr", "show", "dev", "eth0"]);
+        assert_eq!(v4.trim(), "", "pod {}: IPv4 addresses", pod.ns);
+    }
+    for w in &wefts {
+        w.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 2.0);
+    }
+    std::thread::scope(|s| {
+        for a in &pods {
+            for b in &pods {
+                if a.ns != b.ns {
+                    s.spawn(move || ping_ok(&a.ns, b.ip6, 3));
+                }
+            }
+        }
+    });
+    iperf3_v6_only_both_ways(&pods[0], &pods[2], "weft host 1 <-> weft host 3");
+}
+
+/// [`iperf3_v6_both_ways`] between pods of an IPv6-only network.
+fn iperf3_v6_only_both_ways(a: &Pod6, b: &Pod6, label: &str) {
+    let server = Iperf3Server::start(&b.ns);
+    let there = iperf3_bps(&a.ns, b.ip6, 2);
+    drop(server);
+    let _server = Iperf3Server::start(&a.ns);
+    let back = iperf3_bps(&b.ns, a.ip6, 2);
+    eprintln!(
+        "iperf3 -6 {label}: {} -> {}: {:.3} Gbit/s; back: {:.3} Gbit/s",
+        a.ip6,
+        b.ip6,
+        there / 1e9,
+        back / 1e9
+    );
+    assert!(there > 0.0, "iperf3 -6 {label} {} -> {}: {there} bits/s", a.ns, b.ns);
+    assert!(back > 0.0, "iperf3 -6 {label} {} -> {}: {back} bits/s", b.ns, a.ns);
 }

@@ -228,19 +228,25 @@ pub(crate) fn pick_ipv6_only_underlay(
     default6: Option<&str>,
 ) -> Result<(Option<String>, Ipv6Addr), NoUnderlay6> {
     let holder = |ip: Ipv6Addr| addrs.iter().find(|(_, a)| *a == ip).map(|(n, _)| n.clone());
-    let iface = match iface.map(|spec| (spec, spec.parse::<Ipv6Addr>())) {
-        Some((spec, Ok(ip))) => Some(
-            holder(ip)
-                .ok_or_else(|| NoUnderlay6 { iface: Some(spec.to_owned()), default6: None })?,
-        ),
-        Some((name, Err(_))) => Some(name.to_owned()),
-        None => None,
-    };
-    if let Some(ip) = public_ipv6 {
-        return Ok((iface.or_else(|| holder(ip)), ip));
+    let first_on = |name: &str| addrs.iter().find(|(n, _)| n == name).map(|(_, a)| *a);
+    let none_on = |spec: &str| NoUnderlay6 { iface: Some(spec.to_owned()), default6: None };
+    match (iface.map(|spec| (spec, spec.parse::<Ipv6Addr>())), public_ipv6) {
+        // `--iface` is strict: its interface, or an error (never another interface's address).
+        (Some((spec, Ok(ip))), public) => {
+            let name = holder(ip).ok_or_else(|| none_on(spec))?;
+            Ok((Some(name), public.unwrap_or(ip)))
+        }
+        (Some((name, Err(_))), Some(ip)) => Ok((Some(name.to_owned()), ip)),
+        (Some((name, Err(_))), None) => {
+            let ip = first_on(name).ok_or_else(|| none_on(name))?;
+            Ok((Some(name.to_owned()), ip))
+        }
+        (None, Some(ip)) => Ok((holder(ip), ip)),
+        (None, None) => {
+            let ip = pick_underlay6(None, addrs, default6)?;
+            Ok((holder(ip), ip))
+        }
     }
-    let addr = pick_underlay6(iface.as_deref(), addrs, default6)?;
-    Ok((iface.or_else(|| holder(addr)), addr))
 }
 
 /// No IPv6 underlay address was found ([`pick_underlay6`]).
@@ -1030,6 +1036,29 @@ async fn signal_shutdown(tx: Arc<watch::Sender<bool>>) {
 
 #[cfg(test)]
 mod tests {
+    /// An IPv6-only node's underlay: the interface and the address, from `--iface` (a name or
+    /// one of its addresses), `--public-ipv6`, or the IPv6 default route's interface.
+    #[test]
+    fn an_ipv6_only_underlay_is_the_iface_or_the_default_routes_with_its_interface() {
+        let a = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        let addrs =
+            vec![("eth0".to_string(), a("2001:db8::5")), ("eth1".to_string(), a("2001:db8:1::7"))];
+        let pick = |iface, public| pick_ipv6_only_underlay(iface, public, &addrs, Some("eth1"));
+        let got = |name: &str, ip: &str| Ok((Some(name.to_string()), a(ip)));
+        assert_eq!(pick(None, None), got("eth1", "2001:db8:1::7"));
+        assert_eq!(pick(Some("eth0"), None), got("eth0", "2001:db8::5"));
+        assert_eq!(pick(Some("2001:db8::5"), None), got("eth0", "2001:db8::5"));
+        // --public-ipv6 is published as given (NAT), on --iface or its holder's interface.
+        assert_eq!(pick(Some("eth0"), Some(a("2001:db8:9::1"))), got("eth0", "2001:db8:9::1"));
+        assert_eq!(pick(None, Some(a("2001:db8::5"))), got("eth0", "2001:db8::5"));
+        assert_eq!(pick(None, Some(a("2001:db8:9::1"))), Ok((None, a("2001:db8:9::1"))));
+        // An --iface address no interface has, or an interface without IPv6: errors.
+        let e = pick(Some("2001:db8:9::1"), None).unwrap_err().to_string();
+        assert!(e.contains("2001:db8:9::1 has no global IPv6 address"), "{e}");
+        let e = pick(Some("eth9"), None).unwrap_err().to_string();
+        assert!(e.contains("eth9 has no global IPv6 address"), "{e}");
+    }
+
     #[test]
     fn the_ipv6_underlay_is_the_ifaces_first_address_else_the_default_routes() {
         let a = |s: &str| -> Ipv6Addr { s.parse().unwrap() };

@@ -6,7 +6,8 @@
 //!   <p>hN   a host: eth0 192.0.2.N/24 and 2001:db8::N/64 (veth to the hub's bridge),
 //!           default routes via 192.0.2.254 and 2001:db8::fe
 //!   <p>pN   a pod behind bridge cni0 in <p>hN, attached by the CNI bridge plugin from subnet.env
-//!           (an IPv4 address, and an IPv6 one when subnet.env has FLANNEL_IPV6_SUBNET)
+//!           (an IPv4 address, and an IPv6 one when subnet.env has FLANNEL_IPV6_SUBNET; on
+//!           an IPv6-only network, the IPv6 one alone: [`Lab::pod_ipv6_only`])
 //! ```
 //!
 //! The IPv6 underlay: host N's address is `2001:db8::N` with N as the last 16-bit group, so it
@@ -376,6 +377,17 @@ pub struct Pod {
     pub ip6: Option<Ipv6Addr>,
 }
 
+/// A pod on an IPv6-only network ([`Lab::pod_ipv6_only`]): a namespace behind the host's
+/// `cni0` bridge with an IPv6 address alone.
+#[derive(Clone, Debug)]
+pub struct Pod6 {
+    /// The namespace.
+    pub ns: String,
+    /// Its address (host-local's one range, `FLANNEL_IPV6_SUBNET`: its `::2` for the first
+    /// pod). Not tentative: usable at once.
+    pub ip6: Ipv6Addr,
+}
+
 /// The network lab. See the module docs.
 pub struct Lab {
     /// The namespace name prefix (`wt<4 hex>`).
@@ -643,21 +655,7 @@ impl Lab {
     /// from that range, a route to FLANNEL_NETWORK, MTU FLANNEL_MTU, and masquerading by the
     /// bridge unless FLANNEL_IPMASQ (weft's hosts here do not masquerade, so the bridge does).
     pub fn pod(&self, n: u8, subnet_env: &Path) -> Pod {
-        self.host(n);
-        let pod = self.ns(&format!("p{n}"));
-        self.add_ns(&pod);
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lib/cni.sh");
-        let ipam = self.dir().join(format!("h{n}-cni"));
-        let out = run(&[
-            "bash",
-            "-c",
-            "set -e; source \"$0\"; cni_pod_up \"$@\"",
-            script,
-            &self.prefix,
-            &n.to_string(),
-            &subnet_env.to_string_lossy(),
-            &ipam.to_string_lossy(),
-        ]);
+        let (pod, out) = self.cni_pod_up(n, subnet_env);
         // The IPv4 address, then the IPv6 one on a line of its own when the pod has one.
         let mut lines = out.lines();
         let ip = lines.next().unwrap_or("");
@@ -673,6 +671,44 @@ impl Lab {
             "pod {pod}: IPv6 address {ip6:?} vs its subnet.env:\n{env}"
         );
         Pod { ns: pod, ip, ip6 }
+    }
+
+    /// [`Lab::pod`] on an IPv6-only network, whose `subnet_env` has the IPv6 pair alone (no
+    /// `FLANNEL_NETWORK`/`FLANNEL_SUBNET`): flannel's CNI plugin then gives host-local the one
+    /// range `FLANNEL_IPV6_SUBNET` and the one route `FLANNEL_IPV6_NETWORK`, so the bridge cni0
+    /// gets the subnet's `::1` and the pod an IPv6 address alone. Panics if it got an IPv4 one.
+    pub fn pod_ipv6_only(&self, n: u8, subnet_env: &Path) -> Pod6 {
+        let (pod, out) = self.cni_pod_up(n, subnet_env);
+        // cni_pod_up prints an empty IPv4 line, then the IPv6 address.
+        let mut lines = out.lines();
+        let ip = lines.next().unwrap_or("");
+        assert!(ip.is_empty(), "pod {pod}: an IPv4 address on an IPv6-only network ({out:?})");
+        let ip6 = lines.next().unwrap_or("");
+        let ip6 = ip6
+            .parse()
+            .unwrap_or_else(|e| panic!("pod IPv6 address {ip6:?} from CNI ({out:?}): {e}"));
+        Pod6 { ns: pod, ip6 }
+    }
+
+    /// Pod `<p>pN` (a new namespace) attached to host `n` by `cni_pod_up` (scripts/lib/cni.sh)
+    /// from `subnet_env`: the namespace and what `cni_pod_up` printed.
+    fn cni_pod_up(&self, n: u8, subnet_env: &Path) -> (String, String) {
+        self.host(n);
+        let pod = self.ns(&format!("p{n}"));
+        self.add_ns(&pod);
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lib/cni.sh");
+        let ipam = self.dir().join(format!("h{n}-cni"));
+        let out = run(&[
+            "bash",
+            "-c",
+            "set -e; source \"$0\"; cni_pod_up \"$@\"",
+            script,
+            &self.prefix,
+            &n.to_string(),
+            &subnet_env.to_string_lossy(),
+            &ipam.to_string_lossy(),
+        ]);
+        (pod, out)
     }
 
     /// A pod behind host `n` whose bridge takes the address `cni` (`10.244.200.1/24`), for a
@@ -989,10 +1025,23 @@ impl Weft {
 
     /// Waits until ready; returns the subnet. Panics with the log tail on timeout.
     pub fn wait_ready(&mut self, within: Duration) -> String {
+        self.wait_ready_with(within, Self::subnet)
+    }
+
+    /// [`Weft::wait_ready`] on an IPv6-only network, whose subnet.env names no IPv4 subnet:
+    /// waits until `/readyz` answers 200 and subnet.env names an IPv6 subnet; returns that
+    /// (`fd00:10:244:3::/64`).
+    pub fn wait_ready_ipv6_only(&mut self, within: Duration) -> String {
+        self.wait_ready_with(within, Self::subnet6)
+    }
+
+    fn wait_ready_with(&mut self, within: Duration, subnet: fn(&Self) -> Option<String>) -> String {
         let deadline = Instant::now() + within;
         loop {
-            if self.ready() {
-                return self.subnet().expect("subnet after ready");
+            if self.get("/readyz").0 == 200
+                && let Some(subnet) = subnet(self)
+            {
+                return subnet;
             }
             let running = self.running();
             if !running || Instant::now() > deadline {

@@ -58,7 +58,8 @@ PY
 # cni_pod_up PREFIX N SUBNET_ENV DATA_DIR: a pod namespace <p>pN (made if missing) attached to
 # host <p>hN by the bridge plugin; prints the pod's IPv4 address, and, only when the pod has
 # one (subnet.env has FLANNEL_IPV6_SUBNET), its IPv6 address on a second line: on an
-# IPv4-only network `$(cni_pod_up ...)` is the IPv4 address alone, as before. Returns once no
+# IPv4-only network `$(cni_pod_up ...)` is the IPv4 address alone, as before. On an IPv6-only
+# network (subnet.env without FLANNEL_SUBNET) the first line is empty. Returns once no
 # IPv6 address of the pod or of cni0 is tentative (DAD), so the pod can be reached at once.
 # Fails, printing the plugin's error, if the plugin does.
 cni_pod_up() {

@@ -885,4 +885,57 @@ mod tests {
             Choice::Create { .. }
         ));
     }
+
+    fn ipv6_only() -> NetworkConfig {
+        let json = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}"#;
+        NetworkConfig::parse(json.as_bytes()).unwrap()
+    }
+
+    /// An IPv6-only network leases IPv6 subnets, each its own half, in flannel's key form; the
+    /// rules are the same: a live lease of this node is adopted, another's is never taken,
+    /// the previous subnet comes back, and history brings it back with no other half.
+    #[test]
+    fn an_ipv6_only_network_leases_ipv6_subnets_under_the_same_rules() {
+        let c = ipv6_only();
+        let only = |v6: &str, holder: &str, rev: i64| StoredLease {
+            ipv6: Some(half(v6)),
+            ..lease(v6, holder, rev)
+        };
+        let mut l = Listing::default();
+        l.leases.push(only("fd00:10:244:1::/64", "b", 3));
+        // An IPv4 lease is foreign here: it occupies nothing, and is never adopted.
+        l.leases.push(lease("10.244.2.0/24", "a", 4));
+        for seed in 0..50 {
+            let d = choose(&c, &l, &node("a"), None, &mut StdRng::seed_from_u64(seed));
+            let Choice::Create { subnet, ipv6, reason: CreateReason::Fresh } = d.choice else {
+                panic!("seed {seed}: {:?}", d.choice);
+            };
+            assert_eq!(subnet.v4(), None, "seed {seed}: {subnet}");
+            assert_eq!(ipv6, subnet.v6(), "seed {seed}: the subnet is its own half");
+            assert_ne!(subnet, sn("fd00:10:244:1::/64"), "seed {seed}: b's subnet taken");
+            assert!(c.fits(subnet), "seed {seed}: {subnet}");
+            for f in &d.fallbacks {
+                assert_eq!((f.subnet.v4(), f.ipv6), (None, f.subnet.v6()), "seed {seed}");
+            }
+            let key = crate::lease::keys::KeyLayout::new("/coreos.com/network")
+                .lease(crate::lease::record::LeaseName { subnet, ipv6 });
+            assert!(key.starts_with("/coreos.com/network/subnets/0.0.0.0-0&fd00:10:244:"), "{key}");
+        }
+        // b's previous subnet, live under b, is never taken by a; a's comes back.
+        let d = choose(&c, &l, &node("a"), Some(sn("fd00:10:244:1::/64")), &mut rng());
+        assert_eq!(d.previous_taken_by.map(|(s, _)| s), Some(sn("fd00:10:244:1::/64")));
+        let d = choose(&c, &l, &node("a"), Some(sn("fd00:10:244:7::/64")), &mut rng());
+        assert_eq!(
+            d.choice,
+            Choice::Create {
+                subnet: sn("fd00:10:244:7::/64"),
+                ipv6: Some(half("fd00:10:244:7::/64")),
+                reason: CreateReason::Previous
+            }
+        );
+        // a's own live IPv6-only lease is adopted.
+        l.leases.push(only("fd00:10:244:9::/64", "a", 5));
+        let d = choose(&c, &l, &node("a"), None, &mut rng());
+        assert!(matches!(d.choice, Choice::Adopt(ref x) if x.subnet == sn("fd00:10:244:9::/64")));
+    }
 }

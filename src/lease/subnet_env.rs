@@ -560,6 +560,34 @@ mod tests {
         }
     }
 
+    /// What flannel writes on an IPv6-only network: no IPv4 pair (its WriteSubnetFile writes
+    /// it only with EnableIPv4).
+    const FLANNEL_IPV6_ONLY_EXAMPLE: &str = "FLANNEL_IPV6_NETWORK=fd00:10:5::/56\n\
+                                             FLANNEL_IPV6_SUBNET=fd00:10:5:34::1/64\n\
+                                             FLANNEL_MTU=1430\nFLANNEL_IPMASQ=false\n";
+
+    #[test]
+    fn renders_and_reads_an_ipv6_only_file_as_flannel() {
+        let env = SubnetEnv { ipv4: None, mtu: 1430, ..dual_example() };
+        assert_eq!(env.render(), FLANNEL_IPV6_ONLY_EXAMPLE);
+        assert_eq!(SubnetEnv::parse(FLANNEL_IPV6_ONLY_EXAMPLE).unwrap(), env);
+        env.validate().unwrap();
+        // Its lease's identity is the IPv6 subnet; a dual-stack file's is the IPv4 one.
+        assert_eq!(env.subnet(), Some("fd00:10:5:34::/64".parse().unwrap()));
+        assert_eq!(dual_example().subnet(), Some("10.5.52.0/24".parse().unwrap()));
+        // Cut anywhere before its last newline, it is corrupt, never another valid file.
+        for cut in 0..FLANNEL_IPV6_ONLY_EXAMPLE.len() - 1 {
+            let text = &FLANNEL_IPV6_ONLY_EXAMPLE[..cut];
+            assert!(SubnetEnv::parse(text).is_err(), "cut at {cut}: {text:?}");
+        }
+        // One key of the IPv4 pair without the other is corrupt here too.
+        let half = format!("FLANNEL_SUBNET=10.5.52.1/24\n{FLANNEL_IPV6_ONLY_EXAMPLE}");
+        assert!(matches!(
+            SubnetEnv::parse(&half),
+            Err(SubnetEnvError::Missing { key: "FLANNEL_NETWORK" })
+        ));
+    }
+
     #[test]
     fn renders_and_reads_the_dual_stack_pair_as_flannel() {
         assert_eq!(dual_example().render(), FLANNEL_DUAL_EXAMPLE);

@@ -576,6 +576,45 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// An IPv6-only lease (flannel's shape: `PublicIP` 0.0.0.0, `BackendV6Data` only) is routed
+    /// by its IPv6 half alone: never by the IPv4 table, never to 0.0.0.0.
+    #[test]
+    fn an_ipv6_only_lease_is_routed_over_ipv6_alone() {
+        let half: Ipv6Subnet = "fd00:10:244:3::/64".parse().unwrap();
+        let only = |json: &str| StoredLease {
+            subnet: Subnet::from(half),
+            ipv6: Some(half),
+            ..lease(json)
+        };
+        let p = Peer::from_lease(&only(
+            r#"{"PublicIP":"0.0.0.0","PublicIPv6":"2001:db8::3","BackendType":"vxlan","BackendV6Data":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}"#,
+        ))
+        .unwrap();
+        assert_eq!((p.public_ip, p.vtep_mac, p.vni), (Ipv4Addr::UNSPECIFIED, None, Some(1)));
+        let v6 = p.ipv6.expect("the IPv6 half is the route");
+        assert_eq!((v6.subnet, v6.public_ip), (half, "2001:db8::3".parse().unwrap()));
+        let t = RouteTable::build_in("fd00:10:244::/56".parse().unwrap(), 64, [p.clone()]);
+        assert_eq!(t.lookup6("fd00:10:244:3::9".parse().unwrap()).map(|(q, _)| q), Some(&p));
+        assert!(t.lookup(ip("0.0.0.1")).is_none());
+        assert!(!t.is_known_peer(Ipv4Addr::UNSPECIFIED), "0.0.0.0 is no underlay address");
+        assert!(t.is_known_peer6("2001:db8::3".parse().unwrap()));
+        // With nothing to carry it (no PublicIPv6, no BackendV6Data, not vxlan), it is no route.
+        for bad in [
+            r#"{"PublicIP":"0.0.0.0","PublicIPv6":null,"BackendType":"vxlan","BackendV6Data":{"VtepMAC":"c6:d2:32:6f:8f:44"}}"#,
+            r#"{"PublicIP":"0.0.0.0","PublicIPv6":"2001:db8::3","BackendType":"vxlan","BackendData":{"VtepMAC":"c6:d2:32:6f:8f:44"}}"#,
+            r#"{"PublicIP":"0.0.0.0","PublicIPv6":"2001:db8::3"}"#,
+            r#"{"PublicIP":"0.0.0.0","PublicIPv6":"2001:db8::3","BackendType":"vxlan","BackendV6Data":{"VNI":-1,"VtepMAC":"c6:d2:32:6f:8f:44"}}"#,
+        ] {
+            assert!(
+                matches!(
+                    Peer::from_lease(&only(bad)),
+                    Err(PeerError::Ipv6Only(_) | PeerError::BadVni)
+                ),
+                "{bad}"
+            );
+        }
+    }
+
     #[test]
     fn from_lease_reads_flannel_vxlan() {
         let p = Peer::from_lease(&lease(
