@@ -176,6 +176,86 @@ async fn s1(network: &str, dual: bool) {
     assert_eq!(a.metric("weft_lease_recoveries_total"), Some(1.0));
 }
 
+/// An IPv6-only network (`"EnableIPv4": false`) of IPv6 /64s, vxlan.
+const IPV6_ONLY_NETWORK: &str = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}"#;
+
+/// A node on an IPv6-only network: its IPv6 underlay address is 2001:db8::<n>.
+fn ipv6_only_node(
+    etcd: &EtcdServer,
+    prefix: &str,
+    n: u8,
+    dir: Option<std::path::PathBuf>,
+) -> WeftNode {
+    let mut o = NodeOptions::new(etcd.endpoint(), prefix, ip(n));
+    o.extra = vec!["--public-ipv6".into(), format!("2001:db8::{n}")];
+    o.dir = dir;
+    WeftNode::spawn(o)
+}
+
+/// On an IPv6-only network each node leases an IPv6 subnet under flannel's key form
+/// (`0.0.0.0-0&<v6>-<len>`, `PublicIP` 0.0.0.0, `BackendV6Data` only), subnet.env has the IPv6
+/// pair alone, and the lease rules hold as on any network: two nodes never share a subnet (not
+/// even with equal, empty PublicIPs, the way flannel's second IPv6-only node takes the first's),
+/// a restart keeps the subnet (S3), a suspended node past its TTL comes back to it (S1), and a
+/// relinquishing node's key goes.
+#[tokio::test]
+async fn ipv6_only_network_leases_in_flannels_key_form_under_the_same_rules() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    set_network(&etcd.endpoint(), &prefix, IPV6_ONLY_NETWORK);
+    let mut a = ipv6_only_node(&etcd, &prefix, 1, None);
+    let sa = a.wait_ready(READY);
+    let b = ipv6_only_node(&etcd, &prefix, 2, None);
+    let sb = b.wait_ready(READY);
+    assert_ne!(sa, sb, "two IPv6-only nodes share a subnet");
+    let mut c = etcd.client().await;
+    let keys = subnet_keys(&mut c, &prefix).await;
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    for (node, s, n) in [(&a, &sa, 1), (&b, &sb, 2)] {
+        assert!(s.starts_with("fd00:10:244:") && s.ends_with("/64"), "{s}");
+        let key = format!("{prefix}/subnets/0.0.0.0-0&{}", s.replacen('/', "-", 1));
+        let (v, _) = read_key(&mut c, &key).await.unwrap_or_else(|| panic!("no {key}: {keys:?}"));
+        assert_eq!(v["PublicIP"], "0.0.0.0", "{v}");
+        assert_eq!(v["PublicIPv6"], format!("2001:db8::{n}"), "{v}");
+        assert_eq!(v["BackendType"], "vxlan", "{v}");
+        assert!(v["BackendV6Data"]["VtepMAC"].is_string(), "{v}");
+        assert!(v.get("BackendData").is_none(), "an IPv6-only lease has no BackendData: {v}");
+        assert_eq!(node_id(&v), state_node_id(node));
+        let env = std::fs::read_to_string(node.subnet_file()).unwrap();
+        assert!(!env.contains("FLANNEL_NETWORK=") && !env.contains("FLANNEL_SUBNET="), "{env}");
+        assert!(env.starts_with("FLANNEL_IPV6_NETWORK=fd00:10:244::/56\n"), "{env}");
+        assert_eq!(node.subnet_env_ipv6().as_deref(), Some(s.as_str()));
+    }
+    let list = lease_list_json(&etcd.endpoint(), &prefix);
+    let listed: Vec<&str> =
+        list["leases"].as_array().unwrap().iter().filter_map(|l| l["subnet"].as_str()).collect();
+    assert!(listed.contains(&sa.as_str()) && listed.contains(&sb.as_str()), "{list}");
+    // S3: a restart keeps the subnet.
+    assert_eq!(a.stop(), Some(0));
+    let dir = a.dir().to_path_buf();
+    let a = ipv6_only_node(&etcd, &prefix, 1, Some(dir));
+    assert_eq!(a.wait_ready(READY), sa, "a restart keeps the IPv6-only subnet");
+    // S1: suspended past its TTL, the key expires; resumed, the node takes it back.
+    a.suspend();
+    sleep(6.0);
+    assert_eq!(subnet_keys(&mut c, &prefix).await.len(), 1, "A's key should have expired");
+    a.resume();
+    a.wait_log("recovered", Duration::from_secs(10));
+    assert_eq!(a.wait_ready(READY), sa, "the same subnet came back");
+    // Relinquished: the key goes.
+    let mut b = b;
+    drop(b.stop());
+    let mut o = NodeOptions::new(etcd.endpoint(), &prefix, ip(2));
+    o.extra = vec!["--public-ipv6".into(), "2001:db8::2".into(), "--relinquish-on-exit".into()];
+    o.dir = Some(b.dir().to_path_buf());
+    let mut b2 = WeftNode::spawn(o);
+    assert_eq!(b2.wait_ready(READY), sb);
+    assert_eq!(b2.stop(), Some(0));
+    let left: Vec<String> =
+        subnet_keys(&mut c, &prefix).await.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(left, [format!("{prefix}/subnets/0.0.0.0-0&{}", sa.replacen('/', "-", 1))]);
+}
+
 #[tokio::test]
 async fn s2_suspended_host_finds_its_subnet_taken_reports_loudly_and_moves() {
     let etcd = EtcdServer::start();

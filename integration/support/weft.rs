@@ -334,13 +334,14 @@ impl WeftNode {
         Some(format!("{}/{len}", std::net::Ipv6Addr::from(u128::from(ip) - 1)))
     }
 
-    /// Waits until `/readyz` says ready; returns the subnet from subnet.env.
+    /// Waits until `/readyz` says ready; returns the subnet from subnet.env (the IPv4 one, or
+    /// on an IPv6-only network the IPv6 one).
     pub fn wait_ready(&self, within: Duration) -> String {
         let deadline = Instant::now() + within;
         loop {
             let (status, body) = self.get("/readyz");
             if status == 200
-                && let Some(s) = self.subnet_env_subnet()
+                && let Some(s) = self.subnet_env_subnet().or_else(|| self.subnet_env_ipv6())
             {
                 return s;
             }
