@@ -101,10 +101,20 @@ fn s1_dual_stack_suspended_host_reclaims_both_halves() {
     s1(dual_network_of(8));
 }
 
-/// The IPv6 half `name` holds now, which must be there exactly on a dual-stack network.
+#[test]
+fn s1_ipv6_only_suspended_host_reclaims_its_ipv6_subnet() {
+    s1(ipv6_only_network_of(8));
+}
+
+/// The IPv6 half `name` holds now, which must be there exactly on a network with IPv6: on a
+/// dual-stack one beside the IPv4 subnet, on an IPv6-only one as the subnet itself.
 fn half_of(w: &World, name: &str) -> Option<weft::lease::record::Ipv6Subnet> {
     let half = w.keeper(name).ipv6();
     assert_eq!(half.is_some(), w.host(name).imp == Impl::Weft && dual(w), "{name}: {half:?}");
+    if let Some(s) = w.keeper(name).subnet() {
+        assert_eq!(s.v4().is_none(), !w.network.leases_ipv4(), "{name}: {s}");
+        assert!(s.v6().is_none() || s.v6() == half, "{name}: {s} is its own half");
+    }
     half
 }
 
@@ -232,6 +242,11 @@ fn s3_restart_with_stale_subnet_env_never_touches_new_holders_key() {
 #[test]
 fn s3_dual_stack_restart_with_stale_subnet_env_never_touches_new_holders_key() {
     s3(dual_network_of(2));
+}
+
+#[test]
+fn s3_ipv6_only_restart_with_stale_subnet_env_never_touches_new_holders_key() {
+    s3(ipv6_only_network_of(2));
 }
 
 fn s3(network: weft::config::NetworkConfig) {
@@ -364,6 +379,11 @@ fn s5_partition_longer_than_ttl_keeps_subnet_and_recovers_on_heal() {
 #[test]
 fn s5_dual_stack_partition_longer_than_ttl_keeps_both_halves_and_recovers_on_heal() {
     s5(dual_network_of(8));
+}
+
+#[test]
+fn s5_ipv6_only_partition_longer_than_ttl_keeps_its_subnet_and_recovers_on_heal() {
+    s5(ipv6_only_network_of(8));
 }
 
 fn s5(network: weft::config::NetworkConfig) {

@@ -70,6 +70,16 @@ pub fn dual_network_of(n: u32) -> NetworkConfig {
     NetworkConfig::parse(json.as_bytes()).expect("a valid test network")
 }
 
+/// An IPv6-only network (`"EnableIPv4": false`) of `n` leasable /64s, `fd00:10:244:1::/64` to
+/// `fd00:10:244:<n>::/64` (hex), in `fd00:10:244::/56`: each lease's subnet is IPv6.
+pub fn ipv6_only_network_of(n: u32) -> NetworkConfig {
+    assert!((1..=255).contains(&n));
+    let json = format!(
+        r#"{{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","IPv6SubnetMin":"fd00:10:244:1::","IPv6SubnetMax":"fd00:10:244:{n:x}::","Backend":{{"Type":"vxlan"}}}}"#
+    );
+    NetworkConfig::parse(json.as_bytes()).expect("a valid test network")
+}
+
 /// `10.244.i.0/24`.
 pub fn subnet(i: u8) -> Subnet {
     Subnet::from_parts(Ipv4Addr::new(10, 244, i, 0), 24).expect("aligned")
