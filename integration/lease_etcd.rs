@@ -65,8 +65,22 @@ fn dual_network_of(n: u8) -> String {
     )
 }
 
+/// The key of `subnet` alone: `10.244.1.0-24`, or an IPv6-only lease's `0.0.0.0-0&<v6>-<len>`.
 fn key_of(prefix: &str, subnet: &str) -> String {
-    format!("{prefix}/subnets/{}", subnet.replace('/', "-"))
+    match subnet.contains(':') {
+        true => format!("{prefix}/subnets/0.0.0.0-0&{}", subnet.replacen('/', "-", 1)),
+        false => format!("{prefix}/subnets/{}", subnet.replace('/', "-")),
+    }
+}
+
+/// A node's options on `network`: on an IPv6-only one, with its IPv6 underlay address
+/// (2001:db8::<n>) given.
+fn options_on(network: &str, endpoint: String, prefix: &str, n: u8) -> NodeOptions {
+    let mut o = NodeOptions::new(endpoint, prefix, ip(n));
+    if network.contains(r#""EnableIPv4":false"#) {
+        o.extra = vec!["--public-ipv6".into(), format!("2001:db8::{n}")];
+    }
+    o
 }
 
 /// The live key of `subnet` in either form (`X`, or a dual-stack `X&<v6>`): its full name, its
@@ -80,8 +94,10 @@ async fn lease_of(
     let r = c.get(v4.clone(), Some(GetOptions::new().with_prefix())).await.unwrap();
     r.kvs().iter().find_map(|kv| {
         let key = kv.key_str().ok()?;
-        // `&fd00:10:244:5::-64` → `fd00:10:244:5::/64` (IPv6 text has no '-').
+        // `&fd00:10:244:5::-64` → `fd00:10:244:5::/64` (IPv6 text has no '-'); an IPv6-only
+        // lease's half is its subnet.
         let half = match key.strip_prefix(&v4)? {
+            "" if subnet.contains(':') => Some(subnet.to_owned()),
             "" => None,
             rest => Some(rest.strip_prefix('&')?.replacen('-', "/", 1)),
         };
@@ -426,16 +442,21 @@ async fn s5_dual_stack_partition_longer_than_the_ttl_keeps_both_halves_and_recov
     s5(&dual_network_of(20), true).await;
 }
 
+#[tokio::test]
+async fn s5_ipv6_only_partition_longer_than_the_ttl_keeps_the_subnet_and_recovers() {
+    s5(IPV6_ONLY_NETWORK, true).await;
+}
+
 async fn s5(network: &str, dual: bool) {
     let etcd = EtcdServer::start();
     let prefix = unique_prefix();
     set_network(&etcd.endpoint(), &prefix, network);
     let proxy = Proxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, etcd.client_port())));
-    let a = WeftNode::spawn(NodeOptions::new(proxy.endpoint(), &prefix, ip(1)));
+    let a = WeftNode::spawn(options_on(network, proxy.endpoint(), &prefix, 1));
     let s = a.wait_ready(READY);
     let mut c = etcd.client().await;
     let half = checked_half(&mut c, &prefix, &a, &s, dual).await;
-    let b = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(2)));
+    let b = WeftNode::spawn(options_on(network, etcd.endpoint(), &prefix, 2));
     b.wait_ready(READY);
     proxy.cut(true);
     sleep(12.0); // three TTLs

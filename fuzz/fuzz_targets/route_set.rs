@@ -7,6 +7,9 @@
 //! Leases name IPv6 halves from a pool of eight, so several keys often name one: no two
 //! published routes carry one half, a key listed in `half_conflicts` carries none, and which
 //! key carries a half does not depend on the order of a listing.
+//! Half the inputs run on an IPv6-only network (`fd00:10:244::/56` in /64s), whose leases are
+//! those halves themselves (`0.0.0.0-0&<half>`): every route is then an IPv6 subnet carried as
+//! its own half, and no IPv4 address is ever routed.
 #![no_main]
 
 use std::collections::BTreeSet;
@@ -14,9 +17,10 @@ use std::net::Ipv4Addr;
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use ipnet::IpNet;
 use weft::lease::record::{
     HistoryEntry, HistoryRecord, HistoryState, Ipv6Subnet, LeaseAttrs, NodeId, Revision,
-    StoreLeaseId, StoredLease,
+    StoreLeaseId, StoredLease, Subnet,
 };
 use weft::lease::store::{BadEntry, Listing, WatchBatch, WatchEvent};
 use weft::route::RouteSet;
@@ -60,14 +64,52 @@ enum Op {
 #[derive(Arbitrary, Debug)]
 struct Input {
     network: ArbNetwork,
+    /// An IPv6-only network instead of `network`.
+    ipv6_only: bool,
     ops: Vec<Op>,
     probes: Vec<u32>,
 }
 
-fn lease(net: &ArbNetwork, l: &ArbLease) -> Option<StoredLease> {
+/// The network under test: `net`, or an IPv6-only one.
+struct Net {
+    net: ArbNetwork,
+    ipv6_only: bool,
+}
+
+/// `fd00:10:244:<n % 8>::/64`: the pool of halves (and, IPv6-only, of subnets).
+fn half(n: u8) -> Ipv6Subnet {
+    let addr = std::net::Ipv6Addr::new(0xfd00, 0x10, 0x244, u16::from(n % 8), 0, 0, 0, 0);
+    Ipv6Subnet::new(ipnet::Ipv6Net::new(addr, 64).unwrap()).unwrap()
+}
+
+impl Net {
+    /// What the route set is built for.
+    fn leased(&self) -> (IpNet, u8) {
+        if self.ipv6_only {
+            ("fd00:10:244::/56".parse().unwrap(), 64)
+        } else {
+            (self.net.net().into(), self.net.subnet_len())
+        }
+    }
+
+    /// The `i`th subnet: a pool half on an IPv6-only network, else `len` long in `net`.
+    fn subnet(&self, i: u32, len: Option<u8>) -> Subnet {
+        if self.ipv6_only {
+            Subnet::from(half(i as u8))
+        } else {
+            self.net.subnet(i, len.map_or(self.net.subnet_len(), |x| x % 33))
+        }
+    }
+}
+
+fn lease(net: &Net, l: &ArbLease) -> Option<StoredLease> {
     let attrs = match &l.value {
         Value::Shaped { public, vxlan, vni, v6 } => {
-            let mut json = format!(r#"{{"PublicIP":"192.0.2.{public}""#);
+            let mut json = if net.ipv6_only {
+                r#"{"PublicIP":"0.0.0.0""#.to_owned()
+            } else {
+                format!(r#"{{"PublicIP":"192.0.2.{public}""#)
+            };
             if *v6 {
                 json.push_str(&format!(
                     r#","PublicIPv6":"2001:db8::{public:x}","BackendV6Data":{{"VNI":1,"VtepMAC":"02:00:00:00:06:{public:02x}"}}"#
@@ -91,12 +133,16 @@ fn lease(net: &ArbNetwork, l: &ArbLease) -> Option<StoredLease> {
         }
         Value::Json(s) => LeaseAttrs::from_json(s.as_bytes()).ok()?,
     };
+    // IPv6-only: a key naming a half is that half's lease; one naming none is an IPv4 key,
+    // foreign to the network.
+    let subnet = match (net.ipv6_only, l.half) {
+        (true, Some(n)) => Subnet::from(half(n)),
+        (true, None) => net.net.subnet(l.index, net.net.subnet_len()),
+        (false, _) => net.subnet(l.index, l.len),
+    };
     Some(StoredLease {
-        subnet: net.subnet(l.index, l.len.map_or(net.subnet_len(), |x| x % 33)),
-        ipv6: l.half.map(|n| {
-            let addr = std::net::Ipv6Addr::new(0xfd00, 0x10, 0x244, u16::from(n % 8), 0, 0, 0, 0);
-            Ipv6Subnet::new(ipnet::Ipv6Net::new(addr, 64).unwrap()).unwrap()
-        }),
+        subnet,
+        ipv6: l.half.map(half),
         attrs,
         create_revision: Revision(i64::from(l.rev) - i64::from(l.age)),
         mod_revision: Revision(i64::from(l.rev)),
@@ -104,7 +150,8 @@ fn lease(net: &ArbNetwork, l: &ArbLease) -> Option<StoredLease> {
     })
 }
 
-fn check(set: &RouteSet, probes: &[u32], net: &ArbNetwork) {
+fn check(set: &RouteSet, probes: &[u32], net: &Net) {
+    let (leased, len) = net.leased();
     let table = set.table();
     let peers = table.peers();
     if let Some(own) = set.own() {
@@ -112,13 +159,21 @@ fn check(set: &RouteSet, probes: &[u32], net: &ArbNetwork) {
     }
     assert!(peers.windows(2).all(|w| w[0].subnet < w[1].subnet), "peers not sorted and unique");
     for p in peers {
-        assert!(
-            p.subnet.check_lease_of(net.net().into(), net.subnet_len()).is_ok(),
-            "foreign route"
-        );
-        assert!(table.is_known_peer(p.public_ip));
-        let own = p.subnet.v4().expect("an IPv4 network routes IPv4 subnets").network();
-        assert_eq!(table.lookup(own), Some(p), "a peer's own address");
+        assert!(p.subnet.check_lease_of(leased, len).is_ok(), "foreign route");
+        match p.subnet.v6() {
+            Some(v6) => {
+                assert!(net.ipv6_only, "an IPv6 route on an IPv4 network");
+                assert_eq!(p.ipv6.map(|h| h.subnet), Some(v6), "not carried as its own half");
+                assert!(!table.is_known_peer(p.public_ip), "{} accepted", p.public_ip);
+                let found = table.lookup6(v6.first_host()).map(|(q, _)| q);
+                assert_eq!(found, Some(p), "a peer's own IPv6 address");
+            }
+            None => {
+                assert!(table.is_known_peer(p.public_ip));
+                let own = p.subnet.v4().expect("IPv4 or IPv6").network();
+                assert_eq!(table.lookup(own), Some(p), "a peer's own address");
+            }
+        }
     }
     // One half, one live route (stale routes alone on a half are left to the table, which
     // gives it to the lower subnet); a key listed as conflicting carries none.
@@ -126,25 +181,30 @@ fn check(set: &RouteSet, probes: &[u32], net: &ArbNetwork) {
     for p in peers {
         if let Some(v6) = &p.ipv6 {
             assert!(p.stale || carried.insert(v6.subnet), "{} carried by two routes", v6.subnet);
-            let key = format!("subnets/{}-{}&", p.subnet.network(), p.subnet.prefix_len());
+            let key = match p.subnet.v4() {
+                Some(v4) => format!("subnets/{}-{}&", v4.network(), v4.prefix_len()),
+                None => format!("subnets/{}", p.subnet.key_name()),
+            };
             assert!(
                 set.half_conflicts().keys().all(|k| !k.starts_with(&key)),
                 "{key} is listed as conflicting and carries its half"
             );
         }
     }
-    let base = u32::from(net.net().network());
+    let base = u32::from(net.net.net().network());
     for &x in probes.iter().take(32) {
         for d in [Ipv4Addr::from(x), Ipv4Addr::from(base.wrapping_add(x % 65536))] {
             assert_eq!(table.lookup(d), naive_lookup(peers, d), "lookup of {d}");
+            assert!(!net.ipv6_only || table.lookup(d).is_none(), "{d} routed on IPv6-only");
         }
     }
 }
 
 fuzz_target!(|data: &[u8]| {
     let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else { return };
-    let net = input.network;
-    let mut set = RouteSet::new(net.net().into(), net.subnet_len());
+    let net = Net { net: input.network, ipv6_only: input.ipv6_only };
+    let (leased, len) = net.leased();
+    let mut set = RouteSet::new(leased, len);
     let node = NodeId::parse("node-0001").unwrap();
     for op in input.ops.iter().take(16) {
         let resume = set.resume_revision();
@@ -157,7 +217,7 @@ fuzz_target!(|data: &[u8]| {
                         .iter()
                         .take(32)
                         .map(|&(i, state, rev)| HistoryEntry {
-                            subnet: net.subnet(i, net.subnet_len()),
+                            subnet: net.subnet(i, None),
                             record: HistoryRecord {
                                 state: [
                                     HistoryState::Held,
@@ -186,7 +246,7 @@ fuzz_target!(|data: &[u8]| {
                 // each subnet is listed once: else the order picks which of its leases counts).
                 let subnets: BTreeSet<_> = listing.leases.iter().map(|l| l.subnet).collect();
                 if subnets.len() == listing.leases.len() {
-                    let mut reversed = RouteSet::new(net.net().into(), net.subnet_len());
+                    let mut reversed = RouteSet::new(leased, len);
                     reversed.set_own(set.own());
                     let mut other = listing.clone();
                     other.leases.reverse();
@@ -205,7 +265,7 @@ fuzz_target!(|data: &[u8]| {
                 // Every lease of the listing that parses is routed (not stale), unless own.
                 for l in &listing.leases {
                     if let Some(p) = set.peer(l.subnet)
-                        && l.subnet.check_lease_of(net.net().into(), net.subnet_len()).is_ok()
+                        && l.subnet.check_lease_of(leased, len).is_ok()
                         && weft::route::Peer::from_lease(l).is_ok()
                     {
                         let last = listing.leases.iter().rev().find(|x| x.subnet == l.subnet);
@@ -222,7 +282,7 @@ fuzz_target!(|data: &[u8]| {
                     .filter_map(|e| match e {
                         Event::Put(l) => lease(&net, l).map(WatchEvent::Put),
                         Event::Delete { index, len, rev } => Some(WatchEvent::Delete {
-                            subnet: net.subnet(*index, len.map_or(net.subnet_len(), |x| x % 33)),
+                            subnet: net.subnet(*index, *len),
                             revision: Revision(i64::from(*rev)),
                         }),
                         Event::Bad { name, under_subnets } => Some(WatchEvent::Bad(BadEntry {
@@ -235,8 +295,7 @@ fuzz_target!(|data: &[u8]| {
                         })),
                         Event::Departed { index, len, state, rev } => {
                             Some(WatchEvent::Departed(HistoryEntry {
-                                subnet: net
-                                    .subnet(*index, len.map_or(net.subnet_len(), |x| x % 33)),
+                                subnet: net.subnet(*index, *len),
                                 record: HistoryRecord {
                                     state: [
                                         HistoryState::Held,
@@ -277,7 +336,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             Op::SetOwn(i) => {
-                set.set_own(i.map(|i| net.subnet(i, net.subnet_len())));
+                set.set_own(i.map(|i| net.subnet(i, None)));
             }
         }
         assert!(set.resume_revision() >= resume, "resume revision went back");
