@@ -340,7 +340,8 @@ pub fn lease_attrs(
         BackendKind::Udp => (None, None),
     };
     LeaseAttrs {
-        public_ip,
+        // An IPv6-only node has no IPv4 underlay: `0.0.0.0`, as flannel writes it.
+        public_ip: if network.leases_ipv4() { public_ip } else { Ipv4Addr::UNSPECIFIED },
         public_ipv6,
         backend_type,
         backend_data,
@@ -1136,11 +1137,19 @@ mod tests {
         assert_eq!(attrs.public_ipv6, Some(v6));
         let want = serde_json::json!({ "VNI": 4, "VtepMAC": "02:00:00:00:00:07" });
         assert_eq!(attrs.backend_v6_data, Some(want.clone()));
-        assert_eq!(attrs.backend_data, Some(want));
+        assert_eq!(attrs.backend_data, Some(want.clone()));
         for (backend, dual) in [("udp", true), ("vxlan", false)] {
             let attrs = lease_attrs(&config(backend, dual), v4, Some(v6), mac);
             assert_eq!((attrs.public_ipv6, attrs.backend_v6_data), (None, None), "{backend}");
         }
+        // IPv6-only: flannel's shape, whatever IPv4 address the host has.
+        let raw = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","VNI":4}}"#;
+        let attrs = lease_attrs(&NetworkConfig::parse(raw.as_bytes()).unwrap(), v4, Some(v6), mac);
+        assert_eq!((attrs.public_ip, attrs.public_ipv6), (Ipv4Addr::UNSPECIFIED, Some(v6)));
+        assert_eq!((&attrs.backend_data, &attrs.backend_v6_data), (&None, &Some(want)));
+        assert_eq!(attrs.public_addr(), std::net::IpAddr::V6(v6));
+        let text = String::from_utf8(attrs.to_json()).unwrap();
+        assert!(text.starts_with(r#"{"PublicIP":"0.0.0.0","PublicIPv6":"2001:db8::7","BackendType":"vxlan","BackendV6Data""#), "{text}");
     }
 
     #[test]

@@ -278,7 +278,8 @@ fn s3(network: weft::config::NetworkConfig) {
         assert_eq!(w.believed("b"), Some(s));
     }
     let ev = w.events_since("a", t);
-    let b_ip = w.host("b").public_ip;
+    // b's address as its lease names it (its PublicIPv6 on an IPv6-only network).
+    let b_ip = w.key(s).unwrap().attrs.public_addr();
     assert!(ev.contains(&KeeperEvent::PreviousTaken { subnet: s, holder: b_ip }), "{ev:?}");
     assert!(ev.contains(&KeeperEvent::Exhausted), "{ev:?}");
     assert_eq!(w.believed("a"), None);

@@ -28,7 +28,7 @@
 //!   `old=`, `new=`, `reason=`, `holder=` (empty: none). Parsing never panics; a bad line is
 //!   reported and skipped.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -91,7 +91,7 @@ pub(crate) struct HookRun {
     /// `WEFT_REASON`, one of [`REASONS`].
     pub(crate) reason: &'static str,
     /// `WEFT_HOLDER`.
-    pub(crate) holder: Option<Ipv4Addr>,
+    pub(crate) holder: Option<IpAddr>,
 }
 
 /// A journal line that could not be read.
@@ -155,7 +155,7 @@ fn parse_line(line: &str) -> Result<HookRun, String> {
             "holder" => {
                 holder = Some(match value {
                     "" => None,
-                    v => Some(v.parse::<Ipv4Addr>().map_err(|_| "holder: not an address")?),
+                    v => Some(v.parse::<IpAddr>().map_err(|_| "holder: not an address")?),
                 });
             }
             _ => return Err(format!("unknown key {:?}", key.chars().take(20).collect::<String>())),
@@ -462,7 +462,7 @@ mod tests {
                 old: Some("10.244.2.0/24".parse().unwrap()),
                 new: None,
                 reason: "taken-by-another-node",
-                holder: Some(Ipv4Addr::new(192, 0, 2, 2)),
+                holder: Some(IpAddr::from([192, 0, 2, 2])),
             },
         ]
     }

@@ -37,7 +37,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -261,8 +261,8 @@ pub enum KeeperEvent {
         subnet: Subnet,
         /// Why.
         reason: LossReason,
-        /// The new holder's public IP, when known.
-        holder: Option<Ipv4Addr>,
+        /// The new holder's public IP (its IPv6 one on an IPv6-only network), when known.
+        holder: Option<IpAddr>,
         /// The new holder's node ID, when it is a weft node.
         holder_node: Option<NodeId>,
     },
@@ -270,8 +270,8 @@ pub enum KeeperEvent {
     PreviousTaken {
         /// The subnet.
         subnet: Subnet,
-        /// Its holder's public IP.
-        holder: Ipv4Addr,
+        /// Its holder's public IP (its IPv6 one on an IPv6-only network).
+        holder: IpAddr,
     },
     /// No subnet is free. Not ready; retrying.
     Exhausted,
@@ -848,7 +848,7 @@ impl Keeper {
         self.events.push_back(KeeperEvent::Lost {
             subnet,
             reason,
-            holder: current.map(|l| l.attrs.public_ip),
+            holder: current.map(|l| l.attrs.public_addr()),
             holder_node: current.and_then(|l| l.attrs.node_id.clone()),
         });
         self.held = None;

@@ -19,7 +19,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use rand::Rng;
 
@@ -107,7 +107,7 @@ pub struct Decision {
     pub(crate) fallbacks: Vec<Candidate>,
     /// The previous subnet was live under another holder (whose public IP is given): it was
     /// not taken. Worth a warning: someone else has this host's old subnet.
-    pub(crate) previous_taken_by: Option<(Subnet, Ipv4Addr)>,
+    pub(crate) previous_taken_by: Option<(Subnet, IpAddr)>,
 }
 
 /// Chooses a subnet for `node` from a listing. `previous` is the subnet this node last held, if
@@ -163,7 +163,7 @@ pub fn choose(
     let mut previous_free = None;
     if let Some(prev) = previous.or_else(from_history).filter(|s| config.fits(*s)) {
         if let Some(holder) = live.get(&prev) {
-            previous_taken_by = Some((prev, holder.attrs.public_ip));
+            previous_taken_by = Some((prev, holder.attrs.public_addr()));
         } else if !is_occupied(prev) {
             previous_free = Some(Candidate::v4(prev, CreateReason::Previous));
         }
@@ -408,7 +408,8 @@ mod tests {
     fn previous_subnet_taken_by_another_is_never_chosen() {
         let l = Listing { leases: vec![lease("10.244.1.0/24", "b", 3)], ..Default::default() };
         let d = choose(&config(24), &l, &node("a"), Some(sn("10.244.1.0/24")), &mut rng());
-        assert_eq!(d.previous_taken_by, Some((sn("10.244.1.0/24"), Ipv4Addr::new(192, 0, 2, 9))));
+        let holder = IpAddr::from([192, 0, 2, 9]);
+        assert_eq!(d.previous_taken_by, Some((sn("10.244.1.0/24"), holder)));
         match d.choice {
             Choice::Create { subnet, reason: CreateReason::Fresh, .. } => {
                 assert_ne!(subnet, sn("10.244.1.0/24"))

@@ -541,6 +541,15 @@ impl LeaseAttrs {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
+    /// The holder's address for people to read (logs, hooks): `PublicIP`, or on an IPv6-only
+    /// lease (whose `PublicIP` is `0.0.0.0`) `PublicIPv6`.
+    pub fn public_addr(&self) -> IpAddr {
+        match self.public_ipv6 {
+            Some(v6) if self.public_ip.is_unspecified() => IpAddr::V6(v6),
+            _ => IpAddr::V4(self.public_ip),
+        }
+    }
+
     /// Whether this value was written by `node` (any incarnation).
     pub(crate) fn is_node(&self, node: &NodeId) -> bool {
         self.node_id.as_ref() == Some(node)
