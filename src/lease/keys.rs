@@ -127,7 +127,8 @@ impl KeyLayout {
         &self.history_dir
     }
 
-    /// `<prefix>/subnets/<a.b.c.d>-<len>`: an IPv4-only lease's key.
+    /// `<prefix>/subnets/<a.b.c.d>-<len>`: an IPv4-only lease's key (or an IPv6-only lease's,
+    /// `<prefix>/subnets/0.0.0.0-0&<v6>-<len>`).
     pub fn subnet(&self, subnet: Subnet) -> String {
         self.lease(LeaseName::single(subnet))
     }
