@@ -109,7 +109,10 @@ fuzz_target!(|data: &[u8]| {
         net.subnet_len(),
         table.peers().iter().cloned().chain(back),
     ));
-    let first_host = |s: Subnet| s.v4().map(|n| Ipv4Addr::from(u32::from(n.network()) + 1));
+    let first_host = |s: Subnet| match s.first_host() {
+        std::net::IpAddr::V4(a) => Some(a),
+        std::net::IpAddr::V6(_) => None,
+    };
     let targets: Vec<Ipv4Addr> =
         table.peers().iter().filter_map(|p| first_host(p.subnet)).collect();
     let routes = Routes::new(table);
