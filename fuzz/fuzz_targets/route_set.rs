@@ -16,8 +16,8 @@ use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
 use arbitrary::{Arbitrary, Unstructured};
-use libfuzzer_sys::fuzz_target;
 use ipnet::IpNet;
+use libfuzzer_sys::fuzz_target;
 use weft::lease::record::{
     HistoryEntry, HistoryRecord, HistoryState, Ipv6Subnet, LeaseAttrs, NodeId, Revision,
     StoreLeaseId, StoredLease, Subnet,
