@@ -3,11 +3,13 @@
 //! field and the problem.
 //!
 //! Contract:
-//! - [`NetworkConfig::parse`] accepts every IPv4 and dual-stack config flannel's
+//! - [`NetworkConfig::parse`] accepts every IPv4, dual-stack and IPv6-only config flannel's
 //!   `CheckNetworkConfig` accepts, with the same defaults, except for options weft does not
 //!   implement. Those are refused with an error naming the option rather than silently ignored: a
-//!   config that asks for an IPv6-only network (`"EnableIPv4": false`), host-gw or VXLAN direct
-//!   routing must not come up as something else.
+//!   config that asks for host-gw or VXLAN direct routing must not come up as something else.
+//! - IPv6-only (`"EnableIPv4": false` with `"EnableIPv6": true`): [`NetworkConfig::ipv4`] is
+//!   `None` and leases are IPv6 subnets. The backend must be vxlan (flannel's udp backend
+//!   carries no IPv6), and IPv4 fields are refused, as IPv6 fields are without `EnableIPv6`.
 //! - Dual stack: with `"EnableIPv6": true`, the IPv6 fields (`IPv6Network`, `IPv6SubnetLen`,
 //!   `IPv6SubnetMin`, `IPv6SubnetMax`) are parsed and validated by flannel's rules into
 //!   [`NetworkConfig::ipv6`]; without it, that is `None`.
