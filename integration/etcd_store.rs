@@ -558,6 +558,7 @@ async fn keep_alives_reuse_one_open_stream_and_a_broken_one_is_replaced_within_t
     let record = PresenceRecord {
         incarnation: Incarnation::parse("inc-kept").expect("inc"),
         public_ip: Ipv4Addr::new(192, 0, 2, 1),
+        public_ipv6: None,
     };
     let PresenceOutcome::Claimed(lease) =
         store.claim_presence(&me, &record, LONG_TTL).await.expect("claim")
@@ -600,10 +601,12 @@ async fn presence_is_claimed_held_expired_and_dropped() {
     let first = PresenceRecord {
         incarnation: Incarnation::parse("inc-first").expect("inc"),
         public_ip: Ipv4Addr::new(192, 0, 2, 1),
+        public_ipv6: None,
     };
     let second = PresenceRecord {
         incarnation: Incarnation::parse("inc-second").expect("inc"),
         public_ip: Ipv4Addr::new(192, 0, 2, 1),
+        public_ipv6: None,
     };
 
     let PresenceOutcome::Claimed(lease1) =

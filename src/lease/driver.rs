@@ -15,7 +15,7 @@
 //! second and deadlines are read from the boot-time clock, so a host that was suspended acts on
 //! its lease as soon as it wakes.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -385,7 +385,7 @@ impl LeaseDriver {
                     old,
                     new: None,
                     reason: "identity-clash",
-                    holder: other_ip.map(IpAddr::V4),
+                    holder: other_ip,
                 });
             }
             KeeperEvent::IdentityClashOver => {

@@ -280,7 +280,7 @@ pub enum KeeperEvent {
         /// The other process's incarnation.
         other: Option<Incarnation>,
         /// Its public IP.
-        other_ip: Option<Ipv4Addr>,
+        other_ip: Option<IpAddr>,
     },
     /// The other process of an identity clash is gone (its presence key expired or was
     /// dropped): this process claimed presence and acquires a lease again.
@@ -676,6 +676,7 @@ impl Keeper {
         let record = PresenceRecord {
             incarnation: self.cfg.incarnation.clone(),
             public_ip: self.attrs.public_ip,
+            public_ipv6: self.attrs.public_ipv6,
         };
         (InFlight::ClaimPresence, Action::ClaimPresence { record, ttl: self.cfg.presence_ttl })
     }
@@ -810,7 +811,7 @@ impl Keeper {
         self.last_subnet = Some(held.subnet);
     }
 
-    fn clash(&mut self, now: Instant, other: Option<Incarnation>, other_ip: Option<Ipv4Addr>) {
+    fn clash(&mut self, now: Instant, other: Option<Incarnation>, other_ip: Option<IpAddr>) {
         let reason = format!(
             "identity clash: another live process ({}, {}) carries node ID {}; this host looks \
              like a clone of it or runs a second weft with the same --state-dir. This process \
@@ -878,14 +879,16 @@ impl Keeper {
                 Presence::WaitingFor { other: o, seen, .. }
                     if *o == other.incarnation && *seen != mod_revision =>
                 {
-                    self.clash(now, Some(other.incarnation), Some(other.public_ip));
+                    let ip = other.public_addr();
+                    self.clash(now, Some(other.incarnation), Some(ip));
                 }
                 // It never beat, but stood far longer than etcd keeps a dead process's key.
                 Presence::WaitingFor { other: o, since, .. }
                     if *o == other.incarnation
                         && now.saturating_since(*since) >= self.clash_after() =>
                 {
-                    self.clash(now, Some(other.incarnation), Some(other.public_ip));
+                    let ip = other.public_addr();
+                    self.clash(now, Some(other.incarnation), Some(ip));
                 }
                 Presence::WaitingFor { other: o, .. } if *o == other.incarnation => {
                     self.retry_at = now + self.cfg.presence_ttl / 4;

@@ -1604,6 +1604,7 @@ mod tests {
         let rec = PresenceRecord {
             incarnation: Incarnation::parse("inc-00000001").unwrap(),
             public_ip: Ipv4Addr::LOCALHOST,
+            public_ipv6: None,
         };
         block_on(a.claim_presence(&node("node-aaaa"), &rec, TTL)).unwrap();
         assert!(batches(&mut future).is_empty());
@@ -1626,10 +1627,12 @@ mod tests {
         let mine = PresenceRecord {
             incarnation: Incarnation::parse("inc-00000001").unwrap(),
             public_ip: Ipv4Addr::new(192, 0, 2, 1),
+            public_ipv6: None,
         };
         let theirs = PresenceRecord {
             incarnation: Incarnation::parse("inc-00000002").unwrap(),
             public_ip: Ipv4Addr::new(192, 0, 2, 2),
+            public_ipv6: None,
         };
         let ttl = secs(2);
         let PresenceOutcome::Claimed(lease) =

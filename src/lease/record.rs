@@ -541,13 +541,9 @@ impl LeaseAttrs {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
-    /// The holder's address for people to read (logs, hooks): `PublicIP`, or on an IPv6-only
-    /// lease (whose `PublicIP` is `0.0.0.0`) `PublicIPv6`.
+    /// The holder's address for people to read (logs, hooks): [`shown_addr`].
     pub fn public_addr(&self) -> IpAddr {
-        match self.public_ipv6 {
-            Some(v6) if self.public_ip.is_unspecified() => IpAddr::V6(v6),
-            _ => IpAddr::V4(self.public_ip),
-        }
+        shown_addr(self.public_ip, self.public_ipv6)
     }
 
     /// Whether this value was written by `node` (any incarnation).
@@ -558,6 +554,15 @@ impl LeaseAttrs {
     /// Whether this value was written by exactly this process.
     pub(crate) fn is_incarnation(&self, node: &NodeId, incarnation: &Incarnation) -> bool {
         self.is_node(node) && self.incarnation.as_ref() == Some(incarnation)
+    }
+}
+
+/// A node's address for people to read (logs, hooks, errors): its `PublicIP`, or on an
+/// IPv6-only network, where `PublicIP` is `0.0.0.0`, its `PublicIPv6`.
+pub(crate) fn shown_addr(public_ip: Ipv4Addr, public_ipv6: Option<Ipv6Addr>) -> IpAddr {
+    match public_ipv6 {
+        Some(v6) if public_ip.is_unspecified() => IpAddr::V6(v6),
+        _ => IpAddr::V4(public_ip),
     }
 }
 

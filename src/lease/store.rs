@@ -26,7 +26,7 @@
 //! - Values that do not parse are never an error of the whole call: listings skip them and
 //!   report them in [`Listing::skipped`]; watches deliver [`WatchEvent::Bad`].
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -195,9 +195,19 @@ pub struct PresenceRecord {
     pub incarnation: Incarnation,
     /// Its public IP.
     pub public_ip: Ipv4Addr,
+    /// Its public IPv6 address, on a network that carries IPv6 (absent from the records of
+    /// older wefts, and of nodes without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ipv6: Option<Ipv6Addr>,
 }
 
 impl PresenceRecord {
+    /// The process's address for people to read: `public_ip`, or on an IPv6-only network
+    /// (`0.0.0.0`) `public_ipv6` ([`super::record::shown_addr`]).
+    pub fn public_addr(&self) -> IpAddr {
+        super::record::shown_addr(self.public_ip, self.public_ipv6)
+    }
+
     /// Parses a presence key's value.
     pub(crate) fn from_json(bytes: &[u8]) -> Result<Self, ValueError> {
         Ok(serde_json::from_slice(bytes)?)
@@ -205,7 +215,7 @@ impl PresenceRecord {
 
     /// The JSON written to the store.
     pub(crate) fn to_json(&self) -> Vec<u8> {
-        // Two plain fields: serializing cannot fail.
+        // Plain fields: serializing cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
     }
 }
@@ -374,4 +384,30 @@ pub trait Store: Send + Sync {
     /// new ones rather than wait for keep-alives to notice. A store without connections
     /// ignores it.
     fn reconnect(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Presence records name the process by its IPv6 address on an IPv6-only network, and
+    /// records without `public_ipv6` (older wefts) still read; none is written when absent.
+    #[test]
+    fn presence_records_carry_the_ipv6_address_where_there_is_one() {
+        let old = br#"{"incarnation":"inc-00000001","public_ip":"192.0.2.1"}"#;
+        let old = PresenceRecord::from_json(old).unwrap();
+        assert_eq!((old.public_ipv6, old.public_addr()), (None, IpAddr::from([192, 0, 2, 1])));
+        assert_eq!(old.to_json(), br#"{"incarnation":"inc-00000001","public_ip":"192.0.2.1"}"#);
+        let v6: Ipv6Addr = "2001:db8::1".parse().unwrap();
+        let only = PresenceRecord {
+            public_ip: Ipv4Addr::UNSPECIFIED,
+            public_ipv6: Some(v6),
+            ..old.clone()
+        };
+        assert_eq!(only.public_addr(), IpAddr::V6(v6));
+        assert_eq!(PresenceRecord::from_json(&only.to_json()).unwrap(), only);
+        // Dual stack: the IPv4 address is the one shown.
+        let dual = PresenceRecord { public_ipv6: Some(v6), ..old };
+        assert_eq!(dual.public_addr(), IpAddr::from([192, 0, 2, 1]));
+    }
 }
