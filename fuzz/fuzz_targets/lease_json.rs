@@ -1,5 +1,6 @@
 //! Lease store values and keys: LeaseAttrs::from_json (then Peer::from_lease, which reads
-//! BackendData and the VtepMAC), HistoryRecord::from_json and Subnet::parse_key_name, each with
+//! BackendData and the VtepMAC), HistoryRecord::from_json, PresenceRecord::from_json and
+//! Subnet::parse_key_name, each with
 //! its round trip (to_json / key_name parse back to the same value); LeaseName::parse (both
 //! halves of a dual-stack key) and Ipv6Subnet's parsers likewise; KeyLayout's parsers, which
 //! both stores read keys with, agree with them.
@@ -11,7 +12,7 @@ use weft::lease::keys::{KeyLayout, KeyRevisions};
 use weft::lease::record::{
     HistoryRecord, Ipv6Subnet, LeaseAttrs, LeaseName, Revision, StoreLeaseId, StoredLease, Subnet,
 };
-use weft::lease::store::BadEntry;
+use weft::lease::store::{BadEntry, PresenceRecord};
 use weft::route::{Peer, Peer6};
 
 fuzz_target!(|data: &[u8]| {
@@ -58,6 +59,15 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(record) = HistoryRecord::from_json(data) {
         let again = HistoryRecord::from_json(&record.to_json()).expect("to_json parses back");
         assert_eq!(again, record, "HistoryRecord round trip");
+    }
+    if let Ok(presence) = PresenceRecord::from_json(data) {
+        let again = PresenceRecord::from_json(&presence.to_json()).expect("to_json parses back");
+        assert_eq!(again, presence, "PresenceRecord round trip");
+        let shown = presence.public_addr();
+        assert!(
+            shown.is_ipv6()
+                == (presence.public_ip.is_unspecified() && presence.public_ipv6.is_some())
+        );
     }
     let Ok(text) = std::str::from_utf8(data) else { return };
     if let Some(mac) = MacAddr::parse(text) {

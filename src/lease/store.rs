@@ -209,12 +209,12 @@ impl PresenceRecord {
     }
 
     /// Parses a presence key's value.
-    pub(crate) fn from_json(bytes: &[u8]) -> Result<Self, ValueError> {
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ValueError> {
         Ok(serde_json::from_slice(bytes)?)
     }
 
     /// The JSON written to the store.
-    pub(crate) fn to_json(&self) -> Vec<u8> {
+    pub fn to_json(&self) -> Vec<u8> {
         // Plain fields: serializing cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
     }
