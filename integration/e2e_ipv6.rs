@@ -151,6 +151,17 @@ fn assert_tun_configured_v6(lab: &Lab, w: &Weft) {
 
 /// Every host has `2001:db8::N/64` (N in hex) on eth0, usable at once, and a default IPv6 route
 /// via the hub: hosts reach each other and the hub with no weft running.
+/// Host `w` has a UDP socket on its `PublicIPv6`, port 8472: VXLAN over the IPv6 underlay.
+fn assert_vxlan_socket_on_public_ipv6(w: &Weft) {
+    let want = format!("[{}]:8472", host_ipv6(w.n));
+    let sockets = run(&["ip", "netns", "exec", &w.ns, "ss", "-H", "-u", "-a", "-n"]);
+    assert!(
+        sockets.split_whitespace().any(|a| a == want),
+        "host {}: no UDP socket on {want}:\n{sockets}",
+        w.n
+    );
+}
+
 #[test]
 fn lab_hosts_reach_each_other_and_the_hub_over_the_ipv6_underlay() {
     let lab = Lab::new(VXLAN);
@@ -229,13 +240,7 @@ fn vxlan_dual_stack_three_hosts_ping_both_families_and_carry_iperf3_over_ipv6() 
         assert_tun_configured_v6(&lab, w);
         assert_pod_in(pod, &w.subnet6().expect("FLANNEL_IPV6_SUBNET"));
         // VXLAN over the IPv6 underlay: a UDP socket on the PublicIPv6, port 8472.
-        let want = format!("[{}]:8472", host_ipv6(w.n));
-        let sockets = run(&["ip", "netns", "exec", &w.ns, "ss", "-H", "-u", "-a", "-n"]);
-        assert!(
-            sockets.split_whitespace().any(|a| a == want),
-            "host {}: no UDP socket on {want}:\n{sockets}",
-            w.n
-        );
+        assert_vxlan_socket_on_public_ipv6(w);
     }
     ping_all_pairs(&pods, Families::Both);
     iperf3_v6_both_ways(&pods[0], &pods[1], "weft host 1 <-> weft host 2");
@@ -401,13 +406,7 @@ fn vxlan_ipv6_only_network_three_hosts_ping6_every_pair_and_carry_iperf3() {
         let routes4 = run(&["ip", "-n", &host, "-4", "route", "show", "dev", "weft0"]);
         assert_eq!(routes4.trim(), "", "IPv4 routes through weft0 on host {}", w.n);
         // Sockets: VXLAN on [PublicIPv6]:8472, and no IPv4 UDP socket at all.
-        let want = format!("[{}]:8472", host_ipv6(w.n));
-        let sockets = run(&["ip", "netns", "exec", &w.ns, "ss", "-H", "-u", "-a", "-n"]);
-        assert!(
-            sockets.split_whitespace().any(|a| a == want),
-            "host {}: no UDP socket on {want}:\n{sockets}",
-            w.n
-        );
+        assert_vxlan_socket_on_public_ipv6(w);
         let sockets4 = run(&["ip", "netns", "exec", &w.ns, "ss", "-H", "-u", "-a", "-n", "-4"]);
         assert_eq!(sockets4.trim(), "", "host {}: IPv4 UDP sockets", w.n);
     }

@@ -209,16 +209,7 @@ impl Peer {
                     Some(Value::String(s)) => MacAddr::parse(s).ok_or(PeerError::BadVtepMac)?,
                     Some(_) => return Err(PeerError::BadVtepMac),
                 };
-                let vni = match json_field(data, "VNI") {
-                    None | Some(Value::Null) => None,
-                    Some(v) => Some(
-                        v.as_u64()
-                            .filter(|n| *n <= u64::from(Vni::MAX))
-                            .and_then(|n| u32::try_from(n).ok())
-                            .ok_or(PeerError::BadVni)?,
-                    ),
-                };
-                (Some(mac), vni)
+                (Some(mac), vni_of(data)?)
             }
             PeerBackend::Udp | PeerBackend::Other => (None, None),
         };
@@ -243,15 +234,7 @@ impl Peer {
             .map_err(PeerError::Ipv6Only)?
             .ok_or(PeerError::Ipv6Only(Peer6Error::MissingBackendData))?;
         let vni = match &l.attrs.backend_v6_data {
-            Some(Value::Object(data)) => match json_field(data, "VNI") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(
-                    v.as_u64()
-                        .filter(|n| *n <= u64::from(Vni::MAX))
-                        .and_then(|n| u32::try_from(n).ok())
-                        .ok_or(PeerError::BadVni)?,
-                ),
-            },
+            Some(Value::Object(data)) => vni_of(data)?,
             _ => None,
         };
         Ok(Peer {
@@ -264,6 +247,20 @@ impl Peer {
             stale: false,
             ipv6: Some(half),
         })
+    }
+}
+
+/// The `VNI` of a backend data object: absent or `null` is `None`; anything but an integer in
+/// `0..=0xffffff` is [`PeerError::BadVni`].
+fn vni_of(data: &serde_json::Map<String, Value>) -> Result<Option<u32>, PeerError> {
+    match json_field(data, "VNI") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n <= u64::from(Vni::MAX))
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or(PeerError::BadVni),
     }
 }
 
