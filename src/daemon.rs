@@ -35,6 +35,7 @@ use crate::lease::store::Store;
 use crate::lease::subnet_env::{self, ReadOutcome};
 use crate::route::watcher::RouteStats;
 use crate::route::{RouteTable, Routes};
+use crate::stop::Stop;
 use crate::time::{BootClock, Clock};
 
 /// What `weft run --dataplane` selects.
@@ -431,14 +432,14 @@ pub(crate) fn previous_subnet(path: &Path, network: &NetworkConfig) -> Option<Su
     }
 }
 
-/// Runs the daemon until SIGTERM/SIGINT.
-pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> {
+/// Runs the daemon until `stop` is requested (SIGTERM/SIGINT, a panic, see [`crate::stop`]).
+pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(BootClock);
-    let (shutdown_tx, mut shutdown_rx) = watch::channel(false);
-    let shutdown_tx = Arc::new(shutdown_tx);
-    tokio::spawn(signal_shutdown(shutdown_tx.clone()));
+    let mut shutdown_rx = stop.subscribe();
 
     let health = Arc::new(Health::new(clock.clone()));
+    health.add_collector(stop.clone());
+    health.add_collector(Arc::new(crate::logging::LogMetrics));
     let health_task = if opts.healthz_port > 0 {
         let addr = SocketAddr::new(opts.healthz_ip, opts.healthz_port);
         let listener = health::bind(addr)
@@ -576,11 +577,11 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
     // unless --relinquish-on-exit), then exit non-zero so that the supervisor restarts weft.
     let workers = dataplane.as_ref().map(|(dp, _)| dp.workers.clone());
     if let Some(w) = workers.clone() {
-        let tx = shutdown_tx.clone();
+        let stop = stop.clone();
         tokio::spawn(async move {
             w.wait_given_up().await;
             error!("a data plane worker is down for good: shutting down to be restarted");
-            let _ = tx.send(true);
+            stop.request();
         });
     }
     let (public_ip_tx, public_ip_rx) = watch::channel(underlay.public_ip);
@@ -622,7 +623,12 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>) -> anyhow::Result<()> 
         subnet_tx,
     );
     driver.follow_public_ip(public_ip_rx);
-    driver.run(shutdown_rx).await;
+    // A task of its own: should the driver panic, the data plane is still stopped below (the
+    // lease is then left to its TTL or to the next weft on this state dir).
+    if let Err(e) = tokio::spawn(driver.run(shutdown_rx)).await {
+        error!(error = %e, "the lease driver ended abnormally");
+        stop.request();
+    }
     let _ = tokio::time::timeout(Duration::from_secs(3), follower).await;
     let _ = tokio::time::timeout(Duration::from_secs(3), route_watcher).await;
     if let Some((dp, tasks)) = dataplane {
@@ -1018,21 +1024,6 @@ fn spawn_addresser(
             }
         }
     })
-}
-
-async fn signal_shutdown(tx: Arc<watch::Sender<bool>>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) =
-        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
-        error!("could not install signal handlers");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM"),
-        _ = int.recv() => info!("SIGINT"),
-    }
-    let _ = tx.send(true);
 }
 
 #[cfg(test)]

@@ -19,6 +19,10 @@
 //!
 //! Files weft owns (`subnet.env`, the state dir) are written and read by [`atomic_file`].
 //!
+//! The process's edges: [`logging`] (log lines through a queue that never blocks or panics),
+//! [`stop`] (signals on a thread of their own; every panic a clean, non-zero stop) and
+//! [`panics`] (which panics a supervisor catches).
+//!
 //! Time comes from [`time`]: a boot-time clock for drivers, a manual clock for tests.
 
 #![warn(missing_docs)]
@@ -33,7 +37,10 @@ pub mod dataplane;
 pub mod health;
 pub mod instance;
 pub mod lease;
+pub mod logging;
 pub mod metrics;
+pub mod panics;
 pub mod route;
+pub mod stop;
 #[allow(unsafe_code)]
 pub mod time;

@@ -3,7 +3,7 @@
 //! Flags take flanneld's names where flanneld has them; every flag also reads a `WEFT_*`
 //! environment variable (`--etcd-endpoints` ⇔ `WEFT_ETCD_ENDPOINTS`).
 
-use std::io::Read as _;
+use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +20,8 @@ use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::keys::{self, KeyLayout};
 use weft::lease::record::{HistoryState, Subnet};
 use weft::lease::store::Store;
+use weft::logging;
+use weft::stop::Stop;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -260,86 +262,140 @@ impl EtcdArgs {
     }
 }
 
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
+/// How long after `SIGTERM` weft exits at once should its clean stop not have finished (the
+/// clean stop's own store calls are bounded well below this).
+const STOP_DEADLINE: Duration = Duration::from_secs(15);
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match real_main(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("weft: error: {e:#}");
-            ExitCode::FAILURE
+    match cli.command {
+        Command::Run(args) => run_daemon(*args),
+        command => {
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => return fail(&anyhow::Error::from(e).context("starting the runtime")),
+            };
+            match runtime.block_on(real_main(command)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            }
         }
     }
 }
 
-async fn real_main(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Run(args) => {
-            init_logging(args.log_format == "json");
-            if let Some(m) = args.subnet_lease_renew_margin
-                && m >= args.subnet_lease_ttl
-            {
-                bail!(
-                    "--subnet-lease-renew-margin ({}) must be shorter than --subnet-lease-ttl ({})",
-                    humantime::format_duration(m),
-                    humantime::format_duration(args.subnet_lease_ttl)
-                );
-            }
-            let store = args.etcd.connect().await?;
-            let opts = RunOptions {
-                etcd_endpoints: args.etcd.etcd_endpoints.clone(),
-                iface: args.iface.clone(),
-                public_ip: args.public_ip,
-                public_ipv6: args.public_ipv6,
-                subnet_file: args.subnet_file.clone(),
-                state_dir: args.state_dir.clone(),
-                lease_ttl: args.subnet_lease_ttl,
-                renew_margin: args.subnet_lease_renew_margin,
-                healthz_ip: args.healthz_ip,
-                healthz_port: args.healthz_port,
-                on_subnet_change: args.on_subnet_change.clone(),
-                on_lease_lost: args.on_lease_lost.clone(),
-                hook_timeout: args.hook_timeout,
-                relinquish_on_exit: args.relinquish_on_exit,
-                ip_masq: args.ip_masq,
-                dataplane: args.dataplane,
-                tun_name: args.tun_name.clone(),
-                workers: args.workers.unwrap_or_else(|| {
-                    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-                }),
-                tun_offload: !args.no_tun_offload,
-                udp_gso: UdpGsoConfig { on: !args.no_udp_gso, retry_after: args.gso_retry_after },
-                udp_gro: !args.no_udp_gro,
-                batching: !args.no_batching,
-                one_thread: args.worker_threads == 1,
-                spin: args.spin,
-                netlink_resync: args.netlink_resync,
-            };
-            daemon::run(opts, Arc::new(store)).await
+/// Prints `weft: error: …` on stderr (ignoring a stderr that is gone) and fails.
+fn fail(e: &anyhow::Error) -> ExitCode {
+    let _ = writeln!(std::io::stderr(), "weft: error: {e:#}");
+    ExitCode::FAILURE
+}
+
+/// `weft run`: logs through the log queue, signals on their own thread, every panic a stop
+/// (see [`weft::stop`]); exits 0 after a clean stop, non-zero after an error or a panic.
+fn run_daemon(args: RunArgs) -> ExitCode {
+    logging::init(args.log_format == "json");
+    let stop = Stop::new();
+    stop.install_panic_hook();
+    let result = run_with(args, &stop);
+    // The log's last lines before the error line.
+    logging::flush(Duration::from_secs(1));
+    match result {
+        Ok(()) if stop.panicked() => {
+            fail(&anyhow::anyhow!("a task panicked (see the log above); weft stopped"))
         }
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+fn run_with(args: RunArgs, stop: &Arc<Stop>) -> anyhow::Result<()> {
+    if let Some(m) = args.subnet_lease_renew_margin
+        && m >= args.subnet_lease_ttl
+    {
+        bail!(
+            "--subnet-lease-renew-margin ({}) must be shorter than --subnet-lease-ttl ({})",
+            humantime::format_duration(m),
+            humantime::format_duration(args.subnet_lease_ttl)
+        );
+    }
+    stop.spawn_signal_thread(STOP_DEADLINE).context("installing the signal handlers")?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
+    let stop2 = stop.clone();
+    // The daemon runs as a task of its own, so that a panic anywhere in it comes back here as
+    // an error (after the panic hook asked every other task to stop) instead of unwinding
+    // through the runtime.
+    let result = runtime.block_on(async move {
+        let store = tokio::select! {
+            store = args.etcd.connect() => store?,
+            () = stop2.wait() => return Ok(()),
+        };
+        let opts = run_options(&args);
+        match tokio::spawn(daemon::run(opts, Arc::new(store), stop2)).await {
+            Ok(result) => result,
+            Err(e) => Err(anyhow::anyhow!("the daemon task ended: {e}")),
+        }
+    });
+    // Blocking calls still running (a netlink request, a hook's wait) do not hold the exit.
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    result
+}
+
+fn run_options(args: &RunArgs) -> RunOptions {
+    RunOptions {
+        etcd_endpoints: args.etcd.etcd_endpoints.clone(),
+        iface: args.iface.clone(),
+        public_ip: args.public_ip,
+        public_ipv6: args.public_ipv6,
+        subnet_file: args.subnet_file.clone(),
+        state_dir: args.state_dir.clone(),
+        lease_ttl: args.subnet_lease_ttl,
+        renew_margin: args.subnet_lease_renew_margin,
+        healthz_ip: args.healthz_ip,
+        healthz_port: args.healthz_port,
+        on_subnet_change: args.on_subnet_change.clone(),
+        on_lease_lost: args.on_lease_lost.clone(),
+        hook_timeout: args.hook_timeout,
+        relinquish_on_exit: args.relinquish_on_exit,
+        ip_masq: args.ip_masq,
+        dataplane: args.dataplane,
+        tun_name: args.tun_name.clone(),
+        workers: args.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        }),
+        tun_offload: !args.no_tun_offload,
+        udp_gso: UdpGsoConfig { on: !args.no_udp_gso, retry_after: args.gso_retry_after },
+        udp_gro: !args.no_udp_gro,
+        batching: !args.no_batching,
+        one_thread: args.worker_threads == 1,
+        spin: args.spin,
+        netlink_resync: args.netlink_resync,
+    }
+}
+
+/// `println!` that never panics: a closed stdout (`weft lease list | head -1`) loses the rest.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics.
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+async fn real_main(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run(_) => bail!("weft run is not a command of this runtime"),
         Command::Network { command: NetworkCommand::Get(etcd) } => {
             let store = etcd.connect().await?;
             let Some(raw) = store.config().await? else {
                 bail!("no network config at {}", KeyLayout::new(store.prefix()).config());
             };
-            println!("{}", String::from_utf8_lossy(&raw).trim_end());
+            say!("{}", String::from_utf8_lossy(&raw).trim_end());
             if let Err(e) = NetworkConfig::parse(&raw) {
-                eprintln!("weft: warning: the stored config is invalid: {e}");
+                tell!("weft: warning: the stored config is invalid: {e}");
             }
             Ok(())
         }
@@ -358,11 +414,11 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let store = etcd.connect().await?;
             store.set_config(&raw).await?;
             if let Some(notice) = daemon::udp_ipv6_notice(&cfg) {
-                eprintln!("weft: note: {notice}");
+                tell!("weft: note: {notice}");
             }
             let (network, subnet_len) = cfg.leased_network();
             let family = if cfg.leases_ipv4() { "" } else { " (IPv6-only)" };
-            eprintln!(
+            tell!(
                 "network config written: {network}{family} split into /{subnet_len} subnets ({} \
                  leasable), backend {}",
                 cfg.subnet_count(),
@@ -377,7 +433,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         Command::Lease { command: LeaseCommand::Revoke { subnet, etcd } } => {
             let store = etcd.connect().await?;
             if store.revoke(subnet).await? {
-                eprintln!("revoked the lease on {subnet}");
+                tell!("revoked the lease on {subnet}");
                 Ok(())
             } else {
                 bail!("no lease on {subnet}")
@@ -461,7 +517,7 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
             "skipped": skipped.iter().map(|(key, why)| serde_json::json!({"key": key, "problem": why})).collect::<Vec<_>>(),
             "ipv6_half_conflicts": half_conflicts.iter().map(|(key, why)| serde_json::json!({"key": key, "reason": why})).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        say!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     // The IPv6 column only on a dual-stack network (some lease has a half).
@@ -473,7 +529,7 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
             String::new()
         }
     };
-    println!(
+    say!(
         "{:<18} {}{:<16} {:<34} {:>9}  {:<13} HISTORY",
         "SUBNET",
         if dual { format!("{:<24} ", "IPV6-SUBNET") } else { String::new() },
@@ -488,7 +544,7 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
             (Some(true), None) => "no-ttl".into(),
             _ => "-".into(),
         };
-        println!(
+        say!(
             "{:<18} {}{:<16} {:<34} {:>9}  {:<13} {}",
             r["subnet"].as_str().unwrap_or(""),
             ipv6_col(r),
@@ -500,13 +556,13 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
         );
     }
     for (key, why) in &half_conflicts {
-        println!("routed over IPv4 only: {key}: {why}");
+        say!("routed over IPv4 only: {key}: {why}");
     }
     for (key, why) in &ignored {
-        println!("ignored: {key}: {why}");
+        say!("ignored: {key}: {why}");
     }
     for (key, why) in &skipped {
-        eprintln!("weft: warning: skipped {key}: {why}");
+        tell!("weft: warning: skipped {key}: {why}");
     }
     Ok(())
 }

@@ -495,6 +495,16 @@ impl Lab {
         }
     }
 
+    /// SIGSTOPs etcd (`true`) or SIGCONTs it: while stopped its sockets stay open and nothing
+    /// answers, an outage without resets.
+    pub fn pause_etcd(&self, pause: bool) {
+        let etcd = self.etcd.lock().expect("etcd");
+        let pid = etcd.as_ref().expect("etcd running").id() as i32;
+        let signal = if pause { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: kill(2) on the lab's own etcd child (`ip netns exec` execs etcd).
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal etcd");
+    }
+
     /// `weft ARGS --etcd-endpoints ETCD --etcd-prefix PREFIX` from the hub; must succeed.
     pub fn admin(&self, args: &[&str]) -> String {
         let mut all = vec![weft_bin()];
@@ -617,6 +627,20 @@ impl Lab {
         public_ip_flag: bool,
         iface_flag: bool,
     ) -> Weft {
+        let mut w = self.weft_as(n, extra, nonroot, env, public_ip_flag, iface_flag);
+        w.start();
+        w
+    }
+
+    fn weft_as(
+        &self,
+        n: u8,
+        extra: &[&str],
+        nonroot: bool,
+        env: &[(&str, &str)],
+        public_ip_flag: bool,
+        iface_flag: bool,
+    ) -> Weft {
         let ns = self.host(n);
         let dir = self.dir().join(format!("h{n}"));
         std::fs::create_dir_all(&dir).expect("host dir");
@@ -631,7 +655,7 @@ impl Lab {
                     .expect("chmod the lab's tun node");
             }
         }
-        let mut w = Weft {
+        Weft {
             n,
             ns,
             dir: dir.clone(),
@@ -642,10 +666,16 @@ impl Lab {
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             public_ip_flag,
             iface_flag,
+            ttl: TTL.to_owned(),
+            stderr: Stderr::LogFile,
             process: Daemon::default(),
-        };
-        w.start();
-        w
+        }
+    }
+
+    /// Host `n`'s `weft run` as [`Lab::start_weft`] would start it, not started yet: a test
+    /// changes what it needs ([`Weft::ttl`], [`Weft::stderr`]), then calls [`Weft::start`].
+    pub fn unstarted_weft(&self, n: u8, extra: &[&str]) -> Weft {
+        self.weft_as(n, extra, false, &[], true, true)
     }
 
     /// A pod behind host `n`, attached as a kubelet attaches one on a flannel node: Debian's CNI
@@ -842,7 +872,22 @@ pub struct Weft {
     pub public_ip_flag: bool,
     /// Whether `--iface eth0` is passed (else weft takes the default route's interface).
     pub iface_flag: bool,
+    /// `--subnet-lease-ttl` ([`TTL`] unless a test sets another before [`Weft::start`]).
+    pub ttl: String,
+    /// Where the next [`Weft::start`] sends stderr.
+    pub stderr: Stderr,
     process: Daemon,
+}
+
+/// Where a [`Weft`]'s stderr (its log) goes; stdout always goes to the log file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Stderr {
+    /// The log file.
+    #[default]
+    LogFile,
+    /// A pipe whose reader copies this many bytes to the log file, then closes its end and
+    /// goes away (as `2> >(head -c N)`, a crashed log shipper, a restarting journald).
+    ReaderGoneAfter(u64),
 }
 
 impl Weft {
@@ -859,7 +904,7 @@ impl Weft {
             prefix: PREFIX,
             state_dir: &self.dir.join("state"),
             subnet_file: &self.subnet_file(),
-            ttl: TTL,
+            ttl: &self.ttl,
             // Each host's loopback is its own namespace's.
             health: SocketAddr::from((Ipv4Addr::LOCALHOST, self.health_port)),
             dataplane: "tun",
@@ -896,9 +941,23 @@ impl Weft {
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.env("WEFT_LOG", "weft=debug,info")
             .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log fd"))
-            .stderr(log);
-        self.process.start(&mut cmd);
+            .stdout(log.try_clone().expect("log fd"));
+        match self.stderr {
+            Stderr::LogFile => {
+                cmd.stderr(log);
+                self.process.start(&mut cmd);
+            }
+            Stderr::ReaderGoneAfter(bytes) => {
+                cmd.stderr(Stdio::piped());
+                self.process.start(&mut cmd);
+                let pipe = self.process.take_stderr().expect("weft's stderr pipe");
+                std::thread::spawn(move || {
+                    let mut log = log;
+                    let _ = std::io::copy(&mut std::io::Read::take(pipe, bytes), &mut log);
+                    // The pipe's read end closes here: weft's next write gets EPIPE.
+                });
+            }
+        }
     }
 
     /// Starts a second `weft run` with this one's flags — the same state dir, subnet file and
@@ -926,6 +985,8 @@ impl Weft {
             env: Vec::new(),
             public_ip_flag: self.public_ip_flag,
             iface_flag: self.iface_flag,
+            ttl: self.ttl.clone(),
+            stderr: Stderr::LogFile,
             process: Daemon::default(),
         };
         w.start();

@@ -38,6 +38,11 @@ impl Daemon {
         self.0 = Some(child.unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}")));
     }
 
+    /// The child's stderr, when it was spawned with `Stdio::piped()` (taken once).
+    pub fn take_stderr(&mut self) -> Option<std::process::ChildStderr> {
+        self.0.as_mut().and_then(|c| c.stderr.take())
+    }
+
     /// Whether it was started and not killed or stopped since (it may have exited).
     pub fn started(&self) -> bool {
         self.0.is_some()

@@ -12,13 +12,12 @@
 //!   non-zero, keeping its lease, so that its supervisor (systemd, the kubelet) restarts it and
 //!   the new process adopts the same subnet.
 //! - [`supervise`] is the thread body wrapper the driver uses: it runs the loop under
-//!   `catch_unwind` and applies the policy. A loop that returns ends the thread: the loops
+//!   [`crate::panics::catch`] (so the process-wide panic hook leaves it to the supervisor) and
+//!   applies the policy. A loop that returns ends the thread: the loops
 //!   return only when told to stop.
 
 #![forbid(unsafe_code)]
 
-use std::any::Any;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -27,8 +26,8 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use tracing::{error, info};
 
-use crate::metrics;
 use crate::time::{Clock, Instant};
+use crate::{metrics, panics};
 
 /// When a panicked thread is restarted, and when weft gives up instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,15 +179,6 @@ impl Collector for WorkerStates {
     }
 }
 
-/// A panic payload as text.
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-text panic payload".to_owned())
-}
-
 /// Runs `body` (a worker loop) on the current thread, named `name` in `states`, until it returns
 /// or weft gives up: a panic is caught, logged and counted, the thread is marked down, and
 /// after the policy's delay `body` runs again; while waiting, `stop` is honoured.
@@ -203,9 +193,9 @@ pub(crate) fn supervise(
     let state = states.register(name);
     let mut recent: Vec<Instant> = Vec::new();
     loop {
-        let Err(payload) = catch_unwind(AssertUnwindSafe(&mut body)) else { return };
+        let Err(payload) = panics::catch(&mut body) else { return };
         let now = clock.now();
-        let message = panic_message(&*payload);
+        let message = panics::message(&*payload);
         state.up.store(false, Ordering::Relaxed);
         state.panics.fetch_add(1, Ordering::Relaxed);
         *state.last_panic.lock().unwrap_or_else(PoisonError::into_inner) = Some(message.clone());

@@ -180,18 +180,32 @@ impl LeaseDriver {
             self.retry_subnet_env(now);
             if let Some(action) = self.keeper.poll_action(now) {
                 debug!(?action, "store call");
-                let result = match self.keeper.call_budget(now) {
-                    Some(budget) => {
-                        let timed_out = action.timed_out(budget);
-                        let call = execute(&*self.store, &self.node, action);
-                        // Dropped mid-call, the outcome is unknown: the keeper retries, and
-                        // tells its own lost write by the incarnation.
-                        tokio::time::timeout(budget, call).await.unwrap_or(timed_out)
+                let budget = self.keeper.call_budget(now);
+                let gave_up = action.timed_out(budget.unwrap_or_default());
+                let call = execute(&*self.store, &self.node, action);
+                // Dropped mid-call (out of budget, or a stop while the store does not answer),
+                // the outcome is unknown: the keeper retries, and tells its own lost write by
+                // the incarnation.
+                let bounded = async {
+                    match budget {
+                        Some(budget) => tokio::time::timeout(budget, call).await.ok(),
+                        None => Some(call.await),
                     }
-                    None => execute(&*self.store, &self.node, action).await,
+                };
+                let mut stop_now = false;
+                let result = tokio::select! {
+                    result = bounded => result,
+                    () = stop_requested(&mut shutdown), if !shutting_down => {
+                        stop_now = true;
+                        None
+                    }
                 };
                 let done = self.clock.now();
-                self.keeper.handle_result(now, done, result);
+                self.keeper.handle_result(now, done, result.unwrap_or(gave_up));
+                if stop_now {
+                    shutting_down = true;
+                    self.begin_shutdown();
+                }
                 continue;
             }
             self.publish_status(now);
@@ -208,16 +222,18 @@ impl LeaseDriver {
                     info!(public_ip = %ip, "publishing the new public IP in the lease");
                     self.keeper.handle_public_ip(ip);
                 }
-                changed = shutdown.changed(), if !shutting_down => {
-                    if changed.is_err() || *shutdown.borrow() {
-                        shutting_down = true;
-                        info!(relinquish = self.cfg.relinquish_on_exit, "shutting down the lease keeper");
-                        self.keeper.handle_shutdown(self.cfg.relinquish_on_exit);
-                    }
+                () = stop_requested(&mut shutdown), if !shutting_down => {
+                    shutting_down = true;
+                    self.begin_shutdown();
                 }
             }
         }
         self.publish_status(self.clock.now());
+    }
+
+    fn begin_shutdown(&mut self) {
+        info!(relinquish = self.cfg.relinquish_on_exit, "shutting down the lease keeper");
+        self.keeper.handle_shutdown(self.cfg.relinquish_on_exit);
     }
 
     fn publish_status(&self, now: Instant) {
@@ -495,6 +511,11 @@ async fn public_ip_changed(rx: &mut Option<watch::Receiver<Ipv4Addr>>) -> Option
         return None;
     }
     Some(*r.borrow_and_update())
+}
+
+/// Resolves once a stop is requested (or whoever could request one is gone).
+async fn stop_requested(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
 async fn next_batch(

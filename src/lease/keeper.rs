@@ -64,6 +64,11 @@ pub(crate) const CLASH_AFTER_TTLS: u32 = 10;
 /// the lease: a retry needs a round trip too.
 pub const MIN_RENEW_BUDGET: Duration = Duration::from_millis(250);
 
+/// The most a stop's store call (relinquishing the lease, dropping presence) may take: etcd
+/// answers in milliseconds when it answers at all, and a process told to stop must not wait on
+/// a store that does not (the lease then runs out at its TTL, presence at its own).
+pub const STOP_CALL_BUDGET: Duration = Duration::from_millis(1500);
+
 /// How long before the local expiry the last retry of a failing renewal goes in: a renewal
 /// issued before the expiry renews a lease etcd still has (etcd counts its TTL from later,
 /// when the previous renewal reached it), so a store that comes back just before the expiry
@@ -488,10 +493,13 @@ impl Keeper {
     ///   [`MIN_RENEW_BUDGET`], within the renewal's own budget). Otherwise one presence
     ///   keep-alive stuck on an etcd member that just died waits out the whole call timeout
     ///   (5 s by default, longer than a short TTL) while the lease runs out behind it.
-    /// - Anything else (acquiring, shutting down): `None`.
+    /// - A stop's calls (relinquish, drop presence) get [`STOP_CALL_BUDGET`] each: a stop
+    ///   does not wait on a store that does not answer.
+    /// - Anything else (acquiring): `None`.
     pub fn call_budget(&self, now: Instant) -> Option<Duration> {
         let (kind, _) = self.in_flight?;
         match kind {
+            InFlight::Release | InFlight::DropPresence => Some(STOP_CALL_BUDGET),
             InFlight::Renew => self.renew_budget(now),
             InFlight::ClaimPresence | InFlight::KeepPresence { .. }
                 if self.phase == Phase::Held =>

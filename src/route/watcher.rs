@@ -413,6 +413,7 @@ pub async fn run(
         let ended = loop {
             match item {
                 Some(Ok(batch)) => {
+                    crate::panics::injected_task_fault("route-watcher");
                     changed |= set.apply_batch(&batch);
                     applied += 1;
                     if applied == BATCHES_AT_ONCE {
