@@ -232,3 +232,46 @@ fn the_ipv6_address_and_route_are_put_back_on_a_dual_stack_network() {
     ping_ok(&pods[0].ns, pods[1].ip, 3);
     ping_ok(&pods[1].ns, pods[0].ip6.expect("pod 1's IPv6 address"), 3);
 }
+
+/// A route of the Network that is not weft's (`10.244.0.0/16 via 192.0.2.254`) is replaced,
+/// never taken as "already there": one in the table before weft starts, and one put in place
+/// of weft's later (by `ip route replace`, which the kernel reports as a route through eth0,
+/// so it is found by the periodic read, here every second). Pods reach each other both ways,
+/// the route goes through weft0, each replacement is logged once with a WARN naming the route
+/// in the way, and only the real repair is counted.
+#[test]
+fn a_foreign_route_of_the_network_is_replaced_never_counted_as_there() {
+    let lab = Lab::new(VXLAN);
+    let host1 = lab.host(1);
+    run(&["ip", "-n", &host1, "route", "add", "10.244.0.0/16", "via", "192.0.2.254"]);
+    let (wefts, pods) = lab.up(&[1, 2], &["--netlink-resync", "1s"]);
+    let w1 = &wefts[0];
+    let in_the_way = "a route of the Network that is not weft's was in the way";
+    let shown = |when: &str| {
+        let route = run(&["ip", "-n", &host1, "route", "show", "10.244.0.0/16"]);
+        assert!(route.contains("dev weft0") && !route.contains("via"), "{when}: {route}");
+    };
+    shown("at start");
+    ping_ok(&pods[0].ns, pods[1].ip, 3);
+    ping_ok(&pods[1].ns, pods[0].ip, 3);
+    assert_eq!(w1.log().matches(in_the_way).count(), 1, "{}", w1.log_tail(30));
+    assert_eq!(w1.metric(&repairs_metric("route")), Some(0.0), "nothing was repaired yet");
+
+    let drifted = Instant::now();
+    run(&["ip", "-n", &host1, "route", "replace", "10.244.0.0/16", "via", "192.0.2.254"]);
+    let resumed = first_reply(&pods[0].ns, pods[1].ip, Duration::from_secs(10));
+    assert!(
+        resumed.is_some() && drifted.elapsed() < REPAIRED_WITHIN,
+        "pod 1 did not reach pod 2 again ({:?}):\n{}",
+        drifted.elapsed(),
+        w1.log_tail(30)
+    );
+    std::thread::sleep(SETTLE);
+    shown("after the replace");
+    ping_ok(&pods[0].ns, pods[1].ip, 3);
+    ping_ok(&pods[1].ns, pods[0].ip, 3);
+    assert_eq!(w1.metric(&repairs_metric("route")), Some(1.0), "{}", w1.log_tail(30));
+    let log = w1.log();
+    assert_eq!(log.matches(ROUTE_GONE).count(), 1, "{log}");
+    assert_eq!(log.matches(in_the_way).count(), 2, "{log}");
+}

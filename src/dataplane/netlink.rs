@@ -20,7 +20,8 @@
 //! - The writes mirror what the interface ioctls did before: [`Netlink::set_ipv4`] replaces the
 //!   device's primary IPv4 address (the new one is added before the old one is removed, so the
 //!   device never has none and keeps its routes); [`Netlink::add_route`] adds a gatewayless,
-//!   link-scope route to the main table and takes an existing one as success.
+//!   link-scope route to the main table; a route to the Network that is there already and is
+//!   not that one (a gateway, another device) is replaced, with a WARN naming it.
 
 use std::future::Future;
 use std::io;
@@ -402,16 +403,41 @@ impl Netlink {
         self.new_route(name, network_route6(dst, index, mtu))
     }
 
+    /// Adds `route` (through `name`). A route to the same destination that exists already is
+    /// read back: if it is the same route, nothing is done; if it is another (a gateway, another
+    /// device: not weft's), it is replaced, with a WARN naming it. An existing route is never
+    /// taken as success unread: a foreign route of the Network would swallow the overlay's
+    /// traffic while weft counted it repaired.
     fn new_route(&self, name: &str, route: RouteMessage) -> Result<(), NetlinkError> {
         let handle = self.handle.clone();
+        let wanted = route.clone();
         match self.run(
             "RTM_NEWROUTE",
             name,
-            async move { handle.route().add(route).execute().await },
+            async move { handle.route().add(wanted).execute().await },
         ) {
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-            other => other,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            other => return other,
         }
+        let Some(dst) = destination_of(&route) else { return Ok(()) };
+        let existing = match dst {
+            IpNet::V4(_) => self.ipv4_routes(name)?,
+            IpNet::V6(_) => self.ipv6_routes(name)?,
+        };
+        let Some(index) = oif_of(&route) else { return Ok(()) };
+        let foreign = foreign_routes_to(&existing, dst, index);
+        if foreign.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(
+            network = %dst,
+            found = %foreign.join("; "),
+            "a route of the Network that is not weft's was in the way: replacing it with the one through {name}"
+        );
+        let handle = self.handle.clone();
+        self.run("RTM_NEWROUTE", name, async move {
+            handle.route().add(route).replace().execute().await
+        })
     }
 
     /// The interface's link state as the kernel reports it now, for drift repair
@@ -779,6 +805,36 @@ pub(crate) fn device_routes6(routes: &[RouteMessage], index: u32) -> Vec<Ipv6Net
     device_nets(routes, index).filter_map(v6).collect()
 }
 
+/// The main table's unicast routes to exactly `dst` in `routes` that are not the gatewayless
+/// route through the link `index` weft adds, each described as `ip route` would (`via <gw>`,
+/// `dev #<index>`, `metric <m>`).
+pub(crate) fn foreign_routes_to(routes: &[RouteMessage], dst: IpNet, index: u32) -> Vec<String> {
+    routes
+        .iter()
+        .filter(|r| is_main_unicast(r) && destination_of(r) == Some(dst))
+        .filter(|r| has_gateway(r) || oif_of(r) != Some(index))
+        .map(|r| {
+            let mut text = dst.to_string();
+            for a in &r.attributes {
+                match a {
+                    RouteAttribute::Gateway(RouteAddress::Inet(gw)) => {
+                        text += &format!(" via {gw}")
+                    }
+                    RouteAttribute::Gateway(RouteAddress::Inet6(gw)) => {
+                        text += &format!(" via {gw}")
+                    }
+                    RouteAttribute::Priority(m) => text += &format!(" metric {m}"),
+                    _ => {}
+                }
+            }
+            if let Some(oif) = oif_of(r) {
+                text += &format!(" dev #{oif}");
+            }
+            text
+        })
+        .collect()
+}
+
 /// The interface index of the main table's default route of lowest metric in `routes` (a dump
 /// of one family).
 pub(crate) fn default_route_oif(routes: &[RouteMessage]) -> Option<u32> {
@@ -955,6 +1011,28 @@ mod tests {
             route(Some((Ipv4Addr::new(10, 1, 0, 0), 40)), vec![RouteAttribute::Oif(WEFT0)]);
         long.header.destination_prefix_length = 40;
         assert_eq!(device_routes(&[bad, long], WEFT0), vec![]);
+    }
+
+    #[test]
+    fn a_route_to_the_network_that_is_not_wefts_is_found_foreign() {
+        let network = IpNet::V4(net("10.244.0.0/16"));
+        let gw = RouteAttribute::Gateway(RouteAddress::Inet(Ipv4Addr::new(192, 0, 2, 254)));
+        let ours = network_route(net("10.244.0.0/16"), WEFT0);
+        let via =
+            route(Some((Ipv4Addr::new(10, 244, 0, 0), 16)), vec![RouteAttribute::Oif(ETH0), gw]);
+        let other_dev =
+            route(Some((Ipv4Addr::new(10, 244, 0, 0), 16)), vec![RouteAttribute::Oif(ETH0)]);
+        let elsewhere =
+            route(Some((Ipv4Addr::new(10, 245, 0, 0), 16)), vec![RouteAttribute::Oif(ETH0)]);
+        assert!(foreign_routes_to(&[ours.clone(), elsewhere], network, WEFT0).is_empty());
+        assert_eq!(
+            foreign_routes_to(&[ours.clone(), via], network, WEFT0),
+            vec![format!("10.244.0.0/16 via 192.0.2.254 dev #{ETH0}")]
+        );
+        assert_eq!(
+            foreign_routes_to(&[other_dev, ours], network, WEFT0),
+            vec![format!("10.244.0.0/16 dev #{ETH0}")]
+        );
     }
 
     #[test]
