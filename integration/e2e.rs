@@ -698,3 +698,69 @@ fn a_second_weft_on_the_same_tun_device_waits_for_it() {
     other.wait_ready(READY);
     assert!(other.log().contains("data plane up"));
 }
+
+// --- a cloned disk during a partition ------------------------------------------------------
+
+/// Host 1 is cut off from etcd (its 60 s lease still valid locally) and its state dir is copied
+/// to host 3, which starts with it: a clone. Host 1 must stop saying ready once it can no longer
+/// confirm its identity in the store (its presence TTL, 10 s), while the clone, once host 1's
+/// presence key has expired, adopts the lease and is ready: never two ready hosts on one subnet.
+/// After the heal host 1 finds the clone alive (an identity clash): it withdraws the subnet —
+/// no address or route on weft0, no subnet.env — and says why on /readyz.
+#[test]
+fn a_cloned_disk_during_a_partition_never_gives_two_ready_hosts_one_subnet() {
+    let lab = Lab::new(VXLAN);
+    let mut a = lab.unstarted_weft(1, &[]);
+    a.ttl = "60s".into();
+    a.start();
+    let subnet = a.wait_ready(READY);
+    let h1 = lab.host(1);
+    run(&["ip", "-n", &h1, "route", "add", "blackhole", "192.0.2.254/32"]);
+    let cut = Instant::now();
+    let mut b = lab.unstarted_weft(3, &[]);
+    b.ttl = "60s".into();
+    let state = b.dir().join("state");
+    std::fs::create_dir_all(&state).expect("clone's state dir");
+    for f in ["node-id", "vtep-mac"] {
+        std::fs::copy(a.dir().join("state").join(f), state.join(f)).expect("copy the state");
+    }
+    b.start();
+    // Until the clone is ready, and 3 s beyond: never both ready.
+    let mut b_ready_at = None;
+    let mut a_unready_after = None;
+    while b_ready_at.is_none_or(|t: Instant| t.elapsed() < Duration::from_secs(3)) {
+        assert!(cut.elapsed() < Duration::from_secs(45), "the clone never became ready");
+        let (a_ready, b_ready) = (a.ready(), b.ready());
+        assert!(
+            !(a_ready && b_ready),
+            "both hosts ready {:?} after the cut\n--- host 1 ---\n{}\n--- host 3 ---\n{}",
+            cut.elapsed(),
+            a.log_tail(20),
+            b.log_tail(20)
+        );
+        if !a_ready {
+            a_unready_after.get_or_insert(cut.elapsed());
+        }
+        if b_ready {
+            b_ready_at.get_or_insert_with(Instant::now);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("host 1 not ready {a_unready_after:?} after the cut; the clone ready since then");
+    assert_eq!(b.subnet().as_deref(), Some(subnet.as_str()), "the clone took another subnet");
+    let (_, body) = a.get("/readyz");
+    assert!(body.contains("identity is not confirmed"), "{body}");
+
+    // The heal: host 1 meets the clone and withdraws.
+    run(&["ip", "-n", &h1, "route", "del", "blackhole", "192.0.2.254/32"]);
+    a.wait_log("WITHDREW subnet", Duration::from_secs(30));
+    let (status, body) = a.get("/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("identity clash"), "{body}");
+    assert!(!a.subnet_file().exists(), "host 1 still has a subnet.env");
+    let addrs = run(&["ip", "-n", &h1, "-4", "addr", "show", "dev", "weft0"]);
+    assert!(!addrs.contains("inet "), "weft0 on host 1 still has an address:\n{addrs}");
+    let routes = run(&["ip", "-n", &h1, "route", "show", "10.244.0.0/16"]);
+    assert!(routes.trim().is_empty(), "host 1 still routes the network: {routes}");
+    assert!(b.ready(), "the clone is no longer ready");
+}

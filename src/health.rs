@@ -3,8 +3,9 @@
 //! that serves them.
 //!
 //! - `GET /healthz`: 200 while the process runs.
-//! - `GET /readyz`: 200 only while a lease is held, not past its local expiry, and written to
-//!   `subnet.env`, and every registered check passes (every data plane worker runs); else 503
+//! - `GET /readyz`: 200 only while a lease is held, not past its local expiry, this process's
+//!   claim on the node identity (its presence key) confirmed in the store within its TTL, the
+//!   lease written to `subnet.env`, and every registered check passes (every data plane worker runs); else 503
 //!   with the reason in the body (lost to whom, exhausted, clash, store unreachable,
 //!   subnet.env not writable, which worker is down, ...).
 //! - `GET /metrics`: Prometheus text format (0.0.4), rendered by [`crate::metrics`]: the lease

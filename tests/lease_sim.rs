@@ -387,6 +387,42 @@ fn s5_ipv6_only_partition_longer_than_ttl_keeps_its_subnet_and_recovers_on_heal(
     s5(ipv6_only_network_of(8));
 }
 
+/// A host cut off from the store keeps its lease (and forwards) until the local expiry, but it
+/// is ready only while its presence, its claim on the node identity, is known to stand: past
+/// the presence TTL a clone may have taken the identity and the lease. A short outage (within
+/// the presence TTL) costs nothing; once the store answers again, ready again.
+#[test]
+fn a_host_cut_off_is_ready_only_while_its_identity_is_confirmed() {
+    let mut w = World::new(5, network_of(8));
+    w.join("a");
+    let s = wait_hold(&mut w, "a", 5 * SEC);
+    w.advance(SEC);
+    assert_eq!(w.keeper("a").readiness(w.now()), Readiness::Ready);
+    let (presence_ttl, _, _) = KeeperConfig::timings_for(TTL);
+    w.partition("a", true);
+    let cut = w.now();
+    let mut unready_at = None;
+    while w.now().saturating_since(cut) < TTL - TICK {
+        w.advance(TICK);
+        assert_eq!(w.keeper("a").subnet(), Some(s), "the lease is kept while blind");
+        match w.keeper("a").readiness(w.now()) {
+            Readiness::Ready => assert!(unready_at.is_none(), "ready again while still cut off"),
+            // The local expiry (counted from the last renewal, before the cut) ends the story.
+            Readiness::NotReady(r) if r.contains("expired locally") => break,
+            Readiness::NotReady(r) => {
+                assert!(r.contains("identity is not confirmed"), "{r}");
+                unready_at.get_or_insert(w.now().saturating_since(cut));
+            }
+        }
+    }
+    let unready_at = unready_at.expect("still ready at the local expiry");
+    assert!(unready_at <= presence_ttl, "ready {unready_at:?} into the outage");
+    assert!(unready_at >= presence_ttl / 3, "not ready after only {unready_at:?}");
+    w.partition("a", false);
+    assert!(w.advance_until(3 * SEC, |w| w.keeper("a").readiness(w.now()) == Readiness::Ready));
+    w.assert_clean();
+}
+
 fn s5(network: weft::config::NetworkConfig) {
     let mut w = World::new(5, network);
     w.join("a");

@@ -31,7 +31,7 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::{debug, info, warn};
 
 use super::counters::{Counters, Offload};
@@ -438,6 +438,24 @@ impl Dataplane {
         // repair (which wants what these say) puts the address and route in place later.
         self.own.set(subnet);
         self.own6.set(subnet6);
+        // No subnet held any more (an identity clash: another process of this node ID holds
+        // it): withdraw the address and the route, so that this host no longer draws the
+        // overlay's traffic for a subnet it does not hold.
+        if lease.is_none() {
+            if let (Some(s), Some(network)) = (old.and_then(Subnet::v4), self.cfg.network) {
+                let addr = tun_address(s);
+                self.netlink.remove_route(dev, IpNet::V4(network))?;
+                self.netlink.remove_address(dev, IpNet::V4(addr))?;
+                warn!(tun = %dev, %addr, %network, "withdrew the address and the route: no subnet is held");
+            }
+            if let (Some(s6), Some(v6)) = (old6, self.cfg.ipv6) {
+                let addr = tun_address6(s6);
+                self.netlink.remove_route(dev, IpNet::V6(v6.network))?;
+                self.netlink.remove_address(dev, IpNet::V6(addr))?;
+                warn!(tun = %dev, %addr, network = %v6.network, "withdrew the IPv6 address and route: no subnet is held");
+            }
+            return Ok(());
+        }
         if let (Some(s), Some(network)) = (subnet.and_then(Subnet::v4), self.cfg.network)
             && old != subnet
         {

@@ -358,6 +358,46 @@ impl Netlink {
         Ok(())
     }
 
+    /// Removes the address `addr` from the interface (`RTM_DELADDR`); one it does not have is
+    /// fine. Removing a device's last IPv4 address also removes the IPv4 routes through it.
+    pub(crate) fn remove_address(&self, name: &str, addr: IpNet) -> Result<(), NetlinkError> {
+        let index = self.link(name)?.header.index;
+        let found = self.addresses(name, index)?.into_iter().find(|a| {
+            let one = std::slice::from_ref(a);
+            match addr {
+                IpNet::V4(v4) => ipv4_addresses(one, index) == [v4],
+                IpNet::V6(v6) => ipv6_addresses(one, index) == [v6],
+            }
+        });
+        match found {
+            Some(a) => self.delete_address(name, a),
+            None => Ok(()),
+        }
+    }
+
+    /// Removes the gatewayless route to `dst` through the interface (`RTM_DELROUTE`); one that
+    /// is not there is fine.
+    pub(crate) fn remove_route(&self, name: &str, dst: IpNet) -> Result<(), NetlinkError> {
+        let index = self.link(name)?.header.index;
+        let route = match dst {
+            IpNet::V4(v4) => network_route(v4, index),
+            IpNet::V6(v6) => {
+                let mut r = network_route6(v6, index, 0);
+                r.attributes.retain(|a| !matches!(a, RouteAttribute::Metrics(_)));
+                r
+            }
+        };
+        let handle = self.handle.clone();
+        match self.run(
+            "RTM_DELROUTE",
+            name,
+            async move { handle.route().del(route).execute().await },
+        ) {
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            other => other,
+        }
+    }
+
     /// Adds `addr` to the link `index` (`RTM_NEWADDR`, replacing one of the same address); an
     /// IPv6 address without duplicate address detection.
     fn add_address(&self, name: &str, index: u32, addr: IpNet) -> Result<(), NetlinkError> {

@@ -396,6 +396,7 @@ impl LeaseDriver {
                     "IDENTITY CLASH: {reason}"
                 );
                 let old = self.subnet_tx.borrow().map(|l| l.subnet);
+                self.withdraw("identity clash: another live process carries this node ID");
                 self.hooks.run(HookRun {
                     kind: HookKind::LeaseLost,
                     old,
@@ -427,6 +428,30 @@ impl LeaseDriver {
                 info!(%subnet, "lease released (relinquished)");
             }
         }
+    }
+
+    /// This process holds no subnet any more and another holds its identity: the data plane
+    /// withdraws weft0's address and route, and `subnet.env` is removed (a pending write of it
+    /// dropped), so that neither the kernel nor the CNI plugin goes on using a subnet this
+    /// process does not hold. The next subnet acquired puts both back.
+    fn withdraw(&mut self, why: &str) {
+        let Some(lease) = self.subnet_tx.send_replace(None) else { return };
+        self.env_retry = None;
+        self.health.set_subnet_file_problem(None);
+        let path = &self.cfg.subnet_file;
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                error!(path = %path.display(), error = %e, "could not remove subnet.env while withdrawing");
+            }
+        }
+        error!(
+            subnet = %lease.subnet,
+            path = %path.display(),
+            "WITHDREW subnet {}: {why}; removed subnet.env and weft0's address and route",
+            lease.subnet
+        );
     }
 
     fn write_subnet_env(&mut self, subnet: Subnet) {

@@ -390,6 +390,10 @@ pub struct Keeper {
     attrs: LeaseAttrs,
     phase: Phase,
     presence: Presence,
+    /// Until when this process's presence (its claim on the node identity) is known to stand:
+    /// the issue time of the last claim or keep that succeeded, plus the presence TTL. Past it,
+    /// a clone may hold the identity and the lease: not ready.
+    presence_until: Option<Instant>,
     held: Option<HeldLease>,
     /// The subnet held last (or named by `subnet.env` at start): the "old" of a subnet change.
     last_subnet: Option<Subnet>,
@@ -420,6 +424,7 @@ impl Keeper {
             attrs,
             phase: Phase::Acquire,
             presence: Presence::Unclaimed,
+            presence_until: None,
             held: None,
             last_subnet: cfg.previous,
             renew_at: now,
@@ -522,7 +527,15 @@ impl Keeper {
     pub fn readiness(&self, now: Instant) -> Readiness {
         let not = |s: String| Readiness::NotReady(s);
         match &self.phase {
-            Phase::Held if now < self.expires_at => Readiness::Ready,
+            Phase::Held if now < self.expires_at && self.presence_stands(now) => Readiness::Ready,
+            Phase::Held if now < self.expires_at => not(format!(
+                "this node's identity is not confirmed in the store (its presence key was not kept within \
+                 its TTL, {} s: store unreachable?), so another process with node ID {} (a clone) \
+                 may hold lease {} by now",
+                self.cfg.presence_ttl.as_secs_f64(),
+                self.cfg.node,
+                self.held.map(|h| h.subnet.to_string()).unwrap_or_default()
+            )),
             Phase::Held => not(format!(
                 "lease on {} expired locally without a renewal (store unreachable?)",
                 self.held.map(|h| h.subnet.to_string()).unwrap_or_default()
@@ -540,6 +553,12 @@ impl Keeper {
                 }
             }
         }
+    }
+
+    /// Whether this process's presence is known to stand at `now` (see `presence_until`).
+    fn presence_stands(&self, now: Instant) -> bool {
+        matches!(self.presence, Presence::Claimed { .. })
+            && self.presence_until.is_some_and(|until| now < until)
     }
 
     /// A short name of the current state, for metrics and logs.
@@ -591,9 +610,17 @@ impl Keeper {
     pub fn handle_result(&mut self, issued: Instant, now: Instant, result: ActionResult) {
         let kind = self.in_flight.take().map(|(k, _)| k);
         match result {
-            ActionResult::ClaimPresence(r) => self.on_claim_presence(now, r),
+            ActionResult::ClaimPresence(r) => {
+                if matches!(r, Ok(PresenceOutcome::Claimed(_))) {
+                    self.presence_until = Some(issued + self.cfg.presence_ttl);
+                }
+                self.on_claim_presence(now, r)
+            }
             ActionResult::KeepPresence(r) => {
                 let beat = matches!(kind, Some(InFlight::KeepPresence { beat: true }));
+                if matches!(r, Ok(true)) {
+                    self.presence_until = Some(issued + self.cfg.presence_ttl);
+                }
                 self.on_keep_presence(now, r, beat)
             }
             ActionResult::List(r) => self.on_list(now, r),
