@@ -585,6 +585,10 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
         });
     }
     let (public_ip_tx, public_ip_rx) = watch::channel(underlay.public_ip);
+    let underlay_status = Arc::new(UnderlayStatus::default());
+    health.add_collector(underlay_status.clone());
+    let status = underlay_status.clone();
+    health.add_check(Box::new(move || status.problem()));
     let follower = tokio::spawn(follow_underlay(
         UnderlayFollow {
             // An IPv6-only node publishes no IPv4 address: nothing to follow.
@@ -601,6 +605,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
         dataplane.as_ref().map(|(dp, _)| dp.clone()),
         store.clone(),
         public_ip_tx,
+        underlay_status,
         shutdown_rx.clone(),
     ));
     let mut driver = LeaseDriver::new(
@@ -695,6 +700,38 @@ struct UnderlayFollow {
     resync: Duration,
 }
 
+/// The underlay follower's say on readiness (`/readyz` is 503 while the data plane cannot receive
+/// on the underlay's address) and its counter, `weft_underlay_rebind_failures_total`.
+#[derive(Debug, Default)]
+pub(crate) struct UnderlayStatus {
+    problem: std::sync::Mutex<Option<String>>,
+    rebind_failures: std::sync::atomic::AtomicU64,
+}
+
+impl UnderlayStatus {
+    fn set_problem(&self, problem: Option<String>) {
+        *self.problem.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = problem;
+    }
+
+    fn problem(&self) -> Option<String> {
+        self.problem.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+impl prometheus_client::collector::Collector for UnderlayStatus {
+    fn encode(
+        &self,
+        mut e: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> std::fmt::Result {
+        crate::metrics::counter(
+            &mut e,
+            "weft_underlay_rebind_failures_total",
+            "Failed tries to re-bind the data plane's sockets on the underlay's new address.",
+            self.rebind_failures.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+}
+
 /// The address to publish instead of `current`, given the underlay interface's IPv4 addresses:
 /// `None` while `current` is still one of them (an added address changes nothing), else the
 /// interface's first address; `None` too while the interface has none (mid-renumbering).
@@ -719,10 +756,12 @@ async fn follow_underlay(
     dataplane: Option<Arc<Dataplane>>,
     store: Arc<dyn Store>,
     public_ip_tx: watch::Sender<Ipv4Addr>,
+    status: Arc<UnderlayStatus>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut reporter = Reporter::default();
     let mut explicit_was_local = false;
+    let mut reconnected_for: Option<Ipv4Addr> = None;
     let mut netlink: Option<Arc<Netlink>> = None;
     // The kernel's notice of address, link and route changes (kept for the task's life:
     // dropping it ends its thread).
@@ -793,7 +832,14 @@ async fn follow_underlay(
         };
         let on_iface: Vec<Ipv4Addr> =
             addrs.iter().filter(|(n, _)| n == iface).map(|(_, a)| *a).collect();
-        let Some(next) = next_public_ip(current, &on_iface) else { continue };
+        let Some(next) = next_public_ip(current, &on_iface) else {
+            status.set_problem((!on_iface.contains(&current)).then(|| {
+                format!(
+                    "the published address {current} is no longer on {iface}: nothing is received"
+                )
+            }));
+            continue;
+        };
         if let Err(e) = follow.network.check_underlay(&underlay_addrs(next, &follow.etcd_endpoints))
         {
             reporter
@@ -801,23 +847,35 @@ async fn follow_underlay(
             continue;
         }
         warn!(iface = %iface, old = %current, new = %next, "the underlay address changed: re-binding the sockets and publishing the new public IP");
+        // The store's connections left from the old address: make them again at once, once
+        // per new address, whether or not the data plane can bind there (the lease and the
+        // identity must be kept meanwhile).
+        if reconnected_for != Some(next) {
+            store.reconnect();
+            reconnected_for = Some(next);
+        }
         if let Some(dp) = &dataplane {
             let dp = dp.clone();
-            match tokio::task::spawn_blocking(move || dp.set_public_ip(next)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    reporter.report(Some(format!("re-binding the data plane on {next}: {e}")));
-                    continue;
-                }
-                Err(e) => {
-                    reporter.report(Some(format!("re-binding the data plane on {next}: {e}")));
-                    continue;
-                }
+            let rebound = match tokio::task::spawn_blocking(move || dp.set_public_ip(next)).await {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = rebound {
+                // Every failed try is told and counted: a squatter on the new address's port
+                // keeps this host deaf until it goes. The old address stays published: the
+                // lease never names an address weft cannot receive on.
+                status.rebind_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                warn!(iface = %iface, address = %next, error = %e, retry_in = ?period, "could not re-bind the data plane on the underlay's new address; not ready, retrying");
+                status.set_problem(Some(format!(
+                    "the data plane is not bound on {next}, {iface}'s address now ({e}); {current}, \
+                     still published, is no longer on {iface}: nothing is received; retrying"
+                )));
+                continue;
             }
         }
         reporter.report(None);
+        status.set_problem(None);
         current = next;
-        store.reconnect();
         let _ = public_ip_tx.send(next);
     }
 }

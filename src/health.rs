@@ -132,28 +132,33 @@ impl Health {
         self.checks.lock().unwrap_or_else(PoisonError::into_inner).push(check);
     }
 
-    /// `Ok(text)` when ready, `Err(reason)` when not, judged at the current time.
+    /// `Ok(text)` when ready, `Err(reasons)` when not, judged at the current time: every reason
+    /// that holds, the other parts' checks (a worker down, the underlay unbound: usually the
+    /// cause) first, then `subnet.env`, then the lease, joined by `"; "`.
     pub fn readiness(&self) -> Result<String, String> {
         let l = self.lease();
-        if let Some(reason) = l.not_ready {
-            return Err(reason);
-        }
-        let checks = self.checks.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(problem) = checks.iter().find_map(|check| check()) {
-            return Err(problem);
-        }
-        drop(checks);
+        let mut reasons: Vec<String> = {
+            let checks = self.checks.lock().unwrap_or_else(PoisonError::into_inner);
+            checks.iter().filter_map(|check| check()).collect()
+        };
         if let Some(problem) =
             self.subnet_file_problem.lock().unwrap_or_else(PoisonError::into_inner).clone()
         {
-            return Err(problem);
+            reasons.push(problem);
         }
-        match (l.subnet, l.expires_at) {
-            (Some(s), Some(exp)) if self.clock.now() < exp => {
-                Ok(format!("weft is ready: lease {s} held"))
+        let lease = match (l.not_ready, l.subnet, l.expires_at) {
+            (Some(reason), _, _) => Err(reason),
+            (None, Some(s), Some(exp)) if self.clock.now() < exp => Ok(s),
+            (None, Some(s), Some(_)) => Err(format!("lease {s} is past its local expiry")),
+            (None, _, _) => Err(format!("no lease held ({})", l.state)),
+        };
+        match lease {
+            Ok(s) if reasons.is_empty() => Ok(format!("weft is ready: lease {s} held")),
+            Ok(_) => Err(reasons.join("; ")),
+            Err(reason) => {
+                reasons.push(reason);
+                Err(reasons.join("; "))
             }
-            (Some(s), Some(_)) => Err(format!("lease {s} is past its local expiry")),
-            _ => Err(format!("no lease held ({})", l.state)),
         }
     }
 
