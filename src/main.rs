@@ -293,6 +293,7 @@ fn fail(e: &anyhow::Error) -> ExitCode {
 /// (see [`weft::stop`]); exits 0 after a clean stop, non-zero after an error or a panic.
 fn run_daemon(args: RunArgs) -> ExitCode {
     logging::init(args.log_format == "json");
+    weft::rlimit::raise_nofile_limit();
     let stop = Stop::new();
     stop.install_panic_hook();
     let result = run_with(args, &stop);
