@@ -2,23 +2,26 @@
 //! underlay bridge, real `weft run` processes with the TUN data plane in host namespaces, pods
 //! behind them, and ping / iperf3 across the overlay. Also a kernel VXLAN peer programmed the way
 //! flannel's vxlan backend programs one, a non-root run, garbage at the UDP port, an etcd
-//! partition under traffic, and an unprivileged local user after the VXLAN port.
+//! partition under traffic, an unprivileged local user after the VXLAN port, and a flood of
+//! idle connections to the health port.
 //!
 //! Needs root and the tools listed in `support::netns::REQUIRED_TOOLS`; without them every test
 //! fails loudly. Each test builds its own lab (namespaces `wt<4 hex>*`), removed on drop.
 
 mod support;
 
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::io::Read as _;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::os::unix::fs::MetadataExt as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use support::kernel_flannel::KernelFlannelPeer;
 use support::netns::{
-    Families, HUB_IPV6, Iperf3Server, Lab, Pod, assert_tun_configured, finish_ping, first_reply,
-    host_ipv6, in_netns, iperf3_bps, ns_output, ns_run, ns_spawn_nobody, ping_all_pairs,
-    ping_lossy, ping_ok, run, spawn_ping,
+    Families, HEALTH_PORT, HUB_IPV6, Iperf3Server, Lab, Pod, assert_tun_configured, finish_ping,
+    first_reply, host_ipv6, in_netns, iperf3_bps, ns_output, ns_run, ns_spawn_nobody,
+    ping_all_pairs, ping_lossy, ping_ok, run, spawn_ping,
 };
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
@@ -625,6 +628,171 @@ fn an_unprivileged_local_user_cannot_take_the_vxlan_port() {
         r.text
     );
     assert!(wefts.iter().all(|w| w.get("/healthz").0 == 200));
+}
+
+// --- hostile neighbours: idle connections to the health port ---------------------------------
+
+/// The open file descriptors of process `pid`.
+fn open_fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// Whether the other end closed `conn` (EOF or reset); `conn` must be non-blocking.
+fn closed_by_peer(mut conn: &TcpStream) -> bool {
+    let mut buf = [0u8; 256];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Issue 21, defect 1: 1,100 idle TCP connections to the health port once took every file
+/// descriptor weft had, for good, so `/readyz` stopped answering and `subnet.env` could not be
+/// written after a lease loss. Here weft's limit is the usual 1,024 (set with `prlimit` after
+/// its start, as hard, so its own raise at start cannot hide the flood) and a neighbour on the
+/// host opens 1,100 connections and sends nothing. Every expectation is checked and all that
+/// fail are reported together:
+/// - weft holds at most its cap of them: its descriptors stay under 200;
+/// - `/readyz` answers 200 within a second while the flood is open;
+/// - a revoked lease is reclaimed and `subnet.env` rewritten (a new inode) without a failed
+///   write;
+/// - the held connections have TCP keepalive on, and weft closes every one of the 1,100
+///   within the idle timeout (`--healthz-idle-timeout 3s`) and a little.
+#[test]
+fn an_idle_flood_of_the_health_port_takes_no_more_than_its_cap_and_starves_nothing() {
+    const FLOOD: usize = 1100;
+    let idle_timeout = Duration::from_secs(3);
+    let lab = Lab::new(VXLAN);
+    let mut w = lab.start_weft(1, &["--healthz-idle-timeout", "3s"]);
+    let subnet = w.wait_ready(READY);
+    assert!(
+        w.log().contains("open file limit (RLIMIT_NOFILE)"),
+        "the start did not log its open file limit:\n{}",
+        w.log_tail(40)
+    );
+    let pid = w.pid();
+    run(&["prlimit", "--pid", &pid.to_string(), "--nofile=1024:1024"]);
+    let before = open_fds(pid);
+    // The flood's client ends are this test's own descriptors.
+    let mine = weft::rlimit::raise_nofile_to_hard().expect("raising the test's own fd limit");
+    assert!(mine.new_soft > 2 * FLOOD as u64, "the test's fd limit is too low: {mine:?}");
+
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, HEALTH_PORT));
+    let mut most = before;
+    let (flood, failed) = in_netns(&w.ns, || {
+        let (mut flood, mut failed) = (Vec::new(), Vec::new());
+        for i in 0..FLOOD {
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+                Ok(c) => flood.push(c),
+                Err(e) => failed.push(format!("connection {i}: {e}")),
+            }
+            if i % 20 == 0 {
+                most = most.max(open_fds(pid));
+            }
+        }
+        (flood, failed)
+    });
+    let flood_open = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    most = most.max(open_fds(pid));
+    let mut problems = Vec::new();
+    if !failed.is_empty() {
+        problems.push(format!("{} connects failed, first: {}", failed.len(), failed[0]));
+    }
+    if most >= 200 {
+        problems.push(format!("weft had {most} open fds during the flood ({before} before)"));
+    }
+
+    let asked = Instant::now();
+    let (status, body) = w.get("/readyz");
+    let answered = asked.elapsed();
+    if status != 200 || answered > Duration::from_secs(1) {
+        problems.push(format!("/readyz during the flood: {status} {body:?} after {answered:?}"));
+    }
+
+    let ss = String::from_utf8_lossy(
+        &ns_output(&w.ns, &["ss", "-tnoH", "state", "established", "( sport = :9797 )"]).stdout,
+    )
+    .into_owned();
+    let held: Vec<&str> = ss.lines().filter(|l| !l.trim().is_empty()).collect();
+    let keepalive = held.iter().filter(|l| l.contains("timer:(keepalive")).count();
+    if held.is_empty() || held.len() > 64 || keepalive < held.len() {
+        problems.push(format!(
+            "{} health connections established, {keepalive} of them with TCP keepalive; the \
+             first:\n{}",
+            held.len(),
+            held[..held.len().min(3)].join("\n")
+        ));
+    }
+
+    // A lease revoked during the flood is reclaimed and subnet.env written again.
+    let inode = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.ino()).ok();
+    let old_inode = inode(&w.subnet_file());
+    lab.admin(&["lease", "revoke", &subnet]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while inode(&w.subnet_file()) == old_inode && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let recovered = w.metric("weft_lease_recoveries_total");
+    let write_failures = w.metric("weft_subnet_file_write_failures_total");
+    if inode(&w.subnet_file()) == old_inode
+        || recovered != Some(1.0)
+        || write_failures != Some(0.0)
+        || w.subnet().as_deref() != Some(subnet.as_str())
+    {
+        problems.push(format!(
+            "after a revoke during the flood: subnet.env rewritten: {}, recoveries {recovered:?}, \
+             subnet.env write failures {write_failures:?}, subnet.env names {:?}",
+            inode(&w.subnet_file()) != old_inode,
+            w.subnet()
+        ));
+    }
+    if w.log().contains("Too many open files") {
+        problems.push("weft logged \"Too many open files\"".to_owned());
+    }
+
+    // Every connection closed by weft within the idle timeout (after the flood) and a little.
+    for c in &flood {
+        c.set_nonblocking(true).expect("non-blocking");
+    }
+    let deadline = flood_open + idle_timeout + Duration::from_secs(3);
+    let mut open = flood.len();
+    while open > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        open = flood.iter().filter(|c| !closed_by_peer(c)).count();
+    }
+    if open > 0 {
+        problems.push(format!(
+            "{open} of {} connections still open {:?} after the flood",
+            flood.len(),
+            flood_open.elapsed()
+        ));
+    }
+    let closed_early = w.metric("weft_health_connections_evicted_total").unwrap_or(0.0)
+        + w.metric("weft_health_connections_refused_total").unwrap_or(0.0);
+    let timed_out = w.metric("weft_health_connections_timed_out_total").unwrap_or(0.0);
+    eprintln!(
+        "health port flood: {most} fds at most ({before} before, {} after); /readyz in \
+         {answered:?}; {closed_early} connections closed for room, {timed_out} timed out",
+        open_fds(pid)
+    );
+    if closed_early < (FLOOD - 64) as f64 || timed_out < 1.0 {
+        problems.push(format!(
+            "counted {closed_early} connections closed for room (evicted or refused), \
+             {timed_out} timed out"
+        ));
+    }
+    assert!(w.running(), "weft exited:\n{}", w.log_tail(40));
+    assert!(
+        problems.is_empty(),
+        "under a flood of {FLOOD} idle connections to the health port:\n- {}\n--- log ---\n{}",
+        problems.join("\n- "),
+        w.log_tail(30)
+    );
 }
 
 // --- a second weft on the same host -----------------------------------------------------------

@@ -25,13 +25,13 @@ packages=(
     libprotobuf-dev     # google/protobuf/*.proto, which etcd's .proto files import
     etcd-server         # etcd: every store and end-to-end test starts a real one
     etcd-client         # etcdctl: tests and the demo inspect and change the store
-    iproute2            # ip, bridge: network namespaces, veth, addresses, routes
+    iproute2            # ip, bridge: network namespaces, veth, addresses, routes; ss
     iputils-ping        # ping across the overlay
     iperf3              # throughput across the overlay (tests, demo, bench)
     sockperf            # request/response round trips across the overlay (bench)
     openssl             # test CA and certificates for etcd over TLS
     procps              # sysctl (forwarding in namespace hosts), pgrep, ps
-    util-linux          # unshare, setpriv (the non-root test), mount namespaces
+    util-linux          # unshare, setpriv (the non-root test), mount namespaces, prlimit
     mount               # mount, for the non-root test's private /dev/net/tun
     python3             # bench.sh's result tables; the CNI delegate config (scripts/lib/cni.sh)
     containernetworking-plugins  # CNI bridge + host-local: pods in the demo, tests, chaos soak
@@ -40,8 +40,8 @@ packages=(
 
 # command or file      must exist after install
 checks=(
-    cc c++ protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ping iperf3
-    openssl sysctl unshare setpriv mount python3 /usr/lib/cni/bridge /usr/lib/cni/host-local
+    cc c++ protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ss ping iperf3
+    openssl sysctl unshare setpriv prlimit mount python3 /usr/lib/cni/bridge /usr/lib/cni/host-local
     iptables sockperf
 )
 

@@ -70,6 +70,9 @@ pub struct RunOptions {
     pub healthz_ip: IpAddr,
     /// `--healthz-port` (0: no health server).
     pub healthz_port: u16,
+    /// `--healthz-idle-timeout`: the health server closes a connection that sends no request
+    /// for this long.
+    pub healthz_idle_timeout: Duration,
     /// `--on-subnet-change`.
     pub on_subnet_change: Option<String>,
     /// `--on-lease-lost`.
@@ -450,7 +453,9 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
         let stop = async move {
             let _ = rx.wait_for(|v| *v).await;
         };
-        Some(tokio::spawn(health::serve(listener, health.clone(), stop)))
+        let limits =
+            health::ServerLimits { idle_timeout: opts.healthz_idle_timeout, ..Default::default() };
+        Some(tokio::spawn(health::serve(listener, health.clone(), limits, stop)))
     } else {
         None
     };

@@ -20,8 +20,9 @@
 //! Files weft owns (`subnet.env`, the state dir) are written and read by [`atomic_file`].
 //!
 //! The process's edges: [`logging`] (log lines through a queue that never blocks or panics),
-//! [`stop`] (signals on a thread of their own; every panic a clean, non-zero stop) and
-//! [`panics`] (which panics a supervisor catches).
+//! [`stop`] (signals on a thread of their own; every panic a clean, non-zero stop),
+//! [`panics`] (which panics a supervisor catches) and [`rlimit`] (the soft open file limit
+//! raised to the hard one at start).
 //!
 //! Time comes from [`time`]: a boot-time clock for drivers, a manual clock for tests.
 
@@ -40,6 +41,7 @@ pub mod lease;
 pub mod logging;
 pub mod metrics;
 pub mod panics;
+pub mod rlimit;
 pub mod route;
 pub mod stop;
 #[allow(unsafe_code)]

@@ -151,6 +151,10 @@ struct RunArgs {
     /// Health server port (0: off).
     #[arg(long, env = "WEFT_HEALTHZ_PORT", default_value_t = 0)]
     healthz_port: u16,
+    /// The health server closes a connection that sends no request for this long (after its
+    /// accept or its last response). Hidden: the default suits every use but tests.
+    #[arg(long, env = "WEFT_HEALTHZ_IDLE_TIMEOUT", default_value = "10s", value_parser = parse_duration, hide = true)]
+    healthz_idle_timeout: Duration,
     /// Command run (by /bin/sh -c) when this node's subnet changes; $1 = old, $2 = new.
     #[arg(long, env = "WEFT_ON_SUBNET_CHANGE")]
     on_subnet_change: Option<String>,
@@ -293,6 +297,7 @@ fn fail(e: &anyhow::Error) -> ExitCode {
 /// (see [`weft::stop`]); exits 0 after a clean stop, non-zero after an error or a panic.
 fn run_daemon(args: RunArgs) -> ExitCode {
     logging::init(args.log_format == "json");
+    weft::rlimit::raise_nofile_limit();
     let stop = Stop::new();
     stop.install_panic_hook();
     let result = run_with(args, &stop);
@@ -351,6 +356,7 @@ fn run_options(args: &RunArgs) -> RunOptions {
         renew_margin: args.subnet_lease_renew_margin,
         healthz_ip: args.healthz_ip,
         healthz_port: args.healthz_port,
+        healthz_idle_timeout: args.healthz_idle_timeout,
         on_subnet_change: args.on_subnet_change.clone(),
         on_lease_lost: args.on_lease_lost.clone(),
         hook_timeout: args.hook_timeout,

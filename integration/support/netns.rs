@@ -66,8 +66,8 @@ pub const HEALTH_PORT: u16 = 9797;
 pub const TTL: &str = "4s";
 /// Tools the lab runs; each must be on `PATH`.
 pub const REQUIRED_TOOLS: &[&str] = &[
-    "ip", "bridge", "ping", "iperf3", "etcd", "etcdctl", "setpriv", "unshare", "mknod", "sh",
-    "python3",
+    "ip", "bridge", "ss", "ping", "iperf3", "etcd", "etcdctl", "setpriv", "unshare", "prlimit",
+    "mknod", "sh", "python3",
 ];
 
 /// Host `n`'s IPv6 underlay address: `2001:db8::N`, N the last 16-bit group (so `{n:x}`).
