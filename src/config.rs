@@ -49,8 +49,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde_json::{Map, Value};
 
-use crate::dataplane::wire::vxlan::Vni;
-use crate::lease::record::{ForeignSubnet, Ipv6Subnet, LeaseName, Subnet};
+use crate::vocab::{ForeignSubnet, Ipv6Subnet, LeaseName, Subnet, Vni};
 
 /// flannel's vxlan port: the Linux kernel's legacy VXLAN port, from before IANA assigned 4789.
 /// A peer on 4789 does not interoperate with a default flannel. This and the two below are the

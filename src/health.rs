@@ -47,9 +47,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant as TokioInstant;
 use tracing::{debug, warn};
 
-use crate::lease::record::Subnet;
 use crate::metrics;
 use crate::time::{Clock, Instant};
+use crate::vocab::Subnet;
 
 /// The lease as the driver last saw it.
 #[derive(Clone, Debug, Default)]

@@ -46,3 +46,4 @@ pub mod route;
 pub mod stop;
 #[allow(unsafe_code)]
 pub mod time;
+pub mod vocab;

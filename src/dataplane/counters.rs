@@ -19,7 +19,6 @@ use prometheus_client::encoding::DescriptorEncoder;
 
 use super::link::RepairKind;
 use super::pipeline::DropReason;
-use super::worker::SpinEnd;
 use crate::metrics;
 
 /// What one forwarding thread counts as packets go through it: drops by [`DropReason`], packets
@@ -306,6 +305,31 @@ impl Collector for Counters {
             metrics::counter(&mut e, name, help, v)?;
         }
         Ok(())
+    }
+}
+
+/// How a spin ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpinEnd {
+    /// Work came before the spin's time was up: a wake-up saved.
+    Caught,
+    /// Nothing came within the whole spin: time spent for nothing, and a back-off.
+    Missed,
+    /// The CPU budget ran out first.
+    Cut,
+}
+
+impl SpinEnd {
+    /// Every outcome, in label order.
+    pub const ALL: [Self; 3] = [Self::Caught, Self::Missed, Self::Cut];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Caught => "caught",
+            Self::Missed => "missed",
+            Self::Cut => "cut",
+        }
     }
 }
 

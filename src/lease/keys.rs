@@ -32,10 +32,9 @@
 #![forbid(unsafe_code)]
 
 use super::record::{
-    HistoryEntry, HistoryRecord, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId,
+    HistoryEntry, HistoryRecord, Ipv6Subnet, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId,
     StoredLease, Subnet, SubnetError, ValueError,
 };
-use super::store::BadEntry;
 
 /// The two revisions etcd keeps for a key, as [`KeyLayout::parse_lease`] takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,6 +272,29 @@ pub fn relative_subnet_key(name: &str) -> String {
 pub(crate) fn subnet_key_name(key: &str) -> Option<&str> {
     let (dir, name) = key.rsplit_once('/')?;
     dir.strip_suffix(SUBNETS).is_some_and(|rest| rest.ends_with('/')).then_some(name)
+}
+
+/// A key under `<prefix>/subnets` (or its history) that did not parse.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadEntry {
+    /// The full key.
+    pub key: String,
+    /// What was wrong, for logs and `weft lease list`.
+    pub problem: String,
+}
+
+impl BadEntry {
+    /// `Some` if this is a key under `<prefix>/subnets/` — still a live key, whatever its value
+    /// — holding the subnet its name parses to, if it does.
+    pub fn subnet_key(&self) -> Option<Option<Subnet>> {
+        subnet_key_name(&self.key).map(|name| Subnet::parse_key_name(name).ok())
+    }
+
+    /// The IPv6 subnet this key names, if it is a subnet key with one (a dual-stack or
+    /// IPv6-only key whose value does not parse): still a live key, so that subnet is occupied.
+    pub fn ipv6_half(&self) -> Option<Ipv6Subnet> {
+        subnet_key_name(&self.key).and_then(|name| LeaseName::parse(name).ok()?.ipv6)
+    }
 }
 
 #[cfg(test)]

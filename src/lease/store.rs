@@ -33,7 +33,7 @@ use std::time::Duration;
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 
-use super::keys;
+pub use super::keys::BadEntry;
 use super::record::{
     HistoryEntry, Incarnation, Ipv6Subnet, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId,
     StoredLease, Subnet, ValueError,
@@ -90,29 +90,6 @@ impl StoreError {
             self,
             Self::Unavailable(_) | Self::Timeout(_) | Self::Compacted { .. } | Self::Rewound { .. }
         )
-    }
-}
-
-/// A key under `<prefix>/subnets` (or its history) that did not parse.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BadEntry {
-    /// The full key.
-    pub key: String,
-    /// What was wrong, for logs and `weft lease list`.
-    pub problem: String,
-}
-
-impl BadEntry {
-    /// `Some` if this is a key under `<prefix>/subnets/` — still a live key, whatever its value
-    /// — holding the subnet its name parses to, if it does.
-    pub fn subnet_key(&self) -> Option<Option<Subnet>> {
-        keys::subnet_key_name(&self.key).map(|name| Subnet::parse_key_name(name).ok())
-    }
-
-    /// The IPv6 subnet this key names, if it is a subnet key with one (a dual-stack or
-    /// IPv6-only key whose value does not parse): still a live key, so that subnet is occupied.
-    pub fn ipv6_half(&self) -> Option<Ipv6Subnet> {
-        keys::subnet_key_name(&self.key).and_then(|name| LeaseName::parse(name).ok()?.ipv6)
     }
 }
 

@@ -40,9 +40,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::{IpNet, Ipv4Net};
 use serde_json::Value;
 
-use crate::dataplane::wire::ethernet::MacAddr;
-use crate::dataplane::wire::vxlan::Vni;
-use crate::lease::record::{Ipv6Subnet, NodeId, StoredLease, Subnet};
+use crate::lease::record::{NodeId, StoredLease};
+use crate::vocab::{Ipv6Subnet, MacAddr, Subnet, Vni};
 
 /// A slot of the slot array that names no peer.
 pub(crate) const NO_PEER: u32 = u32::MAX;

@@ -108,6 +108,12 @@ pub enum Error {
     IcmpSuppressed,
 }
 
+impl From<crate::vocab::VniOutOfRange> for Error {
+    fn from(_: crate::vocab::VniOutOfRange) -> Self {
+        Self::BadVni
+    }
+}
+
 /// The RFC 1071 Internet checksum: the 16-bit ones' complement of the ones' complement sum.
 ///
 /// The functions here return the *sum* (not yet complemented), so partial sums over a pseudo

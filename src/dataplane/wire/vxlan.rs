@@ -24,6 +24,8 @@
 //! Whether the VNI is one this host serves is the caller's check (compare [`Repr::vni`]).
 //! See the [module contract](super) for panics.
 
+pub use crate::vocab::Vni;
+
 use super::{Error, read_u32, write_u32};
 
 /// Byte offsets of the header fields.
@@ -41,42 +43,6 @@ pub const HEADER_LEN: usize = field::RESERVED2 + 1;
 
 /// The I flag: "the VNI is valid" (RFC 7348 §5); the only flag flannel's kernel peer sends.
 pub(crate) const FLAG_I: u8 = 0x08;
-
-/// A VXLAN Network Identifier: 24 bits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Vni(u32);
-
-impl Vni {
-    /// The largest VNI, 2^24 − 1.
-    pub const MAX: u32 = 0x00ff_ffff;
-
-    /// A VNI from a number.
-    ///
-    /// # Errors
-    /// [`Error::BadVni`] if `vni` does not fit in 24 bits.
-    pub const fn new(vni: u32) -> Result<Self, Error> {
-        if vni > Self::MAX { Err(Error::BadVni) } else { Ok(Self(vni)) }
-    }
-
-    /// The VNI as a number (always below 2^24).
-    pub const fn get(self) -> u32 {
-        self.0
-    }
-}
-
-impl TryFrom<u32> for Vni {
-    type Error = Error;
-
-    fn try_from(vni: u32) -> Result<Self, Error> {
-        Self::new(vni)
-    }
-}
-
-impl std::fmt::Display for Vni {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
 
 /// A read/write view of a VXLAN packet (header plus inner frame).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -289,7 +255,7 @@ mod tests {
     #[test]
     fn vni_range() {
         assert_eq!(Vni::new(Vni::MAX).map(Vni::get), Ok(0xff_ffff));
-        assert_eq!(Vni::new(1 << 24), Err(Error::BadVni));
+        assert_eq!(Vni::new(1 << 24), Err(crate::vocab::VniOutOfRange));
         assert_eq!(Vni::try_from(7).unwrap().to_string(), "7");
     }
 

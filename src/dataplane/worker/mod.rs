@@ -51,11 +51,11 @@ mod spin;
 mod tx;
 mod wait;
 
+pub use super::counters::SpinEnd;
 pub use edges::{TunIo, UdpIo};
 pub use family::FamilySockets;
 pub use rx::RxPath;
 use spin::Next;
-pub use spin::SpinEnd;
 pub use tx::TxPath;
 pub use wait::{Idle, StopSignal};
 

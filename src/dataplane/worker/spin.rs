@@ -32,6 +32,7 @@
 
 use std::time::Duration;
 
+use crate::dataplane::counters::SpinEnd;
 use crate::time::Instant;
 
 /// A step that moved at most this many bytes (both directions together) looks like
@@ -47,31 +48,6 @@ pub(crate) const SPIN_SHARE_PERCENT: u32 = 50;
 
 /// The most spin time a thread can save up while it does not spin.
 pub(crate) const CREDIT_CAP: Duration = Duration::from_millis(2);
-
-/// How a spin ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SpinEnd {
-    /// Work came before the spin's time was up: a wake-up saved.
-    Caught,
-    /// Nothing came within the whole spin: time spent for nothing, and a back-off.
-    Missed,
-    /// The CPU budget ran out first.
-    Cut,
-}
-
-impl SpinEnd {
-    /// Every outcome, in label order.
-    pub const ALL: [Self; 3] = [Self::Caught, Self::Missed, Self::Cut];
-
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Caught => "caught",
-            Self::Missed => "missed",
-            Self::Cut => "cut",
-        }
-    }
-}
 
 /// What a loop that found nothing to do does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,205 @@
+//! The house as drawn: every module of `src/` belongs to a layer, and a module may use only
+//! modules of its own layer or of layers below it. This test reads `src/` and fails on a
+//! `crate::` path that climbs, naming the file, the line and both layers; and on a cycle
+//! between two files (`a` uses `b` and `b` uses `a`) anywhere in the crate.
+//!
+//! The table below is the README's architecture map ("How it is built"); change both together.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The layers, lowest first: (name, the top-level modules of `src/` in it).
+const LAYERS: &[(&str, &[&str])] = &[
+    (
+        "ground floor",
+        &["vocab", "time", "metrics", "atomic_file", "panics", "logging", "rlimit", "health"],
+    ),
+    ("config", &["config"]),
+    ("lease", &["lease"]),
+    ("route", &["route"]),
+    ("data plane", &["dataplane"]),
+    ("daemon", &["daemon", "instance", "stop"]),
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|(_, modules)| modules.contains(&module))
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src/") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The module path of a file under `src/` (`src/lease/keeper.rs` -> `["lease", "keeper"]`,
+/// `src/lease/mod.rs` -> `["lease"]`).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).expect("under src/").with_extension("");
+    let mut parts: Vec<String> =
+        rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The code of a line without its comment (`//`, `///`, `//!`); string contents are kept,
+/// which is fine: no string of weft's names a `crate::` path.
+fn code_of(line: &str) -> &str {
+    line.find("//").map_or(line, |i| &line[..i])
+}
+
+/// The module paths a line of code names: `crate::a::b` and `super::` paths resolved against
+/// `me`; `use crate::{a, b::c}` groups are expanded one level.
+fn paths_in(code: &str, me: &[String]) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    for (start, root) in code
+        .match_indices("crate::")
+        .map(|(i, _)| (i, "crate"))
+        .chain(code.match_indices("super::").map(|(i, _)| (i, "super")))
+    {
+        // Only a path's start: not the `super` in `crate::x::super::` (never written) nor
+        // an identifier ending in `crate`/`super`.
+        if start > 0 {
+            let before = code.as_bytes()[start - 1];
+            if before.is_ascii_alphanumeric() || before == b'_' || before == b':' {
+                continue;
+            }
+        }
+        let rest = &code[start..];
+        let mut base: Vec<String> = Vec::new();
+        let mut tail = rest;
+        loop {
+            if let Some(t) = tail.strip_prefix("crate::") {
+                base.clear();
+                tail = t;
+            } else if let Some(t) = tail.strip_prefix("super::") {
+                if base.is_empty() && root == "super" {
+                    base = me.to_vec();
+                    // A file's `super` is its parent module, `mod.rs`'s too (its path is the
+                    // directory's already).
+                }
+                base.pop();
+                tail = t;
+            } else {
+                break;
+            }
+        }
+        if let Some(group) = tail.strip_prefix('{') {
+            let group = group.split('}').next().unwrap_or("");
+            for item in group.split(',') {
+                let item: Vec<String> = item
+                    .trim()
+                    .split("::")
+                    .map(|s| s.trim().to_owned())
+                    .take_while(|s| s.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+                    .filter(|s| !s.is_empty() && s != "self")
+                    .collect();
+                let mut p = base.clone();
+                p.extend(item);
+                found.push(p);
+            }
+        } else {
+            let mut p = base;
+            p.extend(
+                tail.split("::")
+                    .map(|s| {
+                        s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()
+                    })
+                    .take_while(|s: &String| {
+                        !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                    }),
+            );
+            found.push(p);
+        }
+    }
+    found
+}
+
+/// The longest prefix of `path` that is a module of the crate (a file), if any.
+fn module_named<'a>(
+    modules: &'a BTreeSet<Vec<String>>,
+    path: &[String],
+) -> Option<&'a Vec<String>> {
+    (1..=path.len()).rev().find_map(|n| modules.get(&path[..n].to_vec()))
+}
+
+#[test]
+fn no_import_climbs_a_layer_and_no_two_files_use_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.retain(|f| !f.ends_with("main.rs") && !f.ends_with("lib.rs"));
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_path(&src, f)).collect();
+    let mut climbs = Vec::new();
+    let mut uses: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for file in &files {
+        let me = module_path(&src, file);
+        let Some(my_layer) = layer_of(&me[0]) else {
+            climbs.push(format!("{}: module {} is in no layer", file.display(), me[0]));
+            continue;
+        };
+        let text = std::fs::read_to_string(file).expect("read a source file");
+        // Test modules may use what they test with: only the code above `mod tests` counts.
+        let code_end = text.find("#[cfg(test)]\nmod tests").unwrap_or(text.len());
+        for (n, line) in text[..code_end].lines().enumerate() {
+            for path in paths_in(code_of(line), &me) {
+                let Some(first) = path.first() else { continue };
+                let Some(layer) = layer_of(first) else { continue };
+                if layer > my_layer {
+                    climbs.push(format!(
+                        "{}:{}: the {} layer uses `{}` of the {} layer",
+                        file.display(),
+                        n + 1,
+                        LAYERS[my_layer].0,
+                        path.join("::"),
+                        LAYERS[layer].0
+                    ));
+                }
+                if let Some(target) = module_named(&modules, &path)
+                    && *target != me
+                    && !me.starts_with(target)
+                {
+                    uses.entry(me.clone()).or_default().insert(target.clone());
+                }
+            }
+        }
+    }
+    let mut cycles = Vec::new();
+    for (a, targets) in &uses {
+        for b in targets {
+            if a < b && uses.get(b).is_some_and(|t| t.contains(a)) {
+                cycles.push(format!("{} <-> {}", a.join("::"), b.join("::")));
+            }
+        }
+    }
+    assert!(
+        climbs.is_empty() && cycles.is_empty(),
+        "imports that climb:\n{}\nfiles that use each other:\n{}",
+        climbs.join("\n"),
+        cycles.join("\n")
+    );
+}
+
+#[test]
+fn paths_are_read_as_the_compiler_reads_them() {
+    let me: Vec<String> = ["lease", "keeper"].map(String::from).to_vec();
+    let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(paths_in("use crate::config::NetworkConfig;", &me), vec![p(&["config"])]);
+    assert_eq!(
+        paths_in("use super::record::{Subnet, LeaseName};", &me),
+        vec![p(&["lease", "record"])]
+    );
+    assert_eq!(
+        paths_in("use crate::{logging, metrics::counter};", &me),
+        vec![p(&["logging"]), p(&["metrics", "counter"])]
+    );
+    assert_eq!(paths_in("let x = crate::time::BootClock;", &me), vec![p(&["time"])]);
+    assert!(paths_in(&code_of("// see crate::daemon"), &me).is_empty());
+}
