@@ -201,5 +201,5 @@ fn paths_are_read_as_the_compiler_reads_them() {
         vec![p(&["logging"]), p(&["metrics", "counter"])]
     );
     assert_eq!(paths_in("let x = crate::time::BootClock;", &me), vec![p(&["time"])]);
-    assert!(paths_in(&code_of("// see crate::daemon"), &me).is_empty());
+    assert!(paths_in(code_of("// see crate::daemon"), &me).is_empty());
 }
