@@ -135,8 +135,9 @@ struct RunArgs {
     /// Directory for this node's identity and VTEP MAC.
     #[arg(long, env = "WEFT_STATE_DIR", default_value = "/var/lib/weft")]
     state_dir: PathBuf,
-    /// TUN device name.
-    #[arg(long, env = "WEFT_TUN_NAME", default_value = "weft0")]
+    /// TUN device name: one fixed name (1 to 15 bytes of ASCII letters, digits and
+    /// punctuation, no '/', ':' or '%'); a kernel template such as `weft%d` is refused.
+    #[arg(long, env = "WEFT_TUN_NAME", default_value = "weft0", value_parser = parse_tun_name)]
     tun_name: String,
     /// Subnet lease TTL (`24h`, `10s`, ...).
     #[arg(long, env = "WEFT_SUBNET_LEASE_TTL", default_value = "24h", value_parser = parse_duration)]
@@ -231,6 +232,11 @@ fn parse_spin(s: &str) -> Result<Duration, String> {
         return Err("at most 1ms: a longer spin keeps a core busy instead of waiting".into());
     }
     Ok(d)
+}
+
+/// `--tun-name`: [`weft::dataplane::link::check_tun_name`].
+fn parse_tun_name(s: &str) -> Result<String, String> {
+    weft::dataplane::link::check_tun_name(s).map(|()| s.to_owned())
 }
 
 fn parse_margin(s: &str) -> Result<Duration, String> {
@@ -578,6 +584,45 @@ fn history_text(s: HistoryState) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--tun-name` takes the one name of one device: a kernel template (`weft%d`, which names
+    /// one device per queue) and names the kernel would refuse are refused at parsing, with
+    /// the flag named and why.
+    #[test]
+    fn tun_name_templates_and_names_the_kernel_refuses_are_refused_at_parsing() {
+        let parse = |name: &str| Cli::try_parse_from(["weft", "run", "--tun-name", name]);
+        for name in ["weft0", "flannel.1", "w", "exactly-15-byte", "weft_tun-0"] {
+            let args = parse(name);
+            let Ok(Cli { command: Command::Run(run), .. }) = args else {
+                panic!("{name}: {args:?}")
+            };
+            assert_eq!(run.tun_name, name);
+        }
+        for (name, why) in [
+            ("weft%d", "template"),
+            ("weft%", "template"),
+            ("", "1 to 15 bytes"),
+            ("sixteen-bytes-00", "1 to 15 bytes"),
+            (".", "\".\""),
+            ("..", "\"..\""),
+            ("a/b", "'/'"),
+            ("a:1", "':'"),
+            ("weft 0", "whitespace"),
+            ("weft\t0", "whitespace"),
+            ("wéft0", "ASCII"),
+        ] {
+            let err = match parse(name) {
+                Ok(cli) => panic!("{name:?} accepted: {cli:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains("--tun-name") && err.contains(why), "{name:?}: {err}");
+        }
+        let Ok(Cli { command: Command::Run(run), .. }) = Cli::try_parse_from(["weft", "run"])
+        else {
+            panic!("weft run")
+        };
+        assert_eq!(run.tun_name, "weft0");
+    }
 
     #[test]
     fn spin_is_off_at_zero_and_at_most_a_millisecond() {
