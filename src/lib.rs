@@ -41,6 +41,7 @@ pub mod logging;
 pub mod metrics;
 pub mod panics;
 pub mod route;
+pub mod secret_file;
 pub mod stop;
 #[allow(unsafe_code)]
 pub mod time;
