@@ -1010,7 +1010,9 @@ async fn flanneld(
                             renew_at = (now + left).checked_sub(margin).unwrap_or(now);
                         }
                         WatchEvent::Delete { .. } => return FlannelExit::Revoked(s),
-                        WatchEvent::Bad(_) | WatchEvent::Departed(_) => {}
+                        WatchEvent::Bad(_)
+                        | WatchEvent::DeleteUnparsed { .. }
+                        | WatchEvent::Departed(_) => {}
                     }
                 }
             }

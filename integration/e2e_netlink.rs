@@ -12,7 +12,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use support::netns::{
-    Families, Lab, assert_tun_configured, inet_addrs, ping_all_pairs, run, weft0_link,
+    Families, Lab, assert_tun_configured, inet_addrs, ns_run, ping_all_pairs, run, weft0_link,
 };
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
@@ -99,4 +99,31 @@ fn a_replaced_address_is_swapped_back_keeping_the_network_route() {
         REPAIRED_WITHIN,
     );
     ping_all_pairs(&pods, Families::V4);
+}
+
+/// `--tun-name 'weft%d'` is a kernel name template: with two queues the kernel made one device
+/// per queue (`weft0`, `weft1`), weft configured the literal `weft%d`, failed, and said ready.
+/// It is refused at start, naming the flag, before any device is made; so is a name the
+/// kernel would refuse.
+#[test]
+fn a_tun_name_template_is_refused_at_start_and_makes_no_device() {
+    let lab = Lab::new(VXLAN);
+    for name in ["weft%d", "weft 0", "a-name-of-16-byte"] {
+        let mut w = lab.start_weft(1, &["--tun-name", name, "--workers", "2"]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while w.running() {
+            let (status, body) = w.get("/readyz");
+            assert_ne!(status, 200, "ready with --tun-name {name:?}: {body}\n{}", w.log_tail(20));
+            assert!(
+                Instant::now() < deadline,
+                "still running 5 s after a start with --tun-name {name:?}:\n{}",
+                w.log_tail(20)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let log = w.log();
+        assert!(log.contains("--tun-name") && log.contains(name), "{name:?}: {log}");
+        let links = ns_run(&w.ns, &["ip", "-o", "link", "show"]);
+        assert!(!links.contains("weft") && !links.contains("a-name"), "{name:?}: {links}");
+    }
 }

@@ -1001,6 +1001,7 @@ async fn the_memory_store_reads_every_key_as_etcd_does() {
         WatchEvent::Put(l) => format!("put {} {:?}", l.subnet, l.attrs),
         WatchEvent::Delete { subnet, .. } => format!("delete {subnet}"),
         WatchEvent::Bad(b) => format!("bad {} {}", b.key, b.problem),
+        WatchEvent::DeleteUnparsed { key, .. } => format!("delete unparsed {key}"),
         WatchEvent::Departed(h) => format!("departed {} {:?}", h.subnet, h.record),
     };
     // Every subnet key's write and delete, and the one departure marker that parses; not the

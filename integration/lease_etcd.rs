@@ -1052,6 +1052,62 @@ async fn an_expiring_auth_token_is_renewed_over_a_long_run() {
     assert!(!a.log().contains("refused the credentials"), "{}", a.log());
 }
 
+/// `--etcd-password-file`: weft reads the etcd password from a file (one trailing newline
+/// dropped), for `weft run` and the admin commands alike, so it never shows in
+/// `/proc/<pid>/cmdline`, which every local user can read, as `--etcd-password` does; nor in
+/// weft's log. A file others may read works, with a WARN naming the path; a wrong password
+/// is refused by etcd, and weft says so, not ready, without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_password_from_a_file_authenticates_and_shows_in_no_cmdline_or_log() {
+    const PASSWORD: &str = "pw-from-a-file-5e1f0c";
+    let etcd = EtcdServer::start_with_flags(&["--auth-token", "simple"]);
+    let mut raw = etcd.client().await;
+    raw.user_add("root", PASSWORD, None).await.unwrap();
+    raw.user_grant_role("root", "root").await.unwrap();
+    raw.auth_enable().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("etcd-password");
+    let write = |text: &str, mode: u32| {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(&file, text).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    write(&format!("{PASSWORD}\n"), 0o600);
+    let path = file.to_str().unwrap().to_owned();
+    let creds = ["--etcd-username", "root", "--etcd-password-file", path.as_str()];
+    let prefix = unique_prefix();
+    set_network_with(&etcd.endpoint(), &prefix, &network_of(20), &creds);
+    let mut o = NodeOptions::new(etcd.endpoint(), &prefix, ip(1));
+    o.extra = creds.iter().map(|s| s.to_string()).collect();
+    let a = WeftNode::spawn(o.clone());
+    a.wait_ready(READY);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", a.pid())).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(cmdline.contains("--etcd-password-file") && cmdline.contains(&path), "{cmdline}");
+    assert!(!cmdline.contains(PASSWORD), "{cmdline}");
+    assert!(!a.log().contains(PASSWORD), "{}", a.log());
+    assert!(!a.log().contains("readable by"), "{}", a.log());
+
+    // Readable by others: still used, with a WARN naming the file and its mode.
+    write(PASSWORD, 0o644);
+    o.public_ip = ip(2);
+    let b = WeftNode::spawn(o.clone());
+    b.wait_ready(READY);
+    let log = b.log();
+    assert!(log.contains("WARN") && log.contains(&path) && log.contains("0644"), "{log}");
+    assert!(!log.contains(PASSWORD), "{log}");
+
+    // A wrong password: etcd refuses it, weft is never ready and says why, not with what.
+    write("not-the-password\n", 0o600);
+    o.public_ip = ip(3);
+    let c = WeftNode::spawn(o);
+    sleep(3.0);
+    assert_ne!(c.get("/readyz").0, 200, "{}", c.log());
+    let log = c.log();
+    assert!(log.contains("refused the credentials"), "{log}");
+    assert!(!log.contains("not-the-password") && !log.contains(PASSWORD), "{log}");
+}
+
 /// The subnet every node of [`spawn_changing_subnet`] starts from.
 const FOREIGN: &str = "10.244.1.0/24";
 

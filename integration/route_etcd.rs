@@ -298,3 +298,67 @@ async fn a_half_two_keys_name_is_routed_to_the_key_etcd_created_first() {
     assert!(text.contains("weft_route_ipv6_half_conflicts 0\n"), "{text}");
     assert!(conflicts().is_empty());
 }
+
+/// The value of `name` in the watcher's metrics text.
+fn gauge(w: &Watcher, name: &str) -> Option<u64> {
+    w.metrics().lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Waits until the gauge `name` reads `want`, or panics after `within`.
+async fn expect_gauge(w: &Watcher, name: &str, want: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let have = gauge(w, name);
+        if have == Some(want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "within {within:?}: {name} want {want}, have {have:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Keys under `subnets/` that are no lease (300 names that do not parse, a dual-stack name
+/// whose value is garbage, another network's subnet), put and then deleted (one by one, and
+/// the rest by one range delete, which etcd delivers as many deletes at one revision): the
+/// gauge follows the store, 302 then 0, and a key put again is counted again. Before, a
+/// delete of a name that does not parse came as a "bad entry" and was ignored anew: the gauge
+/// stayed at the number ever put, and the watcher's memory grew with every key.
+#[tokio::test]
+async fn deleted_junk_keys_are_forgotten_and_a_key_put_again_counts_again() {
+    const GAUGE: &str = "weft_route_ignored_keys";
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let hosts = store(&etcd, &prefix).await;
+    hosts.create(subnet("10.244.1.0/24"), &attrs(1), LONG_TTL).await.unwrap();
+    let w = Watcher::start(&etcd, &prefix).await;
+    w.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+    let mut raw = etcd.client().await;
+    let junk = |i: u32| format!("{prefix}/subnets/junk-{i:03}");
+    for i in 0..300 {
+        raw.put(junk(i), "x", None).await.expect("put junk");
+    }
+    let garbage = format!("{prefix}/subnets/10.244.7.0-24&fd00:10:244:7::-64");
+    raw.put(garbage.as_str(), "not json", None).await.expect("put garbage");
+    let foreign = format!("{prefix}/subnets/10.9.0.0-24");
+    raw.put(foreign.as_str(), attrs(9).to_json(), None).await.expect("put foreign");
+    expect_gauge(&w, GAUGE, 302, PROMPTLY).await;
+
+    for i in 0..100 {
+        raw.delete(junk(i), None).await.expect("delete junk");
+    }
+    expect_gauge(&w, GAUGE, 202, PROMPTLY).await;
+    let rest = etcd_client::DeleteOptions::new().with_prefix();
+    let deleted = raw.delete(format!("{prefix}/subnets/junk-"), Some(rest)).await.expect("delete");
+    assert_eq!(deleted.deleted(), 200);
+    raw.delete(garbage.as_str(), None).await.expect("delete garbage");
+    raw.delete(foreign.as_str(), None).await.expect("delete foreign");
+    expect_gauge(&w, GAUGE, 0, PROMPTLY).await;
+
+    // Put again: counted again.
+    raw.put(junk(7), "x", None).await.expect("put junk again");
+    expect_gauge(&w, GAUGE, 1, PROMPTLY).await;
+    w.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+    // All from the watch: nothing was re-listed, no watch broke.
+    assert_eq!(gauge(&w, "weft_route_relists_total"), Some(0));
+    assert_eq!(gauge(&w, "weft_route_watch_errors_total"), Some(0));
+}

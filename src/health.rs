@@ -85,6 +85,8 @@ pub struct Counters {
     pub exhaustions: AtomicU64,
     /// Hooks that failed, timed out or exited non-zero.
     pub(crate) hook_failures: AtomicU64,
+    /// Hook runs owed and dropped to keep the journal bounded.
+    pub(crate) hook_runs_dropped: AtomicU64,
     /// Failed attempts to write `subnet.env`.
     pub(crate) subnet_file_write_failures: AtomicU64,
 }
@@ -211,6 +213,7 @@ impl Health {
             &c.identity_clashes,
             &c.exhaustions,
             &c.hook_failures,
+            &c.hook_runs_dropped,
             &c.subnet_file_write_failures,
         ]
         .map(|v| v.load(Ordering::Relaxed));
@@ -236,7 +239,7 @@ const LEASE_STATES: [&str; 8] =
     ["starting", "acquiring", "held", "expired", "reclaiming", "exhausted", "clash", "stopping"];
 
 /// The lease counters' names and help, in the order of [`LeaseMetrics::counters`].
-const LEASE_COUNTERS: [(&str, &str); 10] = [
+const LEASE_COUNTERS: [(&str, &str); 11] = [
     ("weft_lease_acquisitions_total", "Subnets acquired or adopted."),
     ("weft_lease_renewals_total", "Successful lease renewals."),
     ("weft_lease_losses_total", "Leases found taken by another node."),
@@ -246,6 +249,10 @@ const LEASE_COUNTERS: [(&str, &str); 10] = [
     ("weft_identity_clashes_total", "Other live processes found with this node's identity."),
     ("weft_lease_exhaustions_total", "Times no free subnet was found."),
     ("weft_hook_failures_total", "Hooks that failed to run, timed out or exited non-zero."),
+    (
+        "weft_hook_runs_dropped_total",
+        "Hook runs owed and dropped, not run: the journal of owed runs was full.",
+    ),
     ("weft_subnet_file_write_failures_total", "Failed attempts to write subnet.env."),
 ];
 

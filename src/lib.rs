@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod panics;
 pub mod rlimit;
 pub mod route;
+pub mod secret_file;
 pub mod stop;
 #[allow(unsafe_code)]
 pub mod time;

@@ -21,7 +21,22 @@ use weft::lease::keys::{self, KeyLayout};
 use weft::lease::record::{HistoryState, Subnet};
 use weft::lease::store::Store;
 use weft::logging;
+use weft::secret_file::{self, Secret};
 use weft::stop::Stop;
+
+/// `println!` that never panics: a closed stdout (`weft lease list | head -1`) loses the rest.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics.
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -107,9 +122,15 @@ struct EtcdArgs {
     /// etcd user name.
     #[arg(long, env = "WEFT_ETCD_USERNAME")]
     etcd_username: Option<String>,
-    /// etcd password.
+    /// etcd password. A flag's value is visible to every local user in /proc/<pid>/cmdline
+    /// (`ps -ef`): prefer --etcd-password-file, or the environment variable, which only
+    /// weft's own user and root can read.
     #[arg(long, env = "WEFT_ETCD_PASSWORD", hide_env_values = true)]
-    etcd_password: Option<String>,
+    etcd_password: Option<Secret>,
+    /// A file holding the etcd password (one trailing newline is dropped; at most 4 KiB).
+    /// Read once at start; a file its group or others may read is used, with a warning.
+    #[arg(long, env = "WEFT_ETCD_PASSWORD_FILE", conflicts_with = "etcd_password")]
+    etcd_password_file: Option<PathBuf>,
     /// Deadline for each etcd call.
     #[arg(long, env = "WEFT_ETCD_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     etcd_timeout: Duration,
@@ -135,8 +156,9 @@ struct RunArgs {
     /// Directory for this node's identity and VTEP MAC.
     #[arg(long, env = "WEFT_STATE_DIR", default_value = "/var/lib/weft")]
     state_dir: PathBuf,
-    /// TUN device name.
-    #[arg(long, env = "WEFT_TUN_NAME", default_value = "weft0")]
+    /// TUN device name: one fixed name (1 to 15 bytes of ASCII letters, digits and
+    /// punctuation, no '/', ':' or '%'); a kernel template such as `weft%d` is refused.
+    #[arg(long, env = "WEFT_TUN_NAME", default_value = "weft0", value_parser = parse_tun_name)]
     tun_name: String,
     /// Subnet lease TTL (`24h`, `10s`, ...).
     #[arg(long, env = "WEFT_SUBNET_LEASE_TTL", default_value = "24h", value_parser = parse_duration)]
@@ -237,6 +259,11 @@ fn parse_spin(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// `--tun-name`: [`weft::dataplane::link::check_tun_name`].
+fn parse_tun_name(s: &str) -> Result<String, String> {
+    weft::dataplane::link::check_tun_name(s).map(|()| s.to_owned())
+}
+
 fn parse_margin(s: &str) -> Result<Duration, String> {
     match s.parse::<u64>() {
         Ok(0) => Err("must be more than zero".into()),
@@ -246,21 +273,44 @@ fn parse_margin(s: &str) -> Result<Duration, String> {
 }
 
 impl EtcdArgs {
-    fn options(&self) -> EtcdOptions {
-        EtcdOptions {
+    /// The options, with the password read from `--etcd-password-file` if given; `warn` is
+    /// told about a password file others may read.
+    fn options(&self, warn: impl FnOnce(String)) -> anyhow::Result<EtcdOptions> {
+        let password = match (&self.etcd_password, &self.etcd_password_file) {
+            (_, Some(path)) => {
+                let file = secret_file::read(path).context("reading --etcd-password-file")?;
+                if let Some(mode) = file.readable_by_others {
+                    warn(format!(
+                        "the etcd password file {} may be read by its group or others (mode \
+                         {mode:04o}): make it 0600 (chmod go-rw), or keep it where only weft's \
+                         user can reach it",
+                        path.display()
+                    ));
+                }
+                Some(file.secret)
+            }
+            (password, None) => password.clone(),
+        };
+        Ok(EtcdOptions {
             endpoints: self.etcd_endpoints.clone(),
             prefix: self.etcd_prefix.trim_end_matches('/').to_string(),
             ca_file: self.etcd_cafile.clone(),
             cert_file: self.etcd_certfile.clone(),
             key_file: self.etcd_keyfile.clone(),
             username: self.etcd_username.clone(),
-            password: self.etcd_password.clone(),
+            password: password.map(|p| p.expose().to_owned()),
             call_timeout: self.etcd_timeout,
-        }
+        })
     }
 
+    /// Connects, for the admin commands (a warning goes to stderr).
     async fn connect(&self) -> anyhow::Result<EtcdStore> {
-        EtcdStore::connect(self.options())
+        let options = self.options(|w| tell!("weft: warning: {w}"))?;
+        self.connect_with(options).await
+    }
+
+    async fn connect_with(&self, options: EtcdOptions) -> anyhow::Result<EtcdStore> {
+        EtcdStore::connect(options)
             .await
             .with_context(|| format!("connecting to etcd at {}", self.etcd_endpoints.join(",")))
     }
@@ -324,13 +374,15 @@ fn run_with(args: RunArgs, stop: &Arc<Stop>) -> anyhow::Result<()> {
     }
     stop.spawn_signal_thread(STOP_DEADLINE).context("installing the signal handlers")?;
     let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
+    // Read before the runtime starts: a bad password file stops the start with its error.
+    let etcd_options = args.etcd.options(|w| tracing::warn!("{w}"))?;
     let stop2 = stop.clone();
     // The daemon runs as a task of its own, so that a panic anywhere in it comes back here as
     // an error (after the panic hook asked every other task to stop) instead of unwinding
     // through the runtime.
     let result = runtime.block_on(async move {
         let store = tokio::select! {
-            store = args.etcd.connect() => store?,
+            store = args.etcd.connect_with(etcd_options) => store?,
             () = stop2.wait() => return Ok(()),
         };
         let opts = run_options(&args);
@@ -375,20 +427,6 @@ fn run_options(args: &RunArgs) -> RunOptions {
         spin: args.spin,
         netlink_resync: args.netlink_resync,
     }
-}
-
-/// `println!` that never panics: a closed stdout (`weft lease list | head -1`) loses the rest.
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
-}
-
-/// `eprintln!` that never panics.
-macro_rules! tell {
-    ($($arg:tt)*) => {{
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
 }
 
 async fn real_main(command: Command) -> anyhow::Result<()> {
@@ -584,6 +622,93 @@ fn history_text(s: HistoryState) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--etcd-password` says where its value shows; it and `--etcd-password-file` exclude each
+    /// other; the parsed flags' `Debug` (a panic message, a log line) never shows the password;
+    /// the file's password is the one used.
+    #[test]
+    fn the_etcd_password_flags_warn_exclude_each_other_and_never_show_the_password() {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        let run = cmd.find_subcommand_mut("run").expect("run");
+        let help = run.render_long_help().to_string();
+        assert!(help.contains("/proc/<pid>/cmdline") && help.contains("--etcd-password-file"));
+        let both = Cli::try_parse_from([
+            "weft",
+            "run",
+            "--etcd-password",
+            "hunter2",
+            "--etcd-password-file",
+            "/p",
+        ]);
+        let err = both.map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains("cannot be used with"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+        let cli = Cli::try_parse_from(["weft", "run", "--etcd-password", "hunter2"]).unwrap();
+        assert!(!format!("{cli:?}").contains("hunter2"), "{cli:?}");
+        let Command::Run(run) = cli.command else { panic!("run") };
+        let opts = run.etcd.options(|_| ()).unwrap();
+        assert_eq!(opts.password.as_deref(), Some("hunter2"));
+        assert!(!format!("{opts:?}").contains("hunter2"));
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "from-the-file\n").unwrap();
+        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        let path = file.to_str().unwrap();
+        let cli =
+            Cli::try_parse_from(["weft", "lease", "list", "--etcd-password-file", path]).unwrap();
+        let Command::Lease { command: LeaseCommand::List { etcd, .. } } = cli.command else {
+            panic!("lease list")
+        };
+        let mut warnings = Vec::new();
+        let opts = etcd.options(|w| warnings.push(w)).unwrap();
+        assert_eq!(opts.password.as_deref(), Some("from-the-file"));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains(path) && warnings[0].contains("0644"), "{warnings:?}");
+        std::fs::write(&file, "").unwrap();
+        let err = format!("{:#}", etcd.options(|_| ()).unwrap_err());
+        assert!(err.contains("--etcd-password-file") && err.contains(path), "{err}");
+    }
+
+    /// `--tun-name` takes the one name of one device: a kernel template (`weft%d`, which names
+    /// one device per queue) and names the kernel would refuse are refused at parsing, with
+    /// the flag named and why.
+    #[test]
+    fn tun_name_templates_and_names_the_kernel_refuses_are_refused_at_parsing() {
+        let parse = |name: &str| Cli::try_parse_from(["weft", "run", "--tun-name", name]);
+        for name in ["weft0", "flannel.1", "w", "exactly-15-byte", "weft_tun-0"] {
+            let args = parse(name);
+            let Ok(Cli { command: Command::Run(run), .. }) = args else {
+                panic!("{name}: {args:?}")
+            };
+            assert_eq!(run.tun_name, name);
+        }
+        for (name, why) in [
+            ("weft%d", "template"),
+            ("weft%", "template"),
+            ("", "1 to 15 bytes"),
+            ("sixteen-bytes-00", "1 to 15 bytes"),
+            (".", "\".\""),
+            ("..", "\"..\""),
+            ("a/b", "'/'"),
+            ("a:1", "':'"),
+            ("weft 0", "whitespace"),
+            ("weft\t0", "whitespace"),
+            ("wéft0", "ASCII"),
+        ] {
+            let err = match parse(name) {
+                Ok(cli) => panic!("{name:?} accepted: {cli:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains("--tun-name") && err.contains(why), "{name:?}: {err}");
+        }
+        let Ok(Cli { command: Command::Run(run), .. }) = Cli::try_parse_from(["weft", "run"])
+        else {
+            panic!("weft run")
+        };
+        assert_eq!(run.tun_name, "weft0");
+    }
 
     #[test]
     fn spin_is_off_at_zero_and_at_most_a_millisecond() {

@@ -12,7 +12,17 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "ground floor",
-        &["vocab", "time", "metrics", "atomic_file", "panics", "logging", "rlimit", "health"],
+        &[
+            "vocab",
+            "time",
+            "metrics",
+            "atomic_file",
+            "panics",
+            "logging",
+            "rlimit",
+            "secret_file",
+            "health",
+        ],
     ),
     ("config", &["config"]),
     ("lease", &["lease"]),

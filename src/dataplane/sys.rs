@@ -35,9 +35,14 @@ fn tun_flag(flag: libc::c_int) -> libc::c_short {
 /// Why the TUN device could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum TunError {
-    /// The interface name is empty, too long (15 bytes at most) or has a NUL.
-    #[error("bad interface name {0:?}: 1 to 15 bytes, no NUL")]
-    BadName(String),
+    /// The interface name is refused ([`super::link::check_tun_name`]).
+    #[error("bad TUN device name {name:?}: {why}")]
+    BadName {
+        /// The name.
+        name: String,
+        /// Why it is refused.
+        why: String,
+    },
     /// `/dev/net/tun` could not be opened.
     #[error("opening /dev/net/tun: {0} (weft needs CAP_NET_ADMIN and the tun module)")]
     Open(#[source] io::Error),
@@ -66,9 +71,12 @@ pub(crate) enum TunError {
 }
 
 fn ifreq(name: &str) -> Result<libc::ifreq, TunError> {
+    // Also refuses a template (`weft%d`), which would make the kernel name the device.
+    super::link::check_tun_name(name)
+        .map_err(|why| TunError::BadName { name: name.to_owned(), why })?;
     let bytes = name.as_bytes();
-    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
-        return Err(TunError::BadName(name.to_owned()));
+    if bytes.len() >= libc::IFNAMSIZ {
+        return Err(TunError::BadName { name: name.to_owned(), why: "too long".into() });
     }
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { mem::zeroed() };
@@ -212,9 +220,9 @@ mod tests {
 
     #[test]
     fn interface_names_are_checked_before_any_syscall() {
-        assert!(matches!(ifreq(""), Err(TunError::BadName(_))));
-        assert!(matches!(ifreq("a-name-far-too-long"), Err(TunError::BadName(_))));
-        assert!(matches!(ifreq("we\0ft"), Err(TunError::BadName(_))));
+        for bad in ["", "a-name-far-too-long", "we\0ft", "weft%d"] {
+            assert!(matches!(ifreq(bad), Err(TunError::BadName { .. })), "{bad:?}");
+        }
         assert!(ifreq("weft0").is_ok());
     }
 }

@@ -280,7 +280,9 @@ impl LeaseDriver {
                 for ev in batch.events {
                     match ev {
                         WatchEvent::Put(l) => self.keeper.handle_own_key(now, Some(&l)),
-                        WatchEvent::Delete { .. } | WatchEvent::Bad(_) => {
+                        WatchEvent::Delete { .. }
+                        | WatchEvent::Bad(_)
+                        | WatchEvent::DeleteUnparsed { .. } => {
                             self.keeper.handle_own_key(now, None)
                         }
                         // A one-key watch sees no markers.

@@ -1140,7 +1140,11 @@ impl EtcdStore {
                             // A delete event's kv carries the revision of the delete.
                             revision: Revision(kv.mod_revision()),
                         },
-                        Err(bad) => WatchEvent::Bad(bad),
+                        // Nothing unreadable is left: the key is gone, and its watchers forget it.
+                        Err(_) => WatchEvent::DeleteUnparsed {
+                            key,
+                            revision: Revision(kv.mod_revision()),
+                        },
                     })
                 }
             }

@@ -24,6 +24,14 @@
 //!   least once: a hook that weft was killed during counts as not run, and runs again (the
 //!   earlier, interrupted run may even still be going: it is not weft's child any more). Hooks
 //!   must be idempotent. A recorded hook whose flag is no longer given is dropped, with a log.
+//! - The journal is bounded where it is written, so that a restart reads all of it back: it
+//!   holds at most [`MAX_OWED`] runs, whose lines fit in [`MAX_JOURNAL_LEN`], the most read
+//!   back. A run recorded while that many are owed (a hook that hangs until its timeout while
+//!   the lease flaps) makes room: the oldest subnet-change run that a newer subnet-change run
+//!   supersedes goes first (the newer one names this node's subnet as it is), else the oldest
+//!   run; never the one running. A run dropped is dropped for good (not run now, not re-run
+//!   after a restart: what runs is what a restart would run), logged at WARN with what it was
+//!   and why, and counted (`weft_hook_runs_dropped_total`).
 //! - The journal's format ([`render`], [`parse`]) is one line per hook, `<hook-name>` then
 //!   `old=`, `new=`, `reason=`, `holder=` (empty: none). Parsing never panics; a bad line is
 //!   reported and skipped.
@@ -38,7 +46,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::record::Subnet;
 use crate::atomic_file;
@@ -53,8 +61,14 @@ pub(crate) const DEFAULT_PATH: &str =
     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long output is still read after the shell exited.
 pub(crate) const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
-/// The longest journal read (a line is under 200 bytes).
+/// The longest journal read back at start.
 const MAX_JOURNAL_LEN: u64 = 64 * 1024;
+/// The most hook runs owed at once (see the module docs).
+pub(crate) const MAX_OWED: usize = 256;
+/// A bound on one journal line: the tests check every line [`render`] can make against it.
+const MAX_LINE: usize = 200;
+// The journal written always fits in what is read back.
+const _: () = assert!(MAX_OWED * MAX_LINE <= MAX_JOURNAL_LEN as usize);
 
 /// Which hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,8 +206,10 @@ impl HookConfig {
     }
 }
 
+/// A queued run: the journal entry it runs (whose run it reads when it starts, so that a
+/// run dropped from the journal meanwhile does not run).
 struct Job {
-    run: HookRun,
+    id: u64,
     rerun: bool,
 }
 
@@ -201,6 +217,7 @@ struct Job {
 pub(crate) struct HookRunner {
     cfg: Arc<HookConfig>,
     journal: Arc<Journal>,
+    health: Arc<Health>,
     tx: mpsc::UnboundedSender<Job>,
 }
 
@@ -209,24 +226,35 @@ impl HookRunner {
     /// inside a tokio runtime.
     pub(crate) fn start(cfg: HookConfig, health: Arc<Health>) -> Self {
         let cfg = Arc::new(cfg);
-        let journal = Arc::new(Journal::load(&cfg.journal));
+        let (journal, dropped) = Journal::load(&cfg.journal);
+        let journal = Arc::new(journal);
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run_queue(rx, cfg.clone(), journal.clone(), health));
-        let runner = Self { cfg, journal, tx };
-        for run in runner.journal.runs() {
+        tokio::spawn(run_queue(rx, cfg.clone(), journal.clone(), health.clone()));
+        let runner = Self { cfg, journal, health, tx };
+        runner.tell_dropped(dropped);
+        for (id, run) in runner.journal.queue_all() {
             if runner.cfg.command(run.kind).is_some() {
                 info!(hook = run.kind.name(), old = ?run.old, new = ?run.new, reason = run.reason,
                     "re-running a hook that did not complete before weft stopped");
-                let _ = runner.tx.send(Job { run, rerun: true });
+                let _ = runner.tx.send(Job { id, rerun: true });
             } else {
                 info!(
                     hook = run.kind.name(),
                     "dropping a pending hook whose flag is no longer given"
                 );
-                runner.journal.done(&run);
+                runner.journal.done(id);
             }
         }
         runner
+    }
+
+    /// Logs and counts runs dropped from the journal to keep it bounded.
+    fn tell_dropped(&self, dropped: Vec<Dropped>) {
+        for Dropped { run, why } in dropped {
+            Counters::inc(&self.health.counters.hook_runs_dropped);
+            warn!(hook = run.kind.name(), old = ?run.old, new = ?run.new, reason = run.reason,
+                owed = MAX_OWED, "dropped an owed hook run, which will not run: {why}");
+        }
     }
 
     /// Whether a command is configured for `kind`.
@@ -238,14 +266,22 @@ impl HookRunner {
     /// command is configured for it.
     pub(crate) fn record(&self, run: &HookRun) {
         if self.configured(run.kind) {
-            self.journal.record(run.clone());
+            let dropped = self.journal.record(run.clone());
+            self.tell_dropped(dropped);
         }
     }
 
-    /// Queues a [`HookRunner::record`]ed run.
+    /// Queues a [`HookRunner::record`]ed run: the oldest recorded run equal to it not queued
+    /// yet. One that was dropped from the journal meanwhile (logged then) is not queued.
     pub(crate) fn start_run(&self, run: HookRun) {
         if self.configured(run.kind) {
-            let _ = self.tx.send(Job { run, rerun: false });
+            match self.journal.queue(&run) {
+                Some(id) => {
+                    let _ = self.tx.send(Job { id, rerun: false });
+                }
+                None => debug!(hook = run.kind.name(), old = ?run.old, new = ?run.new,
+                    "not starting a hook run that is no longer owed"),
+            }
         }
     }
 
@@ -259,12 +295,75 @@ impl HookRunner {
 /// The hooks owed, in memory and in the journal file.
 struct Journal {
     path: PathBuf,
-    runs: Mutex<Vec<HookRun>>,
+    owed: Mutex<Owed>,
+}
+
+/// The runs owed, oldest first, at most [`MAX_OWED`].
+#[derive(Default)]
+struct Owed {
+    entries: Vec<Entry>,
+    next_id: u64,
+}
+
+/// One run owed.
+struct Entry {
+    /// Its own, for as long as this process runs (a restart numbers them afresh).
+    id: u64,
+    run: HookRun,
+    /// Sent to the runner's queue.
+    queued: bool,
+    /// Started by the runner: never dropped to make room.
+    running: bool,
+}
+
+/// A run dropped from the journal to keep it bounded, and why.
+struct Dropped {
+    run: HookRun,
+    why: &'static str,
+}
+
+impl Owed {
+    fn push(&mut self, run: HookRun) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.entries.push(Entry { id, run, queued: false, running: false });
+    }
+
+    /// Drops runs until at most [`MAX_OWED`] are owed: the oldest subnet-change run that a
+    /// newer one supersedes, else the oldest run; never the one running.
+    fn make_room(&mut self) -> Vec<Dropped> {
+        let mut dropped = Vec::new();
+        while self.entries.len() > MAX_OWED {
+            let is_change = |e: &Entry| e.run.kind == HookKind::SubnetChange;
+            let newest_change = self.entries.iter().rposition(is_change);
+            let superseded = self
+                .entries
+                .iter()
+                .enumerate()
+                .position(|(i, e)| !e.running && is_change(e) && newest_change > Some(i));
+            let (i, why) = match superseded {
+                Some(i) => (i, "a newer subnet change supersedes it, and the journal was full"),
+                None => match self.entries.iter().position(|e| !e.running) {
+                    Some(i) => (i, "the journal was full, and it was the oldest run owed"),
+                    None => break,
+                },
+            };
+            let entry = self.entries.remove(i);
+            dropped.push(Dropped { run: entry.run, why });
+        }
+        dropped
+    }
+
+    fn position(&self, id: u64) -> Option<usize> {
+        self.entries.iter().position(|e| e.id == id)
+    }
 }
 
 impl Journal {
-    fn load(path: &Path) -> Self {
-        let runs = match atomic_file::read(path, MAX_JOURNAL_LEN) {
+    /// The journal in `path` (absent: none owed), and the runs dropped from it if it lists
+    /// more than [`MAX_OWED`] (a file written by hand).
+    fn load(path: &Path) -> (Self, Vec<Dropped>) {
+        let runs: Vec<HookRun> = match atomic_file::read(path, MAX_JOURNAL_LEN) {
             Ok(None) => Vec::new(),
             Ok(Some(bytes)) => parse(&String::from_utf8_lossy(&bytes))
                 .into_iter()
@@ -274,40 +373,88 @@ impl Journal {
                 })
                 .collect(),
             Err(e) => {
-                warn!(error = %e, "ignoring the pending-hook file");
+                warn!(error = %e, "ignoring the pending-hook file: the hooks it lists are not re-run");
                 Vec::new()
             }
         };
-        Self { path: path.to_owned(), runs: Mutex::new(runs) }
-    }
-
-    fn runs(&self) -> Vec<HookRun> {
-        self.runs.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    fn record(&self, run: HookRun) {
-        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
-        runs.push(run);
-        self.save(&runs);
-    }
-
-    fn done(&self, run: &HookRun) {
-        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(i) = runs.iter().position(|r| r == run) {
-            runs.remove(i);
+        let mut owed = Owed::default();
+        for run in runs {
+            owed.push(run);
         }
-        self.save(&runs);
+        let dropped = owed.make_room();
+        let journal = Self { path: path.to_owned(), owed: Mutex::new(owed) };
+        if !dropped.is_empty() {
+            journal.save(&journal.lock());
+        }
+        (journal, dropped)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Owed> {
+        self.owed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every run owed, oldest first.
+    #[cfg(test)]
+    fn runs(&self) -> Vec<HookRun> {
+        self.lock().entries.iter().map(|e| e.run.clone()).collect()
+    }
+
+    /// Marks every run owed queued; their IDs and runs, oldest first.
+    fn queue_all(&self) -> Vec<(u64, HookRun)> {
+        let mut owed = self.lock();
+        owed.entries
+            .iter_mut()
+            .map(|e| {
+                e.queued = true;
+                (e.id, e.run.clone())
+            })
+            .collect()
+    }
+
+    /// Records `run` as owed, making room if needed; the runs dropped for it.
+    fn record(&self, run: HookRun) -> Vec<Dropped> {
+        let mut owed = self.lock();
+        owed.push(run);
+        let dropped = owed.make_room();
+        self.save(&owed);
+        dropped
+    }
+
+    /// Marks the oldest run equal to `run` not queued yet queued; its ID.
+    fn queue(&self, run: &HookRun) -> Option<u64> {
+        let mut owed = self.lock();
+        let entry = owed.entries.iter_mut().find(|e| !e.queued && e.run == *run)?;
+        entry.queued = true;
+        Some(entry.id)
+    }
+
+    /// Marks run `id` running and returns it, if it is still owed.
+    fn begin(&self, id: u64) -> Option<HookRun> {
+        let mut owed = self.lock();
+        let i = owed.position(id)?;
+        owed.entries[i].running = true;
+        Some(owed.entries[i].run.clone())
+    }
+
+    /// Run `id` has finished, however it ended: no longer owed.
+    fn done(&self, id: u64) {
+        let mut owed = self.lock();
+        if let Some(i) = owed.position(id) {
+            owed.entries.remove(i);
+        }
+        self.save(&owed);
     }
 
     /// Best effort: a journal that cannot be written only loses the re-run after a crash.
-    fn save(&self, runs: &[HookRun]) {
-        let result = if runs.is_empty() {
+    fn save(&self, owed: &Owed) {
+        let result = if owed.entries.is_empty() {
             match std::fs::remove_file(&self.path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
                 _ => Ok(()),
             }
         } else {
-            atomic_file::write(&self.path, render(runs).as_bytes(), atomic_file::PRIVATE_MODE)
+            let runs: Vec<HookRun> = owed.entries.iter().map(|e| e.run.clone()).collect();
+            atomic_file::write(&self.path, render(&runs).as_bytes(), atomic_file::PRIVATE_MODE)
                 .map_err(|e| e.to_string())
         };
         if let Err(e) = result {
@@ -323,12 +470,17 @@ async fn run_queue(
     health: Arc<Health>,
 ) {
     while let Some(job) = rx.recv().await {
-        let Some(cmd) = cfg.command(job.run.kind) else { continue };
-        let ok = run_one(cmd, &job.run, job.rerun, cfg.timeout).await;
+        // Dropped from the journal since it was queued (logged and counted then).
+        let Some(run) = journal.begin(job.id) else { continue };
+        let Some(cmd) = cfg.command(run.kind) else {
+            journal.done(job.id);
+            continue;
+        };
+        let ok = run_one(cmd, &run, job.rerun, cfg.timeout).await;
         if !ok {
             Counters::inc(&health.counters.hook_failures);
         }
-        journal.done(&job.run);
+        journal.done(job.id);
     }
 }
 
@@ -511,6 +663,156 @@ mod tests {
         assert_eq!(out.total, data.len() as u64);
         let out = read_bounded(Some(&b"short"[..])).await;
         assert_eq!((out.kept.as_slice(), out.total), (&b"short"[..], 5));
+    }
+
+    /// The longest line [`render`] can make: both subnets and the holder as long as their
+    /// text gets, the longest hook name and reason.
+    #[test]
+    fn every_journal_line_fits_the_bound_the_journal_is_sized_by() {
+        let v6: Subnet = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe/127".parse().unwrap();
+        let holder: IpAddr = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap();
+        for kind in [HookKind::SubnetChange, HookKind::LeaseLost] {
+            for reason in REASONS {
+                let run =
+                    HookRun { kind, old: Some(v6), new: Some(v6), reason, holder: Some(holder) };
+                let line = render(&[run]);
+                assert!(line.len() <= MAX_LINE, "{} bytes: {line}", line.len());
+            }
+        }
+    }
+
+    fn lost(i: usize) -> HookRun {
+        HookRun {
+            kind: HookKind::LeaseLost,
+            old: Some(format!("10.{}.{}.0/24", i / 256, i % 256).parse().unwrap()),
+            new: None,
+            reason: "taken-by-another-node",
+            holder: Some("2001:db8:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap()),
+        }
+    }
+
+    fn change(i: usize) -> HookRun {
+        HookRun {
+            kind: HookKind::SubnetChange,
+            old: Some(format!("10.{}.{}.0/24", i / 256, i % 256).parse().unwrap()),
+            new: Some(format!("10.{}.{}.0/24", (i + 1) / 256, (i + 1) % 256).parse().unwrap()),
+            reason: "subnet-changed",
+            holder: None,
+        }
+    }
+
+    /// Appending far more runs than the journal holds never makes a file larger than a
+    /// restart reads, and a restart reads back every run still owed. Room is made first by
+    /// dropping subnet changes a newer one supersedes, then the oldest runs; each drop is
+    /// reported with why.
+    #[test]
+    fn the_journal_never_outgrows_what_a_restart_reads_and_a_restart_reads_it_all_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(PENDING_FILE);
+        let (journal, dropped) = Journal::load(&path);
+        assert!(dropped.is_empty());
+        // Records each run, checking the file's size each time; what was dropped.
+        let record = |runs: &mut dyn Iterator<Item = HookRun>| {
+            let mut dropped = Vec::new();
+            for run in runs {
+                dropped.extend(journal.record(run));
+                let len = std::fs::metadata(&path).unwrap().len();
+                assert!(len <= MAX_JOURNAL_LEN, "{len} bytes");
+            }
+            dropped
+        };
+        // 200 lease losses, then 300 subnet changes: the older changes make room.
+        let mut dropped = record(&mut (0..200).map(lost));
+        dropped.extend(record(&mut (0..300).map(change)));
+        let mut want: Vec<HookRun> = (0..200).map(lost).chain((244..300).map(change)).collect();
+        assert_eq!(journal.runs(), want);
+        assert!(dropped.iter().all(|d| d.why.contains("supersedes")));
+        let runs = |d: &[Dropped]| d.iter().map(|d| d.run.clone()).collect::<Vec<_>>();
+        assert_eq!(runs(&dropped), (0..244).map(change).collect::<Vec<_>>());
+        // 100 more losses: the superseded changes go first, then the oldest losses; the
+        // newest change stays.
+        let dropped = record(&mut (200..300).map(lost));
+        want = (45..300).map(lost).collect();
+        want.insert(155, change(299));
+        assert_eq!(journal.runs(), want);
+        let (superseded, oldest): (Vec<Dropped>, Vec<Dropped>) =
+            dropped.into_iter().partition(|d| d.why.contains("supersedes"));
+        assert_eq!(runs(&superseded), (244..299).map(change).collect::<Vec<_>>());
+        assert_eq!(runs(&oldest), (0..45).map(lost).collect::<Vec<_>>());
+        // A restart reads back every run owed, in order.
+        let (again, dropped) = Journal::load(&path);
+        assert!(dropped.is_empty());
+        assert_eq!(again.runs(), want);
+        assert_eq!(again.runs().len(), MAX_OWED);
+    }
+
+    /// A journal listing more than [`MAX_OWED`] runs (written by hand) is cut to size at
+    /// start, the dropped runs reported, and the file rewritten.
+    #[test]
+    fn an_oversized_journal_is_cut_to_size_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(PENDING_FILE);
+        let runs: Vec<HookRun> = (0..300).map(change).collect();
+        let text = render(&runs);
+        assert!(text.len() as u64 <= MAX_JOURNAL_LEN);
+        std::fs::write(&path, text).unwrap();
+        let (journal, dropped) = Journal::load(&path);
+        assert_eq!(dropped.len(), 300 - MAX_OWED);
+        assert_eq!(journal.runs(), runs[300 - MAX_OWED..]);
+        assert_eq!(Journal::load(&path).0.runs(), runs[300 - MAX_OWED..]);
+    }
+
+    /// Through the runner: the run in progress is never dropped; 300 runs owed behind it
+    /// keep 255, drop the 44 oldest, which never run, and count them; the rest run in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn runs_dropped_to_keep_the_journal_bounded_never_run_and_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        let cmd = format!(
+            "echo \"$1\" >> {d}/started; while [ ! -e {d}/gate ]; do sleep 0.01; done; \
+             echo \"$1\" >> {d}/ran"
+        );
+        let health = Arc::new(Health::new(Arc::new(crate::time::ManualClock::new())));
+        let cfg = HookConfig {
+            on_subnet_change: None,
+            on_lease_lost: Some(cmd),
+            timeout: Duration::from_secs(60),
+            journal: dir.path().join(PENDING_FILE),
+        };
+        let runner = HookRunner::start(cfg, health.clone());
+        let lines = |name: &str| {
+            std::fs::read_to_string(dir.path().join(name))
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let old = |i: usize| lost(i).old.unwrap().to_string();
+        runner.run(lost(0));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while lines("started").is_empty() {
+            assert!(std::time::Instant::now() < deadline, "the first hook did not start");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for i in 1..300 {
+            runner.run(lost(i));
+        }
+        assert_eq!(
+            health.counters.hook_runs_dropped.load(std::sync::atomic::Ordering::Relaxed),
+            44
+        );
+        let (restarted, _) = Journal::load(&dir.path().join(PENDING_FILE));
+        let owed: Vec<HookRun> = std::iter::once(0).chain(45..300).map(lost).collect();
+        assert_eq!(restarted.runs(), owed, "a restart now would run these");
+        std::fs::write(dir.path().join("gate"), "").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while dir.path().join(PENDING_FILE).exists() {
+            assert!(std::time::Instant::now() < deadline, "{} ran", lines("ran").len());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let want: Vec<String> = std::iter::once(0).chain(45..300).map(old).collect();
+        assert_eq!(lines("ran"), want);
+        assert_eq!(health.counters.hook_failures.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 
     proptest! {

@@ -24,7 +24,8 @@
 //! - [`Store::renew`] and [`Store::release`] succeed only while the key's mod revision is the
 //!   one the caller holds, so a node can never write to a key another node wrote since.
 //! - Values that do not parse are never an error of the whole call: listings skip them and
-//!   report them in [`Listing::skipped`]; watches deliver [`WatchEvent::Bad`].
+//!   report them in [`Listing::skipped`]; watches deliver [`WatchEvent::Bad`], and a delete of a
+//!   key under `subnets/` whose name does not parse as [`WatchEvent::DeleteUnparsed`].
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::pin::Pin;
@@ -224,8 +225,18 @@ pub enum WatchEvent {
         /// The revision of the delete.
         revision: Revision,
     },
-    /// A subnet key was written with something that does not parse. Skip and count it.
+    /// A subnet key was written with something that does not parse (its name or its value).
+    /// Skip and count it.
     Bad(BadEntry),
+    /// A key under `<prefix>/subnets/` whose name does not parse (so no [`WatchEvent::Delete`]
+    /// can name it) was deleted: whatever was said about it (ignored, warned about) is
+    /// forgotten. Not a bad entry: nothing unreadable is left.
+    DeleteUnparsed {
+        /// The full key.
+        key: String,
+        /// The revision of the delete.
+        revision: Revision,
+    },
     /// A departure marker (`<prefix>/weft/departures/<subnet>`) was written: a release or an
     /// operator's revoke, in the transaction (so at the revision) of the subnet key's
     /// [`WatchEvent::Delete`], which comes in the same batch.

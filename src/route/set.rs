@@ -25,6 +25,12 @@
 //!   ([`PeerError`]) are skipped, counted ([`RouteSet::bad_entries`]) and kept by key in
 //!   [`RouteSet::ignored`] (for a warning and a gauge); an existing route for a subnet whose
 //!   key turned unreadable is kept and marked stale (we cannot tell who holds it now).
+//!   [`RouteSet::ignored`] holds what the store holds now: a delete forgets the key it names
+//!   ([`WatchEvent::DeleteUnparsed`] for a name that does not parse; a
+//!   [`WatchEvent::Delete`], which names a subnet only, every ignored key of that subnet, in
+//!   either form), so a key put again after its delete is reported again, and the set never
+//!   grows with keys that are gone. A key whose name parses is listed by the name weft and
+//!   flannel write (RFC 5952 text for the IPv6 half), however it was spelt.
 //!   flannel's IPv6-only leases (`0.0.0.0-0&<v6>`) are leases, not garbage: they are neither
 //!   routed (no IPv4 subnet) nor reported.
 //! - **One IPv6 half, one route.** etcd's create compares the IPv4 subnet only, so two live
@@ -201,9 +207,9 @@ impl RouteSet {
                     self.note_half(lease);
                     next.insert(lease.subnet, Entry::of(lease, peer));
                 }
-                Err(Skip::Foreign(why)) => self.ignore(lease_key(lease.subnet), why),
+                Err(Skip::Foreign(why)) => self.ignore(name_key(lease), why),
                 Err(Skip::Unroutable(why)) => {
-                    self.ignore(lease_key(lease.subnet), why);
+                    self.ignore(name_key(lease), why);
                     unreadable.insert(lease.subnet);
                 }
             }
@@ -299,7 +305,7 @@ impl RouteSet {
                 }
                 match self.route_of(lease) {
                     Ok(peer) => {
-                        self.ignored.remove(&lease_key(lease.subnet));
+                        self.ignored.remove(&name_key(lease));
                         self.note_half(lease);
                         let old = self.entries.insert(lease.subnet, Entry::of(lease, peer));
                         self.is_visible(lease.subnet)
@@ -307,18 +313,20 @@ impl RouteSet {
                     }
                     Err(Skip::Foreign(why)) => {
                         self.ipv4_only.remove(&lease_key(lease.subnet));
-                        self.ignore(lease_key(lease.subnet), why);
+                        self.ignore(name_key(lease), why);
                         false
                     }
                     Err(Skip::Unroutable(why)) => {
                         self.ipv4_only.remove(&lease_key(lease.subnet));
-                        self.ignore(lease_key(lease.subnet), why);
+                        self.ignore(name_key(lease), why);
                         self.mark_stale(lease.subnet)
                     }
                 }
             }
             WatchEvent::Delete { subnet, revision } => {
-                self.ignored.remove(&lease_key(*subnet));
+                // Like a bad entry's put, whether or not a listing covers it: replayed in
+                // order, the batch's last event of each key leaves what the store holds.
+                self.forget_ignored(*subnet);
                 self.ipv4_only.remove(&lease_key(*subnet));
                 if self.covered(*revision)
                     || self.entries.get(subnet).is_none_or(|e| e.mod_revision >= *revision)
@@ -337,6 +345,12 @@ impl RouteSet {
                 // The key was written again (with garbage): the subnet is occupied, by whom we
                 // cannot tell, so its route stays, stale.
                 self.mark_stale(subnet)
+            }
+            WatchEvent::DeleteUnparsed { key, .. } => {
+                if let Some(name) = keys::subnet_key_name(key) {
+                    self.ignored.remove(&keys::relative_subnet_key(name));
+                }
+                false
             }
             // Read with the delete it names (see `apply_batch`).
             WatchEvent::Departed(_) => false,
@@ -452,9 +466,33 @@ impl RouteSet {
     /// an unreadable value makes stale.
     fn ignore_bad(&mut self, bad: &BadEntry) -> Option<Subnet> {
         let subnet = bad.subnet_key()?;
-        let name = bad.key.rsplit('/').next().unwrap_or(&bad.key);
-        self.ignore(keys::relative_subnet_key(name), bad.problem.clone());
+        let name = keys::subnet_key_name(&bad.key)?;
+        // A name that parses is filed as weft writes it, where a delete of its subnet finds it.
+        let key = match LeaseName::parse(name) {
+            Ok(parsed) => keys::relative_subnet_key(&parsed.key_name()),
+            Err(_) => keys::relative_subnet_key(name),
+        };
+        self.ignore(key, bad.problem.clone());
         subnet.filter(|s| s.check_lease_of(self.network, self.subnet_len).is_ok())
+    }
+
+    /// Forgets every ignored key of `subnet`, which a delete names: the key of the subnet
+    /// alone, and its dual-stack forms (`<subnet>&<half>`, whose half a delete does not say).
+    /// Two keys of one subnet in both forms are one subnet here, as they are for its route: a
+    /// delete of either forgets both, until a listing or a write of the other names it again.
+    /// O(log n) plus the keys forgotten.
+    fn forget_ignored(&mut self, subnet: Subnet) {
+        let alone = lease_key(subnet);
+        self.ignored.remove(&alone);
+        if subnet.v4().is_some() {
+            // Every `<alone>&…`: from `<alone>&` up to `<alone>'`, the next character.
+            let (from, to) = (format!("{alone}&"), format!("{alone}'"));
+            let forms: Vec<String> =
+                self.ignored.range(from..to).map(|(key, _)| key.clone()).collect();
+            for key in forms {
+                self.ignored.remove(&key);
+            }
+        }
     }
 
     /// Marks a subnet's route stale; whether the table changed.
@@ -578,7 +616,7 @@ fn event_subnet(event: &WatchEvent) -> Option<Subnet> {
         WatchEvent::Put(lease) => Some(lease.subnet),
         WatchEvent::Delete { subnet, .. } => Some(*subnet),
         WatchEvent::Bad(bad) => bad.subnet_key().flatten(),
-        WatchEvent::Departed(_) => None,
+        WatchEvent::DeleteUnparsed { .. } | WatchEvent::Departed(_) => None,
     }
 }
 
@@ -597,9 +635,14 @@ enum Skip {
     Unroutable(String),
 }
 
-/// How [`RouteSet::ignored`] names the key of a parsed lease.
+/// The key of `subnet` alone, as [`RouteSet::ipv4_only`] names a routed lease.
 fn lease_key(subnet: Subnet) -> String {
     keys::relative_subnet_key(&subnet.key_name())
+}
+
+/// How [`RouteSet::ignored`] names the key of a parsed lease: its name, both halves.
+fn name_key(lease: &StoredLease) -> String {
+    keys::relative_subnet_key(&LeaseName { subnet: lease.subnet, ipv6: lease.ipv6 }.key_name())
 }
 
 #[cfg(test)]
@@ -1140,6 +1183,109 @@ mod tests {
         assert_eq!(routes(&s), [r("10.244.1.0/24", 1, false)]);
         s.apply_batch(&delete("10.244.3.0/25", 12));
         assert!(!s.ignored().contains_key("subnets/10.244.3.0-25"));
+    }
+
+    /// The delete of a key whose name does not parse, as the store tells it.
+    fn junk_gone(name: &str, rev: i64) -> WatchEvent {
+        WatchEvent::DeleteUnparsed {
+            key: format!("{PREFIX}/subnets/{name}"),
+            revision: Revision(rev),
+        }
+    }
+
+    /// 300 keys whose names are no lease, put and deleted: the ignored list follows the store
+    /// to 300 and back to 0 (a delete is no bad entry), and a key put again is listed and
+    /// counted again. Replayed by a watch batch that spans a listing, the events of each key
+    /// leave what the store holds whichever came last.
+    #[test]
+    fn deleted_junk_keys_are_forgotten_and_counted_again_when_put_again() {
+        let mut s = set();
+        s.apply_listing(&listing(10, vec![lease("10.244.1.0/24", 1, 5)], vec![]));
+        let names: Vec<String> = (0..300).map(|i| format!("junk-{i}")).collect();
+        let b = WatchBatch {
+            revision: Revision(11),
+            events: names.iter().map(|n| WatchEvent::Bad(bad(n))).collect(),
+        };
+        assert!(!s.apply_batch(&b));
+        assert_eq!((s.ignored().len(), s.bad_entries()), (300, 300));
+        let b = WatchBatch {
+            revision: Revision(12),
+            events: names.iter().map(|n| junk_gone(n, 12)).collect(),
+        };
+        assert!(!s.apply_batch(&b), "no route changes");
+        assert_eq!((s.ignored().len(), s.bad_entries()), (0, 300));
+        s.apply_batch(&WatchBatch {
+            revision: Revision(13),
+            events: vec![WatchEvent::Bad(bad("junk-7"))],
+        });
+        assert_eq!(s.ignored().keys().collect::<Vec<_>>(), ["subnets/junk-7"]);
+        assert_eq!(s.bad_entries(), 301);
+        assert_eq!(routes(&s), [r("10.244.1.0/24", 1, false)]);
+
+        // A re-list at 20 while the old watch goes on: `a` was put at 15 and deleted at 16
+        // (the listing lacks it), `b` deleted at 17 and put again at 18 (the listing has it).
+        let mut l = listing(20, vec![lease("10.244.1.0/24", 1, 5)], vec![]);
+        l.skipped = vec![bad("b")];
+        s.apply_listing(&l);
+        let b = WatchBatch {
+            revision: Revision(21),
+            events: vec![
+                WatchEvent::Bad(bad("a")),
+                junk_gone("a", 16),
+                junk_gone("b", 17),
+                WatchEvent::Bad(bad("b")),
+                WatchEvent::Bad(bad("c")),
+            ],
+        };
+        s.apply_batch(&b);
+        assert_eq!(s.ignored().keys().collect::<Vec<_>>(), ["subnets/b", "subnets/c"]);
+        // A delete of a key below another under subnets/ names no key of subnets/ itself.
+        s.apply_batch(&WatchBatch { revision: Revision(22), events: vec![junk_gone("b/x", 22)] });
+        assert_eq!(s.ignored().len(), 2);
+    }
+
+    /// A delete names a subnet only; whatever form of that subnet's key was ignored (a
+    /// dual-stack name whose value is garbage, another network's dual-stack lease, an IPv6 half
+    /// spelt otherwise than weft and flannel write it) is forgotten with it, so the list and its
+    /// gauge hold what the store holds now.
+    #[test]
+    fn a_delete_forgets_the_ignored_key_of_its_subnet_whatever_the_keys_form() {
+        let mut s = set();
+        s.apply_listing(&listing(10, vec![], vec![]));
+        let puts = |rev: i64| {
+            let mut foreign = lease("10.9.0.0/24", 9, rev);
+            foreign.ipv6 = Some("fd00:9::/64".parse().unwrap());
+            WatchBatch {
+                revision: Revision(rev),
+                events: vec![
+                    WatchEvent::Bad(bad("10.244.7.0-24&fd00:10:244:7::-64")),
+                    WatchEvent::Put(foreign),
+                    WatchEvent::Bad(bad("10.244.8.0-24&FD00:10:244:8:0:0:0:0-64")),
+                ],
+            }
+        };
+        let deletes = |rev: i64| WatchBatch {
+            revision: Revision(rev),
+            events: ["10.244.7.0/24", "10.9.0.0/24", "10.244.8.0/24"]
+                .map(|d| WatchEvent::Delete { subnet: subnet(d), revision: Revision(rev) })
+                .to_vec(),
+        };
+        s.apply_batch(&puts(11));
+        assert_eq!(s.ignored().len(), 3, "{:?}", s.ignored());
+        assert!(!s.apply_batch(&deletes(12)));
+        assert!(s.ignored().is_empty(), "deleted, still ignored: {:?}", s.ignored());
+        // Put again: named in the text weft and flannel write (RFC 5952), both halves.
+        s.apply_batch(&puts(13));
+        let ignored: Vec<&str> = s.ignored().keys().map(String::as_str).collect();
+        assert_eq!(
+            ignored,
+            [
+                "subnets/10.244.7.0-24&fd00:10:244:7::-64",
+                "subnets/10.244.8.0-24&fd00:10:244:8::-64",
+                "subnets/10.9.0.0-24&fd00:9::-64",
+            ]
+        );
+        assert!(routes(&s).is_empty());
     }
 
     /// A dual-stack lease (`host`'s half `fd00:10:244:<host>::/64`) with `v6_json` added to

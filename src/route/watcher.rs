@@ -59,6 +59,10 @@ pub(crate) const RELIST_DEBOUNCE: Duration = Duration::from_millis(200);
 /// shutdown is never kept waiting long.
 pub(crate) const BATCHES_AT_ONCE: usize = 64;
 
+/// The most keys newly ignored that one look at the set warns about by name; the rest are
+/// counted in one more WARN. A listing of 100,000 junk keys makes 21 lines, not 100,000.
+pub(crate) const IGNORED_NAMED_AT_ONCE: usize = 20;
+
 /// The first retry delay after a store failure.
 pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(100);
 
@@ -240,7 +244,8 @@ fn key_of(name: LeaseName) -> String {
 }
 
 /// Counts what the set skipped since the last call, and warns once about each key it newly
-/// ignores (a key that comes back after being deleted is warned about again). On a network
+/// ignores (a key that comes back after being deleted is warned about again), by name up to
+/// [`IGNORED_NAMED_AT_ONCE`] at a time and the rest by number. On a network
 /// that carries IPv6 (`carries_ipv6`: dual stack on vxlan) the same for each peer whose IPv6
 /// half cannot be carried: it is reached over IPv4 only. On the udp backend no peer's half is
 /// carried, as flannel's; that is said once at start, not per peer.
@@ -268,11 +273,26 @@ fn note_skipped(
     *bad_seen = new_bad;
     let ignored = set.ignored();
     stats.ignored_keys.store(ignored.len() as u64, Ordering::Relaxed);
+    // What the set forgot (deleted keys) is forgotten here too: a key put again is warned
+    // about again, and this memory is never larger than the set's.
     warned.retain(|k| ignored.contains_key(k));
+    let (mut named, mut unnamed) = (0usize, 0usize);
     for (key, why) in ignored {
         if warned.insert(key.clone()) {
-            warn!(%key, reason = %why, "ignoring a key under the subnets prefix: not a usable lease of this network");
+            if named < IGNORED_NAMED_AT_ONCE {
+                named += 1;
+                warn!(%key, reason = %why, "ignoring a key under the subnets prefix: not a usable lease of this network");
+            } else {
+                unnamed += 1;
+            }
         }
+    }
+    if unnamed > 0 {
+        warn!(
+            more = unnamed,
+            "ignoring {unnamed} more keys under the subnets prefix, not named here (`weft lease \
+             list` names them all)"
+        );
     }
 }
 
@@ -560,24 +580,33 @@ mod tests {
     }
 
     /// What is logged while `f` runs.
-    fn logged(f: impl FnOnce()) -> String {
-        #[derive(Clone, Default)]
-        struct Buf(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
+    /// Log output kept in memory.
+    #[derive(Clone, Default)]
+    struct LogBuf(Arc<Mutex<Vec<u8>>>);
+
+    impl LogBuf {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
         }
-        let buf = Buf::default();
+    }
+
+    impl std::io::Write for LogBuf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged(f: impl FnOnce()) -> String {
+        let buf = LogBuf::default();
         let writer = buf.clone();
         let subscriber =
             tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
         tracing::subscriber::with_default(subscriber, f);
-        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+        buf.text()
     }
 
     struct Harness {
@@ -941,6 +970,82 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name}: {text}");
         }
+        h.stop().await;
+    }
+
+    /// A listing of many ignored keys (a hostile writer's, say) names 20 of them and counts
+    /// the rest in one more line, rather than a line each; the gauge counts them all.
+    #[test]
+    fn many_keys_ignored_at_once_are_named_twenty_at_a_time_and_counted() {
+        let mut set = RouteSet::new("10.244.0.0/16".parse().unwrap(), 24);
+        let mut listing = Listing { revision: Revision(10), ..Listing::default() };
+        listing.skipped = (0..1000)
+            .map(|i| BadEntry { key: format!("{PREFIX}/subnets/junk-{i}"), problem: "x".into() })
+            .collect();
+        set.apply_listing(&listing);
+        let stats = RouteStats::default();
+        let (mut bad_seen, mut warned) = (0, Warned::default());
+        let text = logged(|| note_skipped(&set, &stats, &mut bad_seen, &mut warned, false));
+        assert_eq!(warns(&text), IGNORED_NAMED_AT_ONCE + 1, "{text}");
+        assert!(text.contains("ignoring 980 more keys"), "{text}");
+        assert_eq!(stat(&stats.ignored_keys), 1000);
+        assert_eq!(warned.ignored.len(), 1000, "all told: named or counted");
+        let again = logged(|| note_skipped(&set, &stats, &mut bad_seen, &mut warned, false));
+        assert_eq!(again, "", "told once");
+    }
+
+    /// Lines of `text` at WARN.
+    fn warns(text: &str) -> usize {
+        text.lines().filter(|l| l.contains(" WARN ")).count()
+    }
+
+    /// Keys whose names are no lease put under `subnets/`, then deleted: the gauge follows the
+    /// store down to 0 and the watcher forgets them (its memory of what it warned about too),
+    /// so one put again is counted and warned about again. Nothing is re-listed to get there.
+    #[tokio::test(start_paused = true)]
+    async fn deleted_junk_keys_are_forgotten_and_warned_about_again_when_put_again() {
+        let buf = LogBuf::default();
+        let writer = buf.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        let _log = tracing::subscriber::set_default(subscriber);
+        let h = Harness::start();
+        h.join(1, "10.244.1.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+        let junk = |i: u32| format!("{PREFIX}/subnets/junk-{i}");
+        for i in 0..300 {
+            h.store.put_raw(&junk(i), b"x", None);
+        }
+        let gauge = async |want: u64| {
+            let deadline = Instant::now() + PROMPTLY;
+            while stat(&h.stats.ignored_keys) != want {
+                assert!(
+                    Instant::now() < deadline,
+                    "ignored keys: want {want}, have {}",
+                    stat(&h.stats.ignored_keys)
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        gauge(300).await;
+        // Named one by one as the watch brings them, at most 20 at once and a count of the rest.
+        let first = warns(&buf.text());
+        assert!((21..=300).contains(&first), "{first} WARNs for 300 keys");
+        for i in 0..300 {
+            assert!(h.store.delete_raw(&junk(i)));
+        }
+        gauge(0).await;
+        h.idle(Duration::from_secs(1)).await;
+        assert_eq!(stat(&h.stats.ignored_keys), 0);
+        assert_eq!(stat(&h.stats.bad_entries), 300, "a delete is no bad entry");
+        assert_eq!(warns(&buf.text()), first, "a delete is not warned about");
+        h.store.put_raw(&junk(7), b"x", None);
+        gauge(1).await;
+        let text = buf.text();
+        assert_eq!(warns(&text), first + 1, "put again: warned about again");
+        assert!(text.lines().last().is_some_and(|l| l.contains("junk-7")), "{text}");
+        assert_eq!(stat(&h.stats.relists), 0);
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
         h.stop().await;
     }
 

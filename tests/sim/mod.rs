@@ -1060,9 +1060,9 @@ fn step_weft(h: &mut Host, clock: &ManualClock, now: Instant) -> bool {
                 for ev in batch.events {
                     match ev {
                         WatchEvent::Put(l) => p.keeper.handle_own_key(now, Some(&l)),
-                        WatchEvent::Delete { .. } | WatchEvent::Bad(_) => {
-                            p.keeper.handle_own_key(now, None)
-                        }
+                        WatchEvent::Delete { .. }
+                        | WatchEvent::Bad(_)
+                        | WatchEvent::DeleteUnparsed { .. } => p.keeper.handle_own_key(now, None),
                         // A one-key watch sees no departure markers.
                         WatchEvent::Departed(_) => {}
                     }
@@ -1218,7 +1218,9 @@ fn step_flannel(h: &mut Host, mut ctx: FlannelCtx<'_>) -> FlannelOutcome {
                             "Lease has been revoked. Shutting down daemon. (exit 0)".into(),
                         );
                     }
-                    WatchEvent::Bad(_) | WatchEvent::Departed(_) => {}
+                    WatchEvent::Bad(_)
+                    | WatchEvent::DeleteUnparsed { .. }
+                    | WatchEvent::Departed(_) => {}
                 }
             }
         }
