@@ -445,6 +445,7 @@ async fn run_hosts(
             network.clone(),
             subnet_rx.clone(),
             stats.clone(),
+            std::time::Duration::from_secs(300),
             shutdown_rx.clone(),
         ));
         let exits = Arc::new(AtomicU64::new(0));
@@ -865,6 +866,7 @@ fn flannel_held(h: &FlannelHost, s: Subnet, expires: Instant) {
         state: "held",
         subnet: Some(s),
         expires_at: Some(expires),
+        identity_until: None,
         not_ready: None,
     });
 }

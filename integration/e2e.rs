@@ -932,3 +932,44 @@ fn a_cloned_disk_during_a_partition_never_gives_two_ready_hosts_one_subnet() {
     assert!(routes.trim().is_empty(), "host 1 still routes the network: {routes}");
     assert!(b.ready(), "the clone is no longer ready");
 }
+
+// --- a departed peer's address, taken over ----------------------------------------------------
+
+/// Host 2 dies; its key expires, and host 1 keeps its route, stale (an etcd outage must break
+/// nothing). With etcd answering, that trust lasts `--stale-route-ttl` (3 s here): then a
+/// listing confirms the key still gone and the route is dropped. A new machine on host 2's
+/// address sending VXLAN as host 2 is no longer accepted: nothing reaches pod 1, and each
+/// datagram counts as an unknown sender.
+#[test]
+fn a_departed_peers_address_is_no_longer_trusted_after_the_stale_route_ttl() {
+    const K: usize = 20;
+    let lab = Lab::new(VXLAN);
+    let mut w1 = lab.start_weft(1, &["--stale-route-ttl", "3s"]);
+    let mut w2 = lab.start_weft(2, &[]);
+    let s1 = w1.wait_ready(READY);
+    let s2 = w2.wait_ready(READY);
+    let pod1 = lab.pod(1, &w1.subnet_file());
+    w1.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 1.0);
+    w2.kill();
+    let dropped = w1.wait_metric("weft_routes_stale_dropped_total", Duration::from_secs(20), |v| {
+        v >= 1.0
+    });
+    assert_eq!(dropped, 1.0);
+    assert_eq!(w1.metric("weft_routes"), Some(0.0), "{}", w1.log_tail(20));
+    assert!(w1.log().contains("dropped the stale route"), "{}", w1.log_tail(20));
+
+    let listener = in_netns(&pod1.ns, || UdpSocket::bind(("0.0.0.0", 9999)).expect("bind 9999"));
+    listener.set_read_timeout(Some(Duration::from_millis(300))).expect("timeout");
+    let mac1 =
+        weft::dataplane::wire::ethernet::MacAddr::parse(&vtep_mac(&lab, &s1)).expect("a VtepMAC").0;
+    let inner = ipv4_udp(dot2(&s2), pod1.ip, b"impostor");
+    let frames: Vec<Vec<u8>> = (0..K).map(|_| vxlan(0x08, 1, mac1, &inner)).collect();
+    let before = w1.rx_drops("unknown_sender");
+    let to = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 8472);
+    send_all(&lab.host(2), Ipv4Addr::new(192, 0, 2, 2), to, &frames);
+    let mut buf = [0u8; 2048];
+    let got = listener.recv_from(&mut buf).ok().map(|(n, from)| (from, buf[..n].to_vec()));
+    assert!(got.is_none(), "the impostor's datagram reached pod 1: {got:?}");
+    let after = w1.rx_drops("unknown_sender");
+    assert!(after - before >= K as f64, "unknown_sender drops {before} -> {after}");
+}

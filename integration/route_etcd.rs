@@ -100,6 +100,8 @@ impl Watcher {
             network,
             own_rx,
             stats.clone(),
+            // Longer than any test here: an expired route stays, stale.
+            Duration::from_secs(3600),
             shutdown_rx,
         ));
         Self { routes, stats, _shutdown: shutdown, _own: own }

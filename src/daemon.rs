@@ -101,6 +101,8 @@ pub struct RunOptions {
     pub one_thread: bool,
     /// `--spin`: the longest a one-thread worker keeps looking after a small step.
     pub spin: Duration,
+    /// `--stale-route-ttl`: how long a peer's route is trusted after its key is gone.
+    pub stale_route_ttl: Duration,
     /// `--netlink-resync`: how often the TUN device's link state is read for drift when no
     /// netlink notification said it changed.
     pub netlink_resync: Duration,
@@ -541,8 +543,14 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
     );
     let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
     let (subnet_tx, subnet_rx) = watch::channel(None);
-    let (routes, route_watcher) =
-        start_route_watcher(&network, &store, &health, subnet_rx.clone(), &shutdown_rx);
+    let (routes, route_watcher) = start_route_watcher(
+        &network,
+        &store,
+        &health,
+        subnet_rx.clone(),
+        opts.stale_route_ttl,
+        &shutdown_rx,
+    );
     let dataplane = if opts.dataplane == DataplaneMode::Tun {
         // One weft per TUN device: wait while another process has it attached. Should one
         // appear between the check and the start, the start refuses it and we wait again.
@@ -894,6 +902,7 @@ fn start_route_watcher(
     store: &Arc<dyn Store>,
     health: &Arc<Health>,
     subnet_rx: watch::Receiver<Option<LeaseName>>,
+    stale_ttl: Duration,
     shutdown_rx: &watch::Receiver<bool>,
 ) -> (Arc<Routes>, tokio::task::JoinHandle<()>) {
     let routes = Arc::new(Routes::new({
@@ -908,6 +917,7 @@ fn start_route_watcher(
         network.clone(),
         subnet_rx,
         stats,
+        stale_ttl,
         shutdown_rx.clone(),
     ));
     (routes, watcher)

@@ -60,6 +60,9 @@ pub struct LeaseStatus {
     pub subnet: Option<Subnet>,
     /// Local expiry of the held lease.
     pub expires_at: Option<Instant>,
+    /// Until when this process's identity (its presence) is known to stand in the store; past
+    /// it, not ready (judged at the time of asking, like the expiry).
+    pub identity_until: Option<Instant>,
     /// Why not ready, when the keeper says so.
     pub not_ready: Option<String>,
 }
@@ -175,6 +178,12 @@ impl Health {
         }
         let lease = match (l.not_ready, l.subnet, l.expires_at) {
             (Some(reason), _, _) => Err(reason),
+            (None, Some(s), Some(_)) if l.identity_until.is_some_and(|u| self.clock.now() >= u) => {
+                Err(format!(
+                    "this node's identity is not confirmed in the store (store unreachable?): a \
+                     clone of this host may hold lease {s} by now"
+                ))
+            }
             (None, Some(s), Some(exp)) if self.clock.now() < exp => Ok(s),
             (None, Some(s), Some(_)) => Err(format!("lease {s} is past its local expiry")),
             (None, _, _) => Err(format!("no lease held ({})", l.state)),
@@ -843,6 +852,7 @@ mod tests {
             state: "held",
             subnet: Some("10.244.1.0/24".parse().unwrap()),
             expires_at: Some(Instant::from_epoch(Duration::from_secs(10))),
+            identity_until: None,
             not_ready: None,
         });
         h.set_subnet_file_problem(Some("cannot write /x/subnet.env: EROFS".into()));
@@ -874,6 +884,7 @@ mod tests {
             state: "held",
             subnet: Some("10.244.1.0/24".parse().unwrap()),
             expires_at: Some(Instant::from_epoch(Duration::from_millis(12_345))),
+            identity_until: None,
             not_ready: None,
         });
         h.counters.renewals.fetch_add(2, Ordering::Relaxed);

@@ -234,6 +234,13 @@ struct RunArgs {
     /// notifications at work.
     #[arg(long, env = "WEFT_NETLINK_RESYNC", default_value = "10s", value_parser = parse_duration, hide = true)]
     netlink_resync: Duration,
+    /// How long a peer's route is trusted after its lease key is gone (an expiry: the peer is
+    /// likely partitioned from etcd, and forwarding to it goes on). Counted from when the key
+    /// went; the route is dropped only once a listing shows the store answering and the key
+    /// still gone, so an etcd outage never drops a route. Until then datagrams from the peer's
+    /// address are accepted as that peer's.
+    #[arg(long, env = "WEFT_STALE_ROUTE_TTL", default_value = "5m", value_parser = parse_duration)]
+    stale_route_ttl: Duration,
     /// Log format.
     #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -426,6 +433,7 @@ fn run_options(args: &RunArgs) -> RunOptions {
         one_thread: args.worker_threads == 1,
         spin: args.spin,
         netlink_resync: args.netlink_resync,
+        stale_route_ttl: args.stale_route_ttl,
     }
 }
 

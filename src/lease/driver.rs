@@ -245,6 +245,7 @@ impl LeaseDriver {
             state: self.keeper.state_name(),
             subnet: self.keeper.subnet(),
             expires_at: self.keeper.expires_at(),
+            identity_until: self.keeper.presence_until(),
             not_ready,
         });
     }

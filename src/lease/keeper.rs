@@ -468,6 +468,11 @@ impl Keeper {
         }
     }
 
+    /// Until when this process's presence is known to stand, while it is claimed.
+    pub fn presence_until(&self) -> Option<Instant> {
+        self.presence_until.filter(|_| matches!(self.presence, Presence::Claimed { .. }))
+    }
+
     /// The local expiry of the held lease (counted from the request that wrote it).
     pub fn expires_at(&self) -> Option<Instant> {
         self.held.map(|_| self.expires_at)

@@ -13,6 +13,8 @@
 //!   route but marks it [`Peer::stale`]: the host is most likely partitioned, not gone. A stale
 //!   route is still used for forwarding. A marker alone (its delete was covered by a listing or
 //!   is older than the route) changes nothing.
+//! - A stale route is trusted for a bounded time: [`RouteSet::drop_stale`] drops it when the
+//!   watcher says its trust ran out (its key gone that long, confirmed by a listing).
 //! - A **listing** is authoritative: keys present become routes (not stale). A key absent from
 //!   it whose history says `Relinquished` after the last write we saw (a clean leave) loses its
 //!   route; any other absent key keeps its route as stale — the host is most likely
@@ -582,6 +584,23 @@ impl RouteSet {
             claims.iter().map(|c| LeaseName { subnet: c.subnet, ipv6: Some(half) }).collect();
         let holder = *keys.first()?;
         Some(OwnHalfConflict { own: LeaseName { subnet: own, ipv6: Some(half) }, holder, keys })
+    }
+
+    /// The subnets whose routes are stale (their keys are gone or unreadable), the own one's
+    /// included.
+    pub fn stale_subnets(&self) -> Vec<Subnet> {
+        self.entries.iter().filter(|(_, e)| e.peer.stale).map(|(s, _)| *s).collect()
+    }
+
+    /// Drops the route of `subnet` if it is stale (a live one is never dropped): its trust has
+    /// run out (see [`super::watcher`], `--stale-route-ttl`). Whether the table changed.
+    pub fn drop_stale(&mut self, subnet: Subnet) -> bool {
+        if !self.entries.get(&subnet).is_some_and(|e| e.peer.stale) {
+            return false;
+        }
+        self.entries.remove(&subnet);
+        let visible = self.is_visible(subnet);
+        self.refile_claim(subnet) | visible
     }
 
     /// The route the set holds for `subnet`, including the own subnet's (which

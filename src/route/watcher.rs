@@ -31,7 +31,7 @@
 //! [`RouteStats`] counts what happened; it is the route watcher's metrics collector (add it
 //! with [`crate::health::Health::add_collector`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -47,7 +47,7 @@ use super::Routes;
 use super::set::{OwnHalfConflict, RouteSet};
 use crate::config::{BackendKind, NetworkConfig};
 use crate::lease::keys;
-use crate::lease::record::LeaseName;
+use crate::lease::record::{LeaseName, Subnet};
 use crate::lease::store::{Store, StoreError, WatchStream};
 use crate::metrics;
 
@@ -93,6 +93,8 @@ pub struct RouteStats {
     /// On a dual-stack vxlan network, live keys routed over IPv4 only because another key,
     /// created first, names the same IPv6 half (gauge).
     pub(crate) ipv6_half_conflicts: AtomicU64,
+    /// Stale routes dropped because their trust ran out (`--stale-route-ttl`).
+    pub(crate) stale_dropped: AtomicU64,
 }
 
 impl Collector for RouteStats {
@@ -126,7 +128,7 @@ impl Collector for RouteStats {
         for (name, help, v) in gauges {
             metrics::gauge(&mut e, name, help, load(v))?;
         }
-        let counters: [(&str, &str, &AtomicU64); 4] = [
+        let counters: [(&str, &str, &AtomicU64); 5] = [
             ("weft_route_updates_total", "Route tables published.", &self.updates),
             (
                 "weft_route_bad_entries_total",
@@ -142,6 +144,12 @@ impl Collector for RouteStats {
                 "weft_route_watch_errors_total",
                 "Failed lease list or watch calls.",
                 &self.watch_errors,
+            ),
+            (
+                "weft_routes_stale_dropped_total",
+                "Stale routes dropped: their key gone longer than --stale-route-ttl, confirmed by \
+                 a listing.",
+                &self.stale_dropped,
             ),
         ];
         for (name, help, v) in counters {
@@ -306,6 +314,55 @@ async fn next_batch(
     }
 }
 
+/// Notes when each route turned stale (now, for one not seen stale before) and forgets the
+/// routes that are no longer stale (their key is back, or the route is gone).
+fn track_stale(set: &RouteSet, since: &mut BTreeMap<Subnet, Instant>, now: Instant) {
+    let own = set.own();
+    let stale: Vec<Subnet> = set.stale_subnets().into_iter().filter(|s| Some(*s) != own).collect();
+    since.retain(|s, _| stale.contains(s));
+    for s in stale {
+        since.entry(s).or_insert(now);
+    }
+}
+
+/// When the first stale route's trust runs out.
+fn stale_due(since: &BTreeMap<Subnet, Instant>, ttl: Duration) -> Option<Instant> {
+    since.values().min().map(|t| *t + ttl)
+}
+
+/// After a listing at `listed` (the store answers, and every key absent from it is gone):
+/// drops each stale route stale for `ttl` or longer. Whether the table changed.
+fn drop_untrusted(
+    set: &mut RouteSet,
+    since: &mut BTreeMap<Subnet, Instant>,
+    ttl: Duration,
+    listed: Instant,
+    stats: &RouteStats,
+) -> bool {
+    let due: Vec<(Subnet, Instant)> = since
+        .iter()
+        .filter(|(_, t)| listed.saturating_duration_since(**t) >= ttl)
+        .map(|(s, t)| (*s, *t))
+        .collect();
+    let mut changed = false;
+    for (subnet, t) in due {
+        since.remove(&subnet);
+        let peer = set.peer(subnet).map(|p| p.public_ip);
+        if set.drop_stale(subnet) {
+            changed = true;
+        }
+        stats.stale_dropped.fetch_add(1, Ordering::Relaxed);
+        warn!(
+            %subnet,
+            peer = ?peer,
+            gone_for = ?listed.saturating_duration_since(t),
+            "dropped the stale route: its key has been gone longer than --stale-route-ttl while \
+             the store answers, so its address is no longer trusted as that peer"
+        );
+    }
+    changed
+}
+
 /// `delay` spread over half to one and a half of itself: a thousand watchers that failed
 /// together (an overloaded or restarted etcd) must not come back together.
 fn jittered(delay: Duration) -> Duration {
@@ -328,6 +385,7 @@ pub async fn run(
     network: NetworkConfig,
     mut own: watch::Receiver<Option<LeaseName>>,
     stats: Arc<RouteStats>,
+    stale_ttl: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut set = {
@@ -344,6 +402,8 @@ pub async fn run(
     let mut bad_seen = 0u64;
     let mut warned = Warned::default();
     let carries_ipv6 = network.ipv6.is_some() && network.backend.kind == BackendKind::Vxlan;
+    // When each stale route was first seen stale (its key gone, as the store said).
+    let mut stale_since: BTreeMap<Subnet, Instant> = BTreeMap::new();
 
     let debounced = |last_list: Option<Instant>| {
         let now = Instant::now();
@@ -354,6 +414,13 @@ pub async fn run(
         if *shutdown.borrow() {
             return;
         }
+        // A stale route whose trust runs out is confirmed gone by a listing, which also shows
+        // that the store answers; only then is it dropped.
+        if list_at.is_none()
+            && stale_due(&stale_since, stale_ttl).is_some_and(|t| t <= Instant::now())
+        {
+            list_at = Some(Instant::now());
+        }
         if list_at.is_some_and(|t| t <= Instant::now()) {
             list_at = None;
             last_list = Some(Instant::now());
@@ -362,7 +429,11 @@ pub async fn run(
                     if listed_once {
                         stats.relists.fetch_add(1, Ordering::Relaxed);
                     }
-                    let changed = set.apply_listing(&listing);
+                    let mut changed = set.apply_listing(&listing);
+                    let listed = Instant::now();
+                    track_stale(&set, &mut stale_since, listed);
+                    changed |=
+                        drop_untrusted(&mut set, &mut stale_since, stale_ttl, listed, &stats);
                     if changed || !listed_once {
                         publish(&routes, &set, &stats);
                     }
@@ -401,7 +472,8 @@ pub async fn run(
             }
         }
 
-        let wake = list_at;
+        // A listing already due also confirms the stale routes: wait for it alone.
+        let wake = list_at.or_else(|| stale_due(&stale_since, stale_ttl));
         let mut watched = None;
         tokio::select! {
             biased;
@@ -448,6 +520,7 @@ pub async fn run(
             }
         };
         if applied > 0 {
+            track_stale(&set, &mut stale_since, Instant::now());
             if changed {
                 publish(&routes, &set, &stats);
             }
@@ -518,6 +591,9 @@ mod tests {
     const TTL: Duration = Duration::from_secs(10);
     /// How soon the data plane must see a change.
     const PROMPTLY: Duration = Duration::from_secs(1);
+    /// `--stale-route-ttl` in these tests: longer than any test idles with a stale route but
+    /// the one about it.
+    const STALE_TTL: Duration = Duration::from_secs(120);
 
     fn subnet(s: &str) -> Subnet {
         s.parse().unwrap()
@@ -665,6 +741,7 @@ mod tests {
                 network,
                 own_rx,
                 stats.clone(),
+                STALE_TTL,
                 shutdown_rx,
             ));
             Self { clock, store, routes, stats, own, shutdown, task }
@@ -817,6 +894,55 @@ mod tests {
         h.stop().await;
     }
 
+    /// A stale route is trusted for `--stale-route-ttl` from when its key went, and then only
+    /// until a listing shows the store answering and the key still gone: during an outage it
+    /// stays however long that lasts; once the store answers, it is dropped (its address is no
+    /// longer accepted as that peer); the peer coming back is routed again.
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_route_is_dropped_once_its_trust_runs_out_and_a_listing_confirms_the_key_gone()
+    {
+        let h = Harness::start();
+        h.join(1, "10.244.1.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+        h.expire_all();
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, true)]).await;
+        h.idle(STALE_TTL - Duration::from_secs(10)).await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, true)]).await;
+        // The store stops answering before the trust runs out: nothing is dropped while it is
+        // down, however long.
+        h.store.set_down(true);
+        h.idle(STALE_TTL).await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, true)]).await;
+        assert_eq!(stat(&h.stats.stale_dropped), 0);
+        h.store.set_down(false);
+        h.expect(longest_retry_wait() + PROMPTLY, &[]).await;
+        assert_eq!(stat(&h.stats.stale_dropped), 1);
+        assert_eq!(stat(&h.stats.stale_routes), 0);
+        assert!(h.routes.load().lookup(Ipv4Addr::new(10, 244, 1, 1)).is_none());
+        h.join(1, "10.244.1.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false)]).await;
+        h.stop().await;
+    }
+
+    /// With the store answering, the drop comes at the stale TTL, one listing, no sooner.
+    #[tokio::test(start_paused = true)]
+    async fn with_the_store_answering_a_stale_route_goes_at_its_ttl_after_one_listing() {
+        let h = Harness::start();
+        h.join(1, "10.244.1.0/24").await;
+        h.join(2, "10.244.2.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, false), ("10.244.2.0/24", 2, false)]).await;
+        h.expire_all();
+        h.join(2, "10.244.2.0/24").await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, true), ("10.244.2.0/24", 2, false)]).await;
+        h.idle(STALE_TTL - Duration::from_secs(2)).await;
+        h.expect(PROMPTLY, &[("10.244.1.0/24", 1, true), ("10.244.2.0/24", 2, false)]).await;
+        assert_eq!(stat(&h.stats.relists), 0);
+        h.expect(Duration::from_secs(3), &[("10.244.2.0/24", 2, false)]).await;
+        assert_eq!(stat(&h.stats.relists), 1, "one listing confirmed it");
+        assert_eq!(stat(&h.stats.stale_dropped), 1);
+        h.stop().await;
+    }
+
     #[tokio::test(start_paused = true)]
     async fn expired_lease_stays_stale_until_a_new_holder_replaces_it() {
         let h = Harness::start();
@@ -854,6 +980,7 @@ mod tests {
             &stats.watch_errors,
             &stats.ipv4_only_peers,
             &stats.ipv6_half_conflicts,
+            &stats.stale_dropped,
         ];
         for (v, n) in all.into_iter().zip(1..) {
             v.store(n, Ordering::Relaxed);
