@@ -1,0 +1,671 @@
+//! `weft run`: wires the lease keeper, the route watcher, the data plane and the health server
+//! together.
+//!
+//! Start-up order follows flanneld's: flags, store client, health server, the state dir's lock
+//! (waited for while another weft holds it, see [`crate::instance`]), identity, network config
+//! (retried every second until it is present and valid), public IP, the route watcher, the TUN
+//! device and data plane (waited for while another process has the device attached; skipped
+//! with `--dataplane none`), then the lease driver acquires the lease and runs until SIGTERM or
+//! SIGINT. On shutdown the lease is kept for a restart unless `--relinquish-on-exit` is given.
+//!
+//! This file wires; the parts live beside it: [`underlay`] (which address to publish, found at
+//! start and followed while running), [`tun`] (the data plane's start and the TUN device's
+//! addresser) and [`netlink_watch`] (the kernel's change notifications both tasks wait on).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::atomic_file;
+use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
+use crate::dataplane::driver::DataplaneError;
+use crate::dataplane::netlink::{Netlink, TunStatus};
+use crate::dataplane::sys::TunError;
+use crate::dataplane::wire::ethernet::MacAddr;
+use crate::health::{self, Health};
+use crate::instance::{self, Attempt, StateDirLock};
+use crate::lease::driver::{DriverConfig, LeaseDriver};
+use crate::lease::keeper::{Keeper, KeeperConfig};
+use crate::lease::record::{Incarnation, LeaseAttrs, LeaseName, NodeId, Subnet};
+use crate::lease::store::Store;
+use crate::lease::subnet_env::{self, ReadOutcome};
+use crate::route::watcher::RouteStats;
+use crate::route::{RouteTable, Routes};
+use crate::stop::Stop;
+use crate::time::{BootClock, Clock};
+
+mod netlink_watch;
+mod tun;
+mod underlay;
+
+use tun::{dataplane_config, start_dataplane};
+pub(crate) use underlay::UnderlayStatus;
+use underlay::{
+    UnderlayFollow, find_ipv6_only_underlay, find_underlay, find_underlay6, follow_underlay,
+    underlay_addrs,
+};
+
+/// What `weft run --dataplane` selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DataplaneMode {
+    /// Forward traffic: the TUN device, its link, address and route, and the workers.
+    Tun,
+    /// The control plane only (leases, subnet.env, hooks, health): no TUN, no privilege.
+    None,
+}
+
+/// Everything `weft run` needs, after flag parsing.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// `--etcd-endpoints`, which the Network must not contain.
+    pub etcd_endpoints: Vec<String>,
+    /// `--iface`: interface name or address for the underlay.
+    pub iface: Option<String>,
+    /// `--public-ip`.
+    pub public_ip: Option<Ipv4Addr>,
+    /// `--public-ipv6` (used on a dual-stack vxlan network).
+    pub public_ipv6: Option<Ipv6Addr>,
+    /// `--subnet-file`.
+    pub subnet_file: PathBuf,
+    /// `--state-dir`.
+    pub state_dir: PathBuf,
+    /// `--subnet-lease-ttl`.
+    pub lease_ttl: Duration,
+    /// `--subnet-lease-renew-margin` (`None`: `min(60 min, ttl / 4)`).
+    pub renew_margin: Option<Duration>,
+    /// `--healthz-ip`.
+    pub healthz_ip: IpAddr,
+    /// `--healthz-port` (0: no health server).
+    pub healthz_port: u16,
+    /// `--healthz-idle-timeout`: the health server closes a connection that sends no request
+    /// for this long.
+    pub healthz_idle_timeout: Duration,
+    /// `--on-subnet-change`.
+    pub on_subnet_change: Option<String>,
+    /// `--on-lease-lost`.
+    pub on_lease_lost: Option<String>,
+    /// `--hook-timeout`.
+    pub hook_timeout: Duration,
+    /// `--relinquish-on-exit`.
+    pub relinquish_on_exit: bool,
+    /// `--ip-masq` (only written to subnet.env; weft installs no iptables rules).
+    pub ip_masq: bool,
+    /// `--dataplane`.
+    pub dataplane: DataplaneMode,
+    /// `--tun-name`.
+    pub tun_name: String,
+    /// `--workers`.
+    pub workers: usize,
+    /// Not `--no-tun-offload`.
+    pub tun_offload: bool,
+    /// Not `--no-udp-gso`, and `--gso-retry-after`.
+    pub udp_gso: crate::dataplane::driver::UdpGsoConfig,
+    /// Not `--no-udp-gro`.
+    pub udp_gro: bool,
+    /// Not `--no-batching`.
+    pub batching: bool,
+    /// `--worker-threads 1`.
+    pub one_thread: bool,
+    /// `--spin`: the longest a one-thread worker keeps looking after a small step.
+    pub spin: Duration,
+    /// `--stale-route-ttl`: how long a peer's route is trusted after its key is gone.
+    pub stale_route_ttl: Duration,
+    /// `--netlink-resync`: how often the TUN device's link state is read for drift when no
+    /// netlink notification said it changed.
+    pub netlink_resync: Duration,
+}
+
+/// The longest state file weft reads (a node ID or a MAC is a few dozen bytes).
+const MAX_STATE_FILE_LEN: u64 = 4096;
+
+/// The node's persistent identity, from `<state-dir>/node-id` (created on first start).
+pub(crate) fn load_node_id(state_dir: &Path) -> anyhow::Result<NodeId> {
+    let path = state_dir.join("node-id");
+    match atomic_file::read(&path, MAX_STATE_FILE_LEN) {
+        Ok(Some(bytes)) => {
+            let text = String::from_utf8_lossy(&bytes);
+            NodeId::parse(text.trim()).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: not a valid node ID ({e}). It is this node's identity, so weft will \
+                     not guess: delete the file to give this node a new identity",
+                    path.display()
+                )
+            })
+        }
+        Ok(None) => {
+            let id = NodeId::generate();
+            write_state_file(state_dir, "node-id", id.as_str())?;
+            info!(node_id = %id, path = %path.display(), "generated a new node identity");
+            Ok(id)
+        }
+        Err(e) => Err(e).context(
+            "reading this node's identity; weft will not guess it: fix or delete the file",
+        ),
+    }
+}
+
+/// A stable, locally administered unicast MAC for the VTEP, kept in `<state-dir>/vtep-mac`.
+pub(crate) fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<MacAddr> {
+    let path = state_dir.join("vtep-mac");
+    match atomic_file::read(&path, MAX_STATE_FILE_LEN) {
+        Ok(Some(bytes)) => {
+            if let Some(mac) =
+                std::str::from_utf8(&bytes).ok().and_then(|t| MacAddr::parse(t.trim()))
+            {
+                return Ok(mac);
+            }
+            warn!(path = %path.display(), "ignoring an unreadable VTEP MAC file; generating a new MAC");
+        }
+        Ok(None) => {}
+        Err(e) => warn!(error = %e, "ignoring the VTEP MAC file; generating a new MAC"),
+    }
+    let mut mac: [u8; 6] = rand::random();
+    mac[0] = (mac[0] & 0xfe) | 0x02;
+    let mac = MacAddr(mac);
+    write_state_file(state_dir, "vtep-mac", &mac.to_string())?;
+    Ok(mac)
+}
+
+/// Writes `<dir>/<name>` (a line) with [`atomic_file::write`], mode 0600; creates the state dir
+/// (0700) if missing.
+fn write_state_file(dir: &Path, name: &str, contents: &str) -> anyhow::Result<()> {
+    atomic_file::create_dir(dir, atomic_file::PRIVATE_DIR_MODE)
+        .context("creating the state dir")?;
+    atomic_file::write(
+        &dir.join(name),
+        format!("{contents}\n").as_bytes(),
+        atomic_file::PRIVATE_MODE,
+    )
+    .context("writing a state file")?;
+    Ok(())
+}
+
+/// The lease value this node publishes. On a dual-stack vxlan network (`public_ipv6` given)
+/// it adds `PublicIPv6` and `BackendV6Data`, whose `VtepMAC` is the same MAC: weft's one TUN
+/// device carries both halves (flannel's kernel peers program `flannel-v6.<VNI>` with it).
+pub fn lease_attrs(
+    network: &NetworkConfig,
+    public_ip: Ipv4Addr,
+    public_ipv6: Option<Ipv6Addr>,
+    vtep_mac: MacAddr,
+) -> LeaseAttrs {
+    let vxlan_data =
+        || serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": vtep_mac.to_string() });
+    let public_ipv6 = public_ipv6
+        .filter(|_| network.ipv6.is_some() && network.backend.kind == BackendKind::Vxlan);
+    let (backend_type, backend_data) = match network.backend.kind {
+        // An IPv6-only lease carries BackendV6Data alone, as flannel's.
+        BackendKind::Vxlan => (Some("vxlan".to_string()), network.leases_ipv4().then(vxlan_data)),
+        // flannel's udp backend writes no BackendType; weft does the same so flannel peers
+        // treat weft's udp leases as their own.
+        BackendKind::Udp => (None, None),
+    };
+    LeaseAttrs {
+        // An IPv6-only node has no IPv4 underlay: `0.0.0.0`, as flannel writes it.
+        public_ip: if network.leases_ipv4() { public_ip } else { Ipv4Addr::UNSPECIFIED },
+        public_ipv6,
+        backend_type,
+        backend_data,
+        backend_v6_data: public_ipv6.map(|_| vxlan_data()),
+        node_id: None,
+        incarnation: None,
+    }
+}
+
+/// The etcd endpoints given as IPv4 addresses (host names are not resolved here).
+pub fn etcd_endpoint_addrs(etcd_endpoints: &[String]) -> Vec<UnderlayAddr> {
+    etcd_endpoints
+        .iter()
+        .filter_map(|e| {
+            endpoint_ipv4(e)
+                .map(|addr| UnderlayAddr { what: format!("the etcd endpoint {e}"), addr })
+        })
+        .collect()
+}
+
+/// What a dual-stack config means for the udp backend, said once at start: flannel's udp
+/// backend leases an IPv6 half (and writes it to subnet.env) but carries IPv4 only.
+pub fn udp_ipv6_notice(cfg: &NetworkConfig) -> Option<String> {
+    let v6 = cfg.ipv6.as_ref().filter(|_| cfg.backend.kind == BackendKind::Udp)?;
+    Some(format!(
+        "the network config enables IPv6 (IPv6Network {}) but the udp backend carries IPv4 \
+         only, as flannel's: each lease gets an IPv6 half (in its key and in subnet.env), and \
+         IPv6 packets are not forwarded (docs/dual-stack.md)",
+        v6.network
+    ))
+}
+
+/// Reads the network config, retrying every second until it is present, valid and something
+/// (flanneld does the same), or until `shutdown`.
+pub(crate) async fn wait_for_config(
+    store: &dyn Store,
+    shutdown: &mut watch::Receiver<bool>,
+) -> anyhow::Result<Option<NetworkConfig>> {
+    let mut last_problem = String::new();
+    loop {
+        let problem = match store.config().await {
+            Ok(Some(raw)) => match NetworkConfig::parse(&raw) {
+                Ok(cfg) => return Ok(Some(cfg)),
+                Err(e) => format!("the network config in the store is invalid: {e}"),
+            },
+            Ok(None) => {
+                "no network config in the store yet (set it with `weft network set`)".to_string()
+            }
+            Err(e) if e.is_transient() => {
+                format!("store unavailable while reading the config: {e}")
+            }
+            Err(e) => return Err(e).context("reading the network config"),
+        };
+        if problem != last_problem {
+            error!("{problem}; retrying every second");
+            last_problem = problem;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.changed() => return Ok(None),
+        }
+    }
+}
+
+/// The previous subnet from `subnet.env`, if the file is valid and names a subnet of this
+/// network. A corrupt file is ignored with a warning, never trusted.
+pub(crate) fn previous_subnet(path: &Path, network: &NetworkConfig) -> Option<Subnet> {
+    match subnet_env::read(path) {
+        ReadOutcome::Missing => None,
+        ReadOutcome::Corrupt(e) => {
+            warn!(path = %path.display(), error = %e, "ignoring a corrupt subnet.env");
+            None
+        }
+        ReadOutcome::Valid(env) if env.subnet().is_some_and(|s| network.fits(s)) => env.subnet(),
+        ReadOutcome::Valid(env) => {
+            warn!(path = %path.display(), subnet = ?env.subnet(), "subnet.env names a subnet outside the configured range; ignoring it");
+            None
+        }
+    }
+}
+
+/// Runs the daemon until `stop` is requested (SIGTERM/SIGINT, a panic, see [`crate::stop`]).
+pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> anyhow::Result<()> {
+    let clock: Arc<dyn Clock> = Arc::new(BootClock);
+    let mut shutdown_rx = stop.subscribe();
+
+    let health = Arc::new(Health::new(clock.clone()));
+    health.add_collector(stop.clone());
+    health.add_collector(Arc::new(crate::logging::LogMetrics));
+    let health_task = if opts.healthz_port > 0 {
+        let addr = SocketAddr::new(opts.healthz_ip, opts.healthz_port);
+        let listener = health::bind(addr)
+            .await
+            .with_context(|| format!("binding the health server on {addr}"))?;
+        info!(%addr, "health server listening");
+        let mut rx = shutdown_rx.clone();
+        let stop = async move {
+            let _ = rx.wait_for(|v| *v).await;
+        };
+        let limits =
+            health::ServerLimits { idle_timeout: opts.healthz_idle_timeout, ..Default::default() };
+        Some(tokio::spawn(health::serve(listener, health.clone(), limits, stop)))
+    } else {
+        None
+    };
+
+    // One weft per state dir: before the identity in it is read or anything is leased.
+    let mut lock = None;
+    let free = instance::wait_while_busy(&health, &mut shutdown_rx, || {
+        Ok(match StateDirLock::try_acquire(&opts.state_dir)? {
+            Attempt::Acquired(l) => {
+                lock = Some(l);
+                None
+            }
+            Attempt::Held { path, pid } => Some(instance::held_message(&path, pid)),
+        })
+    })
+    .await?;
+    let Some(_lock) = lock.filter(|_| free) else {
+        return stopped(health_task).await;
+    };
+    let node = load_node_id(&opts.state_dir)?;
+    let incarnation = Incarnation::generate();
+    info!(node_id = %node, %incarnation, "weft starting");
+
+    let Some(network) = wait_for_config(&*store, &mut shutdown_rx).await? else {
+        return stopped(health_task).await;
+    };
+    info!(network = ?network.ipv4.as_ref().map(|v4| v4.network), subnet_len = ?network.ipv4.as_ref().map(|v4| v4.subnet_len), ipv6_network = ?network.ipv6.as_ref().map(|v6| v6.network), backend = ?network.backend.kind, "network config");
+    if let Some(notice) = udp_ipv6_notice(&network) {
+        warn!("{notice}");
+    }
+    let (underlay, public_ipv6) = if network.leases_ipv4() {
+        let underlay = find_underlay(opts.iface.as_deref(), opts.public_ip)?;
+        let public_ipv6 = match &network.ipv6 {
+            Some(_) if network.backend.kind == BackendKind::Vxlan => {
+                Some(find_underlay6(underlay.iface.as_deref(), opts.public_ipv6)?)
+            }
+            _ => None,
+        };
+        (underlay, public_ipv6)
+    } else {
+        if let Some(ip) = opts.public_ip {
+            warn!(%ip, "--public-ip is ignored: the network is IPv6-only (PublicIP is 0.0.0.0, as flannel writes it)");
+        }
+        let (underlay, public_ipv6) =
+            find_ipv6_only_underlay(opts.iface.as_deref(), opts.public_ipv6)?;
+        (underlay, Some(public_ipv6))
+    };
+    info!(iface = underlay.iface.as_deref().unwrap_or("?"), public_ip = %underlay.public_ip, public_ipv6 = public_ipv6.map(|a| a.to_string()), mtu = underlay.mtu, "underlay");
+    network.check_underlay(&underlay_addrs(underlay.public_ip, &opts.etcd_endpoints))?;
+    if let (Some(v6), Some(ip)) = (&network.ipv6, public_ipv6)
+        && v6.network.contains(&ip)
+    {
+        bail!(
+            "the public IPv6 address {ip} lies inside IPv6Network {}: the overlay would route its own underlay",
+            v6.network
+        );
+    }
+    if opts.ip_masq {
+        warn!("--ip-masq is written to subnet.env only: weft installs no iptables rules");
+    }
+    let vtep_mac = load_vtep_mac(&opts.state_dir)?;
+    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac);
+    let previous = previous_subnet(&opts.subnet_file, &network);
+
+    let ttl = opts.lease_ttl;
+    let renew_margin = opts.renew_margin.unwrap_or((ttl / 4).min(Duration::from_secs(3600)));
+    let (presence_ttl, retry_min, retry_max) = KeeperConfig::timings_for(ttl);
+    let keeper = Keeper::new(
+        KeeperConfig {
+            network: network.clone(),
+            attrs,
+            node: node.clone(),
+            incarnation,
+            ttl,
+            renew_margin,
+            presence_ttl,
+            previous,
+            retry_min,
+            retry_max,
+            seed: rand::random(),
+        },
+        clock.now(),
+    );
+    let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
+    let (subnet_tx, subnet_rx) = watch::channel(None);
+    let (routes, route_watcher) = start_route_watcher(
+        &network,
+        &store,
+        &health,
+        subnet_rx.clone(),
+        opts.stale_route_ttl,
+        &shutdown_rx,
+    );
+    let dataplane = if opts.dataplane == DataplaneMode::Tun {
+        // One weft per TUN device: wait while another process has it attached. Should one
+        // appear between the check and the start, the start refuses it and we wait again.
+        let netlink = Netlink::open().context("asking the kernel about the TUN device")?;
+        loop {
+            let free = instance::wait_while_busy(&health, &mut shutdown_rx, || {
+                Ok(match netlink.tun_status(&opts.tun_name)? {
+                    TunStatus::Attached(queues) => Some(format!(
+                        "{}; waiting for it to be released",
+                        TunError::InUse { name: opts.tun_name.clone(), queues }
+                    )),
+                    _ => None,
+                })
+            })
+            .await?;
+            if !free {
+                return stopped(health_task).await;
+            }
+            match start_dataplane(
+                dataplane_config(&opts, &network, &underlay, public_ipv6, vtep_mac),
+                routes.clone(),
+                &health,
+                subnet_rx.clone(),
+                &shutdown_rx,
+                opts.netlink_resync,
+            ) {
+                Err(e) if is_tun_in_use(&e) => {
+                    warn!(error = %e, "the TUN device was taken while starting");
+                }
+                other => break Some(other?),
+            }
+        }
+    } else {
+        None
+    };
+    // A worker thread that panicked too often: shut down like on SIGTERM (the lease is kept
+    // unless --relinquish-on-exit), then exit non-zero so that the supervisor restarts weft.
+    let workers = dataplane.as_ref().map(|(dp, _)| dp.workers.clone());
+    if let Some(w) = workers.clone() {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            w.wait_given_up().await;
+            error!("a data plane worker is down for good: shutting down to be restarted");
+            stop.request();
+        });
+    }
+    let (public_ip_tx, public_ip_rx) = watch::channel(underlay.public_ip);
+    let underlay_status = Arc::new(UnderlayStatus::default());
+    health.add_collector(underlay_status.clone());
+    let status = underlay_status.clone();
+    health.add_check(Box::new(move || status.problem()));
+    let follower = tokio::spawn(follow_underlay(
+        UnderlayFollow {
+            // An IPv6-only node publishes no IPv4 address: nothing to follow.
+            iface: underlay
+                .iface
+                .clone()
+                .filter(|_| opts.public_ip.is_none() && network.leases_ipv4()),
+            explicit: opts.public_ip.filter(|_| network.leases_ipv4()),
+            network: network.clone(),
+            etcd_endpoints: opts.etcd_endpoints.clone(),
+            resync: opts.netlink_resync,
+        },
+        underlay.public_ip,
+        dataplane.as_ref().map(|(dp, _)| dp.clone()),
+        store.clone(),
+        public_ip_tx,
+        underlay_status,
+        shutdown_rx.clone(),
+    ));
+    let mut driver = LeaseDriver::new(
+        store,
+        keeper,
+        node,
+        clock,
+        health,
+        DriverConfig {
+            network,
+            subnet_file: opts.subnet_file.clone(),
+            mtu,
+            ip_masq: opts.ip_masq,
+            on_subnet_change: opts.on_subnet_change.clone(),
+            on_lease_lost: opts.on_lease_lost.clone(),
+            hook_timeout: opts.hook_timeout,
+            state_dir: opts.state_dir.clone(),
+            relinquish_on_exit: opts.relinquish_on_exit,
+        },
+        subnet_tx,
+    );
+    driver.follow_public_ip(public_ip_rx);
+    // A task of its own: should the driver panic, the data plane is still stopped below (the
+    // lease is then left to its TTL or to the next weft on this state dir).
+    if let Err(e) = tokio::spawn(driver.run(shutdown_rx)).await {
+        error!(error = %e, "the lease driver ended abnormally");
+        stop.request();
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(3), follower).await;
+    let _ = tokio::time::timeout(Duration::from_secs(3), route_watcher).await;
+    if let Some((dp, tasks)) = dataplane {
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
+        }
+        tokio::task::spawn_blocking(move || dp.stop()).await.ok();
+    }
+    let result = stopped(health_task).await;
+    if workers.is_some_and(|w| w.has_given_up()) {
+        bail!("a data plane worker thread panicked too often (see the log above)");
+    }
+    result
+}
+
+/// Waits (briefly) for the health server to stop, and says so.
+async fn stopped(
+    health_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+) -> anyhow::Result<()> {
+    if let Some(t) = health_task {
+        let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
+    }
+    info!("weft stopped");
+    Ok(())
+}
+
+/// Whether starting the data plane failed because the TUN device is another process's.
+fn is_tun_in_use(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<DataplaneError>(), Some(DataplaneError::Tun(TunError::InUse { .. })))
+}
+
+/// Starts the route watcher, which publishes the routes the data plane forwards by. It runs in
+/// control-plane-only mode too: it is what watches every key under `subnets/`, so it is what
+/// warns about keys that are not leases of this network (`weft_route_ignored_keys`), and
+/// `/metrics` shows the routes a data plane would use.
+fn start_route_watcher(
+    network: &NetworkConfig,
+    store: &Arc<dyn Store>,
+    health: &Arc<Health>,
+    subnet_rx: watch::Receiver<Option<LeaseName>>,
+    stale_ttl: Duration,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> (Arc<Routes>, tokio::task::JoinHandle<()>) {
+    let routes = Arc::new(Routes::new({
+        let (net, len) = network.leased_network();
+        RouteTable::build_in(net, len, [])
+    }));
+    let stats = Arc::new(RouteStats::default());
+    health.add_collector(stats.clone());
+    let watcher = tokio::spawn(crate::route::watcher::run(
+        store.clone(),
+        routes.clone(),
+        network.clone(),
+        subnet_rx,
+        stats,
+        stale_ttl,
+        shutdown_rx.clone(),
+    ));
+    (routes, watcher)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+
+    /// A dual-stack config is taken at once, on either backend; the udp backend's says at
+    /// start that IPv6 is not carried.
+    #[tokio::test(start_paused = true)]
+    async fn a_dual_stack_config_is_served_on_both_backends() {
+        use crate::lease::memory::MemoryStore;
+        use crate::time::ManualClock;
+        for (backend, carried) in [("vxlan", true), ("udp", false)] {
+            let store = MemoryStore::new(Arc::new(ManualClock::new()), "/coreos.com/network");
+            let raw = format!(
+                r#"{{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{{"Type":"{backend}"}}}}"#
+            );
+            store.client("admin").set_config(raw.as_bytes()).await.unwrap();
+            let (_stop, mut stop_rx) = watch::channel(false);
+            let reader = store.client("node");
+            let got = tokio::time::timeout(
+                Duration::from_secs(5),
+                wait_for_config(&reader, &mut stop_rx),
+            )
+            .await
+            .expect("taken at once")
+            .unwrap()
+            .expect("a config");
+            assert_eq!(
+                got.ipv6.map(|v6| v6.network.to_string()).as_deref(),
+                Some("fd00:10:244::/56")
+            );
+            assert_eq!(udp_ipv6_notice(&got).is_none(), carried, "{backend}");
+        }
+    }
+
+    /// A vxlan node on a dual-stack network publishes its IPv6 underlay address and the same
+    /// VTEP MAC for the IPv6 half; a udp node (flannel's udp backend publishes none) and an
+    /// IPv4-only network publish neither.
+    #[test]
+    fn the_lease_value_carries_the_ipv6_underlay_only_where_ipv6_is_carried() {
+        let mac = MacAddr([2, 0, 0, 0, 0, 7]);
+        let v4 = Ipv4Addr::new(192, 0, 2, 7);
+        let v6: Ipv6Addr = "2001:db8::7".parse().unwrap();
+        let config = |backend: &str, dual: bool| {
+            let ipv6 =
+                if dual { r#","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56""# } else { "" };
+            let raw = format!(
+                r#"{{"Network":"10.244.0.0/16"{ipv6},"Backend":{{"Type":"{backend}","VNI":4}}}}"#
+            );
+            NetworkConfig::parse(raw.as_bytes()).unwrap()
+        };
+        let attrs = lease_attrs(&config("vxlan", true), v4, Some(v6), mac);
+        assert_eq!(attrs.public_ipv6, Some(v6));
+        let want = serde_json::json!({ "VNI": 4, "VtepMAC": "02:00:00:00:00:07" });
+        assert_eq!(attrs.backend_v6_data, Some(want.clone()));
+        assert_eq!(attrs.backend_data, Some(want.clone()));
+        for (backend, dual) in [("udp", true), ("vxlan", false)] {
+            let attrs = lease_attrs(&config(backend, dual), v4, Some(v6), mac);
+            assert_eq!((attrs.public_ipv6, attrs.backend_v6_data), (None, None), "{backend}");
+        }
+        // IPv6-only: flannel's shape, whatever IPv4 address the host has.
+        let raw = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","VNI":4}}"#;
+        let attrs = lease_attrs(&NetworkConfig::parse(raw.as_bytes()).unwrap(), v4, Some(v6), mac);
+        assert_eq!((attrs.public_ip, attrs.public_ipv6), (Ipv4Addr::UNSPECIFIED, Some(v6)));
+        assert_eq!((&attrs.backend_data, &attrs.backend_v6_data), (&None, &Some(want)));
+        assert_eq!(attrs.public_addr(), std::net::IpAddr::V6(v6));
+        let text = String::from_utf8(attrs.to_json()).unwrap();
+        assert!(text.starts_with(r#"{"PublicIP":"0.0.0.0","PublicIPv6":"2001:db8::7","BackendType":"vxlan","BackendV6Data""#), "{text}");
+    }
+
+    #[test]
+    fn node_id_is_generated_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = load_node_id(dir.path()).unwrap();
+        let b = load_node_id(dir.path()).unwrap();
+        assert_eq!(a, b);
+        fs::write(dir.path().join("node-id"), "NOT AN ID!").unwrap();
+        let e = load_node_id(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("node-id") && e.contains("delete the file"), "{e}");
+    }
+
+    #[test]
+    fn state_files_are_private_and_symlinks_are_not_followed() {
+        use std::os::unix::fs::{PermissionsExt as _, symlink};
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        load_vtep_mac(&state).unwrap();
+        assert_eq!(mode(&state), 0o700);
+        assert_eq!(mode(&state.join("vtep-mac")), 0o600);
+        load_node_id(&state).unwrap();
+        assert_eq!(mode(&state.join("node-id")), 0o600);
+
+        // A symlinked node-id is refused, naming it, not followed.
+        let outside = tmp.path().join("outside");
+        fs::write(&outside, b"precious").unwrap();
+        fs::remove_file(state.join("node-id")).unwrap();
+        symlink(&outside, state.join("node-id")).unwrap();
+        let e = format!("{:#}", load_node_id(&state).unwrap_err());
+        assert!(e.contains("node-id: is a symbolic link"), "{e}");
+        // A symlinked vtep-mac is replaced by a file of a new MAC; the target is untouched.
+        fs::remove_file(state.join("vtep-mac")).unwrap();
+        symlink(&outside, state.join("vtep-mac")).unwrap();
+        load_vtep_mac(&state).unwrap();
+        assert!(fs::symlink_metadata(state.join("vtep-mac")).unwrap().is_file());
+        assert_eq!(fs::read(&outside).unwrap(), b"precious");
+    }
+}

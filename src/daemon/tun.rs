@@ -1,0 +1,160 @@
+//! The data plane's side of `weft run`: its start with what the run options and the network
+//! say, and the addresser task that addresses the TUN device for this host's subnet and
+//! repairs its link state when someone else changes it.
+
+use std::net::Ipv6Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::{error, warn};
+
+use super::RunOptions;
+use super::netlink_watch::{LINK_SETTLE, next_netlink_change, start_watch};
+use super::underlay::Underlay;
+use crate::config::NetworkConfig;
+use crate::dataplane::driver::{Dataplane, DataplaneConfig, Ipv6Dataplane};
+use crate::dataplane::link::DriftLog;
+use crate::dataplane::wire::ethernet::MacAddr;
+use crate::health::Health;
+use crate::lease::record::LeaseName;
+use crate::route::Routes;
+
+/// How often the TUN device's link state is read for drift when no netlink watch could be
+/// started (or it ended).
+const LINK_CHECK: Duration = Duration::from_secs(1);
+
+/// What the data plane is started with: the run options, the network config, the underlay
+/// (and its IPv6 address on a dual-stack vxlan network) and this host's VTEP MAC.
+pub(super) fn dataplane_config(
+    opts: &RunOptions,
+    network: &NetworkConfig,
+    underlay: &Underlay,
+    public_ipv6: Option<Ipv6Addr>,
+    vtep_mac: MacAddr,
+) -> DataplaneConfig {
+    DataplaneConfig {
+        tun_name: opts.tun_name.clone(),
+        backend: network.backend.kind,
+        vni: network.backend.vni,
+        port: network.backend.port,
+        our_mac: vtep_mac,
+        underlay_mtu: underlay.mtu,
+        overhead: u32::from(network.backend.encap_overhead()),
+        network: network.ipv4.as_ref().map(|v4| v4.network),
+        public_ip: underlay.public_ip,
+        ipv6: network
+            .ipv6
+            .as_ref()
+            .zip(public_ipv6)
+            .map(|(v6, public_ip)| Ipv6Dataplane { network: v6.network, public_ip }),
+        workers: opts.workers,
+        tun_offload: opts.tun_offload,
+        udp_gso: opts.udp_gso,
+        udp_gro: opts.udp_gro,
+        batching: opts.batching,
+        one_thread: opts.one_thread,
+        spin: opts.spin,
+    }
+}
+
+/// Starts the data plane, puts its metrics and worker check on `health`, and spawns its
+/// addresser ([`spawn_addresser`]), which reads the link again at least every `resync`.
+pub(super) fn start_dataplane(
+    cfg: DataplaneConfig,
+    routes: Arc<Routes>,
+    health: &Arc<Health>,
+    subnet_rx: watch::Receiver<Option<LeaseName>>,
+    shutdown_rx: &watch::Receiver<bool>,
+    resync: Duration,
+) -> anyhow::Result<(Arc<Dataplane>, Vec<tokio::task::JoinHandle<()>>)> {
+    let dp = Arc::new(Dataplane::start(cfg, routes).context("starting the data plane")?);
+    health.add_collector(dp.counters.clone());
+    health.add_collector(dp.workers.clone());
+    let w = dp.workers.clone();
+    health.add_check(Box::new(move || w.problem()));
+    let addresser = spawn_addresser(dp.clone(), subnet_rx, shutdown_rx.clone(), resync);
+    Ok((dp, vec![addresser]))
+}
+
+/// The addresser: addresses the TUN device when the subnet changes, and repairs its link state
+/// (drift: a deleted route, the link set down, the address gone, the MTU changed) right after
+/// that, when the kernel says the device changed (a netlink watch, [`Dataplane::watch_link`]),
+/// and every `resync` in case a notification was missed, until shutdown. Without a watch it
+/// reads the link every [`LINK_CHECK`] instead.
+fn spawn_addresser(
+    dataplane: Arc<Dataplane>,
+    mut subnet_rx: watch::Receiver<Option<LeaseName>>,
+    mut stop: watch::Receiver<bool>,
+    resync: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut drift = DriftLog::default();
+        let dp = dataplane.clone();
+        // The watch is kept for the task's life: dropping it ends its thread.
+        let (_watch, mut changes) =
+            start_watch(move || dp.watch_link(), "the TUN device", LINK_CHECK).await.unzip();
+        let period = if changes.is_some() { resync } else { LINK_CHECK };
+        let mut check = tokio::time::interval_at(Instant::now() + period, period);
+        check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut subnet_changed = true;
+        let mut settle = false;
+        loop {
+            if subnet_changed {
+                let subnet = *subnet_rx.borrow_and_update();
+                let dp = dataplane.clone();
+                match tokio::task::spawn_blocking(move || dp.set_subnet(subnet)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        error!(error = %e, "could not configure the TUN device for the subnet")
+                    }
+                    Err(e) => error!(error = %e, "TUN configuration task failed"),
+                }
+            }
+            // Notifications up to here (our own changes among them) are answered by this read.
+            if let Some(rx) = &mut changes {
+                rx.borrow_and_update();
+            }
+            let dp = dataplane.clone();
+            match tokio::task::spawn_blocking(move || {
+                dp.repair_link(&mut drift);
+                drift
+            })
+            .await
+            {
+                Ok(d) => drift = d,
+                Err(e) => {
+                    error!(error = %e, "TUN drift repair task failed");
+                    drift = DriftLog::default();
+                }
+            }
+            subnet_changed = false;
+            tokio::select! {
+                changed = subnet_rx.changed() => {
+                    if changed.is_err() { return }
+                    subnet_changed = true;
+                }
+                changed = next_netlink_change(&mut changes) => {
+                    if changed.is_err() {
+                        warn!(every = ?LINK_CHECK, "the netlink watch of the TUN device ended: polling instead");
+                        changes = None;
+                        check = tokio::time::interval_at(Instant::now() + LINK_CHECK, LINK_CHECK);
+                        check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                    } else {
+                        settle = true;
+                    }
+                }
+                _ = check.tick() => {}
+                // A repair (or the read) that failed is retried every second: nothing need
+                // change in the kernel for it to succeed next time (a netlink timeout).
+                _ = tokio::time::sleep(LINK_CHECK), if drift.failing() => {}
+                _ = stop.wait_for(|v| *v) => return,
+            }
+            if std::mem::take(&mut settle) {
+                tokio::time::sleep(LINK_SETTLE).await;
+            }
+        }
+    })
+}
