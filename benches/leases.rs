@@ -52,13 +52,13 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use weft::config::NetworkConfig;
-use weft::health::Health;
 use weft::lease::driver::{DriverConfig, LeaseDriver};
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::keeper::{Keeper, KeeperConfig};
 use weft::lease::record::{
     Incarnation, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId, StoredLease, Subnet,
 };
+use weft::lease::status::LeaseHealth;
 use weft::lease::store::{
     CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
     RenewOutcome, Store, StoreError, WatchEvent, WatchStream,
@@ -298,7 +298,7 @@ struct Host {
     ip: Ipv4Addr,
     routes: Arc<Routes>,
     stats: Arc<RouteStats>,
-    health: Arc<Health>,
+    health: Arc<LeaseHealth>,
     subnet: watch::Receiver<Option<LeaseName>>,
     /// The last table looked at (kept, so that a new table is never mistaken for it).
     table: Arc<RouteTable>,
@@ -430,7 +430,7 @@ async fn run_hosts(
             1,
         ]);
         let attrs = weft::daemon::lease_attrs(&network, ip, None, mac);
-        let health = Arc::new(Health::new(clock.clone()));
+        let health = Arc::new(LeaseHealth::new(clock.clone()));
         let (subnet_tx, subnet_rx) = watch::channel(None);
         let routes = Arc::new(Routes::new({
             let (net, len) = network.leased_network();
@@ -687,7 +687,7 @@ async fn poll(
         }
         if now - last_stats >= 1_000_000_000 {
             last_stats = now;
-            let sum = |f: fn(&weft::health::Counters) -> &AtomicU64| -> u64 {
+            let sum = |f: fn(&weft::lease::status::LeaseCounters) -> &AtomicU64| -> u64 {
                 hosts.iter().map(|h| f(&h.health.counters).load(Ordering::Relaxed)).sum()
             };
             let relists: u64 = hosts.iter().map(|h| h.stats.relists.load(Ordering::Relaxed)).sum();
@@ -796,7 +796,7 @@ struct FlannelHost {
     ttl: Duration,
     clock: Arc<dyn Clock>,
     /// Ready while flanneld runs and its last write's etcd lease is live as far as it knows.
-    health: Arc<Health>,
+    health: Arc<LeaseHealth>,
     subnet_tx: watch::Sender<Option<LeaseName>>,
     calls: Arc<Calls>,
     counts: Arc<FlannelCounts>,
@@ -856,13 +856,13 @@ async fn flannel_put(h: &mut FlannelHost, s: Subnet) -> Result<Revision, StoreEr
 }
 
 fn store_trouble(h: &FlannelHost, what: &str, s: Option<Subnet>, e: &StoreError) {
-    weft::health::Counters::inc(&h.health.counters.store_errors);
+    weft::lease::status::LeaseCounters::inc(&h.health.counters.store_errors);
     tracing::warn!(host = h.idx, subnet = ?s.map(|s| s.to_string()), error = %e, "flanneld: {what} failed");
 }
 
 /// Marks the host's lease held until `expires` (its last write plus the TTL).
 fn flannel_held(h: &FlannelHost, s: Subnet, expires: Instant) {
-    h.health.set_lease(weft::health::LeaseStatus {
+    h.health.set_lease(weft::lease::status::LeaseStatus {
         state: "held",
         subnet: Some(s),
         expires_at: Some(expires),
@@ -893,7 +893,7 @@ async fn flannel_supervisor(mut h: FlannelHost, mut shutdown: watch::Receiver<bo
             FlannelExit::Exhausted => (&h.counts.exits_exhausted, "out of subnets (exit 1)".into()),
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        h.health.set_lease(weft::health::LeaseStatus {
+        h.health.set_lease(weft::lease::status::LeaseStatus {
             state: "exited",
             not_ready: Some(reason.clone()),
             ..Default::default()
@@ -928,10 +928,10 @@ async fn flanneld(
         }
     };
     let s = lease.subnet;
-    weft::health::Counters::inc(&h.health.counters.acquisitions);
+    weft::lease::status::LeaseCounters::inc(&h.health.counters.acquisitions);
     if *subnet_env != Some(s) {
         if subnet_env.is_some() {
-            weft::health::Counters::inc(&h.health.counters.subnet_changes);
+            weft::lease::status::LeaseCounters::inc(&h.health.counters.subnet_changes);
         }
         *subnet_env = Some(s);
     }
@@ -970,7 +970,7 @@ async fn flanneld(
                 let issued_clock = h.clock.now();
                 match flannel_put(h, s).await {
                     Ok(_) => {
-                        weft::health::Counters::inc(&h.health.counters.renewals);
+                        weft::lease::status::LeaseCounters::inc(&h.health.counters.renewals);
                         flannel_held(h, s, issued_clock + ttl);
                         renew_at = issued + ttl - margin;
                     }

@@ -28,7 +28,7 @@ use nix::fcntl::{Flock, FlockArg};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::health::{Health, LeaseStatus};
+use crate::lease::status::{LeaseHealth, LeaseStatus};
 
 /// The lock file's name in the state dir.
 pub(crate) const LOCK_FILE: &str = "lock";
@@ -133,7 +133,7 @@ pub(crate) fn held_message(path: &Path, pid: Option<u32>) -> String {
 /// answers 503 with `reason`, and each new reason is logged once at WARN. Errors from `check`
 /// end the wait.
 pub(crate) async fn wait_while_busy(
-    health: &Health,
+    health: &LeaseHealth,
     shutdown: &mut watch::Receiver<bool>,
     mut check: impl FnMut() -> anyhow::Result<Option<String>>,
 ) -> anyhow::Result<bool> {
@@ -229,7 +229,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn waiting_is_not_ready_with_the_reason_until_free() {
         use crate::time::ManualClock;
-        let health = Health::new(std::sync::Arc::new(ManualClock::new()));
+        let health = LeaseHealth::new(std::sync::Arc::new(ManualClock::new()));
         let (_tx, mut rx) = watch::channel(false);
         let mut calls = 0;
         let mut seen = Vec::new();
@@ -250,7 +250,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn waiting_ends_on_shutdown() {
         use crate::time::ManualClock;
-        let health = Health::new(std::sync::Arc::new(ManualClock::new()));
+        let health = LeaseHealth::new(std::sync::Arc::new(ManualClock::new()));
         let (tx, mut rx) = watch::channel(false);
         let stopper = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(5)).await;

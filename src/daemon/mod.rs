@@ -32,6 +32,7 @@ use crate::instance::{self, Attempt, StateDirLock};
 use crate::lease::driver::{DriverConfig, LeaseDriver};
 use crate::lease::keeper::{Keeper, KeeperConfig};
 use crate::lease::record::{Incarnation, LeaseAttrs, LeaseName, NodeId, Subnet};
+use crate::lease::status::LeaseHealth;
 use crate::lease::store::Store;
 use crate::lease::subnet_env::{self, ReadOutcome};
 use crate::route::watcher::RouteStats;
@@ -294,7 +295,13 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
     let clock: Arc<dyn Clock> = Arc::new(BootClock);
     let mut shutdown_rx = stop.subscribe();
 
-    let health = Arc::new(Health::new(clock.clone()));
+    let health = Arc::new(Health::new());
+    // The lease plane's status first: its metrics at the top of /metrics, its say on /readyz
+    // first.
+    let lease_health = Arc::new(LeaseHealth::new(clock.clone()));
+    health.add_collector(lease_health.clone());
+    let lease = lease_health.clone();
+    health.add_check(Box::new(move || lease.readiness().map(Some)));
     health.add_collector(stop.clone());
     health.add_collector(Arc::new(crate::logging::LogMetrics));
     let health_task = if opts.healthz_port > 0 {
@@ -316,7 +323,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
 
     // One weft per state dir: before the identity in it is read or anything is leased.
     let mut lock = None;
-    let free = instance::wait_while_busy(&health, &mut shutdown_rx, || {
+    let free = instance::wait_while_busy(&lease_health, &mut shutdown_rx, || {
         Ok(match StateDirLock::try_acquire(&opts.state_dir)? {
             Attempt::Acquired(l) => {
                 lock = Some(l);
@@ -408,7 +415,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
         // appear between the check and the start, the start refuses it and we wait again.
         let netlink = Netlink::open().context("asking the kernel about the TUN device")?;
         loop {
-            let free = instance::wait_while_busy(&health, &mut shutdown_rx, || {
+            let free = instance::wait_while_busy(&lease_health, &mut shutdown_rx, || {
                 Ok(match netlink.tun_status(&opts.tun_name)? {
                     TunStatus::Attached(queues) => Some(format!(
                         "{}; waiting for it to be released",
@@ -453,7 +460,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
     let underlay_status = Arc::new(UnderlayStatus::default());
     health.add_collector(underlay_status.clone());
     let status = underlay_status.clone();
-    health.add_check(Box::new(move || status.problem()));
+    health.add_check(Box::new(move || status.problem().map_or(Ok(None), Err)));
     let follower = tokio::spawn(follow_underlay(
         UnderlayFollow {
             // An IPv6-only node publishes no IPv4 address: nothing to follow.
@@ -478,7 +485,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
         keeper,
         node,
         clock,
-        health,
+        lease_health,
         DriverConfig {
             network,
             subnet_file: opts.subnet_file.clone(),

@@ -74,7 +74,7 @@ pub(super) fn start_dataplane(
     health.add_collector(dp.counters.clone());
     health.add_collector(dp.workers.clone());
     let w = dp.workers.clone();
-    health.add_check(Box::new(move || w.problem()));
+    health.add_check(Box::new(move || w.problem().map_or(Ok(None), Err)));
     let addresser = spawn_addresser(dp.clone(), subnet_rx, shutdown_rx.clone(), resync);
     Ok((dp, vec![addresser]))
 }

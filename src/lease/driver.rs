@@ -29,10 +29,10 @@ use super::keeper::{
     AcquireKind, Action, ActionResult, Keeper, KeeperEvent, LossReason, Readiness,
 };
 use super::record::{LeaseName, NodeId, Revision, Subnet};
+use super::status::{LeaseCounters, LeaseHealth, LeaseStatus};
 use super::store::{Store, WatchEvent, WatchStream};
 use super::subnet_env::{self, SubnetEnv, SubnetEnv4, SubnetEnv6};
 use crate::config::NetworkConfig;
-use crate::health::{Counters, Health, LeaseStatus};
 use crate::time::{Clock, Instant};
 
 /// Runs one keeper action against a store, for `node`. Shared by the daemon and the
@@ -109,7 +109,7 @@ pub struct LeaseDriver {
     keeper: Keeper,
     node: NodeId,
     clock: Arc<dyn Clock>,
-    health: Arc<Health>,
+    health: Arc<LeaseHealth>,
     cfg: DriverConfig,
     subnet_tx: watch::Sender<Option<LeaseName>>,
     own_watch: Option<(Subnet, WatchStream)>,
@@ -131,7 +131,7 @@ impl LeaseDriver {
         keeper: Keeper,
         node: NodeId,
         clock: Arc<dyn Clock>,
-        health: Arc<Health>,
+        health: Arc<LeaseHealth>,
         cfg: DriverConfig,
         subnet_tx: watch::Sender<Option<LeaseName>>,
     ) -> Self {
@@ -325,7 +325,7 @@ impl LeaseDriver {
         let c = &self.health.counters;
         match ev {
             KeeperEvent::Acquired { subnet, kind } => {
-                Counters::inc(&c.acquisitions);
+                LeaseCounters::inc(&c.acquisitions);
                 match kind {
                     AcquireKind::Adopted => {
                         info!(%subnet, ipv6 = ?self.keeper.ipv6(), "adopted this node's live lease")
@@ -338,7 +338,7 @@ impl LeaseDriver {
                 self.subnet_tx.send_replace(Some(LeaseName { subnet, ipv6: self.keeper.ipv6() }));
             }
             KeeperEvent::SubnetChanged { old, new } => {
-                Counters::inc(&c.subnet_changes);
+                LeaseCounters::inc(&c.subnet_changes);
                 warn!(%old, %new, "this node's subnet changed; pods on the old subnet need new addresses");
                 // Recorded in drain_events; started once subnet.env names the new subnet.
                 let run = subnet_change(old, new);
@@ -349,17 +349,17 @@ impl LeaseDriver {
                 }
             }
             KeeperEvent::Renewed { subnet } => {
-                Counters::inc(&c.renewals);
+                LeaseCounters::inc(&c.renewals);
                 debug!(%subnet, "lease renewed");
             }
             KeeperEvent::Recovered { subnet } => {
-                Counters::inc(&c.recoveries);
+                LeaseCounters::inc(&c.recoveries);
                 info!(%subnet, "recovered: the lease had vanished and was reclaimed; same subnet");
                 self.write_subnet_env(subnet);
                 self.subnet_tx.send_replace(Some(LeaseName { subnet, ipv6: self.keeper.ipv6() }));
             }
             KeeperEvent::Lost { subnet, reason, holder, holder_node } => {
-                Counters::inc(&c.losses);
+                LeaseCounters::inc(&c.losses);
                 let holder_text = holder.map_or("unknown".to_string(), |h| h.to_string());
                 error!(
                     %subnet,
@@ -384,11 +384,11 @@ impl LeaseDriver {
                 warn!(%subnet, %holder, "the previous subnet (subnet.env or history) is held by another node; not taking it");
             }
             KeeperEvent::Exhausted => {
-                Counters::inc(&c.exhaustions);
+                LeaseCounters::inc(&c.exhaustions);
                 error!("network exhausted: no free subnet in the configured range; retrying");
             }
             KeeperEvent::IdentityClash { other, other_ip } => {
-                Counters::inc(&c.identity_clashes);
+                LeaseCounters::inc(&c.identity_clashes);
                 let reason = match self.keeper.readiness(self.clock.now()) {
                     Readiness::NotReady(r) => r,
                     Readiness::Ready => String::new(),
@@ -417,7 +417,7 @@ impl LeaseDriver {
                 info!(%other, ?wait, "a previous process of this node may still be alive; waiting for its presence to expire");
             }
             KeeperEvent::StoreTrouble { action, error, lease_valid } => {
-                Counters::inc(&c.store_errors);
+                LeaseCounters::inc(&c.store_errors);
                 if lease_valid || self.keeper.held().is_none() {
                     warn!(action, %error, "store call failed; retrying");
                 } else {
@@ -503,7 +503,7 @@ impl LeaseDriver {
                 }
             }
             Err(e) => {
-                Counters::inc(&self.health.counters.subnet_file_write_failures);
+                LeaseCounters::inc(&self.health.counters.subnet_file_write_failures);
                 let error = e.to_string();
                 if last_error.as_deref() == Some(error.as_str()) {
                     debug!(path = %path.display(), %error, ?delay, "subnet.env still cannot be written");

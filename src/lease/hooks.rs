@@ -49,8 +49,8 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::record::Subnet;
+use super::status::{LeaseCounters, LeaseHealth};
 use crate::atomic_file;
-use crate::health::{Counters, Health};
 
 /// The journal's name in the state dir.
 pub(crate) const PENDING_FILE: &str = "hook-pending";
@@ -217,14 +217,14 @@ struct Job {
 pub(crate) struct HookRunner {
     cfg: Arc<HookConfig>,
     journal: Arc<Journal>,
-    health: Arc<Health>,
+    health: Arc<LeaseHealth>,
     tx: mpsc::UnboundedSender<Job>,
 }
 
 impl HookRunner {
     /// Starts the runner task, and queues again every hook the journal lists. Must be called
     /// inside a tokio runtime.
-    pub(crate) fn start(cfg: HookConfig, health: Arc<Health>) -> Self {
+    pub(crate) fn start(cfg: HookConfig, health: Arc<LeaseHealth>) -> Self {
         let cfg = Arc::new(cfg);
         let (journal, dropped) = Journal::load(&cfg.journal);
         let journal = Arc::new(journal);
@@ -251,7 +251,7 @@ impl HookRunner {
     /// Logs and counts runs dropped from the journal to keep it bounded.
     fn tell_dropped(&self, dropped: Vec<Dropped>) {
         for Dropped { run, why } in dropped {
-            Counters::inc(&self.health.counters.hook_runs_dropped);
+            LeaseCounters::inc(&self.health.counters.hook_runs_dropped);
             warn!(hook = run.kind.name(), old = ?run.old, new = ?run.new, reason = run.reason,
                 owed = MAX_OWED, "dropped an owed hook run, which will not run: {why}");
         }
@@ -467,7 +467,7 @@ async fn run_queue(
     mut rx: mpsc::UnboundedReceiver<Job>,
     cfg: Arc<HookConfig>,
     journal: Arc<Journal>,
-    health: Arc<Health>,
+    health: Arc<LeaseHealth>,
 ) {
     while let Some(job) = rx.recv().await {
         // Dropped from the journal since it was queued (logged and counted then).
@@ -478,7 +478,7 @@ async fn run_queue(
         };
         let ok = run_one(cmd, &run, job.rerun, cfg.timeout).await;
         if !ok {
-            Counters::inc(&health.counters.hook_failures);
+            LeaseCounters::inc(&health.counters.hook_failures);
         }
         journal.done(job.id);
     }
@@ -772,7 +772,7 @@ mod tests {
             "echo \"$1\" >> {d}/started; while [ ! -e {d}/gate ]; do sleep 0.01; done; \
              echo \"$1\" >> {d}/ran"
         );
-        let health = Arc::new(Health::new(Arc::new(crate::time::ManualClock::new())));
+        let health = Arc::new(LeaseHealth::new(Arc::new(crate::time::ManualClock::new())));
         let cfg = HookConfig {
             on_subnet_change: None,
             on_lease_lost: Some(cmd),

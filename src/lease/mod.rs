@@ -20,5 +20,6 @@ pub mod keys;
 pub mod memory;
 pub mod policy;
 pub mod record;
+pub mod status;
 pub mod store;
 pub mod subnet_env;
