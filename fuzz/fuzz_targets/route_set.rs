@@ -49,16 +49,43 @@ enum Value {
 #[derive(Arbitrary, Debug)]
 enum Event {
     Put(ArbLease),
-    Delete { index: u32, len: Option<u8>, rev: u8 },
-    Bad { name: String, under_subnets: bool },
-    Departed { index: u32, len: Option<u8>, state: u8, rev: u8 },
+    Delete {
+        index: u32,
+        len: Option<u8>,
+        rev: u8,
+    },
+    Bad {
+        name: String,
+        under_subnets: bool,
+    },
+    /// The delete of a key whose name does not parse.
+    DeleteUnparsed {
+        name: String,
+        rev: u8,
+    },
+    Departed {
+        index: u32,
+        len: Option<u8>,
+        state: u8,
+        rev: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Listing { rev: u8, leases: Vec<ArbLease>, history: Vec<(u32, u8, u8)>, bad: Vec<String> },
-    Batch { rev: u8, events: Vec<Event> },
+    Listing {
+        rev: u8,
+        leases: Vec<ArbLease>,
+        history: Vec<(u32, u8, u8)>,
+        bad: Vec<String>,
+    },
+    Batch {
+        rev: u8,
+        events: Vec<Event>,
+    },
     SetOwn(Option<u32>),
+    /// A stale route's trust ran out (the watcher's `--stale-route-ttl`).
+    DropStale(u32),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -293,6 +320,10 @@ fuzz_target!(|data: &[u8]| {
                             },
                             problem: "bad".into(),
                         })),
+                        Event::DeleteUnparsed { name, rev } => Some(WatchEvent::DeleteUnparsed {
+                            key: format!("/coreos.com/network/subnets/{name}"),
+                            revision: Revision(i64::from(*rev)),
+                        }),
                         Event::Departed { index, len, state, rev } => {
                             Some(WatchEvent::Departed(HistoryEntry {
                                 subnet: net.subnet(*index, *len),
@@ -337,6 +368,18 @@ fuzz_target!(|data: &[u8]| {
             }
             Op::SetOwn(i) => {
                 set.set_own(i.map(|i| net.subnet(i, None)));
+            }
+            Op::DropStale(i) => {
+                // Only a stale route goes; every live one stays.
+                let s = net.subnet(*i, None);
+                let live: Vec<_> =
+                    set.table().peers().iter().filter(|p| !p.stale).map(|p| p.subnet).collect();
+                let was_stale = set.peer(s).is_some_and(|p| p.stale);
+                set.drop_stale(s);
+                assert!(!was_stale || set.peer(s).is_none(), "{s} stale and not dropped");
+                for l in live {
+                    assert!(set.table().peers().iter().any(|p| p.subnet == l), "{l} live, dropped");
+                }
             }
         }
         assert!(set.resume_revision() >= resume, "resume revision went back");
