@@ -951,9 +951,8 @@ fn a_departed_peers_address_is_no_longer_trusted_after_the_stale_route_ttl() {
     let pod1 = lab.pod(1, &w1.subnet_file());
     w1.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 1.0);
     w2.kill();
-    let dropped = w1.wait_metric("weft_routes_stale_dropped_total", Duration::from_secs(20), |v| {
-        v >= 1.0
-    });
+    let dropped =
+        w1.wait_metric("weft_routes_stale_dropped_total", Duration::from_secs(20), |v| v >= 1.0);
     assert_eq!(dropped, 1.0);
     assert_eq!(w1.metric("weft_routes"), Some(0.0), "{}", w1.log_tail(20));
     assert!(w1.log().contains("dropped the stale route"), "{}", w1.log_tail(20));

@@ -593,43 +593,29 @@ impl Lab {
 
     /// Starts `weft run` (TUN data plane) in host `n`'s namespace, with a fresh state dir.
     pub fn start_weft(&self, n: u8, extra: &[&str]) -> Weft {
-        self.start_weft_as(n, extra, false, &[], true, true)
+        started(self.weft_as(n, extra, false, &[], true, true))
     }
 
     /// [`Lab::start_weft`] without `--public-ip`: weft publishes eth0's address and follows it.
     pub fn start_weft_following_eth0(&self, n: u8, extra: &[&str]) -> Weft {
-        self.start_weft_as(n, extra, false, &[], false, true)
+        started(self.weft_as(n, extra, false, &[], false, true))
     }
 
     /// [`Lab::start_weft`] without `--public-ip` and without `--iface`: weft picks the
     /// interface of the host's default route (eth0, via 192.0.2.254) by itself.
     pub fn start_weft_by_default_route(&self, n: u8, extra: &[&str]) -> Weft {
-        self.start_weft_as(n, extra, false, &[], false, false)
+        started(self.weft_as(n, extra, false, &[], false, false))
     }
 
     /// [`Lab::start_weft`] with extra environment variables (the `fault-injection` hooks).
     pub fn start_weft_with_env(&self, n: u8, extra: &[&str], env: &[(&str, &str)]) -> Weft {
-        self.start_weft_as(n, extra, false, env, true, true)
+        started(self.weft_as(n, extra, false, env, true, true))
     }
 
     /// Starts `weft run` as uid/gid 65534 with only CAP_NET_ADMIN, in a private mount namespace
     /// whose `/dev/net/tun` is a 0666 node of the lab's own (the host's node is left alone).
     pub fn start_weft_nonroot(&self, n: u8, extra: &[&str]) -> Weft {
-        self.start_weft_as(n, extra, true, &[], true, true)
-    }
-
-    fn start_weft_as(
-        &self,
-        n: u8,
-        extra: &[&str],
-        nonroot: bool,
-        env: &[(&str, &str)],
-        public_ip_flag: bool,
-        iface_flag: bool,
-    ) -> Weft {
-        let mut w = self.weft_as(n, extra, nonroot, env, public_ip_flag, iface_flag);
-        w.start();
-        w
+        started(self.weft_as(n, extra, true, &[], true, true))
     }
 
     fn weft_as(
@@ -850,6 +836,12 @@ impl Drop for Lab {
             }
         }
     }
+}
+
+/// `w`, started.
+fn started(mut w: Weft) -> Weft {
+    w.start();
+    w
 }
 
 /// One `weft run` process with the TUN data plane, inside a host namespace.
