@@ -136,3 +136,37 @@ fn gso_turns_off_while_the_path_refuses_it_and_on_again_after_the_retry_time() {
     assert_eq!(warns as f64, fallbacks, "one WARN per turn-off:\n{}", w1.log_tail(30));
     assert_eq!(log.matches("UDP GSO works again").count(), 1, "{}", w1.log_tail(30));
 }
+
+/// On a kernel with the v7.0–v7.1.4 UDP GSO bug (made believed with the `fault-injection`
+/// feature's `WEFT_FAULT_KERNEL_RELEASE`), weft sends without UDP GSO from the start, says so in
+/// one WARN naming the kernel and the bug, shows it on `/metrics`, and traffic flows; the
+/// operator's `--udp-gso on` (a kernel with the fix backported) keeps GSO on, with a WARN.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_kernel_with_the_udp_gso_bug_sends_without_gso_and_on_overrides() {
+    let lab = Lab::new(VXLAN);
+    let env = [("WEFT_FAULT_KERNEL_RELEASE", "7.1.3-generic")];
+    let mut w1 = lab.start_weft_with_env(1, &[], &env);
+    let mut w2 = lab.start_weft_with_env(2, &["--udp-gso", "on"], &env);
+    w1.wait_ready(Duration::from_secs(20));
+    w2.wait_ready(Duration::from_secs(20));
+    let (p1, p2) = (lab.pod(1, &w1.subnet_file()), lab.pod(2, &w2.subnet_file()));
+    w1.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 1.0);
+    let off = r#"weft_dataplane_offload_enabled{offload="udp_gso",reason="udp_gso_mangled_v7_0"}"#;
+    assert_eq!(w1.metric(off), Some(0.0), "{:?}", w1.get("/metrics"));
+    assert_eq!(w1.metric(GAUGE), Some(0.0), "host 1's sockets use GSO");
+    let on = r#"weft_dataplane_offload_enabled{offload="udp_gso",reason="flag"}"#;
+    assert_eq!(w2.metric(on), Some(1.0));
+    assert_eq!(w2.metric(GAUGE), Some(1.0), "host 2's sockets do not use GSO");
+    let log1 = w1.log();
+    assert_eq!(log1.matches("has a known bug").count(), 1, "{}", w1.log_tail(20));
+    assert!(log1.contains("kernel 7.1.3-generic") && log1.contains("--udp-gso on"));
+    assert!(w2.log().contains("--udp-gso on keeps udp_gso on"), "{}", w2.log_tail(20));
+    // Bulk traffic both ways.
+    let _server2 = Iperf3Server::start(&p2.ns);
+    wait_listening(&p2.ns);
+    let bps = iperf3_bps(&p1.ns, p2.ip, 2);
+    eprintln!("iperf3 from the host without GSO: {:.2} Gb/s", bps / 1e9);
+    assert!(bps > 50e6, "{bps} b/s");
+    assert!(w1.metric(RX_BYTES).unwrap_or(0.0) > 0.0);
+}

@@ -15,7 +15,7 @@ use clap::{Args, Parser, Subcommand};
 
 use weft::config::NetworkConfig;
 use weft::daemon::{self, DataplaneMode, RunOptions};
-use weft::dataplane::driver::UdpGsoConfig;
+use weft::dataplane::kernel_bugs::OffloadMode;
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::keys::{self, KeyLayout};
 use weft::lease::record::{HistoryState, Subnet};
@@ -200,19 +200,31 @@ struct RunArgs {
     /// Default: the number of CPUs.
     #[arg(long, env = "WEFT_WORKERS")]
     workers: Option<usize>,
-    /// Turn off TUN offloads (TSO/checksum with userspace segmentation and GRO).
-    #[arg(long, env = "WEFT_NO_TUN_OFFLOAD")]
+    /// TUN offloads (TSO/checksum with userspace segmentation and GRO): `auto` uses them unless
+    /// the running kernel is known to break them (docs/troubleshooting.md); `on` overrides (a
+    /// distribution kernel with the fix backported); `off`.
+    #[arg(long, env = "WEFT_TUN_OFFLOAD", value_enum, default_value_t = OffloadMode::Auto)]
+    tun_offload: OffloadMode,
+    /// `--tun-offload off`.
+    #[arg(long, env = "WEFT_NO_TUN_OFFLOAD", conflicts_with = "tun_offload")]
     no_tun_offload: bool,
-    /// Turn off UDP GSO (UDP_SEGMENT) on send.
-    #[arg(long, env = "WEFT_NO_UDP_GSO")]
+    /// UDP GSO (UDP_SEGMENT) on send: `auto` (unless the kernel is known to break it), `on`,
+    /// `off`.
+    #[arg(long, env = "WEFT_UDP_GSO", value_enum, default_value_t = OffloadMode::Auto)]
+    udp_gso: OffloadMode,
+    /// `--udp-gso off`.
+    #[arg(long, env = "WEFT_NO_UDP_GSO", conflicts_with = "udp_gso")]
     no_udp_gso: bool,
     /// After a UDP GSO send fails, the socket sends single datagrams for this long, then tries
     /// GSO again (doubling after each failed try, up to an hour). Hidden: the default suits
     /// every use but tests, which want seconds.
     #[arg(long, env = "WEFT_GSO_RETRY_AFTER", default_value = "30s", value_parser = parse_duration, hide = true)]
     gso_retry_after: Duration,
-    /// Turn off UDP GRO on receive.
-    #[arg(long, env = "WEFT_NO_UDP_GRO")]
+    /// UDP GRO on receive: `auto` (unless the kernel is known to break it), `on`, `off`.
+    #[arg(long, env = "WEFT_UDP_GRO", value_enum, default_value_t = OffloadMode::Auto)]
+    udp_gro: OffloadMode,
+    /// `--udp-gro off`.
+    #[arg(long, env = "WEFT_NO_UDP_GRO", conflicts_with = "udp_gro")]
     no_udp_gro: bool,
     /// Turn off recvmmsg/sendmmsg batching: one packet per syscall.
     #[arg(long, env = "WEFT_NO_BATCHING")]
@@ -426,9 +438,10 @@ fn run_options(args: &RunArgs) -> RunOptions {
         workers: args.workers.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
         }),
-        tun_offload: !args.no_tun_offload,
-        udp_gso: UdpGsoConfig { on: !args.no_udp_gso, retry_after: args.gso_retry_after },
-        udp_gro: !args.no_udp_gro,
+        tun_offload: if args.no_tun_offload { OffloadMode::Off } else { args.tun_offload },
+        udp_gso: if args.no_udp_gso { OffloadMode::Off } else { args.udp_gso },
+        gso_retry_after: args.gso_retry_after,
+        udp_gro: if args.no_udp_gro { OffloadMode::Off } else { args.udp_gro },
         batching: !args.no_batching,
         one_thread: args.worker_threads == 1,
         spin: args.spin,
@@ -716,6 +729,33 @@ mod tests {
             panic!("weft run")
         };
         assert_eq!(run.tun_name, "weft0");
+    }
+
+    #[test]
+    fn offload_flags_are_auto_on_off_and_the_old_no_flags_mean_off() {
+        let run = |extra: &[&str]| {
+            let mut argv = vec!["weft", "run"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv) {
+                Ok(Cli { command: Command::Run(run) }) => Ok(run_options(&run)),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let o = run(&[]).unwrap();
+        assert_eq!(
+            (o.udp_gso, o.udp_gro, o.tun_offload),
+            (OffloadMode::Auto, OffloadMode::Auto, OffloadMode::Auto)
+        );
+        let o = run(&["--udp-gso", "on", "--no-udp-gro", "--tun-offload", "off"]).unwrap();
+        assert_eq!(
+            (o.udp_gso, o.udp_gro, o.tun_offload),
+            (OffloadMode::On, OffloadMode::Off, OffloadMode::Off)
+        );
+        assert_eq!(run(&["--no-udp-gso"]).unwrap().udp_gso, OffloadMode::Off);
+        let e = run(&["--no-udp-gso", "--udp-gso", "on"]).unwrap_err();
+        assert!(e.contains("cannot be used with"), "{e}");
+        assert!(run(&["--udp-gso", "maybe"]).unwrap_err().contains("auto"));
     }
 
     #[test]

@@ -24,6 +24,7 @@ use tracing::{error, info, warn};
 use crate::atomic_file;
 use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
 use crate::dataplane::driver::DataplaneError;
+use crate::dataplane::kernel_bugs::OffloadMode;
 use crate::dataplane::netlink::{Netlink, TunStatus};
 use crate::dataplane::sys::TunError;
 use crate::dataplane::wire::ethernet::MacAddr;
@@ -44,7 +45,7 @@ mod netlink_watch;
 mod tun;
 mod underlay;
 
-use tun::{dataplane_config, start_dataplane};
+use tun::{dataplane_config, offload_decisions, start_dataplane};
 pub(crate) use underlay::UnderlayStatus;
 use underlay::{
     UnderlayFollow, find_ipv6_only_underlay, find_underlay, find_underlay6, follow_underlay,
@@ -102,12 +103,14 @@ pub struct RunOptions {
     pub tun_name: String,
     /// `--workers`.
     pub workers: usize,
-    /// Not `--no-tun-offload`.
-    pub tun_offload: bool,
-    /// Not `--no-udp-gso`, and `--gso-retry-after`.
-    pub udp_gso: crate::dataplane::driver::UdpGsoConfig,
-    /// Not `--no-udp-gro`.
-    pub udp_gro: bool,
+    /// `--tun-offload` (`--no-tun-offload`: off).
+    pub tun_offload: OffloadMode,
+    /// `--udp-gso` (`--no-udp-gso`: off).
+    pub udp_gso: OffloadMode,
+    /// `--gso-retry-after`.
+    pub gso_retry_after: Duration,
+    /// `--udp-gro` (`--no-udp-gro`: off).
+    pub udp_gro: OffloadMode,
     /// Not `--no-batching`.
     pub batching: bool,
     /// `--worker-threads 1`.
@@ -410,6 +413,10 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
         opts.stale_route_ttl,
         &shutdown_rx,
     );
+    let offloads = offload_decisions(&opts);
+    if opts.dataplane == DataplaneMode::Tun {
+        health.add_collector(Arc::new(offloads.clone()));
+    }
     let dataplane = if opts.dataplane == DataplaneMode::Tun {
         // One weft per TUN device: wait while another process has it attached. Should one
         // appear between the check and the start, the start refuses it and we wait again.
@@ -429,7 +436,7 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
                 return stopped(health_task).await;
             }
             match start_dataplane(
-                dataplane_config(&opts, &network, &underlay, public_ipv6, vtep_mac),
+                dataplane_config(&opts, &network, &underlay, public_ipv6, vtep_mac, &offloads),
                 routes.clone(),
                 &health,
                 subnet_rx.clone(),

@@ -15,7 +15,8 @@ use super::RunOptions;
 use super::netlink_watch::{LINK_SETTLE, next_netlink_change, start_watch};
 use super::underlay::Underlay;
 use crate::config::NetworkConfig;
-use crate::dataplane::driver::{Dataplane, DataplaneConfig, Ipv6Dataplane};
+use crate::dataplane::driver::{Dataplane, DataplaneConfig, Ipv6Dataplane, UdpGsoConfig};
+use crate::dataplane::kernel_bugs::{Offload, OffloadDecisions};
 use crate::dataplane::link::DriftLog;
 use crate::dataplane::wire::ethernet::MacAddr;
 use crate::health::Health;
@@ -26,6 +27,51 @@ use crate::route::Routes;
 /// started (or it ended).
 const LINK_CHECK: Duration = Duration::from_secs(1);
 
+/// The running kernel's release (`/proc/sys/kernel/osrelease`, as `uname -r` prints it).
+/// With the `fault-injection` feature, `WEFT_FAULT_KERNEL_RELEASE` stands in for it (tests make
+/// weft believe it runs on an affected kernel).
+fn kernel_release() -> Option<String> {
+    #[cfg(feature = "fault-injection")]
+    if let Ok(release) = std::env::var("WEFT_FAULT_KERNEL_RELEASE") {
+        return Some(release);
+    }
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|r| r.trim().to_owned())
+}
+
+/// Decides each offload for the running kernel and the flags ([`crate::dataplane::kernel_bugs`])
+/// and says so: one WARN per offload a known bug turns off (naming the kernel, the bug, its
+/// sources and the flag that overrides), one per offload kept on by `on` despite a known bug.
+pub(super) fn offload_decisions(opts: &RunOptions) -> OffloadDecisions {
+    let release = kernel_release();
+    let decisions =
+        OffloadDecisions::new(release.as_deref(), [opts.udp_gso, opts.udp_gro, opts.tun_offload]);
+    let kernel = release.as_deref().unwrap_or("unknown");
+    for d in &decisions.decisions {
+        let Some(bug) = d.bug else { continue };
+        let flag = d.offload.label().replace('_', "-");
+        if d.enabled {
+            warn!(
+                kernel,
+                bug = bug.id,
+                sources = bug.sources,
+                "kernel {kernel} is in the range of a known bug ({}), but --{flag} on keeps {} on",
+                bug.what,
+                d.offload.label()
+            );
+        } else if d.reason == bug.id {
+            warn!(
+                kernel,
+                bug = bug.id,
+                sources = bug.sources,
+                "kernel {kernel} has a known bug: {}; turned {} off (--{flag} on overrides, for a kernel with the fix backported)",
+                bug.what,
+                d.offload.label()
+            );
+        }
+    }
+    decisions
+}
+
 /// What the data plane is started with: the run options, the network config, the underlay
 /// (and its IPv6 address on a dual-stack vxlan network) and this host's VTEP MAC.
 pub(super) fn dataplane_config(
@@ -34,6 +80,7 @@ pub(super) fn dataplane_config(
     underlay: &Underlay,
     public_ipv6: Option<Ipv6Addr>,
     vtep_mac: MacAddr,
+    offloads: &OffloadDecisions,
 ) -> DataplaneConfig {
     DataplaneConfig {
         tun_name: opts.tun_name.clone(),
@@ -51,9 +98,12 @@ pub(super) fn dataplane_config(
             .zip(public_ipv6)
             .map(|(v6, public_ip)| Ipv6Dataplane { network: v6.network, public_ip }),
         workers: opts.workers,
-        tun_offload: opts.tun_offload,
-        udp_gso: opts.udp_gso,
-        udp_gro: opts.udp_gro,
+        tun_offload: offloads.enabled(Offload::TunOffload),
+        udp_gso: UdpGsoConfig {
+            on: offloads.enabled(Offload::UdpGso),
+            retry_after: opts.gso_retry_after,
+        },
+        udp_gro: offloads.enabled(Offload::UdpGro),
         batching: opts.batching,
         one_thread: opts.one_thread,
         spin: opts.spin,

@@ -15,6 +15,7 @@ pub mod driver;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub(crate) mod gso_retry;
+pub mod kernel_bugs;
 pub mod link;
 pub(crate) mod link_watch;
 pub(crate) mod netlink;
