@@ -108,11 +108,9 @@ etcd_ns_up() { # I
     ip -n "$ns" link set eth0 up
 }
 etcd_start() { # I new|existing
-    ip netns exec "${P}e$1" etcd --name "e$1" --data-dir "$WORK/etcd/e$1" \
-        --listen-client-urls "http://${EIP[$1]}:2379" --advertise-client-urls "http://${EIP[$1]}:2379" \
-        --listen-peer-urls "http://${EIP[$1]}:2380" --initial-advertise-peer-urls "http://${EIP[$1]}:2380" \
-        --initial-cluster "$INITIAL" --initial-cluster-state "$2" --initial-cluster-token "$P" \
-        --heartbeat-interval 50 --election-timeout 500 --log-level warn >>"$WORK/etcd/e$1.log" 2>&1 &
+    netns_etcd "${P}e$1" "e$1" "$WORK/etcd/e$1" "http://${EIP[$1]}:2379" "http://${EIP[$1]}:2380" \
+        "$INITIAL" "$WORK/etcd/e$1.log" --initial-cluster-state "$2" --initial-cluster-token "$P" \
+        --heartbeat-interval 50 --election-timeout 500 --log-level warn
     EPID[$1]=$!
 }
 etcd_kill() { # I
