@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null
 echo "== building weft (release)"
 cargo build --release --quiet
-WEFT="$PWD/target/release/weft"
+WEFT="${CARGO_TARGET_DIR:-$PWD/target}/release/weft"
+[[ "$WEFT" = /* ]] || WEFT="$PWD/$WEFT"
 
 P="weftdemo$$-"
 WORK=$(mktemp -d /tmp/weft-demo.XXXXXX)
