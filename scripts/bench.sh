@@ -123,10 +123,8 @@ ip -n "$H2" addr add 192.0.2.2/24 dev eth0; ip -n "$H2" link set eth0 up
 ip -n "$H1" addr add 2001:db8::1/64 dev eth0 nodad
 ip -n "$H2" addr add 2001:db8::2/64 dev eth0 nodad
 
-ip netns exec "$H1" etcd --name bench --data-dir "$WORK/etcd" \
-    --listen-client-urls http://192.0.2.1:2379 --advertise-client-urls http://192.0.2.1:2379 \
-    --listen-peer-urls http://127.0.0.1:23801 --initial-advertise-peer-urls http://127.0.0.1:23801 \
-    --initial-cluster bench=http://127.0.0.1:23801 --log-level error >"$WORK/etcd.log" 2>&1 &
+netns_etcd "$H1" bench "$WORK/etcd" http://192.0.2.1:2379 http://127.0.0.1:23801 \
+    bench=http://127.0.0.1:23801 "$WORK/etcd.log" --log-level error
 disown
 for _ in $(seq 1 50); do
     ip netns exec "$H2" bash -c "exec 3<>/dev/tcp/192.0.2.1/2379" 2>/dev/null && break

@@ -22,9 +22,11 @@
 #   (snapshot restore of the whole cluster is not done: see the README)
 #
 # Invariants (exit 1 if any is broken): no two ready hosts claim one subnet (subnet.env or
-# weft0's address), no ready host claims a subnet etcd gives to another node, no two live keys
-# overlap; no write changed a key's WeftNodeID without the key being deleted first (etcd watch
-# with --prev-kv, and create revisions between checks); no host unready longer than the
+# weft0's address), no ready host claims a subnet etcd gives to another node, no two live
+# leases share an IPv4 subnet or an IPv6 half (the leases as `weft lease list --json` reads
+# them, dual-stack keys included; `chaos_check.py --self-test` holds that check); no write
+# changed a key's WeftNodeID without the key being deleted first (etcd watch with --prev-kv,
+# and create revisions between checks); no host unready longer than the
 # fault's duration plus two TTLs; and no fault loses more than CHAOS_MAX_LOSS % (default 5) of
 # the pings it should not touch (a reply after more than 1 s counts as lost): for stop and
 # storm every pair not involving the faulted host, for every other fault (etcd's faults,
@@ -54,6 +56,7 @@ SETTLE=$TTL
 
 [ "$(id -u)" -eq 0 ] || { echo "chaos: run as root (it creates network namespaces)" >&2; exit 1; }
 scripts/setup.sh >/dev/null
+python3 scripts/chaos_check.py --self-test >/dev/null || { python3 scripts/chaos_check.py --self-test >&2; exit 1; }
 echo "== building weft (release)"
 cargo build --release --quiet
 WEFT="${CARGO_TARGET_DIR:-$PWD/target}/release/weft"
@@ -88,7 +91,7 @@ hub() { ip netns exec "${P}hub" "$@"; }
 ectl() { hub etcdctl --endpoints "$EPS" --dial-timeout 2s --command-timeout 5s "$@"; }
 ectl_at() { local ep=$1; shift; hub etcdctl --endpoints "$ep" --dial-timeout 2s --command-timeout 5s "$@"; }
 check() { python3 scripts/chaos_check.py check --work "$WORK" --netns-prefix "$P" --hosts "$HOSTS" \
-    --endpoints "$EPS" --prefix "$KEYS" --label "$1"; }
+    --endpoints "$EPS" --prefix "$KEYS" --etcd-prefix "$PREFIX" --weft "$WEFT" --label "$1"; }
 
 # Seeded choices: only ever called in the main shell, so $RANDOM's sequence is the seed's.
 RANDOM=$CHAOS_SEED
@@ -105,11 +108,9 @@ etcd_ns_up() { # I
     ip -n "$ns" link set eth0 up
 }
 etcd_start() { # I new|existing
-    ip netns exec "${P}e$1" etcd --name "e$1" --data-dir "$WORK/etcd/e$1" \
-        --listen-client-urls "http://${EIP[$1]}:2379" --advertise-client-urls "http://${EIP[$1]}:2379" \
-        --listen-peer-urls "http://${EIP[$1]}:2380" --initial-advertise-peer-urls "http://${EIP[$1]}:2380" \
-        --initial-cluster "$INITIAL" --initial-cluster-state "$2" --initial-cluster-token "$P" \
-        --heartbeat-interval 50 --election-timeout 500 --log-level warn >>"$WORK/etcd/e$1.log" 2>&1 &
+    netns_etcd "${P}e$1" "e$1" "$WORK/etcd/e$1" "http://${EIP[$1]}:2379" "http://${EIP[$1]}:2380" \
+        "$INITIAL" "$WORK/etcd/e$1.log" --initial-cluster-state "$2" --initial-cluster-token "$P" \
+        --heartbeat-interval 50 --election-timeout 500 --log-level warn
     EPID[$1]=$!
 }
 etcd_kill() { # I

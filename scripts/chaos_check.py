@@ -5,14 +5,20 @@
       Records every change under KEYPREFIX with its previous value (etcdctl watch --prev-kv,
       from revision 1, resumed at the next revision whenever etcdctl exits) to W/watch.jsonl.
 
-  chaos_check.py check  --work W --netns-prefix P --hosts N --endpoints EPS --prefix KEYPREFIX --label L
-      One look at the cluster now: etcd's subnet keys, each host's subnet.env, the address of
-      weft0 in each host namespace and each host's /readyz. Appends the result to W/checks.jsonl
-      and prints a one-line summary.
+  chaos_check.py check  --work W --netns-prefix P --hosts N --endpoints EPS --prefix KEYPREFIX
+                        --etcd-prefix PREFIX --weft BIN --label L
+      One look at the cluster now: the leases as `weft lease list --json` reads them (weft's own
+      key parser; the checker never reads a key as a subnet), the create revision of every key
+      at the listing's revision, each host's subnet.env, the address of weft0 in each host
+      namespace and each host's /readyz. Appends the result to W/checks.jsonl and prints a
+      one-line summary.
 
   chaos_check.py report --work W --hosts N --ttl SECONDS --max-loss PCT
       Reads W/faults.jsonl, the ping logs, the readiness logs, the watch log and the checks;
       prints the per-fault table and the invariant counts; exits 1 if an invariant is broken.
+
+  chaos_check.py --self-test
+      Feeds the overlap check listings with dual-stack duplicates; exits 1 if one is missed.
 """
 import argparse
 import base64
@@ -119,36 +125,90 @@ def readyz(ns):
     return "is ready" in body
 
 
+def weft_listing(a):
+    """The leases as weft itself reads them: `weft lease list --json` in the hub namespace, with
+    weft's own key parser (a dual-stack key, `10.244.3.0-24&fd00::-64`, is one lease with two
+    halves). None if weft could not read the store."""
+    raw = run(["ip", "netns", "exec", a.netns_prefix + "hub", a.weft, "lease", "list", "--json",
+               "--etcd-endpoints", a.endpoints, "--etcd-prefix", a.etcd_prefix], timeout=15)
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def lease_problems(listing):
+    """Overlaps among the live leases of one `weft lease list --json` listing: two live leases
+    must share neither an IPv4 subnet nor an IPv6 half. Returns (live leases, problems, infos)."""
+    live = [l for l in listing.get("leases") or [] if l.get("live")]
+    problems, infos = [], []
+    nets = []
+    for l in live:
+        halves = []
+        for field in ("subnet", "ipv6_subnet"):
+            if l.get(field):
+                try:
+                    halves.append(ipaddress.ip_network(l[field]))
+                except ValueError:
+                    infos.append(f"weft listed an unreadable {field} {l[field]!r}")
+        nets.append(set(halves))
+    for i, x in enumerate(live):
+        for j in range(i + 1, len(live)):
+            shared = sorted({str(max(a, b, key=lambda n: n.prefixlen))
+                             for a in nets[i] for b in nets[j] if a.overlaps(b)})
+            if shared:
+                problems.append(f"two live leases overlap on {' '.join(shared)}: "
+                                f"{lease_label(x)} ({x.get('holder')}) and "
+                                f"{lease_label(live[j])} ({live[j].get('holder')})")
+    for e in listing.get("ignored") or []:
+        infos.append(f"weft ignores key {e.get('key')}: {e.get('reason')}")
+    for e in listing.get("skipped") or []:
+        infos.append(f"weft skipped {e.get('key')}: {e.get('problem')}")
+    for e in listing.get("ipv6_half_conflicts") or []:
+        infos.append(f"weft: IPv6 half conflict at {e.get('key')}: {e.get('reason')}")
+    return live, problems, infos
+
+
+def lease_label(l):
+    return l["subnet"] + (f"+{l['ipv6_subnet']}" if l.get("ipv6_subnet") and
+                          l["ipv6_subnet"] != l["subnet"] else "")
+
+
+def key_revisions(a, revision):
+    """{etcd key: {"node", "create"}} under the subnets prefix at the listing's revision. The key
+    is an opaque name here (never read as a subnet: weft's listing does that); the holder is the
+    value's WeftNodeID, as in the watch log."""
+    cmd = ["ip", "netns", "exec", a.netns_prefix + "hub", "etcdctl", "--endpoints", a.endpoints,
+           "--command-timeout", "5s", "get", "--prefix", a.prefix, "-w", "json"]
+    if revision:
+        cmd += ["--rev", str(revision)]
+    try:
+        kvs = json.loads(run(cmd, timeout=10)).get("kvs") or []
+    except ValueError:
+        return None
+    return {b64(kv["key"]): {"node": node_of(b64(kv.get("value"))),
+                             "create": kv.get("create_revision"), "mod": kv.get("mod_revision")}
+            for kv in kvs}
+
+
 def cmd_check(a):
     work, P = a.work, a.netns_prefix
     problems, infos = [], []
-    raw = run(["ip", "netns", "exec", P + "hub", "etcdctl", "--endpoints", a.endpoints,
-               "--command-timeout", "5s", "get", "--prefix", a.prefix, "-w", "json"], timeout=10)
-    try:
-        kvs = json.loads(raw).get("kvs") or []
-        etcd_ok = True
-    except ValueError:
-        kvs, etcd_ok = [], False
-        infos.append("etcd unreadable")
-    keys = {}
-    for kv in kvs:
-        k = b64(kv["key"])[len(a.prefix):]
-        v = b64(kv.get("value"))
-        keys[k] = {"node": node_of(v), "create": kv.get("create_revision"),
-                   "mod": kv.get("mod_revision"), "lease": kv.get("lease")}
-    nets = {}
-    for k in keys:
+    listing = weft_listing(a)
+    etcd_ok = listing is not None
+    if not etcd_ok:
+        listing = {}
+        infos.append("weft lease list failed (etcd unreadable)")
+    live, lp, li = lease_problems(listing)
+    problems += lp
+    infos += li
+    dup = len(lp)
+    holder = {}
+    for l in live:
         try:
-            nets[k] = ipaddress.ip_network(k.replace("-", "/"))
+            holder[str(ipaddress.ip_network(l["subnet"]))] = l.get("holder")
         except ValueError:
-            infos.append(f"unparsable key {k}")
-    ks = sorted(nets)
-    dup = 0
-    for i, x in enumerate(ks):
-        for y in ks[i + 1:]:
-            if nets[x].overlaps(nets[y]):
-                dup += 1
-                problems.append(f"two live keys overlap: {x} {y}")
+            pass  # named by lease_problems
 
     hosts = {}
     for n in range(1, a.hosts + 1):
@@ -160,10 +220,7 @@ def cmd_check(a):
             h["env"] = str(ipaddress.ip_interface(m.group(1)).network) if m else None
         except OSError:
             h["env"] = None
-        try:
-            h["node"] = open(os.path.join(work, f"h{n}", "state", "node-id")).read().strip()
-        except OSError:
-            h["node"] = None
+        h["node"] = node_id(work, n)
         tun = None
         try:
             for link in json.loads(run(["ip", "-n", ns, "-j", "addr", "show", "dev", "weft0"]) or "[]"):
@@ -189,55 +246,64 @@ def cmd_check(a):
     for h in ready:
         if not h["env"]:
             continue
-        k = h["env"].replace("/", "-")
         if h["tun"] and ipaddress.ip_address(h["tun"]) not in ipaddress.ip_network(h["env"]):
             infos.append(f"h{h['n']}: weft0 {h['tun']} outside subnet.env {h['env']}")
-        if k in keys and keys[k]["node"] != h["node"]:
+        if h["env"] in holder and holder[h["env"]] != h["node"]:
             dup += 1
             problems.append(f"h{h['n']} ready with {h['env']} but etcd gives it to "
-                            f"{node_names.get(keys[k]['node'], keys[k]['node'])}")
-        elif k not in keys and etcd_ok:
-            infos.append(f"h{h['n']} ready with {h['env']} but no key in etcd")
+                            f"{node_names.get(holder[h['env']], holder[h['env']])}")
+        elif h["env"] not in holder and etcd_ok:
+            infos.append(f"h{h['n']} ready with {h['env']} but no lease in etcd")
     for h in hosts.values():
         if not h["ready"]:
             infos.append(f"h{h['n']} not ready")
     held = {}
-    for k, v in keys.items():
-        held.setdefault(v["node"], []).append(k)
-    for node, ks_ in held.items():
-        if len(ks_) > 1:
-            infos.append(f"{node_names.get(node, node)} holds {len(ks_)} keys: {' '.join(sorted(ks_))}")
+    for l in live:
+        held.setdefault(l.get("holder"), []).append(lease_label(l))
+    for node, ls in held.items():
+        if len(ls) > 1:
+            infos.append(f"{node_names.get(node, node)} holds {len(ls)} leases: {' '.join(sorted(ls))}")
 
     # A key that kept its create revision but changed holder was written by another node
-    # (covers what a watch gap might have missed).
+    # (covers what a watch gap might have missed). Read at the listing's revision.
     foreign = []
+    keys = key_revisions(a, listing.get("revision")) if etcd_ok else None
     state_path = os.path.join(work, "check-state.json")
     try:
         prev = json.load(open(state_path))
     except (OSError, ValueError):
         prev = {}
-    for k, v in keys.items():
+    for k, v in (keys or {}).items():
         p = prev.get(k)
         if p and p["create"] == v["create"] and p["node"] != v["node"]:
             foreign.append({"key": k, "rev": v["mod"], "from": p["node"], "to": v["node"]})
             problems.append(f"{k}: holder changed {p['node']} -> {v['node']} "
                             f"within one creation (rev {v['create']})")
-    if etcd_ok:
+    if keys is not None:
         json.dump(keys, open(state_path, "w"))
+    elif etcd_ok:
+        infos.append("etcdctl get failed: no create-revision check this time")
 
     rec = {"t": time.time(), "label": a.label, "dup": dup, "foreign": foreign,
-           "problems": problems, "infos": infos, "keys": len(keys),
+           "problems": problems, "infos": infos, "keys": len(live),
            "hosts": {f"h{n}": {"env": h["env"], "tun": h["tun"], "ready": h["ready"]}
                      for n, h in hosts.items()}}
     with open(os.path.join(work, "checks.jsonl"), "a") as f:
         f.write(json.dumps(rec) + "\n")
     subnets = " ".join(f"h{n}={h['env'] or '-'}{'' if h['ready'] else '(unready)'}"
                        for n, h in hosts.items())
-    print(f"   check: {len(keys)} keys; {subnets}; duplicates {dup}, foreign writes {len(foreign)}")
+    print(f"   check: {len(live)} leases; {subnets}; duplicates {dup}, foreign writes {len(foreign)}")
     for p in problems:
         print(f"   VIOLATION: {p}")
     for i in infos:
         print(f"   note: {i}")
+
+
+def node_id(work, n):
+    try:
+        return open(os.path.join(work, f"h{n}", "state", "node-id")).read().strip() or None
+    except OSError:
+        return None
 
 
 # --- report -----------------------------------------------------------------------------------
@@ -320,7 +386,6 @@ def split_at(intervals, cuts):
     return out
 
 
-KEYS_PREFIX = "/coreos.com/network/subnets/"
 EVENTS = {"exp": "lease expired locally", "rec": "recovered: the lease had vanished",
           "lost": "LEASE LOST", "chg": "this node's subnet changed", "clash": "IDENTITY CLASH"}
 TS_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z")
@@ -345,22 +410,35 @@ def weft_events(work, hosts):
     return out
 
 
-def key_timelines(work):
-    """key -> [(t, present)] from the watch log, in order."""
-    out = {}
+def holder_timelines(work):
+    """node id -> [(t, holds a key)] from the watch log, in order: after each event, whether the
+    node holds any key under the prefix (the holder is the value's WeftNodeID; a DELETE's comes
+    from its prev_kv). Keys are opaque names here."""
+    out, holder_of = {}, {}
     path = os.path.join(work, "watch.jsonl")
     if not os.path.exists(path):
         return out
     for line in open(path):
         rec = json.loads(line)
-        if "ev" in rec:
-            ev = rec["ev"]
-            out.setdefault(b64(ev["kv"]["key"]), []).append((rec["t"], ev.get("type", 0) == 0))
+        if "ev" not in rec:
+            continue
+        ev = rec["ev"]
+        key = b64(ev["kv"]["key"])
+        touched = {holder_of.get(key)}
+        if ev.get("type", 0) == 0:
+            holder_of[key] = node_of(b64(ev["kv"].get("value")))
+        else:
+            touched.add(node_of(b64((ev.get("prev_kv") or {}).get("value"))))
+            holder_of.pop(key, None)
+        touched.add(holder_of.get(key))
+        held = set(holder_of.values())
+        for node in touched - {None}:
+            out.setdefault(node, []).append((rec["t"], node in held))
     return out
 
 
 def ready_without_key(samples, timeline, t0, t2):
-    """Probes in [t0, t2) that answered ready although the host's key was gone from etcd for the
+    """Probes in [t0, t2) that answered ready although the host held no key in etcd for the
     whole second the probe could have been answered in (the watch saw it deleted before the
     probe and not re-created until after it)."""
     n = 0
@@ -395,12 +473,8 @@ def cmd_report(a):
         aimed = sorted(f["t0"] for f in faults
                        if f.get("host") == n and f["fault"] in ("stop", "storm", "partition"))
         ready[n] = split_at(unready_intervals(samples[n], t_begin, t_end), aimed)
-    timelines = key_timelines(work)
-    own_key = {}  # host -> its subnet key, from the checks (subnet.env)
-    for c in checks:
-        for h, st in c["hosts"].items():
-            if st["env"]:
-                own_key.setdefault(int(h[1:]), set()).add(st["env"].replace("/", "-"))
+    timelines = holder_timelines(work)
+    nodes = {n: node_id(work, n) for n in range(1, a.hosts + 1)}
     events = weft_events(work, a.hosts)
     watch_foreign, gaps = foreign_writes_from_watch(work)
     check_foreign = {(f["key"], f["rev"]) for c in checks for f in c["foreign"]}
@@ -432,8 +506,7 @@ def cmd_report(a):
         bpct = 100.0 * blost / bsent if bsent else 0.0
         rwk = 0
         for n in samples:
-            for k in own_key.get(n, ()):
-                rwk += ready_without_key(samples[n], timelines.get(KEYS_PREFIX + k, []), t0, t2)
+            rwk += ready_without_key(samples[n], timelines.get(nodes[n], []), t0, t2)
         ev = {k: sum(1 for t, kind, _ in events if kind == k and t0 <= t < t2) for k in EVENTS}
         row = dict(i=i, fault=f["fault"], what=f.get("what", ""), dur=t1 - t0, sent=sent, lost=lost,
                    bpct=bpct, unready=mu, who=who, bound=bound, dup=dup, fw=fw, ev=ev, rwk=rwk)
@@ -486,7 +559,7 @@ def cmd_report(a):
         print(f"  VIOLATION: {b}")
     for f in harness:
         print(f"  HARNESS ERROR in #{faults.index(f)} {f['fault']}: {f['error']}")
-    print(f"  /readyz probes answered ready while the host's key was gone from etcd: {rwk_total[0]} "
+    print(f"  /readyz probes answered ready while the host held no key in etcd: {rwk_total[0]} "
           "(reported, not an invariant: a duplicate needs a second holder)")
     clashes = sum(1 for _, kind, _ in events if kind == "clash")
     if clashes:
@@ -503,8 +576,56 @@ def cmd_report(a):
     return 1 if broken else 0
 
 
+# --- self-test --------------------------------------------------------------------------------
+
+def self_test():
+    """The overlap check on `weft lease list --json` listings, dual-stack included."""
+    def lease(subnet, v6, holder, live=True):
+        return {"subnet": subnet, "ipv6_subnet": v6, "public_ip": "192.0.2.1", "holder": holder,
+                "backend": "vxlan", "ttl_seconds": 4 if live else None,
+                "history": "none" if live else "expired", "live": live}
+
+    def listing(*leases):
+        return {"revision": 7, "leases": list(leases), "ignored": [], "skipped": [],
+                "ipv6_half_conflicts": []}
+
+    cases = [
+        # (what, listing, overlaps expected, a string every problem names)
+        ("dual-stack, distinct halves", listing(
+            lease("10.244.1.0/24", "fd00:0:0:1::/64", "a"),
+            lease("10.244.2.0/24", "fd00:0:0:2::/64", "b")), 0, None),
+        # keys 10.244.1.0-24&fd00:0:0:1::-64 and 10.244.2.0-24&fd00:0:0:1::-64: the parser this
+        # replaced (k.replace("-", "/")) filed both as unparsable and so saw no overlap
+        ("dual-stack, one IPv6 half twice", listing(
+            lease("10.244.1.0/24", "fd00:0:0:1::/64", "a"),
+            lease("10.244.2.0/24", "fd00:0:0:1::/64", "b")), 1, "fd00:0:0:1::/64"),
+        ("dual-stack, one IPv4 subnet twice", listing(
+            lease("10.244.1.0/24", "fd00:0:0:1::/64", "a"),
+            lease("10.244.1.0/24", "fd00:0:0:2::/64", "b")), 1, "10.244.1.0/24"),
+        ("IPv6-only lease inside a dual-stack lease's half", listing(
+            lease("fd00:0:0:3::/64", "fd00:0:0:3::/64", "a"),
+            lease("10.244.3.0/24", "fd00:0:0:3::/64", "b")), 1, "fd00:0:0:3::/64"),
+        ("IPv4-only, nested", listing(
+            lease("10.244.0.0/16", None, "a"), lease("10.244.4.0/24", None, "b")), 1, "10.244"),
+        ("an expired lease's half is not live", listing(
+            lease("10.244.1.0/24", "fd00:0:0:1::/64", "a"),
+            lease("10.244.2.0/24", "fd00:0:0:1::/64", "b", live=False)), 0, None),
+    ]
+    failed = 0
+    for what, l, want, names in cases:
+        _, problems, _ = lease_problems(l)
+        ok = len(problems) == want and all(names in p for p in problems)
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {what}: {len(problems)} overlap(s) (want {want})"
+              + "".join(f"\n       {p}" for p in problems))
+    print("self-test:", "FAILED" if failed else "ok")
+    return 1 if failed else 0
+
+
 def main():
-    ap = argparse.ArgumentParser()
+    if sys.argv[1:] == ["--self-test"]:
+        sys.exit(self_test())
+    ap = argparse.ArgumentParser(epilog="or: chaos_check.py --self-test")
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("watch")
     w.add_argument("--work", required=True)
@@ -517,6 +638,8 @@ def main():
     c.add_argument("--hosts", type=int, required=True)
     c.add_argument("--endpoints", required=True)
     c.add_argument("--prefix", required=True)
+    c.add_argument("--etcd-prefix", required=True)
+    c.add_argument("--weft", required=True)
     c.add_argument("--label", required=True)
     r = sub.add_parser("report")
     r.add_argument("--work", required=True)

@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null
 echo "== building weft (release)"
 cargo build --release --quiet
-WEFT="$PWD/target/release/weft"
+WEFT="${CARGO_TARGET_DIR:-$PWD/target}/release/weft"
+[[ "$WEFT" = /* ]] || WEFT="$PWD/$WEFT"
 
 P="weftdemo$$-"
 WORK=$(mktemp -d /tmp/weft-demo.XXXXXX)
@@ -62,10 +63,8 @@ subnet_of() { grep FLANNEL_SUBNET "$WORK/h$1/subnet.env" | cut -d= -f2; }
 
 say "underlay: hub namespace with a bridge, etcd on 192.0.2.254"
 netns_hub_up "$P"
-hub etcd --name demo --data-dir "$WORK/etcd" \
-    --listen-client-urls "$ETCD" --advertise-client-urls "$ETCD" \
-    --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
-    --initial-cluster demo=http://127.0.0.1:23800 --log-level error >"$WORK/etcd.log" 2>&1 &
+netns_etcd "${P}hub" demo "$WORK/etcd" "$ETCD" http://127.0.0.1:23800 \
+    demo=http://127.0.0.1:23800 "$WORK/etcd.log" --log-level error
 PIDS[etcd]=$!
 for _ in $(seq 1 50); do weft_admin network get >/dev/null 2>&1 && break; hub bash -c "exec 3<>/dev/tcp/192.0.2.254/2379" 2>/dev/null && break; sleep 0.2; done
 

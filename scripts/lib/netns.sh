@@ -40,6 +40,20 @@ netns_cleanup() { # PREFIX
     done
 }
 
+# netns_etcd NS NAME DATA_DIR CLIENT_URL PEER_URL INITIAL_CLUSTER LOG [ETCD FLAG...]
+# Starts one etcd member inside namespace NS in the background ($! is its pid), listening on and
+# advertising CLIENT_URL and PEER_URL, its output appended to LOG. The one spelling of etcd's
+# command line for the demo, the bench and the chaos soak; the flags after LOG (cluster state
+# and token, raft timing, log level) go to etcd as they are.
+netns_etcd() {
+    local ns=$1 name=$2 dir=$3 client=$4 peer=$5 initial=$6 log=$7
+    shift 7
+    ip netns exec "$ns" etcd --name "$name" --data-dir "$dir" \
+        --listen-client-urls "$client" --advertise-client-urls "$client" \
+        --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+        --initial-cluster "$initial" "$@" >>"$log" 2>&1 &
+}
+
 # netns_http NS PORT PATH: GET from a health server inside a namespace (no curl needed).
 netns_http() {
     ip netns exec "$1" bash -c "exec 3<>/dev/tcp/127.0.0.1/$2 && printf 'GET $3 HTTP/1.0\r\n\r\n' >&3 && cat <&3" 2>/dev/null |
