@@ -650,7 +650,7 @@ fn closed_by_peer(mut conn: &TcpStream) -> bool {
     }
 }
 
-/// Issue 21, defect 1: 1,100 idle TCP connections to the health port once took every file
+/// 1,100 idle TCP connections to the health port once took every file
 /// descriptor weft had, for good, so `/readyz` stopped answering and `subnet.env` could not be
 /// written after a lease loss. Here weft's limit is the usual 1,024 (set with `prlimit` after
 /// its start, as hard, so its own raise at start cannot hide the flood) and a neighbour on the

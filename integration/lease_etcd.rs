@@ -690,7 +690,7 @@ async fn s12_bad_store_input_is_named_skipped_and_never_crashes() {
     assert!(a.running() && b.running());
 }
 
-// ---- Hostile store content (issue: no store content can stop allocation or routing) ---------
+// ---- Hostile store content: no store content can stop allocation or routing ---------------
 
 /// `n` puts in transactions of at most 128 operations (etcd's default `--max-txn-ops`).
 async fn put_many(c: &mut Client, kvs: impl IntoIterator<Item = (String, Vec<u8>)>) {

@@ -1,7 +1,7 @@
 //! The route watcher against a real etcd: a delete is told apart (relinquish or revoke: the
 //! route goes; expiry: it stays, stale) by the departure marker a release or revoke writes in
 //! the delete's transaction, which etcd delivers in the delete's own watch response: no read
-//! and no re-list per delete (issue 8: with N watchers, a call per delete per watcher is O(N²)).
+//! and no re-list per delete (with N watchers, a call per delete per watcher is O(N²)).
 //!
 //! Each test starts its own etcd and works under its own prefix.
 

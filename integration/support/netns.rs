@@ -51,7 +51,7 @@ pub const ETCD: &str = "http://192.0.2.254:2379";
 /// A bridge without one set takes its lowest port's MAC and changes it whenever a port with a
 /// lower one joins. Hosts that had already resolved 192.0.2.254 then send to the old address
 /// and nothing answers until their neighbour entry expires (15–45 s): a host whose weft
-/// started while the next host was being wired could not reach etcd (CI, stop 16).
+/// started while the next host was being wired could not reach etcd (seen in CI).
 pub const HUB_MAC: &str = "02:00:c0:00:02:fe";
 /// The hub bridge's IPv6 address on the underlay (`2001:db8::fe`, 254 in hex as in 192.0.2.254).
 pub const HUB_IPV6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0xfe);

@@ -193,7 +193,7 @@ pub struct WeftNode {
 ///
 /// Why: a port picked by binding port 0 and closing is free only until someone else binds it.
 /// With fifty nodes starting at once, one node's pick was taken by another node's health
-/// server (CI, stop 15): the node failed to bind, and its readiness poll was answered by the
+/// server in CI: the node failed to bind, and its readiness poll was answered by the
 /// other node. An address of its own cannot be answered by another node, whatever the port.
 fn own_loopback() -> Ipv4Addr {
     static NEXT: AtomicU32 = AtomicU32::new(0);

@@ -1,6 +1,5 @@
 //! Whether a forwarding thread that just found its queues empty keeps looking a little longer
-//! instead of going to sleep: an adaptive, bounded busy-poll for request/response traffic
-//! (issue 12, item 3).
+//! instead of going to sleep: an adaptive, bounded busy-poll for request/response traffic.
 //!
 //! # Why
 //! An idle round trip through weft costs about three wake-ups of a sleeping thread, about
