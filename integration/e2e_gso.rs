@@ -1,5 +1,5 @@
 //! End to end in network namespaces: UDP GSO turns off while the path refuses it and back on
-//! after the retry time (docs/dataplane.md, "Recovering offloads"). Real etcd, two real `weft run`
+//! after the retry time (docs/dataplane.md, "Offloads"). Real etcd, two real `weft run`
 //! processes, pods behind them and iperf3 across the overlay, as in integration/e2e.rs.
 //!
 //! What makes a GSO send fail on a veth underlay: on this machine's kernel (6.18), turning tx
