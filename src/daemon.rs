@@ -20,11 +20,11 @@ use tracing::{error, info, warn};
 
 use crate::atomic_file;
 use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
+use crate::dataplane::drift::DriftLog;
 use crate::dataplane::driver::{Dataplane, DataplaneConfig, DataplaneError, Ipv6Dataplane};
-use crate::dataplane::link::DriftLog;
 use crate::dataplane::link_watch::{ChangeWatch, Interest};
 use crate::dataplane::netlink::{Netlink, NetlinkError, TunStatus};
-use crate::dataplane::sys::TunError;
+use crate::dataplane::tun::TunError;
 use crate::dataplane::wire::ethernet::MacAddr;
 use crate::health::{self, Health};
 use crate::instance::{self, Attempt, StateDirLock};
