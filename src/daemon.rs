@@ -33,6 +33,7 @@ use crate::lease::keeper::{Keeper, KeeperConfig};
 use crate::lease::record::{Incarnation, LeaseAttrs, LeaseName, NodeId, Subnet};
 use crate::lease::store::Store;
 use crate::lease::subnet_env::{self, ReadOutcome};
+use crate::logging::LogOnce;
 use crate::route::watcher::RouteStats;
 use crate::route::{RouteTable, Routes};
 use crate::stop::Stop;
@@ -394,7 +395,7 @@ pub(crate) async fn wait_for_config(
     store: &dyn Store,
     shutdown: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<Option<NetworkConfig>> {
-    let mut last_problem = String::new();
+    let mut said = LogOnce::default();
     loop {
         let problem = match store.config().await {
             Ok(Some(raw)) => match NetworkConfig::parse(&raw) {
@@ -409,9 +410,8 @@ pub(crate) async fn wait_for_config(
             }
             Err(e) => return Err(e).context("reading the network config"),
         };
-        if problem != last_problem {
+        if let Some(problem) = said.note(problem) {
             error!("{problem}; retrying every second");
-            last_problem = problem;
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -682,23 +682,6 @@ fn is_tun_in_use(e: &anyhow::Error) -> bool {
 /// failed).
 const UNDERLAY_CHECK: Duration = Duration::from_secs(1);
 
-/// Logs a problem once, when it first appears or changes, not on every check.
-#[derive(Debug, Default)]
-struct Reporter {
-    last: Option<String>,
-}
-
-impl Reporter {
-    fn report(&mut self, problem: Option<String>) {
-        if problem != self.last {
-            if let Some(p) = &problem {
-                error!("{p}");
-            }
-            self.last = problem;
-        }
-    }
-}
-
 /// What [`follow_underlay`] watches.
 #[derive(Clone, Debug)]
 struct UnderlayFollow {
@@ -772,7 +755,7 @@ async fn follow_underlay(
     status: Arc<UnderlayStatus>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut reporter = Reporter::default();
+    let mut reporter = LogOnce::default();
     let mut explicit_was_local = false;
     let mut reconnected_for: Option<Ipv4Addr> = None;
     let mut netlink: Option<Arc<Netlink>> = None;
@@ -812,7 +795,10 @@ async fn follow_underlay(
             None => match Netlink::open() {
                 Ok(nl) => netlink.insert(Arc::new(nl)).clone(),
                 Err(e) => {
-                    reporter.report(Some(format!("listing the underlay's addresses: {e}")));
+                    if let Some(p) = reporter.note(format!("listing the underlay's addresses: {e}"))
+                    {
+                        error!("{p}");
+                    }
                     continue;
                 }
             },
@@ -826,7 +812,9 @@ async fn follow_underlay(
             Ok(a) => a,
             Err(e) => {
                 netlink = None;
-                reporter.report(Some(format!("listing the underlay's addresses: {e}")));
+                if let Some(p) = reporter.note(format!("listing the underlay's addresses: {e}")) {
+                    error!("{p}");
+                }
                 continue;
             }
         };
@@ -836,9 +824,14 @@ async fn follow_underlay(
             if let Some(ip) = follow.explicit {
                 if addrs.iter().any(|(_, a)| *a == ip) {
                     explicit_was_local = true;
-                    reporter.report(None);
-                } else if explicit_was_local {
-                    reporter.report(Some(format!("--public-ip {ip} is no longer a local address: peers' datagrams to it no longer reach this host (weft keeps publishing the address it was given)")));
+                    reporter.clear();
+                } else if explicit_was_local
+                    && let Some(p) = reporter.note(format!(
+                        "--public-ip {ip} is no longer a local address: peers' datagrams to it \
+                         no longer reach this host (weft keeps publishing the address it was given)"
+                    ))
+                {
+                    error!("{p}");
                 }
             }
             continue;
@@ -855,8 +848,11 @@ async fn follow_underlay(
         };
         if let Err(e) = follow.network.check_underlay(&underlay_addrs(next, &follow.etcd_endpoints))
         {
-            reporter
-                .report(Some(format!("{iface} now has {next}, which cannot be published: {e:#}")));
+            if let Some(p) =
+                reporter.note(format!("{iface} now has {next}, which cannot be published: {e:#}"))
+            {
+                error!("{p}");
+            }
             continue;
         }
         warn!(iface = %iface, old = %current, new = %next, "the underlay address changed: re-binding the sockets and publishing the new public IP");
@@ -886,7 +882,7 @@ async fn follow_underlay(
                 continue;
             }
         }
-        reporter.report(None);
+        reporter.clear();
         status.set_problem(None);
         current = next;
         let _ = public_ip_tx.send(next);
