@@ -30,6 +30,8 @@
 // `unsafe` lives only in the syscall modules that allow it below (dataplane::tun, udp, and the
 // boot-time clock); every other module is checked to have none.
 #![deny(unsafe_code)]
+// Each `unsafe` block says, in a `// SAFETY:` comment, why what it does is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod atomic_file;
 pub mod config;
