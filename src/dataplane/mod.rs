@@ -25,5 +25,7 @@ pub(crate) mod supervise;
 pub(crate) mod tun;
 #[allow(unsafe_code)]
 pub(crate) mod udp;
+#[cfg(feature = "test-util")]
+pub use udp::{LoopbackRun, LoopbackSend, loopback_run};
 pub mod wire;
 pub mod worker;
