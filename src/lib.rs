@@ -11,7 +11,7 @@
 //!   lease-to-route rules ([`route::set`]) are pure, [`route::watcher`] feeds them from etcd.
 //! - Data plane ([`dataplane`]): TUN -> route lookup -> VXLAN/UDP and back. Packet views
 //!   ([`dataplane::wire`]), forwarding decisions ([`dataplane::pipeline`]) and offload
-//!   split/coalesce ([`dataplane::offload`]) are pure; [`dataplane::sys`] and
+//!   split/coalesce ([`dataplane::offload`]) are pure; [`dataplane::tun`] and
 //!   [`dataplane::udp`] are the syscall layers, [`dataplane::driver`] owns the threads.
 //! - [`daemon`] wires them into `weft run`; [`health`] serves `/healthz`, `/readyz`, `/metrics`
 //!   (every component's metrics rendered by [`metrics`]);
@@ -27,9 +27,11 @@
 //! Time comes from [`time`]: a boot-time clock for drivers, a manual clock for tests.
 
 #![warn(missing_docs)]
-// `unsafe` lives only in the syscall modules that allow it below (dataplane::sys, udp, and the
+// `unsafe` lives only in the syscall modules that allow it below (dataplane::tun, udp, and the
 // boot-time clock); every other module is checked to have none.
 #![deny(unsafe_code)]
+// Each `unsafe` block says, in a `// SAFETY:` comment, why what it does is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod atomic_file;
 pub mod config;

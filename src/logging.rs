@@ -16,6 +16,9 @@
 //! stdout and stderr about their own failures (`println!` when a shutdown finds the queue full,
 //! `eprintln!` when a flush fails), and both macros panic when that stream is closed too —
 //! the failure this module exists to survive. What remains is a queue and a thread.
+//!
+//! [`LogOnce`] is the one rule for a condition that is checked again and again (a retry loop,
+//! a periodic listing): say it when it appears or changes, not on every check.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -165,11 +168,47 @@ impl Collector for LogMetrics {
     }
 }
 
+/// A condition that is logged once when it appears or changes, not on every check: remembers
+/// the last one said. Pure: the caller logs what [`LogOnce::note`] returns, at its own level.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOnce {
+    said: Option<String>,
+}
+
+impl LogOnce {
+    /// `now` is the condition as this check found it. Returns it when it is new (none was
+    /// said, or a different one was): the line to log. The same condition again returns `None`.
+    pub fn note(&mut self, now: String) -> Option<&str> {
+        if self.said.as_deref() == Some(now.as_str()) {
+            return None;
+        }
+        Some(self.said.insert(now).as_str())
+    }
+
+    /// The condition is over: forgets it, so the next one is said even if it is the same.
+    /// Returns whether one had been said (to log the recovery).
+    pub fn clear(&mut self) -> bool {
+        self.said.take().is_some()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
 
     use super::*;
+
+    #[test]
+    fn log_once_says_a_condition_when_it_appears_or_changes_and_again_after_it_clears() {
+        let mut once = LogOnce::default();
+        assert_eq!(once.note("down".into()), Some("down"));
+        assert_eq!(once.note("down".into()), None, "the same condition is said once");
+        assert_eq!(once.note("gone".into()), Some("gone"), "a changed one is said");
+        assert_eq!(once.note("gone".into()), None);
+        assert!(once.clear(), "one had been said");
+        assert!(!once.clear(), "nothing to clear twice");
+        assert_eq!(once.note("gone".into()), Some("gone"), "said again after it cleared");
+    }
 
     /// A sink that fails every write, as stderr does once its reader is gone.
     struct Broken;

@@ -26,7 +26,7 @@ use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
 use crate::dataplane::driver::DataplaneError;
 use crate::dataplane::kernel_bugs::OffloadMode;
 use crate::dataplane::netlink::{Netlink, TunStatus};
-use crate::dataplane::sys::TunError;
+use crate::dataplane::tun::TunError;
 use crate::dataplane::wire::ethernet::MacAddr;
 use crate::health::{self, Health};
 use crate::instance::{self, Attempt, StateDirLock};
@@ -36,6 +36,7 @@ use crate::lease::record::{Incarnation, LeaseAttrs, LeaseName, NodeId, Subnet};
 use crate::lease::status::LeaseHealth;
 use crate::lease::store::Store;
 use crate::lease::subnet_env::{self, ReadOutcome};
+use crate::logging::LogOnce;
 use crate::route::watcher::RouteStats;
 use crate::route::{RouteTable, Routes};
 use crate::stop::Stop;
@@ -250,7 +251,7 @@ pub(crate) async fn wait_for_config(
     store: &dyn Store,
     shutdown: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<Option<NetworkConfig>> {
-    let mut last_problem = String::new();
+    let mut said = LogOnce::default();
     loop {
         let problem = match store.config().await {
             Ok(Some(raw)) => match NetworkConfig::parse(&raw) {
@@ -265,9 +266,8 @@ pub(crate) async fn wait_for_config(
             }
             Err(e) => return Err(e).context("reading the network config"),
         };
-        if problem != last_problem {
+        if let Some(problem) = said.note(problem) {
             error!("{problem}; retrying every second");
-            last_problem = problem;
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}

@@ -21,6 +21,7 @@ use crate::dataplane::driver::Dataplane;
 use crate::dataplane::link_watch::{ChangeWatch, Interest};
 use crate::dataplane::netlink::Netlink;
 use crate::lease::store::Store;
+use crate::logging::LogOnce;
 
 /// The underlay: which address to publish and the interface's MTU.
 #[derive(Clone, Debug)]
@@ -186,23 +187,6 @@ pub(crate) fn underlay_addrs(public_ip: Ipv4Addr, etcd_endpoints: &[String]) -> 
 /// failed).
 const UNDERLAY_CHECK: Duration = Duration::from_secs(1);
 
-/// Logs a problem once, when it first appears or changes, not on every check.
-#[derive(Debug, Default)]
-struct Reporter {
-    last: Option<String>,
-}
-
-impl Reporter {
-    fn report(&mut self, problem: Option<String>) {
-        if problem != self.last {
-            if let Some(p) = &problem {
-                error!("{p}");
-            }
-            self.last = problem;
-        }
-    }
-}
-
 /// What [`follow_underlay`] watches.
 #[derive(Clone, Debug)]
 pub(super) struct UnderlayFollow {
@@ -276,7 +260,7 @@ pub(super) async fn follow_underlay(
     status: Arc<UnderlayStatus>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut reporter = Reporter::default();
+    let mut reporter = LogOnce::default();
     let mut explicit_was_local = false;
     let mut reconnected_for: Option<Ipv4Addr> = None;
     let mut netlink: Option<Arc<Netlink>> = None;
@@ -316,7 +300,10 @@ pub(super) async fn follow_underlay(
             None => match Netlink::open() {
                 Ok(nl) => netlink.insert(Arc::new(nl)).clone(),
                 Err(e) => {
-                    reporter.report(Some(format!("listing the underlay's addresses: {e}")));
+                    if let Some(p) = reporter.note(format!("listing the underlay's addresses: {e}"))
+                    {
+                        error!("{p}");
+                    }
                     continue;
                 }
             },
@@ -330,7 +317,9 @@ pub(super) async fn follow_underlay(
             Ok(a) => a,
             Err(e) => {
                 netlink = None;
-                reporter.report(Some(format!("listing the underlay's addresses: {e}")));
+                if let Some(p) = reporter.note(format!("listing the underlay's addresses: {e}")) {
+                    error!("{p}");
+                }
                 continue;
             }
         };
@@ -340,9 +329,14 @@ pub(super) async fn follow_underlay(
             if let Some(ip) = follow.explicit {
                 if addrs.iter().any(|(_, a)| *a == ip) {
                     explicit_was_local = true;
-                    reporter.report(None);
-                } else if explicit_was_local {
-                    reporter.report(Some(format!("--public-ip {ip} is no longer a local address: peers' datagrams to it no longer reach this host (weft keeps publishing the address it was given)")));
+                    reporter.clear();
+                } else if explicit_was_local
+                    && let Some(p) = reporter.note(format!(
+                        "--public-ip {ip} is no longer a local address: peers' datagrams to it \
+                         no longer reach this host (weft keeps publishing the address it was given)"
+                    ))
+                {
+                    error!("{p}");
                 }
             }
             continue;
@@ -359,8 +353,11 @@ pub(super) async fn follow_underlay(
         };
         if let Err(e) = follow.network.check_underlay(&underlay_addrs(next, &follow.etcd_endpoints))
         {
-            reporter
-                .report(Some(format!("{iface} now has {next}, which cannot be published: {e:#}")));
+            if let Some(p) =
+                reporter.note(format!("{iface} now has {next}, which cannot be published: {e:#}"))
+            {
+                error!("{p}");
+            }
             continue;
         }
         warn!(iface = %iface, old = %current, new = %next, "the underlay address changed: re-binding the sockets and publishing the new public IP");
@@ -390,7 +387,7 @@ pub(super) async fn follow_underlay(
                 continue;
             }
         }
-        reporter.report(None);
+        reporter.clear();
         status.set_problem(None);
         current = next;
         let _ = public_ip_tx.send(next);

@@ -17,7 +17,7 @@ use crossbeam_utils::CachePadded;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::link::RepairKind;
+use super::drift::RepairKind;
 use super::pipeline::DropReason;
 use crate::metrics;
 

@@ -35,13 +35,13 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::{debug, info, warn};
 
 use super::counters::{Counters, Offload};
+use super::drift::{self, DriftLog, Repair, WantedLink};
 use super::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
-use super::link::{self, DriftLog, Repair, WantedLink};
 use super::link_watch::{ChangeWatch, Interest};
 use super::netlink::{Netlink, NetlinkError, TunStatus};
 use super::pipeline::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubnet6};
 use super::supervise::WorkerStates;
-use super::sys::{self, Tun, TunError, TunOptions};
+use super::tun::{self, Tun, TunError, TunOptions};
 use super::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
 use super::wire::ethernet::MacAddr;
 use super::wire::vxlan::Vni;
@@ -251,7 +251,7 @@ impl Dataplane {
             exclusive: status == TunStatus::Absent,
         };
         let mut queues = Vec::with_capacity(workers);
-        let mut offloads = sys::TunOffloads::default();
+        let mut offloads = tun::TunOffloads::default();
         for i in 0..workers {
             let q = Tun::open(
                 &cfg.tun_name,
@@ -511,7 +511,7 @@ impl Dataplane {
     }
 
     /// Drift repair: reads the TUN device's link state, puts back whatever someone else changed
-    /// ([`link::plan`]), counts each repair in `weft_dataplane_link_repairs_total` and logs it
+    /// ([`drift::plan`]), counts each repair in `weft_dataplane_link_repairs_total` and logs it
     /// at WARN, once per drift event as `drift` decides (a failing repair is logged once, then
     /// retried quietly at each call). Blocking (netlink requests, each answered within
     /// [`super::netlink::REPLY_TIMEOUT`]): call it from a blocking thread.
@@ -532,7 +532,7 @@ impl Dataplane {
                 return;
             }
         };
-        let repairs = link::plan(&self.wanted_link(), &seen);
+        let repairs = drift::plan(&self.wanted_link(), &seen);
         for what in drift.settle(&repairs) {
             let what = what.label();
             info!(tun = %dev, what, "a drift weft could not repair was put right by someone else");

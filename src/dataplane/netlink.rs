@@ -46,7 +46,7 @@ use rtnetlink::packet_route::route::{
 };
 use rtnetlink::{LinkUnspec, RouteMessageBuilder};
 
-use super::link::ObservedLink;
+use super::drift::ObservedLink;
 
 /// How long a request waits for the kernel's answer.
 pub(crate) const REPLY_TIMEOUT: Duration = Duration::from_secs(2);

@@ -938,6 +938,105 @@ fn getsockopt_int(s: &Socket, level: libc::c_int, name: libc::c_int) -> io::Resu
     if r < 0 { Err(io::Error::last_os_error()) } else { Ok(value) }
 }
 
+/// How [`loopback_run`] sends.
+#[cfg(feature = "test-util")]
+#[derive(Clone, Copy, Debug)]
+pub enum LoopbackSend {
+    /// One `sendto` per datagram, from std's socket.
+    SendTo,
+    /// [`BatchSocket`] without GSO: `sendmmsg`, one datagram per message.
+    Sendmmsg,
+    /// [`BatchSocket`] with UDP GSO: `sendmmsg`, as many datagrams per message as fit.
+    SendmmsgGso,
+}
+
+/// What [`loopback_run`] measured.
+#[cfg(feature = "test-util")]
+#[derive(Clone, Copy, Debug)]
+pub struct LoopbackRun {
+    /// The time to send every datagram.
+    pub send: Duration,
+    /// Send syscalls made.
+    pub send_calls: u64,
+    /// Datagrams received (after splitting GRO buffers): loopback drops what the receiver
+    /// cannot keep up with.
+    pub received: usize,
+}
+
+/// Sends `total` datagrams of `size` bytes (at most [`MAX_GSO_BYTES`] / 2) over loopback to a
+/// [`BatchSocket`] that receives them, with UDP GRO if `gro`, on a thread of its own. For the
+/// `udp_loopback` bench; panics if a socket cannot be opened or a call fails.
+#[cfg(feature = "test-util")]
+pub fn loopback_run(how: LoopbackSend, gro: bool, total: usize, size: usize) -> LoopbackRun {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let loopback = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
+    let rx_cfg = UdpConfig { gro, buffer_bytes: 32 << 20, ..UdpConfig::new(loopback) };
+    let mut rx = BatchSocket::open(rx_cfg).expect("open the receiving socket");
+    let dst = rx.local_addr();
+    let done = Arc::new(AtomicBool::new(false));
+    let receiver = std::thread::spawn({
+        let done = done.clone();
+        move || {
+            let mut bufs = vec![vec![0u8; GRO_BUFFER_LEN]; if gro { 8 } else { 64 }];
+            let mut metas = vec![RecvMeta::default(); bufs.len()];
+            let mut count = 0;
+            loop {
+                let n = rx.recv_batch(&mut bufs, &mut metas, Duration::from_millis(10));
+                let n = n.expect("recv");
+                if n == 0 && done.load(Ordering::Relaxed) {
+                    return count;
+                }
+                for m in &metas[..n] {
+                    let seg = m.segment_size.filter(|&s| s > 0).unwrap_or(m.len).max(1);
+                    count += m.len.div_ceil(seg);
+                }
+            }
+        }
+    });
+    let data = vec![0xabu8; size * MAX_GSO_SEGMENTS];
+    let start = std::time::Instant::now();
+    let send_calls = match how {
+        LoopbackSend::SendTo => {
+            let s = std::net::UdpSocket::bind(loopback).expect("bind");
+            for _ in 0..total {
+                let _ = s.send_to(&data[..size], dst);
+            }
+            total as u64
+        }
+        LoopbackSend::Sendmmsg | LoopbackSend::SendmmsgGso => {
+            let gso = matches!(how, LoopbackSend::SendmmsgGso);
+            let mut tx = BatchSocket::open(UdpConfig { gso, ..UdpConfig::new(loopback) })
+                .expect("open the sending socket");
+            let per =
+                if tx.gso_enabled() { (MAX_GSO_BYTES / size).min(MAX_GSO_SEGMENTS) } else { 1 };
+            let t = Transmit {
+                dst,
+                contents: &data[..per * size],
+                segment_size: (per > 1).then_some(size as u16),
+            };
+            let batch = [t; MAX_BATCH];
+            let mut sent = 0;
+            while sent < total {
+                let left = total - sent;
+                let full = (left / per).min(MAX_BATCH);
+                sent += if full > 0 {
+                    tx.send_batch(&batch[..full], Instant::ZERO).expect("send") * per
+                } else {
+                    let last = Transmit { contents: &data[..left * size], ..t };
+                    tx.send_batch(&[last], Instant::ZERO).expect("send") * left
+                };
+            }
+            tx.stats().send_calls
+        }
+    };
+    let send = start.elapsed();
+    done.store(true, Ordering::Relaxed);
+    let received = receiver.join().expect("the receiving thread");
+    LoopbackRun { send, send_calls, received }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
@@ -1508,109 +1607,5 @@ mod tests {
         // Empty datagrams are never coalesced.
         assert_eq!(plan(&[(a, 0), (a, 0)], 64), [(0, 1, 0, None), (1, 1, 0, None)]);
         assert_eq!(plan(&[], 64), []);
-    }
-
-    /// Sends 1 M 1400-byte datagrams over loopback three ways and prints packets/s:
-    /// `cargo test --release --lib udp::tests::loopback_rates -- --ignored --nocapture`.
-    #[test]
-    #[ignore = "benchmark: takes seconds and wants a quiet machine"]
-    fn loopback_rates() {
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicBool, Ordering};
-
-        const TOTAL: usize = 1_000_000;
-        const SIZE: usize = 1400;
-
-        #[derive(Clone, Copy, Debug)]
-        enum Mode {
-            SendTo,
-            Sendmmsg,
-            SendmmsgGso,
-        }
-        for (mode, gro) in [
-            (Mode::SendTo, false),
-            (Mode::Sendmmsg, false),
-            (Mode::SendmmsgGso, false),
-            (Mode::SendmmsgGso, true),
-        ] {
-            let rx_cfg = UdpConfig {
-                gro,
-                buffer_bytes: 32 << 20,
-                ..UdpConfig::new(SocketAddrV4::new(LOOPBACK, 0))
-            };
-            let mut rx = BatchSocket::open(rx_cfg).expect("rx");
-            let dst = rx.local_addr();
-            let done = Arc::new(AtomicBool::new(false));
-            let receiver = std::thread::spawn({
-                let done = done.clone();
-                move || {
-                    let mut bufs = vec![vec![0u8; GRO_BUFFER_LEN]; if gro { 8 } else { 64 }];
-                    let mut metas = vec![RecvMeta::default(); bufs.len()];
-                    let (mut count, mut first, mut last) = (0usize, None, Instant::now());
-                    loop {
-                        let n = rx.recv_batch(&mut bufs, &mut metas, Duration::from_millis(100));
-                        let n = n.expect("recv");
-                        if n == 0 && done.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        for (b, m) in bufs.iter().zip(&metas[..n]) {
-                            count += split_gro(b, m).count();
-                        }
-                        if n > 0 {
-                            first.get_or_insert_with(Instant::now);
-                            last = Instant::now();
-                        }
-                    }
-                    let secs = first.map_or(f64::NAN, |f| last.duration_since(f).as_secs_f64());
-                    (count, secs)
-                }
-            });
-
-            let data = vec![0xabu8; SIZE * MAX_GSO_SEGMENTS];
-            let start = Instant::now();
-            let syscalls = match mode {
-                Mode::SendTo => {
-                    let s = std::net::UdpSocket::bind((LOOPBACK, 0)).expect("bind");
-                    for _ in 0..TOTAL {
-                        let _ = s.send_to(&data[..SIZE], dst);
-                    }
-                    TOTAL as u64
-                }
-                Mode::Sendmmsg | Mode::SendmmsgGso => {
-                    let mut tx = open(matches!(mode, Mode::SendmmsgGso), false);
-                    let per = if tx.gso_enabled() { MAX_GSO_BYTES / SIZE } else { 1 };
-                    let t = Transmit {
-                        dst,
-                        contents: &data[..per * SIZE],
-                        segment_size: (per > 1).then_some(SIZE as u16),
-                    };
-                    let batch = [t; MAX_BATCH];
-                    let mut sent = 0;
-                    while sent < TOTAL {
-                        let left = TOTAL - sent;
-                        let full = (left / per).min(MAX_BATCH);
-                        sent += if full > 0 {
-                            tx.send_batch(&batch[..full], T0).expect("send") * per
-                        } else {
-                            let last = Transmit { contents: &data[..left * SIZE], ..t };
-                            tx.send_batch(&[last], T0).expect("send") * left
-                        };
-                    }
-                    tx.stats().send_calls
-                }
-            };
-            let send_secs = start.elapsed().as_secs_f64();
-            done.store(true, Ordering::Relaxed);
-            let (received, recv_secs) = receiver.join().expect("receiver");
-            println!(
-                "{mode:?} (receiver GRO {gro}): sent {TOTAL} in {send_secs:.3} s = {:.0} pps \
-                 ({:.2} Gb/s, {syscalls} send syscalls); \
-                 received {received} ({:.1} %) at {:.0} pps",
-                TOTAL as f64 / send_secs,
-                TOTAL as f64 * SIZE as f64 * 8.0 / send_secs / 1e9,
-                received as f64 * 100.0 / TOTAL as f64,
-                received as f64 / recv_secs,
-            );
-        }
     }
 }

@@ -33,6 +33,7 @@ use super::status::{LeaseCounters, LeaseHealth, LeaseStatus};
 use super::store::{Store, WatchEvent, WatchStream};
 use super::subnet_env::{self, SubnetEnv, SubnetEnv4, SubnetEnv6};
 use crate::config::NetworkConfig;
+use crate::logging::LogOnce;
 use crate::time::{Clock, Instant};
 
 /// Runs one keeper action against a store, for `node`. Shared by the daemon and the
@@ -100,7 +101,8 @@ struct EnvRetry {
     env: SubnetEnv,
     at: Instant,
     delay: Duration,
-    error: String,
+    /// The write's error, said once until it changes or the write succeeds.
+    said: LogOnce,
 }
 
 /// Runs a keeper until shutdown.
@@ -471,7 +473,7 @@ impl LeaseDriver {
         let env = SubnetEnv { ipv4, mtu: self.cfg.mtu, ipmasq: self.cfg.ip_masq, ipv6 };
         let retry = self.env_retry.take();
         let delay = retry.as_ref().map_or(ENV_RETRY_MIN, |r| r.delay);
-        self.try_write_subnet_env(env, delay, retry.map(|r| r.error));
+        self.try_write_subnet_env(env, delay, retry.map(|r| r.said).unwrap_or_default());
     }
 
     /// Retries a failed `subnet.env` write when it is due.
@@ -479,22 +481,17 @@ impl LeaseDriver {
         if self.env_retry.as_ref().is_some_and(|r| now >= r.at)
             && let Some(r) = self.env_retry.take()
         {
-            self.try_write_subnet_env(r.env, next_env_retry(r.delay), Some(r.error));
+            self.try_write_subnet_env(r.env, next_env_retry(r.delay), r.said);
         }
     }
 
-    /// Writes `env`; on failure schedules a retry after `delay`. `last_error` is the previous
-    /// attempt's, if it failed: only a new error is logged at ERROR.
-    fn try_write_subnet_env(
-        &mut self,
-        env: SubnetEnv,
-        delay: Duration,
-        last_error: Option<String>,
-    ) {
+    /// Writes `env`; on failure schedules a retry after `delay`. `said` holds the previous
+    /// attempt's error, if it failed: only a new error is logged at ERROR.
+    fn try_write_subnet_env(&mut self, env: SubnetEnv, delay: Duration, mut said: LogOnce) {
         let path = &self.cfg.subnet_file;
         match subnet_env::write_atomic(path, &env) {
             Ok(()) => {
-                if last_error.is_some() {
+                if said.clear() {
                     info!(path = %path.display(), subnet = ?env.subnet(), "subnet.env written after all");
                 }
                 self.health.set_subnet_file_problem(None);
@@ -505,17 +502,17 @@ impl LeaseDriver {
             Err(e) => {
                 LeaseCounters::inc(&self.health.counters.subnet_file_write_failures);
                 let error = e.to_string();
-                if last_error.as_deref() == Some(error.as_str()) {
-                    debug!(path = %path.display(), %error, ?delay, "subnet.env still cannot be written");
-                } else {
+                if said.note(error.clone()).is_some() {
                     error!(path = %path.display(), %error, ?delay, "could not write subnet.env; retrying");
+                } else {
+                    debug!(path = %path.display(), %error, ?delay, "subnet.env still cannot be written");
                 }
                 self.health.set_subnet_file_problem(Some(format!(
                     "cannot write the subnet file {}: {error}; retrying",
                     path.display()
                 )));
                 let at = self.clock.now() + delay;
-                self.env_retry = Some(EnvRetry { env, at, delay, error });
+                self.env_retry = Some(EnvRetry { env, at, delay, said });
             }
         }
     }

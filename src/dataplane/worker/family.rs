@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-use super::edges::UdpIo;
+use super::io::UdpIo;
 use crate::dataplane::udp::{RecvMeta, Transmit, UdpError};
 use crate::time::Instant;
 

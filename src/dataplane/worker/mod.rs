@@ -18,7 +18,7 @@
 //! super-packets where they lie, one vectored write each, straight from the receive buffers.
 //!
 //! # Files
-//! [`edges`] (the two I/O traits), [`tx`] (the TX path), [`plan`] (pure: which socket, which
+//! [`io`] (the two I/O traits), [`tx`] (the TX path), [`plan`] (pure: which socket, which
 //! GSO runs, in which order), [`rx`] (the RX path), [`wait`] (where a thread sleeps, and the
 //! stop signal); here, the threads that run them.
 //!
@@ -32,7 +32,6 @@
 //! sockets (for the GSO retry). A step never waits: a loop sleeps in its [`Idle`] (epoll) only
 //! after a step found its queues empty, and returns as soon as the [`StopSignal`] is given.
 
-use std::io;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -43,8 +42,8 @@ use super::supervise::{self, RestartPolicy, WorkerStates, supervise};
 use crate::route::Routes;
 use crate::time::Clock;
 
-mod edges;
 mod family;
+mod io;
 mod plan;
 mod rx;
 mod spin;
@@ -52,8 +51,8 @@ mod tx;
 mod wait;
 
 pub use super::counters::SpinEnd;
-pub use edges::{TunIo, UdpIo};
 pub use family::FamilySockets;
+pub use io::{TunIo, UdpIo};
 pub use rx::RxPath;
 use spin::Next;
 pub use tx::TxPath;
@@ -209,7 +208,7 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
         self,
         name: &str,
         stop: Arc<StopSignal>,
-    ) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
+    ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
         let Self { tun, mut tx_pool, mut rx, fwd, routes, counters, cfg, clock, states } = self;
         let policy = RestartPolicy::default();
         if cfg.one_thread {
@@ -296,7 +295,7 @@ mod tests {
         fn send_batch(&mut self, msgs: &[Transmit<'_>], _now: Instant) -> Result<usize, UdpError> {
             for (i, m) in msgs.iter().enumerate() {
                 if m.dst == self.bad {
-                    let source = io::Error::from_raw_os_error(libc::EHOSTUNREACH);
+                    let source = std::io::Error::from_raw_os_error(libc::EHOSTUNREACH);
                     return Err(UdpError::Send { sent: i, source });
                 }
                 self.sent.push(m.dst);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::Context;
 use super::WorkerConfig;
-use super::edges::{TunIo, UdpIo};
+use super::io::{TunIo, UdpIo};
 use crate::dataplane::counters::PacketCounters;
 use crate::dataplane::offload::{GroConfig, GroTable, MAX_CHAIN, PacketRef};
 use crate::dataplane::pipeline::{DropReason, Rx};

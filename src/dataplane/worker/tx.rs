@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use super::Context;
 use super::WorkerConfig;
-use super::edges::{TunIo, UdpIo};
+use super::io::{TunIo, UdpIo};
 use super::plan::{Carries, Pending, Planned, TxPlan};
 use crate::dataplane::counters::PacketCounters;
 use crate::dataplane::offload;

@@ -25,7 +25,7 @@ use std::time::Duration;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use super::edges::TunIo;
+use super::io::TunIo;
 
 const WAKER: Token = Token(usize::MAX);
 

@@ -35,7 +35,7 @@ fn tun_flag(flag: libc::c_int) -> libc::c_short {
 /// Why the TUN device could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum TunError {
-    /// The interface name is refused ([`super::link::check_tun_name`]).
+    /// The interface name is refused ([`super::drift::check_tun_name`]).
     #[error("bad TUN device name {name:?}: {why}")]
     BadName {
         /// The name.
@@ -72,7 +72,7 @@ pub(crate) enum TunError {
 
 fn ifreq(name: &str) -> Result<libc::ifreq, TunError> {
     // Also refuses a template (`weft%d`), which would make the kernel name the device.
-    super::link::check_tun_name(name)
+    super::drift::check_tun_name(name)
         .map_err(|why| TunError::BadName { name: name.to_owned(), why })?;
     let bytes = name.as_bytes();
     if bytes.len() >= libc::IFNAMSIZ {
