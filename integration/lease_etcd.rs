@@ -968,15 +968,17 @@ async fn restored_from_a_snapshot(how: Restore) {
     // routed as live (none left stale), and a host joining now is routed at once.
     let n = WeftNode::spawn(NodeOptions::new(etcd.endpoint(), &prefix, ip(3)));
     n.wait_ready(READY);
+    // Within the watchers' longest retry wait (their backoff after the restore's errors
+    // reaches 5 s, jittered up to 7.5 s) and a margin for a loaded machine.
     for node in [&a, &b] {
         let settled = || {
             node.metric("weft_routes") == Some(2.0) && node.metric("weft_routes_stale") == Some(0.0)
         };
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(15);
         while !settled() && Instant::now() < deadline {
             sleep(0.1);
         }
-        assert!(settled(), "{}", node.get("/metrics").1);
+        assert!(settled(), "{}\n---\n{}", node.get("/metrics").1, node.log());
     }
 }
 
