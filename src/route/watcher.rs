@@ -347,14 +347,14 @@ fn drop_untrusted(
     let mut changed = false;
     for (subnet, t) in due {
         since.remove(&subnet);
-        let peer = set.peer(subnet).map(|p| p.public_ip);
-        if set.drop_stale(subnet) {
-            changed = true;
-        }
+        let Some(peer) = set.peer(subnet).filter(|p| p.stale).map(|p| p.public_ip) else {
+            continue;
+        };
+        changed |= set.drop_stale(subnet);
         stats.stale_dropped.fetch_add(1, Ordering::Relaxed);
         warn!(
             %subnet,
-            peer = ?peer,
+            %peer,
             gone_for = ?listed.saturating_duration_since(t),
             "dropped the stale route: its key has been gone longer than --stale-route-ttl while \
              the store answers, so its address is no longer trusted as that peer"
