@@ -59,24 +59,16 @@ pub enum OffloadMode {
 pub struct KernelVersion(pub u32, pub u32, pub u32);
 
 impl KernelVersion {
-    /// The version a release string starts with, if it starts with `MAJOR.MINOR`.
+    /// The version a release string starts with, if it starts with `MAJOR.MINOR`: the patch
+    /// level is the digits after a second dot right behind the minor number, else 0.
     pub fn parse(release: &str) -> Option<Self> {
-        let mut numbers = release
-            .split(|c: char| !c.is_ascii_digit())
-            .take(3)
-            .map(|n| if n.is_empty() { None } else { n.parse::<u32>().ok() });
-        // The first two must be numbers separated by a dot, right at the start.
-        let major = numbers.next()??;
-        let rest = release.strip_prefix(&major.to_string())?.strip_prefix('.')?;
-        let minor = numbers.next()??;
-        let after_minor = rest.strip_prefix(&minor.to_string())?;
-        let patch = match after_minor.strip_prefix('.') {
-            Some(p) => {
-                let digits: String = p.chars().take_while(char::is_ascii_digit).collect();
-                digits.parse().unwrap_or(0)
-            }
-            None => 0,
-        };
+        fn number(s: &str) -> Option<(u32, &str)> {
+            let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+            Some((s[..end].parse().ok()?, &s[end..]))
+        }
+        let (major, rest) = number(release)?;
+        let (minor, rest) = number(rest.strip_prefix('.')?)?;
+        let patch = rest.strip_prefix('.').and_then(number).map_or(0, |(patch, _)| patch);
         Some(Self(major, minor, patch))
     }
 }
