@@ -5,7 +5,7 @@
 //! multi-queue TUN device, share the backend port and write the same lease. So `weft run`
 //! first takes [`StateDirLock`], an exclusive `flock(2)` on `<state-dir>/lock` (which names
 //! the holder's PID), and, before it opens the TUN device, makes sure no process has that
-//! device attached ([`crate::dataplane::netlink::Netlink::tun_status`]). While either is taken
+//! device attached ([`crate::dataplane::Host::device_in_use`]). While either is taken
 //! it waits, not ready, and retries every second ([`wait_while_busy`]).
 //!
 //! Why these two checks and not a lock keyed on the TUN name: a file under `/run/weft` needs a

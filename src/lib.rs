@@ -11,8 +11,8 @@
 //!   lease-to-route rules ([`route::set`]) are pure, [`route::watcher`] feeds them from etcd.
 //! - Data plane ([`dataplane`]): TUN -> route lookup -> VXLAN/UDP and back. Packet views
 //!   ([`dataplane::wire`]), forwarding decisions ([`dataplane::pipeline`]) and offload
-//!   split/coalesce ([`dataplane::offload`]) are pure; [`dataplane::tun`] and
-//!   [`dataplane::udp`] are the syscall layers, [`dataplane::driver`] owns the threads.
+//!   split/coalesce ([`dataplane::offload`]) are pure; the TUN device, the batched UDP sockets
+//!   and netlink are private syscall layers behind [`dataplane::Dataplane`], its front door.
 //! - [`daemon`] wires them into `weft run`; [`health`] serves `/healthz`, `/readyz`, `/metrics`
 //!   (every component's metrics rendered by [`metrics`]);
 //!   [`instance`] keeps a second `weft run` on the same state dir or TUN device waiting.

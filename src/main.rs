@@ -278,9 +278,9 @@ fn parse_spin(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// `--tun-name`: [`weft::dataplane::drift::check_tun_name`].
+/// `--tun-name`: [`weft::dataplane::check_tun_name`].
 fn parse_tun_name(s: &str) -> Result<String, String> {
-    weft::dataplane::drift::check_tun_name(s).map(|()| s.to_owned())
+    weft::dataplane::check_tun_name(s).map(|()| s.to_owned())
 }
 
 fn parse_margin(s: &str) -> Result<Duration, String> {

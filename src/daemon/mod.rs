@@ -23,11 +23,8 @@ use tracing::{error, info, warn};
 
 use crate::atomic_file;
 use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
-use crate::dataplane::driver::DataplaneError;
 use crate::dataplane::kernel_bugs::OffloadMode;
-use crate::dataplane::netlink::{Netlink, TunStatus};
-use crate::dataplane::tun::TunError;
-use crate::dataplane::wire::ethernet::MacAddr;
+use crate::dataplane::{DataplaneError, Host};
 use crate::health::{self, Health};
 use crate::instance::{self, Attempt, StateDirLock};
 use crate::lease::driver::{DriverConfig, LeaseDriver};
@@ -41,6 +38,7 @@ use crate::route::watcher::RouteStats;
 use crate::route::{RouteTable, Routes};
 use crate::stop::Stop;
 use crate::time::{BootClock, Clock};
+use crate::vocab::MacAddr;
 
 mod netlink_watch;
 mod tun;
@@ -420,16 +418,10 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
     let dataplane = if opts.dataplane == DataplaneMode::Tun {
         // One weft per TUN device: wait while another process has it attached. Should one
         // appear between the check and the start, the start refuses it and we wait again.
-        let netlink = Netlink::open().context("asking the kernel about the TUN device")?;
+        let host = Host::open().context("asking the kernel about the TUN device")?;
         loop {
             let free = instance::wait_while_busy(&lease_health, &mut shutdown_rx, || {
-                Ok(match netlink.tun_status(&opts.tun_name)? {
-                    TunStatus::Attached(queues) => Some(format!(
-                        "{}; waiting for it to be released",
-                        TunError::InUse { name: opts.tun_name.clone(), queues }
-                    )),
-                    _ => None,
-                })
+                Ok(host.device_in_use(&opts.tun_name)?)
             })
             .await?;
             if !free {
@@ -454,11 +446,11 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
     };
     // A worker thread that panicked too often: shut down like on SIGTERM (the lease is kept
     // unless --relinquish-on-exit), then exit non-zero so that the supervisor restarts weft.
-    let workers = dataplane.as_ref().map(|(dp, _)| dp.workers.clone());
-    if let Some(w) = workers.clone() {
+    if let Some((dp, _)) = &dataplane {
+        let given_up = dp.given_up();
         let stop = stop.clone();
         tokio::spawn(async move {
-            w.wait_given_up().await;
+            given_up.await;
             error!("a data plane worker is down for good: shutting down to be restarted");
             stop.request();
         });
@@ -515,14 +507,16 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
     }
     let _ = tokio::time::timeout(Duration::from_secs(3), follower).await;
     let _ = tokio::time::timeout(Duration::from_secs(3), route_watcher).await;
+    let mut given_up = false;
     if let Some((dp, tasks)) = dataplane {
         for t in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
         }
+        given_up = dp.has_given_up();
         tokio::task::spawn_blocking(move || dp.stop()).await.ok();
     }
     let result = stopped(health_task).await;
-    if workers.is_some_and(|w| w.has_given_up()) {
+    if given_up {
         bail!("a data plane worker thread panicked too often (see the log above)");
     }
     result
@@ -541,7 +535,7 @@ async fn stopped(
 
 /// Whether starting the data plane failed because the TUN device is another process's.
 fn is_tun_in_use(e: &anyhow::Error) -> bool {
-    matches!(e.downcast_ref::<DataplaneError>(), Some(DataplaneError::Tun(TunError::InUse { .. })))
+    e.downcast_ref::<DataplaneError>().is_some_and(DataplaneError::is_device_in_use)
 }
 
 /// Starts the route watcher, which publishes the routes the data plane forwards by. It runs in

@@ -6,8 +6,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::dataplane::link_watch::ChangeWatch;
-use crate::dataplane::netlink::NetlinkError;
+use crate::dataplane::{KernelWatch, NetlinkError};
 
 /// How long a burst of netlink notifications is let settle before the link is read: `ip link
 /// set down` alone sends one for the link and one per route it takes away.
@@ -19,9 +18,9 @@ pub(super) async fn start_watch<F>(
     start: F,
     what: &'static str,
     every: Duration,
-) -> Option<(ChangeWatch, watch::Receiver<u64>)>
+) -> Option<(KernelWatch, watch::Receiver<u64>)>
 where
-    F: FnOnce() -> Result<(ChangeWatch, watch::Receiver<u64>), NetlinkError> + Send + 'static,
+    F: FnOnce() -> Result<(KernelWatch, watch::Receiver<u64>), NetlinkError> + Send + 'static,
 {
     let started = tokio::task::spawn_blocking(start)
         .await

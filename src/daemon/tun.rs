@@ -15,13 +15,12 @@ use super::RunOptions;
 use super::netlink_watch::{LINK_SETTLE, next_netlink_change, start_watch};
 use super::underlay::Underlay;
 use crate::config::NetworkConfig;
-use crate::dataplane::drift::DriftLog;
-use crate::dataplane::driver::{Dataplane, DataplaneConfig, Ipv6Dataplane, UdpGsoConfig};
 use crate::dataplane::kernel_bugs::{Offload, OffloadDecisions};
-use crate::dataplane::wire::ethernet::MacAddr;
+use crate::dataplane::{Dataplane, DataplaneConfig, Ipv6Dataplane, UdpGsoConfig};
 use crate::health::Health;
 use crate::lease::record::LeaseName;
 use crate::route::Routes;
+use crate::vocab::MacAddr;
 
 /// How often the TUN device's link state is read for drift when no netlink watch could be
 /// started (or it ended).
@@ -121,10 +120,7 @@ pub(super) fn start_dataplane(
     resync: Duration,
 ) -> anyhow::Result<(Arc<Dataplane>, Vec<tokio::task::JoinHandle<()>>)> {
     let dp = Arc::new(Dataplane::start(cfg, routes).context("starting the data plane")?);
-    health.add_collector(dp.counters.clone());
-    health.add_collector(dp.workers.clone());
-    let w = dp.workers.clone();
-    health.add_check(Box::new(move || w.problem().map_or(Ok(None), Err)));
+    dp.register(health);
     let addresser = spawn_addresser(dp.clone(), subnet_rx, shutdown_rx.clone(), resync);
     Ok((dp, vec![addresser]))
 }
@@ -141,7 +137,6 @@ fn spawn_addresser(
     resync: Duration,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut drift = DriftLog::default();
         let dp = dataplane.clone();
         // The watch is kept for the task's life: dropping it ends its thread.
         let (_watch, mut changes) =
@@ -168,18 +163,13 @@ fn spawn_addresser(
                 rx.borrow_and_update();
             }
             let dp = dataplane.clone();
-            match tokio::task::spawn_blocking(move || {
-                dp.repair_link(&mut drift);
-                drift
-            })
-            .await
-            {
-                Ok(d) => drift = d,
+            let failing = match tokio::task::spawn_blocking(move || dp.repair_link()).await {
+                Ok(failing) => failing,
                 Err(e) => {
                     error!(error = %e, "TUN drift repair task failed");
-                    drift = DriftLog::default();
+                    true
                 }
-            }
+            };
             subnet_changed = false;
             tokio::select! {
                 changed = subnet_rx.changed() => {
@@ -199,7 +189,7 @@ fn spawn_addresser(
                 _ = check.tick() => {}
                 // A repair (or the read) that failed is retried every second: nothing need
                 // change in the kernel for it to succeed next time (a netlink timeout).
-                _ = tokio::time::sleep(LINK_CHECK), if drift.failing() => {}
+                _ = tokio::time::sleep(LINK_CHECK), if failing => {}
                 _ = stop.wait_for(|v| *v) => return,
             }
             if std::mem::take(&mut settle) {

@@ -17,9 +17,7 @@ use tracing::{error, warn};
 use super::etcd_endpoint_addrs;
 use super::netlink_watch::{LINK_SETTLE, next_netlink_change, start_watch};
 use crate::config::{NetworkConfig, UnderlayAddr};
-use crate::dataplane::driver::Dataplane;
-use crate::dataplane::link_watch::{ChangeWatch, Interest};
-use crate::dataplane::netlink::Netlink;
+use crate::dataplane::{Dataplane, Host, KernelWatch};
 use crate::lease::store::Store;
 use crate::logging::LogOnce;
 
@@ -46,7 +44,7 @@ pub(crate) fn find_underlay6(
     if let Some(ip) = public_ipv6 {
         return Ok(ip);
     }
-    let netlink = Netlink::open().context("finding the IPv6 underlay")?;
+    let netlink = Host::open().context("finding the IPv6 underlay")?;
     let addrs = netlink.ipv6_addresses_by_interface().context("listing IPv6 addresses")?;
     let default6 =
         netlink.default_route6_iface().context("finding the IPv6 default route's interface")?;
@@ -61,7 +59,7 @@ pub(crate) fn find_ipv6_only_underlay(
     iface: Option<&str>,
     public_ipv6: Option<Ipv6Addr>,
 ) -> anyhow::Result<(Underlay, Ipv6Addr)> {
-    let netlink = Netlink::open().context("finding the IPv6 underlay")?;
+    let netlink = Host::open().context("finding the IPv6 underlay")?;
     let addrs = netlink.ipv6_addresses_by_interface().context("listing IPv6 addresses")?;
     let default6 =
         netlink.default_route6_iface().context("finding the IPv6 default route's interface")?;
@@ -142,7 +140,7 @@ pub(crate) fn find_underlay(
     iface: Option<&str>,
     public_ip: Option<Ipv4Addr>,
 ) -> anyhow::Result<Underlay> {
-    let netlink = Netlink::open().context("finding the underlay")?;
+    let netlink = Host::open().context("finding the underlay")?;
     let addrs = netlink.ipv4_addresses_by_interface().context("listing interfaces")?;
     let by_name = |name: &str| addrs.iter().find(|(n, _)| n == name).map(|(n, a)| (n.clone(), *a));
     let chosen = match iface {
@@ -263,16 +261,11 @@ pub(super) async fn follow_underlay(
     let mut reporter = LogOnce::default();
     let mut explicit_was_local = false;
     let mut reconnected_for: Option<Ipv4Addr> = None;
-    let mut netlink: Option<Arc<Netlink>> = None;
+    let mut netlink: Option<Arc<Host>> = None;
     // The kernel's notice of address, link and route changes (kept for the task's life:
     // dropping it ends its thread).
-    let (_watch, mut changes) = start_watch(
-        || ChangeWatch::start(Interest::Any),
-        "the underlay's addresses",
-        UNDERLAY_CHECK,
-    )
-    .await
-    .unzip();
+    let (_watch, mut changes) =
+        start_watch(KernelWatch::host, "the underlay's addresses", UNDERLAY_CHECK).await.unzip();
     loop {
         // Polled every UNDERLAY_CHECK without a watch, and after a failed listing.
         let period =
@@ -297,7 +290,7 @@ pub(super) async fn follow_underlay(
         // One netlink socket for the whole watch, opened again only after it failed.
         let nl = match &netlink {
             Some(nl) => nl.clone(),
-            None => match Netlink::open() {
+            None => match Host::open() {
                 Ok(nl) => netlink.insert(Arc::new(nl)).clone(),
                 Err(e) => {
                     if let Some(p) = reporter.note(format!("listing the underlay's addresses: {e}"))

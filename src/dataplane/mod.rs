@@ -1,32 +1,175 @@
 //! The data plane: packets move TUN -> route lookup -> VXLAN/UDP encapsulation -> UDP socket,
 //! and back, in user space.
 //!
-//! Contract: [`wire`], [`pipeline`], [`offload`] and [`gso_retry`] are pure (no I/O, no
-//! allocation on the per-packet path, never panic on input); so are [`drift`], which plans the
-//! repairs of the TUN device's link state, and [`supervise`]'s restart policy. Only the syscall
+//! # The front door
+//! The daemon sees [`Dataplane`] (start it, point it at this host's lease and public address,
+//! keep its device as it was set up, register its metrics and readiness, stop it), its
+//! [`DataplaneConfig`] and [`DataplaneError`], and [`Host`] and [`KernelWatch`] (the host's
+//! interfaces, addresses and default routes, and notice when they change, for finding and
+//! following the underlay). The syscall and netlink modules behind them ([`tun`], [`udp`],
+//! [`netlink`], [`link_watch`]) and the threads ([`tunnel`], [`supervise`]) are private.
+//!
+//! # Backends
+//! A backend is how this host's overlay traffic reaches its peers; [`Dataplane`] holds one and
+//! dispatches to it. They come in three shapes, each a variant of [`Dataplane`]'s backend:
+//! - **A tunnel** ([`tunnel`]): a TUN device, the route table, and a transport between the
+//!   device and the peers. vxlan and udp are transports over batched UDP sockets
+//!   (stateless: [`pipeline`] encapsulates and validates each packet). An encrypting transport
+//!   (wireguard) is one more: the worker keeps per-peer sessions keyed by the route table's
+//!   peer and driven by `now`, over the same sockets and offloads; ipip is a transport over a
+//!   raw IP socket instead of UDP.
+//! - **Kernel routes** (host-gw; vxlan `DirectRouting`'s peers on the underlay's link): no TUN
+//!   device; each peer's subnet is a kernel route `via <PublicIP>`, following the route
+//!   table, and drift-repaired like the tunnel's device.
+//! - **None** (`--dataplane none`, flannel's `alloc`): no [`Dataplane`] at all.
+//!
+//! Every backend answers the same calls: [`Dataplane::set_subnet`],
+//! [`Dataplane::set_public_ip`], [`Dataplane::watch_link`] and [`Dataplane::repair_link`]
+//! (what it set up in the kernel, put back when someone changes it), [`Dataplane::register`]
+//! (its metrics and its say on `/readyz`) and [`Dataplane::stop`].
+//!
+//! # Contract
+//! [`wire`], [`pipeline`], [`offload`] and [`gso_retry`] are pure (no I/O, no allocation on the
+//! per-packet path, never panic on input); so are [`drift`], which plans the repairs of the
+//! device's link state, [`kernel_bugs`] and [`supervise`]'s restart policy. Only the syscall
 //! layers ([`tun`]: the TUN device's ioctls and I/O; [`udp`]: batched sockets) and the netlink
-//! driver ([`netlink`]: the device's link, address and route, over rtnetlink, with no `unsafe`)
-//! touch file descriptors, and only [`driver`] creates them and the threads that run
-//! [`worker`]'s loops; `fake` stands in for both edges in tests (only with the `test-util`
-//! feature or in unit tests).
+//! driver ([`netlink`], with no `unsafe`) touch file descriptors, and only [`tunnel`] creates
+//! them and the threads that run [`worker`]'s loops; `fake` stands in for both edges in tests
+//! (only with the `test-util` feature or in unit tests).
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::watch;
+
+use crate::health::Health;
+use crate::lease::record::LeaseName;
+use crate::route::Routes;
 
 pub mod counters;
-pub mod drift;
-pub mod driver;
+mod drift;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
-pub(crate) mod gso_retry;
+mod gso_retry;
+mod host;
 pub mod kernel_bugs;
-pub(crate) mod link_watch;
-pub(crate) mod netlink;
+mod link_watch;
+mod netlink;
 pub mod offload;
 pub mod pipeline;
-pub(crate) mod supervise;
+mod supervise;
 #[allow(unsafe_code)]
-pub(crate) mod tun;
+mod tun;
+mod tunnel;
 #[allow(unsafe_code)]
-pub(crate) mod udp;
+mod udp;
 #[cfg(feature = "test-util")]
 pub use udp::{LoopbackRun, LoopbackSend, loopback_run};
 pub mod wire;
 pub mod worker;
+
+pub use drift::check_tun_name;
+pub(crate) use host::{Host, KernelWatch};
+pub(crate) use netlink::NetlinkError;
+pub(crate) use tunnel::{DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoConfig};
+
+use drift::DriftLog;
+use tunnel::Tunnel;
+
+/// A running data plane: the daemon's one handle on it. Stops on [`Dataplane::stop`] or drop.
+#[derive(Debug)]
+pub(crate) struct Dataplane {
+    backend: Backend,
+    /// What drift repair has reported, so each drift event is said once.
+    drift: Mutex<DriftLog>,
+}
+
+/// The backend a [`Dataplane`] runs (see the module docs for the shapes a backend takes).
+#[derive(Debug)]
+enum Backend {
+    /// A TUN device and a transport over UDP (vxlan, udp).
+    Tunnel(Tunnel),
+}
+
+impl Dataplane {
+    /// Starts the backend `cfg` names: for a tunnel, creates the TUN device (one queue per
+    /// worker), binds the sockets, probes offloads and starts the workers. The device gets its
+    /// address once [`Dataplane::set_subnet`] is called.
+    pub(crate) fn start(cfg: DataplaneConfig, routes: Arc<Routes>) -> Result<Self, DataplaneError> {
+        Ok(Self { backend: Backend::Tunnel(Tunnel::start(cfg, routes)?), drift: Mutex::default() })
+    }
+
+    /// Puts the data plane's metrics on `/metrics` and its say (which worker is down) on
+    /// `/readyz`.
+    pub(crate) fn register(&self, health: &Health) {
+        match &self.backend {
+            Backend::Tunnel(t) => {
+                health.add_collector(t.counters.clone());
+                health.add_collector(t.workers.clone());
+                let w = t.workers.clone();
+                health.add_check(Box::new(move || w.problem().map_or(Ok(None), Err)));
+            }
+        }
+    }
+
+    /// Points the data plane at this host's lease (`None`: no subnet is held, so the device's
+    /// address and route are withdrawn). Blocking: call it from a blocking thread.
+    pub(crate) fn set_subnet(&self, lease: Option<LeaseName>) -> Result<(), NetlinkError> {
+        match &self.backend {
+            Backend::Tunnel(t) => t.set_subnet(lease),
+        }
+    }
+
+    /// Sends from, and receives on, `public_ip` from now on (the underlay was renumbered). A
+    /// failure leaves the data plane as it was. Blocking.
+    pub(crate) fn set_public_ip(
+        &self,
+        public_ip: std::net::Ipv4Addr,
+    ) -> Result<(), DataplaneError> {
+        match &self.backend {
+            Backend::Tunnel(t) => t.set_public_ip(public_ip),
+        }
+    }
+
+    /// A watch of the kernel's notifications about what the data plane set up (the TUN device's
+    /// link, addresses and routes), so drift is repaired as it happens. Blocking.
+    pub(crate) fn watch_link(&self) -> Result<(KernelWatch, watch::Receiver<u64>), NetlinkError> {
+        match &self.backend {
+            Backend::Tunnel(t) => t.watch_link(),
+        }
+    }
+
+    /// Drift repair: reads back what the data plane set up in the kernel and puts back what
+    /// someone else changed, each drift logged once. Returns whether a read or a repair is
+    /// failing (the caller then tries again within a second). Blocking.
+    pub(crate) fn repair_link(&self) -> bool {
+        let mut drift = self.drift.lock().unwrap_or_else(PoisonError::into_inner);
+        match &self.backend {
+            Backend::Tunnel(t) => t.repair_link(&mut drift),
+        }
+        drift.failing()
+    }
+
+    /// Resolves once a worker thread has panicked too often to be restarted: weft should then
+    /// stop and be restarted.
+    pub(crate) fn given_up(&self) -> impl Future<Output = ()> + Send + 'static {
+        let workers = match &self.backend {
+            Backend::Tunnel(t) => t.workers.clone(),
+        };
+        async move { workers.wait_given_up().await }
+    }
+
+    /// Whether a worker thread has panicked too often (see [`Dataplane::given_up`]).
+    pub(crate) fn has_given_up(&self) -> bool {
+        match &self.backend {
+            Backend::Tunnel(t) => t.workers.has_given_up(),
+        }
+    }
+
+    /// Stops the threads and waits for them; the device closes when its last queue goes (a
+    /// non-persistent TUN device then disappears). Blocking.
+    pub(crate) fn stop(&self) {
+        match &self.backend {
+            Backend::Tunnel(t) => t.stop(),
+        }
+    }
+}

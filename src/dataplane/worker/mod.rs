@@ -613,7 +613,7 @@ mod tests {
     }
 
     /// A socket that turned GSO off sends one datagram per message. (The `udp_gso` gauge follows
-    /// the sockets' state in the driver: see `driver::tests`.)
+    /// the sockets' state in the driver: see `tunnel::tests`.)
     #[test]
     fn a_socket_with_gso_off_sends_one_datagram_per_message() {
         let net = FakeNet::new();

@@ -1,6 +1,8 @@
-//! Owns the data plane's file descriptors and threads: one TUN queue, one receiving UDP socket
-//! and a small pool of sending sockets per worker, each worker on one thread for both
-//! directions, or one per direction ([`super::worker`]).
+//! The tunnel data plane: a TUN device whose packets travel to peers inside UDP datagrams
+//! (vxlan, udp). It owns the file descriptors and threads: one TUN queue, one receiving UDP
+//! socket and a small pool of sending sockets per worker, each worker on one thread for both
+//! directions, or one per direction ([`super::worker`]). The daemon reaches it only through
+//! the data plane's front door ([`super::Dataplane`]).
 //!
 //! Start-up probes every offload once and logs what it found: TUN checksum/TSO/USO
 //! (`IFF_VNET_HDR` + `TUNSETOFFLOAD`), UDP GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`). Each can be
@@ -17,9 +19,9 @@
 //! network every worker has a second set of sockets, `IPV6_V6ONLY`, bound the same way on the
 //! public IPv6 address; a [`FamilySockets`] pairs them, so the loops see one socket.
 //!
-//! Drift repair ([`Dataplane::repair_link`], called every second by the daemon): the TUN
-//! device's MTU, `IFF_UP`, address and Network route are read back over netlink
-//! ([`super::netlink`]) and whatever someone else changed is put back ([`super::link`]).
+//! Drift repair ([`Tunnel::repair_link`]): the TUN device's MTU, `IFF_UP`, address and Network
+//! route are read back over netlink ([`super::netlink`]) and whatever someone else changed is
+//! put back ([`super::drift`]).
 //!
 //! VXLAN datagrams leave from sockets on ephemeral ports chosen by the inner flow's hash, so the
 //! outer source port differs per flow (RFC 7348 §5) and receivers can spread flows too.
@@ -37,7 +39,7 @@ use tracing::{debug, info, warn};
 use super::counters::{Counters, Offload};
 use super::drift::{self, DriftLog, Repair, WantedLink};
 use super::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
-use super::link_watch::{ChangeWatch, Interest};
+use super::host::KernelWatch;
 use super::netlink::{Netlink, NetlinkError, TunStatus};
 use super::pipeline::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubnet6};
 use super::supervise::WorkerStates;
@@ -154,6 +156,14 @@ pub(crate) enum DataplaneError {
     NoSockets,
 }
 
+impl DataplaneError {
+    /// Whether the start failed because another process has the TUN device attached (one
+    /// created between the daemon's check and the start): the daemon then waits again.
+    pub(crate) fn is_device_in_use(&self) -> bool {
+        matches!(self, Self::Tun(TunError::InUse { .. }))
+    }
+}
+
 impl TunIo for Tun {
     fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         Tun::read(self, buf)
@@ -205,11 +215,11 @@ struct WorkerSockets {
     v6: Option<FamilySet>,
 }
 
-/// A running data plane. Stops its threads on [`Dataplane::stop`] or drop.
+/// A running data plane. Stops its threads on [`Tunnel::stop`] or drop.
 #[derive(Debug)]
-pub(crate) struct Dataplane {
+pub(crate) struct Tunnel {
     cfg: DataplaneConfig,
-    /// One TUN queue per worker; kept across a re-bind ([`Dataplane::set_public_ip`]).
+    /// One TUN queue per worker; kept across a re-bind ([`Tunnel::set_public_ip`]).
     queues: Vec<Arc<Tun>>,
     /// The device's link, address and route are set and read back through it.
     netlink: Netlink,
@@ -226,9 +236,9 @@ pub(crate) struct Dataplane {
     pub(crate) workers: Arc<WorkerStates>,
 }
 
-impl Dataplane {
+impl Tunnel {
     /// Creates the TUN device (one queue per worker), binds the sockets, probes offloads and
-    /// starts the workers. The TUN device gets its address once [`Dataplane::set_subnet`] is
+    /// starts the workers. The TUN device gets its address once [`Tunnel::set_subnet`] is
     /// called.
     pub(crate) fn start(cfg: DataplaneConfig, routes: Arc<Routes>) -> Result<Self, DataplaneError> {
         let workers = cfg.workers.max(1);
@@ -489,13 +499,13 @@ impl Dataplane {
     /// ([`super::link_watch`]). Blocking (one netlink request): call it from a blocking thread.
     pub(crate) fn watch_link(
         &self,
-    ) -> Result<(ChangeWatch, tokio::sync::watch::Receiver<u64>), NetlinkError> {
+    ) -> Result<(KernelWatch, tokio::sync::watch::Receiver<u64>), NetlinkError> {
         let index = self.netlink.index_of(&self.cfg.tun_name)?;
-        ChangeWatch::start(Interest::Link(index))
+        KernelWatch::link(index)
     }
 
-    /// The TUN device's link state as weft set it up: the MTU of [`Dataplane::start`], and
-    /// while a subnet is held the address and route of [`Dataplane::set_subnet`].
+    /// The TUN device's link state as weft set it up: the MTU of [`Tunnel::start`], and
+    /// while a subnet is held the address and route of [`Tunnel::set_subnet`].
     pub(crate) fn wanted_link(&self) -> WantedLink {
         let address = self.own.get().and_then(Subnet::v4).map(tun_address);
         let address6 = self.own6.get().map(tun_address6);
@@ -674,7 +684,7 @@ fn tun_address6(subnet: Ipv6Subnet) -> Ipv6Net {
     Ipv6Net::new(subnet.network(), 128).unwrap_or_else(|_| subnet.net())
 }
 
-impl std::ops::Drop for Dataplane {
+impl std::ops::Drop for Tunnel {
     fn drop(&mut self) {
         self.stop();
     }
@@ -760,7 +770,7 @@ impl MeteredSocket {
 }
 
 impl Drop for MeteredSocket {
-    /// A socket replaced by a re-bind ([`Dataplane::set_public_ip`]) no longer holds the
+    /// A socket replaced by a re-bind ([`Tunnel::set_public_ip`]) no longer holds the
     /// `udp_gso` gauge at 0.
     fn drop(&mut self) {
         if self.counted_off {
