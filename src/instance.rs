@@ -122,6 +122,40 @@ impl StateDirLock {
     }
 }
 
+impl StateDirLock {
+    /// A second descriptor of the lock (the same open file, so the same lock), for the next
+    /// process of this node (an upgrade).
+    pub(crate) fn duplicate(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd as _;
+        self._file.as_fd().try_clone_to_owned()
+    }
+
+    /// Holds the lock a previous process of this node handed over (a descriptor of the same
+    /// open file: `flock` on it is the same lock, so it never lapses), and writes this
+    /// process's PID into it.
+    pub(crate) fn adopt(fd: std::os::fd::OwnedFd, state_dir: &Path) -> Result<Self, LockError> {
+        let path = state_dir.join(LOCK_FILE);
+        match Flock::lock(File::from(fd), FlockArg::LockExclusiveNonblock) {
+            Ok(mut locked) => {
+                let pid = std::process::id();
+                let _ = locked
+                    .set_len(0)
+                    .and_then(|()| locked.seek(SeekFrom::Start(0)))
+                    .and_then(|_| writeln!(locked, "{pid}"));
+                Ok(Self { _file: locked })
+            }
+            Err((_, source)) => Err(LockError::Lock { path, source }),
+        }
+    }
+
+    /// Lets the lock go to the next process without releasing it: dropping it would unlock
+    /// the open file, which the next process shares. The descriptor closes when this process
+    /// ends.
+    pub(crate) fn leave_to_successor(self) {
+        std::mem::forget(self);
+    }
+}
+
 /// The message for a state dir held by another weft.
 pub(crate) fn held_message(path: &Path, pid: Option<u32>) -> String {
     let pid = pid.map_or_else(|| "pid unknown".to_owned(), |p| format!("pid {p}"));

@@ -37,6 +37,8 @@ pub mod atomic_file;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+#[allow(unsafe_code)]
+pub mod fds;
 pub mod health;
 pub mod instance;
 pub mod lease;

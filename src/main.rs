@@ -189,6 +189,11 @@ struct RunArgs {
     /// Delete the lease on a clean shutdown so a new node can use the subnet at once.
     #[arg(long, env = "WEFT_RELINQUISH_ON_EXIT")]
     relinquish_on_exit: bool,
+    /// Take over from the weft running on the same --state-dir without losing a packet: its
+    /// TUN device, sockets and lease are handed to this process, which forwards before the
+    /// other stops. Without a running weft, start as usual.
+    #[arg(long, env = "WEFT_TAKEOVER")]
+    takeover: bool,
     /// Written to subnet.env as FLANNEL_IPMASQ; weft itself installs no iptables rules.
     #[arg(long, env = "WEFT_IP_MASQ")]
     ip_masq: bool,
@@ -400,12 +405,13 @@ fn run_with(args: RunArgs, stop: &Arc<Stop>) -> anyhow::Result<()> {
     // an error (after the panic hook asked every other task to stop) instead of unwinding
     // through the runtime.
     let result = runtime.block_on(async move {
-        let store = tokio::select! {
-            store = args.etcd.connect_with(etcd_options) => store?,
-            () = stop2.wait() => return Ok(()),
-        };
         let opts = run_options(&args);
-        match tokio::spawn(daemon::run(opts, Arc::new(store), stop2)).await {
+        let etcd = args.etcd.clone();
+        let connect: daemon::StoreConnect = Box::pin(async move {
+            Ok(Arc::new(etcd.connect_with(etcd_options).await?)
+                as Arc<dyn weft::lease::store::Store>)
+        });
+        match tokio::spawn(daemon::run(opts, connect, stop2)).await {
             Ok(result) => result,
             Err(e) => Err(anyhow::anyhow!("the daemon task ended: {e}")),
         }
@@ -447,6 +453,10 @@ fn run_options(args: &RunArgs) -> RunOptions {
         spin: args.spin,
         netlink_resync: args.netlink_resync,
         stale_route_ttl: args.stale_route_ttl,
+        takeover: args.takeover,
+        exec: std::env::current_exe()
+            .ok()
+            .map(|exe| daemon::ExecSelf { exe, args: std::env::args_os().collect() }),
     }
 }
 

@@ -33,6 +33,8 @@ pub struct Stop {
     tx: watch::Sender<bool>,
     panicked: AtomicBool,
     panics: AtomicU64,
+    /// Counts the `SIGHUP`s: each asks for an in-place upgrade.
+    upgrades: watch::Sender<u64>,
 }
 
 impl Stop {
@@ -42,7 +44,14 @@ impl Stop {
             tx: watch::channel(false).0,
             panicked: AtomicBool::new(false),
             panics: AtomicU64::new(0),
+            upgrades: watch::channel(0).0,
         })
+    }
+
+    /// A receiver that changes at each `SIGHUP` (an in-place upgrade, see
+    /// [`crate::daemon`]).
+    pub fn upgrade_requests(&self) -> watch::Receiver<u64> {
+        self.upgrades.subscribe()
     }
 
     /// Asks every subscriber to stop.
@@ -100,16 +109,22 @@ impl Stop {
         }));
     }
 
-    /// Takes `SIGTERM` and `SIGINT` on a thread of its own (`weft-signals`). The first asks for
-    /// a clean stop; if the process still runs `deadline` later, or a second signal comes, it
-    /// exits with status 1.
+    /// Takes `SIGTERM`, `SIGINT` and `SIGHUP` on a thread of its own (`weft-signals`). The
+    /// first `SIGTERM` or `SIGINT` asks for a clean stop; if the process still runs `deadline`
+    /// later, or a second one comes, it exits with status 1. A `SIGHUP` asks for an in-place
+    /// upgrade ([`Stop::upgrade_requests`]), never a stop.
     pub fn spawn_signal_thread(self: &Arc<Self>, deadline: Duration) -> std::io::Result<()> {
-        use signal_hook::consts::{SIGINT, SIGTERM};
-        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
         let stop = self.clone();
         std::thread::Builder::new().name("weft-signals".into()).spawn(move || {
             let mut seen = 0u32;
             for signal in signals.forever() {
+                if signal == SIGHUP {
+                    info!(signal = "SIGHUP", "upgrading in place");
+                    stop.upgrades.send_modify(|n| *n += 1);
+                    continue;
+                }
                 let name = if signal == SIGTERM { "SIGTERM" } else { "SIGINT" };
                 seen += 1;
                 if seen > 1 {

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "logging",
             "rlimit",
             "secret_file",
+            "fds",
             "health",
         ],
     ),

@@ -874,6 +874,55 @@ fn s10_public_ip_change_at_run_time_is_published_at_once_keeping_the_subnet() {
     w.assert_clean();
 }
 
+// ---- upgrades without loss ---------------------------------------------------------------------
+
+/// A lease handed to the next process of the node, again and again across its renewals: no
+/// create, no clash, no subnet change; the next process renews it as the same incarnation,
+/// and the lease never lapses.
+#[test]
+fn a_handed_over_lease_is_renewed_by_the_next_process_with_no_create_or_clash() {
+    let (mut w, s) = one_host_past_its_first_renewal();
+    w.join("b");
+    let _ = wait_hold(&mut w, "b", 5 * SEC);
+    let before = w.key(s).unwrap();
+    let pos = w.log_len();
+    let t = w.now();
+    for k in 0..12 {
+        w.hand_over("a").unwrap_or_else(|e| panic!("hand-over {k} refused: {e}\n{}", w.report()));
+        w.advance(TTL / 5);
+    }
+    let writes = w.writes_by("a", pos);
+    assert!(
+        writes.iter().all(|r| r.kind != WriteKind::Create),
+        "a handed-over lease was created anew: {writes:?}"
+    );
+    let events = w.events_since("a", t);
+    assert_eq!(count(&events, is_loss_or_change), 0, "{events:?}");
+    assert_eq!(count(&events, |e| matches!(e, KeeperEvent::IdentityClash { .. })), 0, "{events:?}");
+    assert!(count(&events, renewed) >= 2, "the next processes renewed nothing: {events:?}");
+    // A rewrite of the value (a new public IP) is written as the same incarnation.
+    let new_ip = Ipv4Addr::new(192, 0, 2, 79);
+    w.renumber_running("a", new_ip);
+    assert!(w.advance_until(SEC, |w| w.key(s).is_some_and(|k| k.attrs.public_ip == new_ip)));
+    let after = w.key(s).expect("the lease is still there");
+    assert_eq!(after.attrs.incarnation, before.attrs.incarnation, "another incarnation wrote it");
+    assert_eq!(w.believed("a"), Some(s));
+    w.assert_clean();
+}
+
+/// A keeper that holds no lease yet has nothing to hand over, and says why; it goes on.
+#[test]
+fn a_keeper_without_a_lease_refuses_to_hand_over_and_goes_on() {
+    let mut w = World::new(11, network_of(8));
+    w.add_host("a", Impl::Weft);
+    w.start_unsettled("a");
+    let e = w.hand_over("a").expect_err("handed over before holding");
+    assert!(e.contains("no lease is held"), "{e}");
+    let s = wait_hold(&mut w, "a", 5 * SEC);
+    assert_eq!(w.believed("a"), Some(s));
+    w.assert_clean();
+}
+
 // ---- S11 --------------------------------------------------------------------------------------
 
 #[test]

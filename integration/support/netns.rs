@@ -654,6 +654,7 @@ impl Lab {
             iface_flag,
             ttl: TTL.to_owned(),
             stderr: Stderr::LogFile,
+            exe: None,
             process: Daemon::default(),
         }
     }
@@ -868,6 +869,8 @@ pub struct Weft {
     pub ttl: String,
     /// Where the next [`Weft::start`] sends stderr.
     pub stderr: Stderr,
+    /// The binary the next [`Weft::start`] runs (`None`: the one cargo built for the test).
+    pub exe: Option<PathBuf>,
     process: Daemon,
 }
 
@@ -901,7 +904,9 @@ impl Weft {
             health: SocketAddr::from((Ipv4Addr::LOCALHOST, self.health_port)),
             dataplane: "tun",
         };
-        let mut weft: Vec<String> = vec![weft_bin().to_owned()];
+        let exe =
+            self.exe.as_ref().map_or_else(|| weft_bin().to_owned(), |e| e.display().to_string());
+        let mut weft: Vec<String> = vec![exe];
         weft.extend(run.to_args());
         if self.public_ip_flag {
             weft.extend(["--public-ip".to_owned(), public_ip]);
@@ -965,8 +970,36 @@ impl Weft {
         self.sibling(dir, "weft.log", health_port)
     }
 
+    /// Starts `weft run --takeover` with this one's flags, state dir, subnet file and health
+    /// port (the port is handed over too), logging to `weft-next-<k>.log`: the next process
+    /// of this host, which takes everything over from this one.
+    pub fn successor(&self, k: usize) -> Weft {
+        let mut w = self.sibling_unstarted(
+            self.dir.clone(),
+            &format!("weft-next-{k}.log"),
+            self.health_port,
+        );
+        if !w.extra.iter().any(|a| a == "--takeover") {
+            w.extra.push("--takeover".to_owned());
+        }
+        w.exe.clone_from(&self.exe);
+        w.start();
+        w
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        self.process.signal(signal);
+    }
+
     fn sibling(&self, dir: PathBuf, log: &str, health_port: u16) -> Weft {
-        let mut w = Weft {
+        let mut w = self.sibling_unstarted(dir, log, health_port);
+        w.start();
+        w
+    }
+
+    fn sibling_unstarted(&self, dir: PathBuf, log: &str, health_port: u16) -> Weft {
+        Weft {
             n: self.n,
             ns: self.ns.clone(),
             log: dir.join(log),
@@ -979,10 +1012,9 @@ impl Weft {
             iface_flag: self.iface_flag,
             ttl: self.ttl.clone(),
             stderr: Stderr::LogFile,
+            exe: None,
             process: Daemon::default(),
-        };
-        w.start();
-        w
+        }
     }
 
     /// The subnet file.

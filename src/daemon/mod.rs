@@ -17,14 +17,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::atomic_file;
 use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
 use crate::dataplane::kernel_bugs::OffloadMode;
-use crate::dataplane::{DataplaneError, Host};
+use crate::dataplane::{Dataplane, DataplaneError, HandedDataplane, Host};
 use crate::health::{self, Health};
 use crate::instance::{self, Attempt, StateDirLock};
 use crate::lease::driver::{DriverConfig, LeaseDriver};
@@ -40,16 +40,20 @@ use crate::stop::Stop;
 use crate::time::{BootClock, Clock};
 use crate::vocab::MacAddr;
 
+mod handover;
 mod netlink_watch;
 mod tun;
 mod underlay;
+mod upgrade;
 
-use tun::{dataplane_config, offload_decisions, start_dataplane};
+use tun::{dataplane_config, offload_decisions, run_dataplane, start_dataplane};
+use underlay::Underlay;
 pub(crate) use underlay::UnderlayStatus;
 use underlay::{
     UnderlayFollow, find_ipv6_only_underlay, find_underlay, find_underlay6, follow_underlay,
     underlay_addrs,
 };
+pub use upgrade::ExecSelf;
 
 /// What `weft run --dataplane` selects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -121,6 +125,10 @@ pub struct RunOptions {
     /// `--netlink-resync`: how often the TUN device's link state is read for drift when no
     /// netlink notification said it changed.
     pub netlink_resync: Duration,
+    /// `--takeover`: take everything over from the weft running on the state dir.
+    pub takeover: bool,
+    /// What `SIGHUP` re-executes (`None`: the binary's path could not be read at start).
+    pub exec: Option<ExecSelf>,
 }
 
 /// The longest state file weft reads (a node ID or a MAC is a few dozen bytes).
@@ -291,11 +299,71 @@ pub(crate) fn previous_subnet(path: &Path, network: &NetworkConfig) -> Option<Su
     }
 }
 
-/// Runs the daemon until `stop` is requested (SIGTERM/SIGINT, a panic, see [`crate::stop`]).
-pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> anyhow::Result<()> {
-    let clock: Arc<dyn Clock> = Arc::new(BootClock);
-    let mut shutdown_rx = stop.subscribe();
+/// How the daemon gets its store client: connected once the daemon needs the store (after
+/// the data plane forwards, when a handover starts it).
+pub type StoreConnect =
+    std::pin::Pin<Box<dyn Future<Output = anyhow::Result<Arc<dyn Store>>> + Send>>;
 
+/// Runs the daemon until `stop` is requested (SIGTERM/SIGINT, a panic, see [`crate::stop`]),
+/// or until it has handed everything to the next process of this node ([`handover`]); on
+/// `SIGHUP` it re-executes itself, handing everything over ([`upgrade`]).
+pub async fn run(opts: RunOptions, connect: StoreConnect, stop: Arc<Stop>) -> anyhow::Result<()> {
+    // --takeover (and this process's own image after SIGHUP): everything is asked of the weft
+    // running on the state dir, which goes on as before should that fail.
+    let mut incoming = None;
+    if opts.takeover {
+        let dir = opts.state_dir.clone();
+        incoming = tokio::task::spawn_blocking(move || handover::request(&dir))
+            .await
+            .context("the takeover task")?
+            .context("taking over from the running weft (it goes on as before)")?;
+        match &incoming {
+            Some(i) => info!(from_pid = i.handover.pid, "taking over from the running weft"),
+            None => info!("--takeover: no weft runs on the state dir; starting afresh"),
+        }
+    }
+    match incoming {
+        Some(mut incoming) => match start_handed(&opts, &mut incoming, connect, &stop).await {
+            Ok(started) => serve(opts, started, stop).await,
+            Err(e) => {
+                incoming.failed(&format!("{e:#}"));
+                Err(e)
+            }
+        },
+        None => match start_fresh(&opts, connect, &stop).await? {
+            Some(started) => serve(opts, started, stop).await,
+            None => {
+                info!("weft stopped");
+                Ok(())
+            }
+        },
+    }
+}
+
+/// Everything a started daemon runs, however it started.
+struct Started {
+    clock: Arc<dyn Clock>,
+    health: Arc<Health>,
+    lease_health: Arc<LeaseHealth>,
+    health_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// A second descriptor of the health port's listener, to hand over.
+    health_fd: Option<std::os::fd::OwnedFd>,
+    store: Arc<dyn Store>,
+    lock: StateDirLock,
+    takeover: tokio::net::UnixListener,
+    node: NodeId,
+    network: NetworkConfig,
+    underlay: Underlay,
+    public_ipv6: Option<Ipv6Addr>,
+    keeper: Keeper,
+    routes: Arc<Routes>,
+    route_watcher: tokio::task::JoinHandle<()>,
+    subnet_tx: watch::Sender<Option<LeaseName>>,
+    dataplane: Option<(Arc<Dataplane>, Vec<tokio::task::JoinHandle<()>>)>,
+}
+
+/// The health server and the lease plane's status, as every start makes them.
+fn health_parts(clock: &Arc<dyn Clock>, stop: &Arc<Stop>) -> (Arc<Health>, Arc<LeaseHealth>) {
     let health = Arc::new(Health::new());
     // The lease plane's status first: its metrics at the top of /metrics, its say on /readyz
     // first.
@@ -305,21 +373,52 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
     health.add_check(Box::new(move || lease.readiness().map(Some)));
     health.add_collector(stop.clone());
     health.add_collector(Arc::new(crate::logging::LogMetrics));
-    let health_task = if opts.healthz_port > 0 {
+    (health, lease_health)
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until the stop.
+fn serve_health(
+    opts: &RunOptions,
+    listener: tokio::net::TcpListener,
+    health: &Arc<Health>,
+    stop: &Arc<Stop>,
+) -> (tokio::task::JoinHandle<std::io::Result<()>>, Option<std::os::fd::OwnedFd>) {
+    use std::os::fd::AsFd as _;
+    let fd = listener.as_fd().try_clone_to_owned().ok();
+    let mut rx = stop.subscribe();
+    let until_stop = async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let limits =
+        health::ServerLimits { idle_timeout: opts.healthz_idle_timeout, ..Default::default() };
+    (tokio::spawn(health::serve(listener, health.clone(), limits, until_stop)), fd)
+}
+
+/// The usual start: the health port, the store, the state dir's lock (waited for), identity,
+/// the network config (waited for), the underlay, the routes, the data plane (waited for while
+/// another process has the device). `None`: stopped while waiting.
+async fn start_fresh(
+    opts: &RunOptions,
+    connect: StoreConnect,
+    stop: &Arc<Stop>,
+) -> anyhow::Result<Option<Started>> {
+    let clock: Arc<dyn Clock> = Arc::new(BootClock);
+    let mut shutdown_rx = stop.subscribe();
+    let (health, lease_health) = health_parts(&clock, stop);
+    let (health_task, health_fd) = if opts.healthz_port > 0 {
         let addr = SocketAddr::new(opts.healthz_ip, opts.healthz_port);
         let listener = health::bind(addr)
             .await
             .with_context(|| format!("binding the health server on {addr}"))?;
         info!(%addr, "health server listening");
-        let mut rx = shutdown_rx.clone();
-        let stop = async move {
-            let _ = rx.wait_for(|v| *v).await;
-        };
-        let limits =
-            health::ServerLimits { idle_timeout: opts.healthz_idle_timeout, ..Default::default() };
-        Some(tokio::spawn(health::serve(listener, health.clone(), limits, stop)))
+        let (task, fd) = serve_health(opts, listener, &health, stop);
+        (Some(task), fd)
     } else {
-        None
+        (None, None)
+    };
+    let store = tokio::select! {
+        store = connect => store?,
+        () = stop.wait() => return stopped(health_task).await.map(|()| None),
     };
 
     // One weft per state dir: before the identity in it is read or anything is leased.
@@ -334,88 +433,43 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
         })
     })
     .await?;
-    let Some(_lock) = lock.filter(|_| free) else {
-        return stopped(health_task).await;
+    let Some(lock) = lock.filter(|_| free) else {
+        return stopped(health_task).await.map(|()| None);
     };
+    let takeover = upgrade::listen(&opts.state_dir)?;
     let node = load_node_id(&opts.state_dir)?;
     let incarnation = Incarnation::generate();
     info!(node_id = %node, %incarnation, "weft starting");
 
     let Some(network) = wait_for_config(&*store, &mut shutdown_rx).await? else {
-        return stopped(health_task).await;
+        return stopped(health_task).await.map(|()| None);
     };
-    info!(network = ?network.ipv4.as_ref().map(|v4| v4.network), subnet_len = ?network.ipv4.as_ref().map(|v4| v4.subnet_len), ipv6_network = ?network.ipv6.as_ref().map(|v6| v6.network), backend = ?network.backend.kind, "network config");
-    if let Some(notice) = udp_ipv6_notice(&network) {
-        warn!("{notice}");
-    }
-    let (underlay, public_ipv6) = if network.leases_ipv4() {
-        let underlay = find_underlay(opts.iface.as_deref(), opts.public_ip)?;
-        let public_ipv6 = match &network.ipv6 {
-            Some(_) if network.backend.kind == BackendKind::Vxlan => {
-                Some(find_underlay6(underlay.iface.as_deref(), opts.public_ipv6)?)
-            }
-            _ => None,
-        };
-        (underlay, public_ipv6)
-    } else {
-        if let Some(ip) = opts.public_ip {
-            warn!(%ip, "--public-ip is ignored: the network is IPv6-only (PublicIP is 0.0.0.0, as flannel writes it)");
-        }
-        let (underlay, public_ipv6) =
-            find_ipv6_only_underlay(opts.iface.as_deref(), opts.public_ipv6)?;
-        (underlay, Some(public_ipv6))
-    };
-    info!(iface = underlay.iface.as_deref().unwrap_or("?"), public_ip = %underlay.public_ip, public_ipv6 = public_ipv6.map(|a| a.to_string()), mtu = underlay.mtu, "underlay");
-    network.check_underlay(&underlay_addrs(underlay.public_ip, &opts.etcd_endpoints))?;
-    if let (Some(v6), Some(ip)) = (&network.ipv6, public_ipv6)
-        && v6.network.contains(&ip)
-    {
-        bail!(
-            "the public IPv6 address {ip} lies inside IPv6Network {}: the overlay would route its own underlay",
-            v6.network
-        );
-    }
-    if opts.ip_masq {
-        warn!("--ip-masq is written to subnet.env only: weft installs no iptables rules");
-    }
+    say_network(&network, opts);
+    let (underlay, public_ipv6) = find_underlays(&network, opts, None)?;
     let vtep_mac = load_vtep_mac(&opts.state_dir)?;
     let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac);
     let previous = previous_subnet(&opts.subnet_file, &network);
-
-    let ttl = opts.lease_ttl;
-    let renew_margin = opts.renew_margin.unwrap_or((ttl / 4).min(Duration::from_secs(3600)));
-    let (presence_ttl, retry_min, retry_max) = KeeperConfig::timings_for(ttl);
     let keeper = Keeper::new(
-        KeeperConfig {
-            network: network.clone(),
-            attrs,
-            node: node.clone(),
-            incarnation,
-            ttl,
-            renew_margin,
-            presence_ttl,
-            previous,
-            retry_min,
-            retry_max,
-            seed: rand::random(),
-        },
+        keeper_config(opts, &network, attrs, &node, incarnation, previous),
         clock.now(),
     );
-    let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
     let (subnet_tx, subnet_rx) = watch::channel(None);
-    let (routes, route_watcher) = start_route_watcher(
+    let routes = Arc::new(Routes::new({
+        let (net, len) = network.leased_network();
+        RouteTable::build_in(net, len, [])
+    }));
+    let route_watcher = start_route_watcher(
         &network,
         &store,
         &health,
+        &routes,
         subnet_rx.clone(),
         opts.stale_route_ttl,
         &shutdown_rx,
     );
-    let offloads = offload_decisions(&opts);
-    if opts.dataplane == DataplaneMode::Tun {
-        health.add_collector(Arc::new(offloads.clone()));
-    }
+    let offloads = offload_decisions(opts);
     let dataplane = if opts.dataplane == DataplaneMode::Tun {
+        health.add_collector(Arc::new(offloads.clone()));
         // One weft per TUN device: wait while another process has it attached. Should one
         // appear between the check and the start, the start refuses it and we wait again.
         let host = Host::open().context("asking the kernel about the TUN device")?;
@@ -425,10 +479,10 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
             })
             .await?;
             if !free {
-                return stopped(health_task).await;
+                return stopped(health_task).await.map(|()| None);
             }
             match start_dataplane(
-                dataplane_config(&opts, &network, &underlay, public_ipv6, vtep_mac, &offloads),
+                dataplane_config(opts, &network, &underlay, public_ipv6, vtep_mac, &offloads),
                 routes.clone(),
                 &health,
                 subnet_rx.clone(),
@@ -444,6 +498,252 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
     } else {
         None
     };
+    Ok(Some(Started {
+        clock,
+        health,
+        lease_health,
+        health_task,
+        health_fd,
+        store,
+        lock,
+        takeover,
+        node,
+        network,
+        underlay,
+        public_ipv6,
+        keeper,
+        routes,
+        route_watcher,
+        subnet_tx,
+        dataplane,
+    }))
+}
+
+/// The start of a process that takes over from the previous one of this node (see
+/// [`handover`]): the handed data plane forwards first, on the handed routes, for the handed
+/// lease; the previous process is told and stops; then the health port, the store, the route
+/// watcher and the keeper (going on as the previous one's incarnation) start.
+async fn start_handed(
+    opts: &RunOptions,
+    incoming: &mut handover::Incoming,
+    connect: StoreConnect,
+    stop: &Arc<Stop>,
+) -> anyhow::Result<Started> {
+    let clock: Arc<dyn Clock> = Arc::new(BootClock);
+    let shutdown_rx = stop.subscribe();
+    let (health, lease_health) = health_parts(&clock, stop);
+    let handed = incoming.handover.clone();
+    let lock = StateDirLock::adopt(incoming.take_lock()?, &opts.state_dir)?;
+    let takeover = upgrade::adopt_listener(incoming.take_takeover()?)?;
+    let node = load_node_id(&opts.state_dir)?;
+    if node != handed.node {
+        bail!(
+            "the state dir's node ID is {node}, the running weft's is {}: not taking over",
+            handed.node
+        );
+    }
+    info!(node_id = %node, incarnation = %handed.keeper.incarnation, from_pid = handed.pid, "weft starting, taking over");
+    let network =
+        NetworkConfig::parse(handed.network.as_bytes()).context("the handed network config")?;
+    say_network(&network, opts);
+    let (underlay, public_ipv6) =
+        find_underlays(&network, opts, Some((handed.public_ip, handed.public_ipv6)))?;
+    let vtep_mac = load_vtep_mac(&opts.state_dir)?;
+    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac);
+    let previous = previous_subnet(&opts.subnet_file, &network);
+    let cfg =
+        keeper_config(opts, &network, attrs, &node, handed.keeper.incarnation.clone(), previous);
+    let keeper = Keeper::take_over(cfg, &handed.keeper, clock.now()).map_err(|e| anyhow!(e))?;
+    let lease = keeper.held().map(|h| h.name());
+    let (subnet_tx, subnet_rx) = watch::channel(lease);
+    let peers = handed.routes.iter().filter_map(handover::HandedRoute::peer);
+    let routes = Arc::new(Routes::new({
+        let (net, len) = network.leased_network();
+        RouteTable::build_in(net, len, peers)
+    }));
+    let offloads = offload_decisions(opts);
+    let dataplane = match (&handed.dataplane, opts.dataplane) {
+        (Some(layout), DataplaneMode::Tun) => {
+            health.add_collector(Arc::new(offloads.clone()));
+            let fds = std::mem::take(&mut incoming.dataplane);
+            let dp = Dataplane::adopt(
+                dataplane_config(opts, &network, &underlay, public_ipv6, vtep_mac, &offloads),
+                routes.clone(),
+                HandedDataplane { layout: layout.clone(), fds },
+                lease,
+            )
+            .context("taking over the data plane")?;
+            Some(dp)
+        }
+        (None, DataplaneMode::None) => None,
+        (handed_dp, mode) => bail!(
+            "the running weft has {} data plane, this one is started with --dataplane {mode:?}: \
+             restart instead",
+            if handed_dp.is_some() { "a" } else { "no" }
+        ),
+    };
+    // Forwarding: the previous process may stop now, and answers once it has.
+    let conn = incoming.from.take();
+    tokio::task::spawn_blocking(move || handover::forwarding(conn))
+        .await
+        .context("the takeover task")?
+        .context("the running weft did not release everything")?;
+    // Released: everything is this process's now.
+    let dataplane = dataplane
+        .map(|dp| run_dataplane(dp, &health, subnet_rx.clone(), &shutdown_rx, opts.netlink_resync));
+    let listener = match incoming.health.take() {
+        Some(fd) => {
+            let listener = std::net::TcpListener::from(fd);
+            listener.set_nonblocking(true).context("the handed health port")?;
+            Some(tokio::net::TcpListener::from_std(listener).context("the handed health port")?)
+        }
+        None if opts.healthz_port > 0 => {
+            let addr = SocketAddr::new(opts.healthz_ip, opts.healthz_port);
+            let bound = health::bind(addr).await;
+            Some(bound.with_context(|| format!("binding the health server on {addr}"))?)
+        }
+        None => None,
+    };
+    let (health_task, health_fd) = match listener {
+        Some(l) => {
+            let (task, fd) = serve_health(opts, l, &health, stop);
+            (Some(task), fd)
+        }
+        None => (None, None),
+    };
+    let store = connect.await?;
+    let route_watcher = start_route_watcher(
+        &network,
+        &store,
+        &health,
+        &routes,
+        subnet_rx,
+        opts.stale_route_ttl,
+        &shutdown_rx,
+    );
+    Ok(Started {
+        clock,
+        health,
+        lease_health,
+        health_task,
+        health_fd,
+        store,
+        lock,
+        takeover,
+        node,
+        network,
+        underlay,
+        public_ipv6,
+        keeper,
+        routes,
+        route_watcher,
+        subnet_tx,
+        dataplane,
+    })
+}
+/// Says at start what the network config is and what of it weft does not do.
+fn say_network(network: &NetworkConfig, opts: &RunOptions) {
+    info!(network = ?network.ipv4.as_ref().map(|v4| v4.network), subnet_len = ?network.ipv4.as_ref().map(|v4| v4.subnet_len), ipv6_network = ?network.ipv6.as_ref().map(|v6| v6.network), backend = ?network.backend.kind, "network config");
+    if let Some(notice) = udp_ipv6_notice(network) {
+        warn!("{notice}");
+    }
+    if opts.ip_masq {
+        warn!("--ip-masq is written to subnet.env only: weft installs no iptables rules");
+    }
+}
+
+/// Finds the underlay (and the IPv6 one where the network carries IPv6), and checks it
+/// against the network. `published`: the addresses a previous process of this node publishes,
+/// which a handover keeps.
+fn find_underlays(
+    network: &NetworkConfig,
+    opts: &RunOptions,
+    published: Option<(Ipv4Addr, Option<Ipv6Addr>)>,
+) -> anyhow::Result<(Underlay, Option<Ipv6Addr>)> {
+    let public_ip = published.map(|(ip, _)| ip).or(opts.public_ip);
+    let public_ipv6 = published.map_or(opts.public_ipv6, |(_, ip6)| ip6.or(opts.public_ipv6));
+    let (mut underlay, public_ipv6) = if network.leases_ipv4() {
+        let underlay = find_underlay(opts.iface.as_deref(), public_ip)?;
+        let public_ipv6 = match &network.ipv6 {
+            Some(_) if network.backend.kind == BackendKind::Vxlan => {
+                Some(find_underlay6(underlay.iface.as_deref(), public_ipv6)?)
+            }
+            _ => None,
+        };
+        (underlay, public_ipv6)
+    } else {
+        if let Some(ip) = opts.public_ip {
+            warn!(%ip, "--public-ip is ignored: the network is IPv6-only (PublicIP is 0.0.0.0, as flannel writes it)");
+        }
+        let (underlay, public_ipv6) = find_ipv6_only_underlay(opts.iface.as_deref(), public_ipv6)?;
+        (underlay, Some(public_ipv6))
+    };
+    if let Some((ip, _)) = published {
+        underlay.public_ip = ip;
+    }
+    info!(iface = underlay.iface.as_deref().unwrap_or("?"), public_ip = %underlay.public_ip, public_ipv6 = public_ipv6.map(|a| a.to_string()), mtu = underlay.mtu, "underlay");
+    network.check_underlay(&underlay_addrs(underlay.public_ip, &opts.etcd_endpoints))?;
+    if let (Some(v6), Some(ip)) = (&network.ipv6, public_ipv6)
+        && v6.network.contains(&ip)
+    {
+        bail!(
+            "the public IPv6 address {ip} lies inside IPv6Network {}: the overlay would route its own underlay",
+            v6.network
+        );
+    }
+    Ok((underlay, public_ipv6))
+}
+
+/// The keeper's configuration from the flags and the network.
+fn keeper_config(
+    opts: &RunOptions,
+    network: &NetworkConfig,
+    attrs: LeaseAttrs,
+    node: &NodeId,
+    incarnation: Incarnation,
+    previous: Option<Subnet>,
+) -> KeeperConfig {
+    let ttl = opts.lease_ttl;
+    let renew_margin = opts.renew_margin.unwrap_or((ttl / 4).min(Duration::from_secs(3600)));
+    let (presence_ttl, retry_min, retry_max) = KeeperConfig::timings_for(ttl);
+    KeeperConfig {
+        network: network.clone(),
+        attrs,
+        node: node.clone(),
+        incarnation,
+        ttl,
+        renew_margin,
+        presence_ttl,
+        previous,
+        retry_min,
+        retry_max,
+        seed: rand::random(),
+    }
+}
+
+/// Runs a started daemon: the underlay follower, the lease driver, the upgrade paths
+/// (takeover requests, SIGHUP), until the stop or a handover to the next process.
+async fn serve(opts: RunOptions, started: Started, stop: Arc<Stop>) -> anyhow::Result<()> {
+    let Started {
+        clock,
+        health,
+        lease_health,
+        health_task,
+        health_fd,
+        store,
+        lock,
+        takeover,
+        node,
+        network,
+        underlay,
+        public_ipv6,
+        keeper,
+        routes,
+        route_watcher,
+        subnet_tx,
+        dataplane,
+    } = started;
+    let shutdown_rx = stop.subscribe();
     // A worker thread that panicked too often: shut down like on SIGTERM (the lease is kept
     // unless --relinquish-on-exit), then exit non-zero so that the supervisor restarts weft.
     if let Some((dp, _)) = &dataplane {
@@ -479,14 +779,15 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
         underlay_status,
         shutdown_rx.clone(),
     ));
+    let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
     let mut driver = LeaseDriver::new(
         store,
         keeper,
-        node,
+        node.clone(),
         clock,
         lease_health,
         DriverConfig {
-            network,
+            network: network.clone(),
             subnet_file: opts.subnet_file.clone(),
             mtu,
             ip_masq: opts.ip_masq,
@@ -498,13 +799,33 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
         },
         subnet_tx,
     );
-    driver.follow_public_ip(public_ip_rx);
+    driver.follow_public_ip(public_ip_rx.clone());
+    let upgrades = upgrade::Upgrades {
+        node,
+        network,
+        public_ip: public_ip_rx,
+        public_ipv6,
+        lock,
+        health: health_fd,
+        dataplane: dataplane.as_ref().map(|(dp, _)| dp.clone()),
+        routes,
+        driver: driver.handover_control(),
+        exec: opts.exec.clone(),
+        handed_to: Arc::default(),
+    };
+    let handed_over = upgrades.handed_over();
+    let upgrader = tokio::spawn(upgrade::serve(upgrades, takeover, stop.clone()));
     // A task of its own: should the driver panic, the data plane is still stopped below (the
     // lease is then left to its TTL or to the next weft on this state dir).
     if let Err(e) = tokio::spawn(driver.run(shutdown_rx)).await {
         error!(error = %e, "the lease driver ended abnormally");
-        stop.request();
     }
+    // The driver ends at the stop, or once it handed the lease over: stop everything else.
+    stop.request();
+    let upgrade_failed = match tokio::time::timeout(Duration::from_secs(3), upgrader).await {
+        Ok(Ok(Err(why))) => Some(why),
+        _ => None,
+    };
     let _ = tokio::time::timeout(Duration::from_secs(3), follower).await;
     let _ = tokio::time::timeout(Duration::from_secs(3), route_watcher).await;
     let mut given_up = false;
@@ -516,8 +837,14 @@ pub async fn run(opts: RunOptions, store: Arc<dyn Store>, stop: Arc<Stop>) -> an
         tokio::task::spawn_blocking(move || dp.stop()).await.ok();
     }
     let result = stopped(health_task).await;
+    if let Some(pid) = handed_over.get() {
+        info!(to_pid = pid, "handed over: the next weft forwards and holds the lease");
+    }
     if given_up {
         bail!("a data plane worker thread panicked too often (see the log above)");
+    }
+    if let Some(why) = upgrade_failed {
+        bail!(why);
     }
     result
 }
@@ -538,25 +865,22 @@ fn is_tun_in_use(e: &anyhow::Error) -> bool {
     e.downcast_ref::<DataplaneError>().is_some_and(DataplaneError::is_device_in_use)
 }
 
-/// Starts the route watcher, which publishes the routes the data plane forwards by. It runs in
-/// control-plane-only mode too: it is what watches every key under `subnets/`, so it is what
-/// warns about keys that are not leases of this network (`weft_route_ignored_keys`), and
-/// `/metrics` shows the routes a data plane would use.
+/// Starts the route watcher, which publishes the routes the data plane forwards by into
+/// `routes`. It runs in control-plane-only mode too: it is what watches every key under
+/// `subnets/`, so it is what warns about keys that are not leases of this network
+/// (`weft_route_ignored_keys`), and `/metrics` shows the routes a data plane would use.
 fn start_route_watcher(
     network: &NetworkConfig,
     store: &Arc<dyn Store>,
     health: &Arc<Health>,
+    routes: &Arc<Routes>,
     subnet_rx: watch::Receiver<Option<LeaseName>>,
     stale_ttl: Duration,
     shutdown_rx: &watch::Receiver<bool>,
-) -> (Arc<Routes>, tokio::task::JoinHandle<()>) {
-    let routes = Arc::new(Routes::new({
-        let (net, len) = network.leased_network();
-        RouteTable::build_in(net, len, [])
-    }));
+) -> tokio::task::JoinHandle<()> {
     let stats = Arc::new(RouteStats::default());
     health.add_collector(stats.clone());
-    let watcher = tokio::spawn(crate::route::watcher::run(
+    tokio::spawn(crate::route::watcher::run(
         store.clone(),
         routes.clone(),
         network.clone(),
@@ -564,8 +888,7 @@ fn start_route_watcher(
         stats,
         stale_ttl,
         shutdown_rx.clone(),
-    ));
-    (routes, watcher)
+    ))
 }
 
 #[cfg(test)]

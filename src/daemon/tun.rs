@@ -119,10 +119,23 @@ pub(super) fn start_dataplane(
     shutdown_rx: &watch::Receiver<bool>,
     resync: Duration,
 ) -> anyhow::Result<(Arc<Dataplane>, Vec<tokio::task::JoinHandle<()>>)> {
-    let dp = Arc::new(Dataplane::start(cfg, routes).context("starting the data plane")?);
+    let dp = Dataplane::start(cfg, routes).context("starting the data plane")?;
+    Ok(run_dataplane(dp, health, subnet_rx, shutdown_rx, resync))
+}
+
+/// Puts a started (or adopted) data plane's metrics and worker check on `health`, and spawns
+/// its addresser ([`spawn_addresser`]).
+pub(super) fn run_dataplane(
+    dp: Dataplane,
+    health: &Arc<Health>,
+    subnet_rx: watch::Receiver<Option<LeaseName>>,
+    shutdown_rx: &watch::Receiver<bool>,
+    resync: Duration,
+) -> (Arc<Dataplane>, Vec<tokio::task::JoinHandle<()>>) {
+    let dp = Arc::new(dp);
     dp.register(health);
     let addresser = spawn_addresser(dp.clone(), subnet_rx, shutdown_rx.clone(), resync);
-    Ok((dp, vec![addresser]))
+    (dp, vec![addresser])
 }
 
 /// The addresser: addresses the TUN device when the subnet changes, and repairs its link state

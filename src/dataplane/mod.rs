@@ -26,7 +26,10 @@
 //! Every backend answers the same calls: [`Dataplane::set_subnet`],
 //! [`Dataplane::set_public_ip`], [`Dataplane::watch_link`] and [`Dataplane::repair_link`]
 //! (what it set up in the kernel, put back when someone changes it), [`Dataplane::register`]
-//! (its metrics and its say on `/readyz`) and [`Dataplane::stop`].
+//! (its metrics and its say on `/readyz`) and [`Dataplane::stop`]; and, for an upgrade
+//! without loss, [`Dataplane::hand_over`] (its descriptors, for the next process),
+//! [`Dataplane::adopt`] (the next process's start on them), [`Dataplane::quiesce`] and
+//! [`Dataplane::resume`].
 //!
 //! # Contract
 //! [`wire`], [`pipeline`], [`offload`] and [`gso_retry`] are pure (no I/O, no allocation on the
@@ -73,7 +76,25 @@ pub(crate) use netlink::NetlinkError;
 pub(crate) use tunnel::{DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoConfig};
 
 use drift::DriftLog;
-use tunnel::Tunnel;
+use tunnel::{HandedTunnel, Tunnel, TunnelLayout};
+
+/// What a data plane's descriptors are, when handed to the next process
+/// ([`Dataplane::hand_over`]): written into the handover message beside them.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) enum DataplaneLayout {
+    /// A tunnel's TUN queues and sockets.
+    Tunnel(TunnelLayout),
+}
+
+/// A data plane's descriptors (duplicated: the data plane that handed them keeps forwarding
+/// until [`Dataplane::quiesce`]), and what they are.
+#[derive(Debug)]
+pub(crate) struct HandedDataplane {
+    /// What the descriptors are.
+    pub(crate) layout: DataplaneLayout,
+    /// The descriptors, in the layout's order.
+    pub(crate) fds: Vec<std::os::fd::OwnedFd>,
+}
 
 /// A running data plane: the daemon's one handle on it. Stops on [`Dataplane::stop`] or drop.
 #[derive(Debug)]
@@ -96,6 +117,45 @@ impl Dataplane {
     /// address once [`Dataplane::set_subnet`] is called.
     pub(crate) fn start(cfg: DataplaneConfig, routes: Arc<Routes>) -> Result<Self, DataplaneError> {
         Ok(Self { backend: Backend::Tunnel(Tunnel::start(cfg, routes)?), drift: Mutex::default() })
+    }
+
+    /// Takes over the data plane another process (or this one's previous image) handed over:
+    /// forwards on the same TUN queues and sockets, for `lease`, from its first packet.
+    pub(crate) fn adopt(
+        cfg: DataplaneConfig,
+        routes: Arc<Routes>,
+        handed: HandedDataplane,
+        lease: Option<LeaseName>,
+    ) -> Result<Self, DataplaneError> {
+        let HandedDataplane { layout: DataplaneLayout::Tunnel(layout), fds } = handed;
+        let tunnel = Tunnel::adopt(cfg, routes, HandedTunnel { layout, fds }, lease)?;
+        Ok(Self { backend: Backend::Tunnel(tunnel), drift: Mutex::default() })
+    }
+
+    /// The data plane's descriptors, duplicated, for the next process; this one keeps
+    /// forwarding on them until [`Dataplane::quiesce`].
+    pub(crate) fn hand_over(&self) -> std::io::Result<HandedDataplane> {
+        match &self.backend {
+            Backend::Tunnel(t) => {
+                let HandedTunnel { layout, fds } = t.hand_over()?;
+                Ok(HandedDataplane { layout: DataplaneLayout::Tunnel(layout), fds })
+            }
+        }
+    }
+
+    /// Stops forwarding after the step each worker is in, leaving what is queued in the kernel
+    /// to whoever reads it next. Blocking (joins the threads).
+    pub(crate) fn quiesce(&self) {
+        match &self.backend {
+            Backend::Tunnel(t) => t.quiesce(),
+        }
+    }
+
+    /// Forwards again after [`Dataplane::quiesce`] (a handover that failed).
+    pub(crate) fn resume(&self) -> Result<(), DataplaneError> {
+        match &self.backend {
+            Backend::Tunnel(t) => t.resume(),
+        }
     }
 
     /// Puts the data plane's metrics on `/metrics` and its say (which worker is down) on

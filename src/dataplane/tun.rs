@@ -25,6 +25,8 @@ use nix::sys::stat::Mode;
 nix::ioctl_readwrite_bad!(tunsetiff, libc::TUNSETIFF, libc::ifreq);
 // TUNSETOFFLOAD takes its TUN_F_* mask by value.
 nix::ioctl_write_int_bad!(tunsetoffload, libc::TUNSETOFFLOAD);
+// TUNGETIFF writes the queue's device name and flags into an ifreq.
+nix::ioctl_read_bad!(tungetiff, libc::TUNGETIFF, libc::ifreq);
 
 /// A `TUNSETIFF` flag (libc's are `c_int`; the ifreq member is a `c_short`, and every TUN flag
 /// fits in its 16 bits).
@@ -154,6 +156,46 @@ impl Tun {
             let _ = tun.set_offload(0);
         }
         Ok(tun)
+    }
+
+    /// Takes over a queue another process (or this one's previous image) opened: `TUNGETIFF`
+    /// says it is a TUN queue, of which device, and whether it carries a `virtio_net_hdr`. Its
+    /// offloads are left as they are.
+    pub(crate) fn adopt(fd: OwnedFd) -> Result<Self, TunError> {
+        // SAFETY: ifreq is plain old data; all-zero is a valid value.
+        let mut req: libc::ifreq = unsafe { mem::zeroed() };
+        // SAFETY: TUNGETIFF writes an ifreq, which `req` is; `fd` is open. On a descriptor
+        // that is no TUN queue it fails (EBADFD/ENOTTY/EINVAL) and writes nothing.
+        if let Err(errno) = unsafe { tungetiff(fd.as_raw_fd(), &mut req) } {
+            let source = errno.into();
+            return Err(TunError::Ioctl {
+                call: "TUNGETIFF",
+                name: "(handed over)".into(),
+                source,
+            });
+        }
+        // SAFETY: the kernel NUL-terminates ifr_name within IFNAMSIZ.
+        let name = unsafe { CStr::from_ptr(req.ifr_name.as_ptr()) }.to_string_lossy().into_owned();
+        // SAFETY: TUNGETIFF filled the flags member of the union.
+        let flags = unsafe { req.ifr_ifru.ifru_flags };
+        if flags & tun_flag(libc::IFF_TUN) == 0 {
+            return Err(TunError::NotTun(name));
+        }
+        nix::fcntl::fcntl(
+            fd.as_fd(),
+            nix::fcntl::FcntlArg::F_SETFL(OFlag::O_RDWR | OFlag::O_NONBLOCK),
+        )
+        .map_err(|e| TunError::Ioctl {
+            call: "F_SETFL",
+            name: name.clone(),
+            source: e.into(),
+        })?;
+        Ok(Self { fd, name, vnet_hdr: flags & tun_flag(libc::IFF_VNET_HDR) != 0 })
+    }
+
+    /// A second descriptor of this queue (to hand over), close-on-exec.
+    pub(crate) fn duplicate(&self) -> io::Result<OwnedFd> {
+        self.fd.try_clone()
     }
 
     /// The interface name.

@@ -28,6 +28,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
@@ -151,6 +152,9 @@ pub(crate) enum DataplaneError {
     /// A thread.
     #[error("starting a worker thread: {0}")]
     Thread(#[source] io::Error),
+    /// What was handed over does not fit this data plane.
+    #[error("the handed-over data plane cannot be taken: {0}")]
+    Handover(String),
     /// Neither family has a socket: a config with no IPv4 network and no IPv6 underlay.
     #[error("no underlay socket: the network has no IPv4 part and no IPv6 underlay was given")]
     NoSockets,
@@ -189,6 +193,10 @@ struct Running {
     public_ip: Ipv4Addr,
     stop: Arc<StopSignal>,
     threads: Vec<JoinHandle<()>>,
+    /// A second descriptor of every worker's sockets: the workers can be stopped and started
+    /// again on the same sockets ([`Tunnel::quiesce`], [`Tunnel::resume`]), and the sockets
+    /// handed to the next process ([`Tunnel::hand_over`]).
+    kept: Vec<WorkerFds>,
 }
 
 impl Running {
@@ -213,6 +221,77 @@ struct FamilySet {
 struct WorkerSockets {
     v4: Option<FamilySet>,
     v6: Option<FamilySet>,
+}
+
+/// The descriptors of one worker's sockets of one family.
+#[derive(Debug)]
+struct FamilyFds {
+    rx: OwnedFd,
+    tx_pool: Vec<OwnedFd>,
+}
+
+/// The descriptors of one worker's sockets ([`WorkerSockets`]).
+#[derive(Debug)]
+struct WorkerFds {
+    v4: Option<FamilyFds>,
+    v6: Option<FamilyFds>,
+}
+
+impl WorkerSockets {
+    fn duplicate(&self) -> io::Result<WorkerFds> {
+        let family = |f: &FamilySet| -> io::Result<FamilyFds> {
+            Ok(FamilyFds {
+                rx: f.rx.duplicate()?,
+                tx_pool: f.tx_pool.iter().map(BatchSocket::duplicate).collect::<Result<_, _>>()?,
+            })
+        };
+        Ok(WorkerFds {
+            v4: self.v4.as_ref().map(family).transpose()?,
+            v6: self.v6.as_ref().map(family).transpose()?,
+        })
+    }
+}
+
+impl WorkerFds {
+    fn duplicate(&self) -> io::Result<WorkerFds> {
+        let family = |f: &FamilyFds| -> io::Result<FamilyFds> {
+            Ok(FamilyFds {
+                rx: f.rx.try_clone()?,
+                tx_pool: f.tx_pool.iter().map(OwnedFd::try_clone).collect::<Result<_, _>>()?,
+            })
+        };
+        Ok(WorkerFds {
+            v4: self.v4.as_ref().map(family).transpose()?,
+            v6: self.v6.as_ref().map(family).transpose()?,
+        })
+    }
+}
+
+/// How a tunnel's descriptors are laid out when handed to the next process, and what the next
+/// one cannot read back from them: in [`HandedTunnel::fds`], per worker its TUN queue, then
+/// (when it has them) its IPv4 receiving socket and pool, then its IPv6 ones.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct TunnelLayout {
+    /// The TUN device.
+    pub(crate) tun_name: String,
+    /// The offloads the device was set up with (`TUNSETOFFLOAD` is left as it is).
+    pub(crate) tso: bool,
+    /// USO among them.
+    pub(crate) uso: bool,
+    /// The public IP the sockets are bound for.
+    pub(crate) public_ip: Ipv4Addr,
+    /// Per worker: the size of its IPv4 and IPv6 sending pools (`None`: no socket of that
+    /// family).
+    pub(crate) workers: Vec<(Option<usize>, Option<usize>)>,
+}
+
+/// A tunnel's descriptors, for the next process ([`Tunnel::hand_over`], [`Tunnel::adopt`]).
+#[derive(Debug)]
+pub(crate) struct HandedTunnel {
+    /// What the descriptors are.
+    pub(crate) layout: TunnelLayout,
+    /// The descriptors, in the layout's order.
+    pub(crate) fds: Vec<OwnedFd>,
 }
 
 /// A running data plane. Stops its threads on [`Tunnel::stop`] or drop.
@@ -242,7 +321,6 @@ impl Tunnel {
     /// called.
     pub(crate) fn start(cfg: DataplaneConfig, routes: Arc<Routes>) -> Result<Self, DataplaneError> {
         let workers = cfg.workers.max(1);
-        let vni = Vni::new(cfg.vni).map_err(|_| DataplaneError::BadVni(cfg.vni))?;
         // Never attach to a device another process has open (a second weft): create it, with
         // IFF_TUN_EXCL so that one created in the meantime is refused too, or take a
         // persistent one nobody holds.
@@ -273,10 +351,169 @@ impl Tunnel {
             queues.push(Arc::new(q));
         }
         let name = queues[0].name().to_owned();
-        let mtu = tun_mtu(&cfg);
-        netlink.set_mtu(&name, mtu)?;
+        netlink.set_mtu(&name, tun_mtu(&cfg))?;
         netlink.set_up(&name)?;
+        let (bound_on, sockets) = open_sockets(&cfg, cfg.public_ip, workers)?;
+        Self::build(cfg, routes, netlink, queues, offloads, bound_on, sockets, None)
+    }
 
+    /// Takes over a tunnel another process (or this one's previous image) handed over
+    /// ([`Tunnel::hand_over`]): its TUN queues and sockets as they are (the device keeps its
+    /// MTU, address and routes; drift repair puts back what `cfg` wants otherwise), forwarding
+    /// for `lease` from the first packet.
+    pub(crate) fn adopt(
+        cfg: DataplaneConfig,
+        routes: Arc<Routes>,
+        handed: HandedTunnel,
+        lease: Option<LeaseName>,
+    ) -> Result<Self, DataplaneError> {
+        let HandedTunnel { layout, fds } = handed;
+        let wanted: usize = layout
+            .workers
+            .iter()
+            .map(|(v4, v6)| 1 + v4.map_or(0, |n| n + 1) + v6.map_or(0, |n| n + 1))
+            .sum();
+        if layout.workers.is_empty() || wanted != fds.len() {
+            return Err(DataplaneError::Handover(format!(
+                "{} descriptors for a layout of {wanted}",
+                fds.len()
+            )));
+        }
+        let netlink = Netlink::open()?;
+        let mut fds = fds.into_iter();
+        let mut queues = Vec::with_capacity(layout.workers.len());
+        let mut sockets = Vec::with_capacity(layout.workers.len());
+        for &(v4, v6) in &layout.workers {
+            // Counted above: every take below has its descriptor.
+            let mut next = || fds.next().ok_or(DataplaneError::NoSockets);
+            let tun = Tun::adopt(next()?)?;
+            if tun.name() != cfg.tun_name {
+                return Err(DataplaneError::Handover(format!(
+                    "the handed TUN device is {}, not --tun-name {}",
+                    tun.name(),
+                    cfg.tun_name
+                )));
+            }
+            if tun.vnet_hdr() != cfg.tun_offload {
+                warn!(
+                    tun = tun.name(),
+                    vnet_hdr = tun.vnet_hdr(),
+                    "the handed TUN device's offloads differ from --tun-offload; kept as they are until the device is made again"
+                );
+            }
+            queues.push(Arc::new(tun));
+            let mut family = |pool: Option<usize>| {
+                pool.map(|n| -> Result<FamilySet, DataplaneError> {
+                    let (rx_cfg, tx_cfg) = adopted_configs(&cfg, layout.workers.len());
+                    let rx = BatchSocket::adopt(next()?, rx_cfg)?;
+                    let tx_pool = (0..n)
+                        .map(|_| Ok(BatchSocket::adopt(next()?, tx_cfg)?))
+                        .collect::<Result<Vec<_>, DataplaneError>>()?;
+                    Ok(FamilySet { rx, tx_pool })
+                })
+                .transpose()
+            };
+            let v4 = family(v4)?;
+            let v6 = family(v6)?;
+            sockets.push(WorkerSockets { v4, v6 });
+        }
+        let offloads = tun::TunOffloads { tso: layout.tso, uso: layout.uso };
+        let bound_on = BoundOn {
+            public_ip: layout.public_ip,
+            v4: sockets.first().and_then(|w| w.v4.as_ref()).map(|f| f.rx.local_addr().ip()),
+            v6: sockets.first().and_then(|w| w.v6.as_ref()).map(|f| f.rx.local_addr().ip()),
+        };
+        Self::build(cfg, routes, netlink, queues, offloads, bound_on, sockets, lease)
+    }
+
+    /// The descriptors of this tunnel, duplicated, for the next process: it forwards on the
+    /// same TUN queues and sockets, so nothing queued in them is lost. This tunnel keeps
+    /// forwarding until [`Tunnel::quiesce`].
+    pub(crate) fn hand_over(&self) -> io::Result<HandedTunnel> {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut fds = Vec::new();
+        let mut workers = Vec::with_capacity(self.queues.len());
+        for (tun, kept) in self.queues.iter().zip(&running.kept) {
+            fds.push(tun.duplicate()?);
+            let WorkerFds { v4, v6 } = kept.duplicate()?;
+            let mut pool = |f: Option<FamilyFds>| {
+                f.map(|f| {
+                    let n = f.tx_pool.len();
+                    fds.push(f.rx);
+                    fds.extend(f.tx_pool);
+                    n
+                })
+            };
+            let v4 = pool(v4);
+            let v6 = pool(v6);
+            workers.push((v4, v6));
+        }
+        Ok(HandedTunnel {
+            layout: TunnelLayout {
+                tun_name: self.cfg.tun_name.clone(),
+                tso: self.wcfg.gro_tcp,
+                uso: self.wcfg.gro_udp,
+                public_ip: running.public_ip,
+                workers,
+            },
+            fds,
+        })
+    }
+
+    /// Stops the workers after the step each is in, leaving what is queued in the TUN queues
+    /// and sockets to whoever reads them next (the next process, or [`Tunnel::resume`]).
+    pub(crate) fn quiesce(&self) {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).stop();
+    }
+
+    /// Starts the workers again on the same sockets after [`Tunnel::quiesce`] (a handover that
+    /// failed).
+    pub(crate) fn resume(&self) -> Result<(), DataplaneError> {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if !running.threads.is_empty() {
+            return Ok(());
+        }
+        let workers = running.kept.len();
+        let mut sockets = Vec::with_capacity(workers);
+        for kept in &running.kept {
+            let WorkerFds { v4, v6 } = kept.duplicate().map_err(DataplaneError::Thread)?;
+            let family = |f: Option<FamilyFds>| {
+                f.map(|f| -> Result<FamilySet, DataplaneError> {
+                    let (rx_cfg, tx_cfg) = adopted_configs(&self.cfg, workers);
+                    Ok(FamilySet {
+                        rx: BatchSocket::adopt(f.rx, rx_cfg)?,
+                        tx_pool: f
+                            .tx_pool
+                            .into_iter()
+                            .map(|fd| BatchSocket::adopt(fd, tx_cfg))
+                            .collect::<Result<_, _>>()?,
+                    })
+                })
+                .transpose()
+            };
+            sockets.push(WorkerSockets { v4: family(v4)?, v6: family(v6)? });
+        }
+        *running = self.spawn_workers(running.public_ip, sockets)?;
+        Ok(())
+    }
+
+    /// The rest of [`Tunnel::start`] and [`Tunnel::adopt`]: the forwarder, the counters, the
+    /// log line, the workers.
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        cfg: DataplaneConfig,
+        routes: Arc<Routes>,
+        netlink: Netlink,
+        queues: Vec<Arc<Tun>>,
+        offloads: tun::TunOffloads,
+        bound_on: BoundOn,
+        sockets: Vec<WorkerSockets>,
+        lease: Option<LeaseName>,
+    ) -> Result<Self, DataplaneError> {
+        let vni = Vni::new(cfg.vni).map_err(|_| DataplaneError::BadVni(cfg.vni))?;
+        let workers = queues.len();
+        let name = queues.first().map_or_else(|| cfg.tun_name.clone(), |q| q.name().to_owned());
+        let mtu = tun_mtu(&cfg);
         let fwd = Forwarder {
             backend: cfg.backend,
             vni,
@@ -301,7 +538,6 @@ impl Tunnel {
             one_thread: cfg.one_thread,
             spin: cfg.spin,
         };
-        let (bound_on, sockets) = open_sockets(&cfg, cfg.public_ip, workers)?;
         let counters = Arc::new(Counters::default());
         if let Some(WorkerSockets { v4, v6 }) = sockets.first()
             && let Some(first) = v4.as_ref().or(v6.as_ref())
@@ -336,6 +572,11 @@ impl Tunnel {
         }
         let own = fwd.own.clone();
         let own6 = fwd.ipv6.own.clone();
+        if let Some(lease) = lease {
+            // Handed over: forward for the subnet at once; the device already has its address.
+            own.set(Some(lease.subnet).filter(|s| s.v4().is_some()));
+            own6.set(lease.ipv6.filter(|_| cfg.ipv6.is_some()));
+        }
         let dp = Self {
             cfg,
             queues,
@@ -347,6 +588,7 @@ impl Tunnel {
                 public_ip: bound_on.public_ip,
                 stop: StopSignal::new(),
                 threads: Vec::new(),
+                kept: Vec::new(),
             }),
             own,
             own6,
@@ -364,10 +606,16 @@ impl Tunnel {
         bound_on: Ipv4Addr,
         sockets: Vec<WorkerSockets>,
     ) -> Result<Running, DataplaneError> {
+        let kept = sockets
+            .iter()
+            .map(WorkerSockets::duplicate)
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(DataplaneError::Thread)?;
         let mut running = Running {
             public_ip: bound_on,
             stop: StopSignal::new(),
             threads: Vec::with_capacity(self.queues.len() * 2),
+            kept,
         };
         let metered = |sock| MeteredSocket::new(sock, self.counters.clone());
         for (i, (tun, sockets)) in self.queues.iter().zip(sockets).enumerate() {
@@ -639,12 +887,13 @@ fn bind_address(cfg: &DataplaneConfig, public_ip: IpAddr) -> IpAddr {
     }
 }
 
-/// One worker's sockets bound on `bind_on`: the backend port's and the sending pool.
-fn open_family(
+/// How one worker's sockets of one family are set up, bound on `bind_on`: the backend port's
+/// and the sending pool's.
+fn family_configs(
     cfg: &DataplaneConfig,
     bind_on: IpAddr,
     workers: usize,
-) -> Result<FamilySet, UdpError> {
+) -> (UdpConfig, UdpConfig) {
     let gso_retry = GsoRetryConfig::new(cfg.udp_gso.retry_after);
     let rx_cfg = UdpConfig {
         bind: SocketAddr::new(bind_on, cfg.port),
@@ -662,6 +911,22 @@ fn open_family(
         gso_retry,
         buffer_bytes: SOCKET_BUFFER,
     };
+    (rx_cfg, tx_cfg)
+}
+
+/// [`family_configs`] for sockets that are adopted, not opened: each keeps its own binding
+/// and buffers, and the rest (GSO, GRO, the GSO retry) is as for a socket opened now.
+fn adopted_configs(cfg: &DataplaneConfig, workers: usize) -> (UdpConfig, UdpConfig) {
+    family_configs(cfg, IpAddr::V4(Ipv4Addr::UNSPECIFIED), workers)
+}
+
+/// One worker's sockets bound on `bind_on`: the backend port's and the sending pool.
+fn open_family(
+    cfg: &DataplaneConfig,
+    bind_on: IpAddr,
+    workers: usize,
+) -> Result<FamilySet, UdpError> {
+    let (rx_cfg, tx_cfg) = family_configs(cfg, bind_on, workers);
     Ok(FamilySet {
         rx: BatchSocket::open(rx_cfg)?,
         tx_pool: (0..TX_POOL).map(|_| BatchSocket::open(tx_cfg)).collect::<Result<Vec<_>, _>>()?,

@@ -386,7 +386,6 @@ impl BatchSocket {
                 }
             }
         }
-        socket.set_nonblocking(true).map_err(opt("O_NONBLOCK"))?;
         if cfg.bind.is_ipv6() {
             // An IPv6 socket carries IPv6 only: the IPv4 sockets keep the port to themselves.
             socket.set_only_v6(true).map_err(opt("IPV6_V6ONLY"))?;
@@ -394,6 +393,33 @@ impl BatchSocket {
         socket
             .bind(&SockAddr::from(cfg.bind))
             .map_err(|source| UdpError::Bind { addr: cfg.bind, source })?;
+        Self::ready(socket, cfg)
+    }
+
+    /// Takes over a bound UDP socket another process (or this one's previous image) opened:
+    /// its binding and buffers stay as they are; GSO and GRO are probed again as `cfg` asks.
+    pub(crate) fn adopt(fd: std::os::fd::OwnedFd, cfg: UdpConfig) -> Result<Self, UdpError> {
+        let socket = Socket::from(fd);
+        let bad = |what: &str| {
+            UdpError::Socket(io::Error::new(io::ErrorKind::InvalidInput, format!("not {what}")))
+        };
+        match (socket.r#type(), socket.protocol()) {
+            (Ok(Type::DGRAM), Ok(Some(Protocol::UDP))) => {}
+            _ => return Err(bad("a UDP socket")),
+        }
+        Self::ready(socket, cfg)
+    }
+
+    /// A second descriptor of this socket (to hand over), close-on-exec.
+    pub(crate) fn duplicate(&self) -> io::Result<std::os::fd::OwnedFd> {
+        Ok(self.socket.try_clone()?.into())
+    }
+
+    /// The rest of [`BatchSocket::open`] and [`BatchSocket::adopt`]: non-blocking, the local
+    /// address, the offloads probed.
+    fn ready(socket: Socket, cfg: UdpConfig) -> Result<Self, UdpError> {
+        let opt = |option: &'static str| move |source| UdpError::SetOption { option, source };
+        socket.set_nonblocking(true).map_err(opt("O_NONBLOCK"))?;
         let local = socket
             .local_addr()
             .and_then(|a| {

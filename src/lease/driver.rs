@@ -26,7 +26,8 @@ use tracing::{debug, error, info, warn};
 
 use super::hooks::{HookConfig, HookKind, HookRun, HookRunner};
 use super::keeper::{
-    AcquireKind, Action, ActionResult, Keeper, KeeperEvent, LossReason, Readiness,
+    AcquireKind, Action, ActionResult, Keeper, KeeperEvent, KeeperHandover, LossReason,
+    NotHandable, Readiness,
 };
 use super::record::{LeaseName, NodeId, Revision, Subnet};
 use super::status::{LeaseCounters, LeaseHealth, LeaseStatus};
@@ -105,6 +106,22 @@ struct EnvRetry {
     said: LogOnce,
 }
 
+/// What the daemon asks of a running driver for an upgrade without loss
+/// ([`LeaseDriver::handover_control`]).
+#[derive(Debug)]
+pub enum HandoverControl {
+    /// Stop making store calls and answer with what the next process needs to go on holding
+    /// the lease ([`Keeper::hand_over`]); then wait for [`HandoverControl::Resume`] or
+    /// [`HandoverControl::Finish`]. Refused (answered with why) unless the lease is held
+    /// steadily; the driver then goes on as before.
+    Freeze(tokio::sync::oneshot::Sender<Result<KeeperHandover, NotHandable>>),
+    /// The handover failed: go on holding the lease.
+    Resume,
+    /// The next process holds the lease now: end without a store call (no relinquish, the
+    /// presence left to it).
+    Finish,
+}
+
 /// Runs a keeper until shutdown.
 pub struct LeaseDriver {
     store: Arc<dyn Store>,
@@ -122,6 +139,8 @@ pub struct LeaseDriver {
     hooks_after_env: Vec<HookRun>,
     /// This host's underlay address, as the daemon's underlay follower sees it.
     public_ip_rx: Option<watch::Receiver<Ipv4Addr>>,
+    /// Handover requests ([`HandoverControl`]).
+    control: Option<tokio::sync::mpsc::Receiver<HandoverControl>>,
 }
 
 impl LeaseDriver {
@@ -161,7 +180,15 @@ impl LeaseDriver {
             env_retry: None,
             hooks_after_env: Vec::new(),
             public_ip_rx: None,
+            control: None,
         }
+    }
+
+    /// Where the daemon sends [`HandoverControl`] requests.
+    pub(crate) fn handover_control(&mut self) -> tokio::sync::mpsc::Sender<HandoverControl> {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        self.control = Some(rx);
+        tx
     }
 
     /// Publishes every address `rx` carries as the lease's `PublicIP` (see
@@ -228,9 +255,45 @@ impl LeaseDriver {
                     shutting_down = true;
                     self.begin_shutdown();
                 }
+                Some(control) = next_control(&mut self.control), if !shutting_down => {
+                    if self.frozen(control, &mut shutdown).await {
+                        info!("the lease is held by the next process of this node now");
+                        return;
+                    }
+                }
             }
         }
         self.publish_status(self.clock.now());
+    }
+
+    /// Answers a handover request; after a [`HandoverControl::Freeze`] that could be met,
+    /// makes no store call until told to resume (false) or finish (true). A stop while frozen
+    /// resumes, so that the stop goes as usual.
+    async fn frozen(
+        &mut self,
+        control: HandoverControl,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> bool {
+        let HandoverControl::Freeze(answer) = control else { return false };
+        let handover = self.keeper.hand_over(self.clock.now());
+        let frozen = handover.is_ok();
+        if answer.send(handover).is_err() || !frozen {
+            return false;
+        }
+        // The own-key watch would only queue up what the next process's watch sees too.
+        self.own_watch = None;
+        loop {
+            tokio::select! {
+                control = next_control(&mut self.control) => match control {
+                    Some(HandoverControl::Finish) => return true,
+                    Some(HandoverControl::Resume) | None => return false,
+                    Some(HandoverControl::Freeze(again)) => {
+                        let _ = again.send(self.keeper.hand_over(self.clock.now()));
+                    }
+                },
+                () = stop_requested(shutdown) => return false,
+            }
+        }
     }
 
     fn begin_shutdown(&mut self) {
@@ -335,8 +398,17 @@ impl LeaseDriver {
                     AcquireKind::Created(reason) => {
                         info!(%subnet, ipv6 = ?self.keeper.ipv6(), ?reason, "acquired subnet lease")
                     }
+                    AcquireKind::HandedOver => {
+                        info!(%subnet, ipv6 = ?self.keeper.ipv6(), "holding the lease the previous process of this node handed over")
+                    }
                 }
-                self.write_subnet_env(subnet);
+                // A handover changes nothing a reader of subnet.env sees: the file is left as
+                // it is when it already says what this process would write.
+                let unchanged = kind == AcquireKind::HandedOver
+                    && matches!(subnet_env::read(&self.cfg.subnet_file), subnet_env::ReadOutcome::Valid(env) if env == self.subnet_env(subnet));
+                if !unchanged {
+                    self.write_subnet_env(subnet);
+                }
                 self.subnet_tx.send_replace(Some(LeaseName { subnet, ipv6: self.keeper.ipv6() }));
             }
             KeeperEvent::SubnetChanged { old, new } => {
@@ -460,6 +532,14 @@ impl LeaseDriver {
     }
 
     fn write_subnet_env(&mut self, subnet: Subnet) {
+        let env = self.subnet_env(subnet);
+        let retry = self.env_retry.take();
+        let delay = retry.as_ref().map_or(ENV_RETRY_MIN, |r| r.delay);
+        self.try_write_subnet_env(env, delay, retry.map(|r| r.said).unwrap_or_default());
+    }
+
+    /// What `subnet.env` says while `subnet` is held.
+    fn subnet_env(&self, subnet: Subnet) -> SubnetEnv {
         // The IPv6 half moves with the subnet: the keeper holds both under one key.
         let ipv6 = match (&self.cfg.network.ipv6, self.keeper.ipv6()) {
             (Some(v6), Some(half)) => Some(SubnetEnv6 { network: v6.network, subnet: half }),
@@ -470,10 +550,7 @@ impl LeaseDriver {
             (Some(v4), Some(_)) => Some(SubnetEnv4 { network: v4.network, subnet }),
             _ => None,
         };
-        let env = SubnetEnv { ipv4, mtu: self.cfg.mtu, ipmasq: self.cfg.ip_masq, ipv6 };
-        let retry = self.env_retry.take();
-        let delay = retry.as_ref().map_or(ENV_RETRY_MIN, |r| r.delay);
-        self.try_write_subnet_env(env, delay, retry.map(|r| r.said).unwrap_or_default());
+        SubnetEnv { ipv4, mtu: self.cfg.mtu, ipmasq: self.cfg.ip_masq, ipv6 }
     }
 
     /// Retries a failed `subnet.env` write when it is due.
@@ -536,6 +613,15 @@ async fn public_ip_changed(rx: &mut Option<watch::Receiver<Ipv4Addr>>) -> Option
         return None;
     }
     Some(*r.borrow_and_update())
+}
+
+async fn next_control(
+    rx: &mut Option<tokio::sync::mpsc::Receiver<HandoverControl>>,
+) -> Option<HandoverControl> {
+    match rx {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Resolves once a stop is requested (or whoever could request one is gone).

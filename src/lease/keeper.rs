@@ -117,6 +117,41 @@ impl KeeperConfig {
     }
 }
 
+/// What a keeper that holds its lease steadily hands to the next process of this node (an
+/// upgrade, [`Keeper::hand_over`]): the lease and this process's presence as they stand, so
+/// that the next keeper ([`Keeper::take_over`]) goes on renewing both as the same incarnation,
+/// with no write: no create, no clash, no subnet change. Times are on the boot-time clock,
+/// which every process of the host shares.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeeperHandover {
+    /// The incarnation whose presence and lease these are: the next process goes on as it.
+    pub incarnation: Incarnation,
+    /// The lease key's name (both halves, in the store's key form).
+    pub key: String,
+    /// The key's mod revision after the last write.
+    pub mod_revision: i64,
+    /// The store lease the key is attached to.
+    pub lease_id: i64,
+    /// The presence key's store lease.
+    pub presence_lease: i64,
+    /// Until when the presence is known to stand, since the clock's epoch.
+    pub presence_until: Duration,
+    /// When the lease is renewed next.
+    pub renew_at: Duration,
+    /// The lease's local expiry.
+    pub expires_at: Duration,
+}
+
+/// Why a keeper cannot hand its lease over now ([`Keeper::hand_over`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the lease keeper is {state} ({why}): nothing to hand over yet, try again")]
+pub struct NotHandable {
+    /// The keeper's state ([`Keeper::state_name`]).
+    pub state: &'static str,
+    /// What is missing.
+    pub why: &'static str,
+}
+
 /// A store call the keeper wants made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -219,6 +254,8 @@ pub enum ActionResult {
 pub enum AcquireKind {
     /// A live lease of this node's, adopted after a restart.
     Adopted,
+    /// Handed over by the previous process of this node (an upgrade): held as it was.
+    HandedOver,
     /// Created by a policy rule.
     Created(CreateReason),
 }
@@ -442,7 +479,92 @@ impl Keeper {
         }
     }
 
+    /// A keeper that goes on where another process of this node handed over (`handed`, see
+    /// [`KeeperHandover`]), at `now`: it holds the lease, its presence claimed, and reports
+    /// [`KeeperEvent::Acquired`] with [`AcquireKind::HandedOver`]. `cfg.incarnation` is
+    /// replaced by the handed one.
+    ///
+    /// # Errors
+    /// The handed key does not name a lease of this network.
+    pub fn take_over(
+        mut cfg: KeeperConfig,
+        handed: &KeeperHandover,
+        now: Instant,
+    ) -> Result<Self, String> {
+        let name = LeaseName::parse(&handed.key)
+            .map_err(|e| format!("the handed lease key {:?}: {e}", handed.key))?;
+        if !cfg.network.fits_lease(name) {
+            return Err(format!("the handed lease {} is no lease of this network", handed.key));
+        }
+        cfg.incarnation = handed.incarnation.clone();
+        cfg.previous = Some(name.subnet);
+        let mut keeper = Self::new(cfg, now);
+        let at = Instant::from_epoch;
+        keeper.held = Some(HeldLease {
+            subnet: name.subnet,
+            ipv6: name.ipv6,
+            mod_revision: Revision(handed.mod_revision),
+            lease_id: StoreLeaseId(handed.lease_id),
+        });
+        keeper.phase = Phase::Held;
+        keeper.presence = Presence::Claimed {
+            lease: StoreLeaseId(handed.presence_lease),
+            keep_at: now,
+            beat_at: now,
+        };
+        keeper.presence_until = Some(at(handed.presence_until));
+        keeper.renew_at = at(handed.renew_at);
+        keeper.expires_at = at(handed.expires_at);
+        keeper.events.push_back(KeeperEvent::Acquired {
+            subnet: name.subnet,
+            kind: AcquireKind::HandedOver,
+        });
+        Ok(keeper)
+    }
+
+    /// What the next process of this node needs to go on holding the lease
+    /// ([`Keeper::take_over`]): only while the lease is held steadily (no call in flight, no
+    /// probe or rewrite due, presence claimed and standing at `now`, not expired). After a
+    /// handover this keeper must make no store call at all: the driver stops it without
+    /// [`Keeper::handle_shutdown`].
+    ///
+    /// # Errors
+    /// [`NotHandable`], naming the state and what is missing.
+    pub fn hand_over(&self, now: Instant) -> Result<KeeperHandover, NotHandable> {
+        let not = |why| NotHandable { state: self.state_name(), why };
+        let Some(held) = self.held.filter(|_| self.phase == Phase::Held) else {
+            return Err(not("no lease is held"));
+        };
+        if self.in_flight.is_some() {
+            return Err(not("a store call is in flight"));
+        }
+        if self.probe || self.republish || self.expiry_reported || now >= self.expires_at {
+            return Err(not("the lease is being checked or rewritten"));
+        }
+        let Presence::Claimed { lease: presence, .. } = self.presence else {
+            return Err(not("this process's presence is not claimed"));
+        };
+        let Some(presence_until) = self.presence_until.filter(|u| now < *u) else {
+            return Err(not("this process's presence is not confirmed"));
+        };
+        Ok(KeeperHandover {
+            incarnation: self.cfg.incarnation.clone(),
+            key: held.name().key_name(),
+            mod_revision: held.mod_revision.0,
+            lease_id: held.lease_id.0,
+            presence_lease: presence.0,
+            presence_until: presence_until.since_epoch(),
+            renew_at: self.renew_at.since_epoch(),
+            expires_at: self.expires_at.since_epoch(),
+        })
+    }
+
     // ---- getters -------------------------------------------------------------------------
+
+    /// The configuration this keeper was made with.
+    pub fn config(&self) -> &KeeperConfig {
+        &self.cfg
+    }
 
     /// The lease held now, if any.
     pub fn held(&self) -> Option<HeldLease> {

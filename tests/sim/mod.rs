@@ -520,6 +520,25 @@ impl World {
         self.settle();
     }
 
+    /// An upgrade without loss: the running weft hands its lease to a new process of the host
+    /// ([`Keeper::hand_over`], [`Keeper::take_over`]), which replaces it at once. Returns why
+    /// the keeper refused, if it did (the old process then goes on).
+    pub fn hand_over(&mut self, name: &str) -> Result<(), String> {
+        let now = self.now();
+        let i = self.idx(name);
+        drain_weft_events(&mut self.hosts[i], now);
+        let Some(Proc::Weft(p)) = &self.hosts[i].proc else { return Err("no weft runs".into()) };
+        let handed = p.keeper.hand_over(now).map_err(|e| e.to_string())?;
+        self.note(format!("hand over {name} (incarnation {})", handed.incarnation));
+        self.spawn(i);
+        let h = &mut self.hosts[i];
+        let Some(Proc::Weft(p)) = &mut h.proc else { unreachable!("spawned a weft") };
+        let cfg = p.keeper.config().clone();
+        p.keeper = Keeper::take_over(cfg, &handed, now)?;
+        self.settle();
+        Ok(())
+    }
+
     /// SIGSTOP: the process stays but does not act; its clock keeps running.
     pub fn suspend(&mut self, name: &str) {
         self.note(format!("suspend {name}"));

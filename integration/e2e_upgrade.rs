@@ -1,0 +1,269 @@
+//! Upgrades without loss, end to end: host 2's weft is replaced again and again, by
+//! `weft run --takeover` and by `SIGHUP` (re-executing a binary swapped under it, as a package
+//! upgrade does), while pings 2 ms apart and a TCP stream cross the overlay from host 1's pod
+//! to host 2's. Every replacement keeps the TUN device, the sockets and the lease.
+//!
+//! Needs root and the tools listed in `support::netns::REQUIRED_TOOLS`.
+
+mod support;
+
+use std::io::{Read as _, Write as _};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use support::netns::{Lab, Weft, finish_ping, in_netns, spawn_ping};
+
+const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
+const READY: Duration = Duration::from_secs(20);
+
+/// A TCP stream from `from_ns` to `to` (listening in `to_ns`): the sender writes as fast as it
+/// can; the receiver notes the longest time between two reads that returned data.
+struct Stream {
+    stop: Arc<AtomicBool>,
+    receiver: std::thread::JoinHandle<(u64, Vec<(Instant, Duration)>)>,
+    sender: std::thread::JoinHandle<()>,
+}
+
+impl Stream {
+    fn start(from_ns: &str, to_ns: &str, to: Ipv4Addr) -> Self {
+        let listener = in_netns(to_ns, || TcpListener::bind((to, 5201)).expect("bind the stream"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_rx = stop.clone();
+        let receiver = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().expect("accept the stream");
+            conn.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+            let mut buf = vec![0u8; 1 << 16];
+            let (mut bytes, mut gaps) = (0u64, Vec::new());
+            let mut last: Option<Instant> = None;
+            while !stop_rx.load(Ordering::SeqCst) {
+                match conn.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        bytes += n as u64;
+                        let now = Instant::now();
+                        if let Some(t) = last
+                            && now - t > Duration::from_millis(20)
+                        {
+                            gaps.push((now, now - t));
+                        }
+                        last = Some(now);
+                    }
+                    Err(_) => {
+                        // A read timeout: the gap goes on (it is measured at the next read).
+                    }
+                }
+            }
+            (bytes, gaps)
+        });
+        let stop_tx = stop.clone();
+        let from_ns = from_ns.to_owned();
+        let sender = std::thread::spawn(move || {
+            let mut conn = in_netns(&from_ns, || {
+                TcpStream::connect_timeout(&SocketAddr::from((to, 5201)), Duration::from_secs(5))
+                    .expect("connect the stream")
+            });
+            // Paced, not flat out: the stream's gaps, not its rate, are what is measured, and
+            // the two cores are shared with everything else.
+            let chunk = vec![7u8; 16 * 1024];
+            while !stop_tx.load(Ordering::SeqCst) {
+                if conn.write_all(&chunk).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        Self { stop, receiver, sender }
+    }
+
+    /// Stops the stream: bytes received, and the gaps of over 20 ms between two reads (when
+    /// each ended, and how long it was).
+    fn finish(self) -> (u64, Vec<(Instant, Duration)>) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.sender.join();
+        self.receiver.join().expect("the stream's receiver")
+    }
+}
+
+/// Copies weft's binary to `dir/<name>`, with `tag` appended when given (a different file of
+/// the same program: ELF loaders ignore trailing bytes).
+fn binary_copy(dir: &Path, name: &str, tag: Option<&str>) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::copy(env!("CARGO_BIN_EXE_weft"), &path).expect("copy weft");
+    if let Some(tag) = tag {
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).expect("open copy");
+        f.write_all(tag.as_bytes()).expect("tag the copy");
+    }
+    path
+}
+
+/// Installs `from` at `to` as a package manager does: a new file renamed over the old.
+fn install(from: &Path, to: &Path) {
+    let tmp = to.with_extension("new");
+    std::fs::copy(from, &tmp).expect("copy the new binary");
+    std::fs::rename(&tmp, to).expect("rename it into place");
+}
+
+/// The lease key of `subnet` with its create and mod revisions.
+fn lease_revisions(lab: &Lab, subnet: &str) -> (i64, String) {
+    let (key, _) = lab.lease_entry(subnet).expect("the lease");
+    let out = lab.etcdctl(&["get", &key, "-w", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("etcdctl json");
+    let kv = &json["kvs"][0];
+    (kv["create_revision"].as_i64().expect("create_revision"), key)
+}
+
+/// Waits until `w` has exited; its exit code.
+fn exited(w: &mut Weft, within: Duration) -> Option<i32> {
+    let deadline = Instant::now() + within;
+    while w.running() {
+        assert!(
+            Instant::now() < deadline,
+            "weft {} still runs after a takeover:\n{}",
+            w.n,
+            w.log_tail(40)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    w.stop()
+}
+
+/// The sequence numbers in `1..=transmitted` that ping printed no reply for.
+fn missing_replies(text: &str, transmitted: u32) -> Vec<u32> {
+    let mut seen = vec![false; transmitted as usize + 1];
+    for seq in text.lines().filter_map(|l| {
+        let rest = l.split("icmp_seq=").nth(1)?;
+        rest.split_whitespace().next()?.parse::<usize>().ok()
+    }) {
+        if let Some(s) = seen.get_mut(seq) {
+            *s = true;
+        }
+    }
+    (1..=transmitted).filter(|&s| !seen[s as usize]).collect()
+}
+
+#[test]
+fn takeovers_and_in_place_upgrades_lose_no_ping_and_keep_the_lease() {
+    const TAKEOVERS: usize = 20;
+    const RELOADS: usize = 5;
+    let lab = Lab::new(VXLAN);
+    let (mut wefts, pods) = lab.up(&[1, 2], &[]);
+    let subnet = wefts[1].subnet().expect("host 2's subnet");
+    let (created, key) = lease_revisions(&lab, &subnet);
+    let bin = lab.dir().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let builds = [binary_copy(&bin, "weft-a", None), binary_copy(&bin, "weft-b", Some("build b"))];
+    let installed = bin.join("weft");
+    install(&builds[0], &installed);
+
+    // Its output is read as it comes: a pipe left full would stall the ping itself.
+    let mut ping = spawn_ping(&pods[0].ns, pods[1].ip, 100_000, 0.002);
+    let mut ping_out = ping.stdout.take().expect("ping's stdout");
+    let ping_text = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = ping_out.read_to_string(&mut text);
+        text
+    });
+    let stream = Stream::start(&pods[0].ns, &pods[1].ns, pods[1].ip);
+    let t0 = Instant::now();
+    let mut marks: Vec<(String, Instant)> = Vec::new();
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Takeovers: each a new process from the installed binary.
+    let mut current = wefts.pop().expect("host 2's weft");
+    current.exe = Some(installed.clone());
+    let mut handover_times = Vec::new();
+    for k in 0..TAKEOVERS {
+        let started = Instant::now();
+        marks.push((format!("takeover {k}"), started));
+        let mut next = current.successor(k);
+        let code = exited(&mut current, READY);
+        assert_eq!(
+            code,
+            Some(0),
+            "the old weft's exit after takeover {k}:\n{}",
+            current.log_tail(30)
+        );
+        let again = next.wait_ready(READY);
+        handover_times.push(started.elapsed());
+        assert_eq!(again, subnet, "the subnet changed at takeover {k}");
+        current = next;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // In-place upgrades: the installed binary swapped under the running process, then SIGHUP.
+    // A bridge process holds everything while the process re-executes; it logs its hand-back
+    // to the same file when it goes.
+    let pid = current.pid();
+    let handed_back = |w: &Weft| w.log().matches("handed over: the next weft").count();
+    for k in 0..RELOADS {
+        let build = &builds[(k + 1) % 2];
+        install(build, &installed);
+        let want = std::fs::metadata(&installed).expect("the installed binary").ino();
+        let before = handed_back(&current);
+        marks.push((format!("SIGHUP {k}"), Instant::now()));
+        current.signal(nix::sys::signal::Signal::SIGHUP);
+        let deadline = Instant::now() + READY;
+        loop {
+            let exe = std::fs::metadata(format!("/proc/{pid}/exe")).map(|m| m.ino());
+            if exe.ok() == Some(want) && handed_back(&current) > before {
+                break;
+            }
+            assert!(
+                current.running(),
+                "weft 2 exited at in-place upgrade {k}:\n{}",
+                current.log_tail(40)
+            );
+            assert!(
+                Instant::now() < deadline,
+                "no in-place upgrade {k}:\n{}",
+                current.log_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(current.wait_ready(READY), subnet, "the subnet changed at in-place upgrade {k}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+
+    let (bytes, gaps) = stream.finish();
+    let longest = gaps.iter().map(|g| g.1).max().unwrap_or_default();
+    for (at, gap) in &gaps {
+        eprintln!("stream gap of {gap:?} ending {:?} after the start", *at - t0);
+    }
+    for (what, at) in &marks {
+        eprintln!("{what} at {:?}", *at - t0);
+    }
+    // The ping's count outlasts the replacements: end it, then read its summary.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(ping.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+    let mut pings = finish_ping(ping);
+    pings =
+        support::netns::PingResult::parse(ping_text.join().expect("ping's output") + &pings.text);
+    eprintln!(
+        "upgrades: {TAKEOVERS} takeovers ({:?} each at most), {RELOADS} in place: pings {}/{} received, stream {bytes} bytes, longest gap {longest:?}",
+        handover_times.iter().max(),
+        pings.received,
+        pings.transmitted,
+    );
+    let log = current.log();
+    for bad in ["IDENTITY CLASH", "LEASE LOST", "acquired subnet lease"] {
+        assert!(!log.contains(bad), "host 2 logged {bad:?}:\n{}", current.log_tail(60));
+    }
+    assert_eq!(lease_revisions(&lab, &subnet), (created, key), "the lease key was created anew");
+    assert_eq!(current.subnet().as_deref(), Some(subnet.as_str()));
+    assert!(pings.transmitted > 1000, "too few pings: {}", pings.text);
+    // Only the echo in flight when the ping was ended may be missing.
+    let missing = missing_replies(&pings.text, pings.transmitted);
+    assert!(
+        missing.iter().all(|&seq| seq == pings.transmitted),
+        "pings were lost: icmp_seq {missing:?} of {}",
+        pings.transmitted
+    );
+    assert!(longest < Duration::from_millis(100), "the TCP stream stalled for {longest:?}");
+}
