@@ -10,6 +10,9 @@
 //!   asks for a clean stop (the lease kept or relinquished as `--relinquish-on-exit` says);
 //!   should the process still run after the deadline, or a second signal come, it exits at
 //!   once with status 1.
+//! - `SIGHUP` (systemd's `ExecReload=`) is taken on the same thread and ignored with a WARN:
+//!   this build has no in-place upgrade, and a reload must not kill the daemon (the default
+//!   action of `SIGHUP`).
 //! - A panic anywhere but inside [`crate::panics::catch`] (where the data plane's supervisor
 //!   restarts the thread) is logged, counted (`weft_panics_total`) and requests a stop; the
 //!   process then stops as on `SIGTERM` and exits non-zero ([`Stop::panicked`]).
@@ -100,16 +103,24 @@ impl Stop {
         }));
     }
 
-    /// Takes `SIGTERM` and `SIGINT` on a thread of its own (`weft-signals`). The first asks for
-    /// a clean stop; if the process still runs `deadline` later, or a second signal comes, it
-    /// exits with status 1.
+    /// Takes `SIGTERM`, `SIGINT` and `SIGHUP` on a thread of its own (`weft-signals`). The
+    /// first `SIGTERM` or `SIGINT` asks for a clean stop; if the process still runs `deadline`
+    /// later, or a second one comes, it exits with status 1. `SIGHUP` is logged and ignored.
     pub fn spawn_signal_thread(self: &Arc<Self>, deadline: Duration) -> std::io::Result<()> {
-        use signal_hook::consts::{SIGINT, SIGTERM};
-        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
         let stop = self.clone();
         std::thread::Builder::new().name("weft-signals".into()).spawn(move || {
             let mut seen = 0u32;
             for signal in signals.forever() {
+                if signal == SIGHUP {
+                    warn!(
+                        signal = "SIGHUP",
+                        "an in-place upgrade (reload) is not available in this build: ignored, \
+                         weft goes on running"
+                    );
+                    continue;
+                }
                 let name = if signal == SIGTERM { "SIGTERM" } else { "SIGINT" };
                 seen += 1;
                 if seen > 1 {
