@@ -13,7 +13,8 @@
 //!   ([`dataplane::wire`]), forwarding decisions ([`dataplane::pipeline`]) and offload
 //!   split/coalesce ([`dataplane::offload`]) are pure; [`dataplane::tun`] and
 //!   [`dataplane::udp`] are the syscall layers, [`dataplane::driver`] owns the threads.
-//! - [`daemon`] wires them into `weft run`; [`health`] serves `/healthz`, `/readyz`, `/metrics`
+//! - [`daemon`] wires them into `weft run`; [`cli`] reads a flanneld command line as flanneld
+//!   does and chooses the underlay among flanneld's interface candidates; [`health`] serves `/healthz`, `/readyz`, `/metrics`
 //!   (every component's metrics rendered by [`metrics`]);
 //!   [`instance`] keeps a second `weft run` on the same state dir or TUN device waiting.
 //!
@@ -34,6 +35,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod atomic_file;
+pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;

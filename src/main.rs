@@ -13,6 +13,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 
+use weft::cli::flanneld_args::{self, Level, Notice, WeftFlag};
+use weft::cli::iface::{self, Candidates, IfaceRegex};
 use weft::config::NetworkConfig;
 use weft::daemon::{self, DataplaneMode, RunOptions};
 use weft::dataplane::kernel_bugs::OffloadMode;
@@ -140,9 +142,18 @@ struct EtcdArgs {
 struct RunArgs {
     #[command(flatten)]
     etcd: EtcdArgs,
-    /// Underlay interface (name or IPv4 address); default: the default route's interface.
+    /// Underlay interface (name or address); default: the default route's interface. Given
+    /// more than once, the first that exists with an address is used (as flanneld does).
     #[arg(long, env = "WEFT_IFACE")]
-    iface: Option<String>,
+    iface: Vec<String>,
+    /// A regular expression for the underlay: the first address it matches, else the first
+    /// interface name, tried after every --iface. May be given more than once.
+    #[arg(long, env = "WEFT_IFACE_REGEX")]
+    iface_regex: Vec<IfaceRegex>,
+    /// The underlay is the interface of the route to this address (`ip route get`), tried
+    /// after --iface and --iface-regex.
+    #[arg(long, env = "WEFT_IFACE_CAN_REACH")]
+    iface_can_reach: Option<IpAddr>,
     /// Address to publish as PublicIP; default: the underlay interface's address.
     #[arg(long, env = "WEFT_PUBLIC_IP")]
     public_ip: Option<Ipv4Addr>,
@@ -256,6 +267,9 @@ struct RunArgs {
     /// Log format.
     #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+    /// flanneld's `-v`: 1 or more logs weft's debug lines too, when WEFT_LOG is not set.
+    #[arg(short = 'v', long, env = "WEFT_VERBOSITY", value_name = "LEVEL", default_value_t = 0)]
+    verbosity: i32,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -340,9 +354,12 @@ impl EtcdArgs {
 const STOP_DEADLINE: Duration = Duration::from_secs(15);
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, notices) = match parse_command_line() {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
+    };
     match cli.command {
-        Command::Run(args) => run_daemon(*args),
+        Command::Run(args) => run_daemon(*args, &notices),
         command => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
@@ -356,6 +373,30 @@ fn main() -> ExitCode {
     }
 }
 
+/// The command line, read as flanneld reads its own when it is one
+/// ([`weft::cli::flanneld_args`]), then by clap; what to log about it once logging is up. A
+/// command line either refuses exits 2 after saying why, as clap's usage errors do.
+fn parse_command_line() -> Result<(Cli, Vec<Notice>), ExitCode> {
+    let command = <Cli as clap::CommandFactory>::command();
+    let run = command.find_subcommand("run").expect("weft run is defined");
+    let weft: Vec<WeftFlag<'_>> = run
+        .get_arguments()
+        .filter_map(|a| {
+            Some(WeftFlag { long: a.get_long()?, takes_value: a.get_action().takes_values() })
+        })
+        .collect();
+    let args = std::env::args_os().collect();
+    let normalized = match flanneld_args::normalize(args, &weft, &|k| std::env::var_os(k)) {
+        Ok(n) => n,
+        Err(e) => {
+            tell!("weft: error: {e}");
+            return Err(ExitCode::from(2));
+        }
+    };
+    let cli = Cli::parse_from(normalized.args);
+    Ok((cli, normalized.notices))
+}
+
 /// Prints `weft: error: …` on stderr (ignoring a stderr that is gone) and fails.
 fn fail(e: &anyhow::Error) -> ExitCode {
     let _ = writeln!(std::io::stderr(), "weft: error: {e:#}");
@@ -364,8 +405,22 @@ fn fail(e: &anyhow::Error) -> ExitCode {
 
 /// `weft run`: logs through the log queue, signals on their own thread, every panic a stop
 /// (see [`weft::stop`]); exits 0 after a clean stop, non-zero after an error or a panic.
-fn run_daemon(args: RunArgs) -> ExitCode {
-    logging::init(args.log_format == "json");
+fn run_daemon(args: RunArgs, notices: &[Notice]) -> ExitCode {
+    let default_filter = if args.verbosity >= 1 { "weft=debug,info" } else { "info" };
+    logging::init_with_default(args.log_format == "json", default_filter);
+    for notice in notices {
+        match notice.level {
+            Level::Info => tracing::info!("{}", notice.text),
+            Level::Warn => tracing::warn!("{}", notice.text),
+        }
+    }
+    if args.ip_masq {
+        tracing::warn!(
+            "--ip-masq is written to subnet.env as FLANNEL_IPMASQ=true, which tells flannel's CNI \
+             plugin not to masquerade; weft installs no masquerade rule itself, so traffic from \
+             pods to outside the Network leaves unmasqueraded unless the host has one"
+        );
+    }
     weft::rlimit::raise_nofile_limit();
     let stop = Stop::new();
     stop.install_panic_hook();
@@ -395,6 +450,12 @@ fn run_with(args: RunArgs, stop: &Arc<Stop>) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
     // Read before the runtime starts: a bad password file stops the start with its error.
     let etcd_options = args.etcd.options(|w| tracing::warn!("{w}"))?;
+    let candidates = Candidates {
+        ifaces: args.iface.clone(),
+        regexes: args.iface_regex.clone(),
+        can_reach: args.iface_can_reach,
+    };
+    let iface = iface::resolve(&candidates)?;
     let stop2 = stop.clone();
     // The daemon runs as a task of its own, so that a panic anywhere in it comes back here as
     // an error (after the panic hook asked every other task to stop) instead of unwinding
@@ -404,7 +465,7 @@ fn run_with(args: RunArgs, stop: &Arc<Stop>) -> anyhow::Result<()> {
             store = args.etcd.connect_with(etcd_options) => store?,
             () = stop2.wait() => return Ok(()),
         };
-        let opts = run_options(&args);
+        let opts = run_options(&args, iface);
         match tokio::spawn(daemon::run(opts, Arc::new(store), stop2)).await {
             Ok(result) => result,
             Err(e) => Err(anyhow::anyhow!("the daemon task ended: {e}")),
@@ -415,10 +476,11 @@ fn run_with(args: RunArgs, stop: &Arc<Stop>) -> anyhow::Result<()> {
     result
 }
 
-fn run_options(args: &RunArgs) -> RunOptions {
+/// The daemon's options from the flags and the underlay interface chosen from them.
+fn run_options(args: &RunArgs, iface: Option<String>) -> RunOptions {
     RunOptions {
         etcd_endpoints: args.etcd.etcd_endpoints.clone(),
-        iface: args.iface.clone(),
+        iface,
         public_ip: args.public_ip,
         public_ipv6: args.public_ipv6,
         subnet_file: args.subnet_file.clone(),
@@ -737,7 +799,7 @@ mod tests {
             let mut argv = vec!["weft", "run"];
             argv.extend_from_slice(extra);
             match Cli::try_parse_from(argv) {
-                Ok(Cli { command: Command::Run(run) }) => Ok(run_options(&run)),
+                Ok(Cli { command: Command::Run(run) }) => Ok(run_options(&run, None)),
                 Ok(other) => panic!("{other:?}"),
                 Err(e) => Err(e.to_string()),
             }
@@ -768,5 +830,86 @@ mod tests {
         let args = Cli::try_parse_from(["weft", "run"]);
         let Ok(Cli { command: Command::Run(run), .. }) = args else { panic!("{args:?}") };
         assert_eq!(run.spin, Duration::ZERO, "off unless asked for");
+    }
+
+    fn run_command() -> clap::Command {
+        let mut command = <Cli as clap::CommandFactory>::command();
+        command.build();
+        command.find_subcommand("run").expect("run").clone()
+    }
+
+    fn weft_flags(run: &clap::Command) -> Vec<(String, bool)> {
+        run.get_arguments()
+            .filter_map(|a| Some((a.get_long()?.to_owned(), a.get_action().takes_values())))
+            .collect()
+    }
+
+    /// A command line through the flanneld reading, then clap's.
+    fn parse_as_weft(line: &[&str]) -> Result<Cli, String> {
+        let run = run_command();
+        let flags = weft_flags(&run);
+        let weft: Vec<WeftFlag<'_>> =
+            flags.iter().map(|(l, v)| WeftFlag { long: l, takes_value: *v }).collect();
+        let args = line.iter().map(std::ffi::OsString::from).collect();
+        let n = flanneld_args::normalize(args, &weft, &|_| None).map_err(|e| e.to_string())?;
+        Cli::try_parse_from(n.args).map_err(|e| e.to_string())
+    }
+
+    /// Every flanneld flag that becomes a weft flag names one `weft run` has, and a bool one a
+    /// switch, a valued one a flag with a value.
+    #[test]
+    fn every_flanneld_flag_weft_takes_is_a_weft_run_flag_of_the_same_kind() {
+        use flanneld_args::{Becomes, FLANNELD_FLAGS, Kind};
+        let flags = weft_flags(&run_command());
+        for f in FLANNELD_FLAGS {
+            let Becomes::Weft(name) = f.becomes else { continue };
+            let Some((_, takes_value)) = flags.iter().find(|(l, _)| l == name) else {
+                panic!("flanneld's -{} becomes --{name}, which weft run does not have", f.name)
+            };
+            assert_eq!(*takes_value, f.kind != Kind::Bool, "-{} vs --{name}", f.name);
+        }
+    }
+
+    /// A flanneld unit's ExecStart line (Fedora's and CentOS's flannel package, its
+    /// /etc/sysconfig/flanneld filled in as systemd expands it) means what it meant.
+    #[test]
+    fn a_flanneld_unit_line_parses_with_its_meaning() {
+        let line = [
+            "/usr/bin/weft",
+            "-etcd-endpoints=http://192.0.2.254:2379,http://192.0.2.253:2379",
+            "-etcd-prefix=/atomic.io/network",
+            "-iface=eth1",
+            "--iface",
+            "eth0",
+            "-iface-regex=^ens[0-9]+",
+            "-ip-masq=true",
+            "-subnet-lease-renew-margin=30",
+            "-v",
+            "2",
+            "-public-ip=",
+            "-healthz-port=9797",
+        ];
+        let cli = parse_as_weft(&line).unwrap();
+        let Command::Run(run) = cli.command else { panic!("not weft run") };
+        assert_eq!(
+            run.etcd.etcd_endpoints,
+            ["http://192.0.2.254:2379", "http://192.0.2.253:2379"].map(String::from)
+        );
+        assert_eq!(run.etcd.etcd_prefix, "/atomic.io/network");
+        assert_eq!(run.iface, ["eth1", "eth0"].map(String::from));
+        assert_eq!(run.iface_regex.iter().map(|r| r.as_str()).collect::<Vec<_>>(), ["^ens[0-9]+"]);
+        assert!(run.ip_masq);
+        assert_eq!(run.subnet_lease_renew_margin, Some(Duration::from_secs(30 * 60)));
+        assert_eq!(run.verbosity, 2);
+        assert_eq!(run.public_ip, None);
+        assert_eq!(run.healthz_port, 9797);
+        // weft's own flags keep working, with one dash or two.
+        let cli = parse_as_weft(&["weft", "run", "-tun-name=w1", "--relinquish-on-exit"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("not weft run") };
+        assert_eq!(run.tun_name, "w1");
+        assert!(run.relinquish_on_exit);
+        let e =
+            parse_as_weft(&["weft", "-kube-subnet-mgr", "-kube-api-url=https://k"]).unwrap_err();
+        assert!(e.contains("Kubernetes"), "{e}");
     }
 }
