@@ -65,6 +65,14 @@ enum Command {
         #[command(subcommand)]
         command: LeaseCommand,
     },
+    /// Writes the files a package makes from this command line into DIR: man pages
+    /// (`man/*.1`), shell completions (`completions/`) and the environment file
+    /// (`default/weft`, every `weft run` flag's variable). Used by scripts/package.sh.
+    #[command(hide = true)]
+    PackageFiles {
+        /// Where to write them (created if missing).
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -515,6 +523,7 @@ fn run_options(args: &RunArgs, iface: Option<String>) -> RunOptions {
 async fn real_main(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(_) => bail!("weft run is not a command of this runtime"),
+        Command::PackageFiles { dir } => package_files(&dir),
         Command::Network { command: NetworkCommand::Get(etcd) } => {
             let store = etcd.connect().await?;
             let Some(raw) = store.config().await? else {
@@ -692,6 +701,68 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
         tell!("weft: warning: skipped {key}: {why}");
     }
     Ok(())
+}
+
+/// `weft package-files DIR` (see [`Command::PackageFiles`]).
+fn package_files(dir: &std::path::Path) -> anyhow::Result<()> {
+    /// Without clap's `help` subcommands, which would each get a page of their own.
+    fn without_help(command: clap::Command) -> clap::Command {
+        command.disable_help_subcommand(true).mut_subcommands(without_help)
+    }
+    let mut command = without_help(<Cli as clap::CommandFactory>::command());
+    command.build();
+    let man = dir.join("man");
+    std::fs::create_dir_all(&man).with_context(|| format!("creating {}", man.display()))?;
+    clap_mangen::generate_to(command.clone(), &man)
+        .with_context(|| format!("writing the man pages into {}", man.display()))?;
+    let completions = dir.join("completions");
+    std::fs::create_dir_all(&completions)
+        .with_context(|| format!("creating {}", completions.display()))?;
+    for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish]
+    {
+        clap_complete::generate_to(shell, &mut command, "weft", &completions)
+            .with_context(|| format!("writing the {shell} completions"))?;
+    }
+    let default = dir.join("default");
+    std::fs::create_dir_all(&default).with_context(|| format!("creating {}", default.display()))?;
+    let env_file = default.join("weft");
+    std::fs::write(&env_file, default_env_file(&command))
+        .with_context(|| format!("writing {}", env_file.display()))?;
+    Ok(())
+}
+
+/// `/etc/default/weft`: every shown `weft run` flag's `WEFT_*` variable, commented out with
+/// its default (what weft does without it), under the flag's help.
+fn default_env_file(command: &clap::Command) -> String {
+    let mut out = String::from(
+        "# The environment of weft.service (its EnvironmentFile=): one WEFT_* variable for each\n\
+         # `weft run` flag (see `weft run --help` and weft-run(1)); a flag on the command line\n\
+         # wins over its variable. Uncomment and set what this host needs, then\n\
+         # `systemctl restart weft`. This file is 0600: it may hold WEFT_ETCD_PASSWORD, though\n\
+         # WEFT_ETCD_PASSWORD_FILE (a file of its own) is better.\n",
+    );
+    let run = command.find_subcommand("run").expect("weft run is defined");
+    for arg in run.get_arguments().filter(|a| !a.is_hide_set()) {
+        let (Some(env), Some(long)) = (arg.get_env(), arg.get_long()) else { continue };
+        out.push('\n');
+        let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        let mut line = format!("# --{long}:");
+        for word in help.split_whitespace() {
+            if line.len() + 1 + word.len() > 96 {
+                out.push_str(&line);
+                out.push('\n');
+                line = "#".to_owned();
+            }
+            line.push(' ');
+            line.push_str(word);
+        }
+        out.push_str(&line);
+        out.push('\n');
+        let default: Vec<String> =
+            arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+        out.push_str(&format!("#{}={}\n", env.to_string_lossy(), default.join(",")));
+    }
+    out
 }
 
 fn history_text(s: HistoryState) -> &'static str {
@@ -911,5 +982,41 @@ mod tests {
         let e =
             parse_as_weft(&["weft", "-kube-subnet-mgr", "-kube-api-url=https://k"]).unwrap_err();
         assert!(e.contains("Kubernetes"), "{e}");
+    }
+
+    /// The environment file lists every shown `weft run` flag's variable once, commented out,
+    /// with a default that flag's parser takes; no hidden flag's.
+    #[test]
+    fn the_default_environment_file_has_every_flag_variable_with_a_valid_default() {
+        let mut command = <Cli as clap::CommandFactory>::command();
+        command.build();
+        let text = default_env_file(&command);
+        let run = command.find_subcommand("run").expect("run");
+        let assignments: Vec<(&str, &str)> = text
+            .lines()
+            .filter(|l| l.starts_with("#WEFT_"))
+            .map(|l| l[1..].split_once('=').expect("NAME=VALUE"))
+            .collect();
+        let shown: Vec<&clap::Arg> =
+            run.get_arguments().filter(|a| !a.is_hide_set() && a.get_env().is_some()).collect();
+        assert_eq!(assignments.len(), shown.len(), "{text}");
+        for arg in shown {
+            let env = arg.get_env().unwrap().to_str().unwrap();
+            let found: Vec<_> = assignments.iter().filter(|(n, _)| *n == env).collect();
+            assert_eq!(found.len(), 1, "{env} in:\n{text}");
+            let value = found[0].1;
+            if arg.get_action().takes_values() && !value.is_empty() {
+                let flag = format!("--{}={value}", arg.get_long().unwrap());
+                run.clone()
+                    .try_get_matches_from(["run", &flag])
+                    .unwrap_or_else(|e| panic!("{env}={value}: {e}"));
+            }
+        }
+        for hidden in run.get_arguments().filter(|a| a.is_hide_set()) {
+            let env = hidden.get_env().unwrap().to_str().unwrap();
+            assert!(!text.contains(&format!("#{env}=")), "hidden {env} listed");
+        }
+        assert!(text.contains("#WEFT_ETCD_ENDPOINTS=http://127.0.0.1:2379\n"), "{text}");
+        assert!(text.contains("#WEFT_IP_MASQ=false\n"), "{text}");
     }
 }
