@@ -8,7 +8,11 @@
 //!   the host directory mounted at `/run/flannel`, and pods behind the three hosts ping each
 //!   other across the overlay; `podman stop` ends each with status 0.
 //! - The package: its files, modes, conffile and `Depends`, and its unit checked by
-//!   `systemd-analyze verify`.
+//!   `systemd-analyze verify`; then installed with `dpkg -i` and started for real by systemd
+//!   running as the init of a container (the machine's own root, overlaid, so that nothing is
+//!   pulled or bootstrapped, and nothing it writes outlives the container), in a namespace
+//!   host: it leases as its dynamic user with only `CAP_NET_ADMIN`, `systemctl reload` leaves
+//!   it running, `systemctl stop` ends it cleanly, and a restart keeps its subnet.
 //!
 //! podman runs with storage of its own (vfs, in a temp dir: the machine's images and
 //! containers are never touched), `runc`, the `cgroupfs` manager and no default ulimits (a
@@ -109,14 +113,17 @@ impl Podman {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// `podman run -d --name NAME OPTIONS IMAGE ARGS`.
-    fn run(&mut self, name: &str, options: &[&str], args: &[&str]) {
+    /// `podman run -d --name NAME REST` (options, the image, its arguments).
+    fn run(&mut self, name: &str, rest: &[&str]) {
         self.names.push(name.to_owned());
         let mut all = vec!["run", "-d", "--name", name];
-        all.extend_from_slice(options);
-        all.push(IMAGE);
-        all.extend_from_slice(args);
+        all.extend_from_slice(rest);
         self.ok(&all);
+    }
+
+    /// `podman exec NAME sh -c SCRIPT`, which must succeed; its stdout.
+    fn sh(&self, name: &str, script: &str) -> String {
+        self.ok(&["exec", name, "sh", "-c", script])
     }
 
     fn logs(&self, name: &str) -> String {
@@ -294,8 +301,10 @@ fn the_image_runs_as_container_root_and_as_a_user_and_pods_ping_across() {
             options.extend(["--user".into(), format!("{uid}:{uid}")]);
         }
         options.extend(mounts.volumes());
-        let options: Vec<&str> = options.iter().map(String::as_str).collect();
-        podman.run(&name, &options, args);
+        options.push(IMAGE.into());
+        let mut rest: Vec<&str> = options.iter().map(String::as_str).collect();
+        rest.extend_from_slice(args);
+        podman.run(&name, &rest);
         started.push((n, uid, name, host, mounts));
     }
     let mut subnets = Vec::new();
@@ -408,4 +417,132 @@ fn the_package_holds_its_files_and_its_unit_verifies() {
     ] {
         assert!(unit_text.lines().any(|l| l == line), "{line:?} not in the unit:\n{unit_text}");
     }
+}
+
+/// The `Key=value` of `systemctl show -p KEY --value UNIT` in the container.
+fn unit_property(podman: &Podman, name: &str, key: &str) -> String {
+    podman.sh(name, &format!("systemctl show -p {key} --value weft")).trim().to_owned()
+}
+
+/// Waits until the weft in `host` answers 200 on `/readyz` and the container's
+/// /run/flannel/subnet.env names a subnet; returns that line's value.
+fn wait_unit_ready(podman: &Podman, name: &str, host: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = in_netns(host, || {
+            http_get(std::net::SocketAddr::from(([127, 0, 0, 1], HEALTH)), "/readyz").0
+        });
+        let env = podman.output(&["exec", name, "cat", "/run/flannel/subnet.env"]);
+        let env = String::from_utf8_lossy(&env.stdout).into_owned();
+        if ready == 200
+            && let Some(s) = env.lines().find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))
+        {
+            return s.to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "weft.service not ready in 30 s (/readyz {ready}):\n{}",
+            podman.sh(
+                name,
+                "systemctl status weft --no-pager -n 0; journalctl -u weft --no-pager -n 40 -o cat"
+            )
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn the_package_installs_and_its_unit_runs_under_systemd() {
+    let deb = artifact("WEFT_DEB", &format!("weft_{}_amd64.deb", env!("CARGO_PKG_VERSION")));
+    let deb = std::fs::canonicalize(&deb).expect("the package's path");
+    assert!(Path::new("/lib/systemd/systemd").is_file(), "no systemd (Debian: systemd)");
+    let lab = Lab::new(VXLAN);
+    let host = lab.host(1);
+    let mut podman = Podman::new();
+    let name = format!("{}-systemd", lab.prefix);
+    // The unit's dynamic user is not root: it needs a /dev/net/tun others may open.
+    let tun = tun_for_nonroot(&lab);
+    let (netns, device) =
+        (format!("ns:/run/netns/{host}"), format!("{}:/dev/net/tun", tun.display()));
+    podman.run(
+        &name,
+        &[
+            "--systemd=always",
+            // systemd sets each service's sandbox (ProtectSystem=, PrivateTmp=, …) up in
+            // mount namespaces of its own; the unit's CAP_NET_ADMIN must be the container's
+            // to give.
+            "--cap-add",
+            "SYS_ADMIN,NET_ADMIN",
+            "--network",
+            &netns,
+            "--device",
+            &device,
+            // The overlaid root's own /tmp and /run (podman's run root among them) are not
+            // copied into the container's.
+            "--tmpfs",
+            "/tmp:rw,notmpcopyup",
+            "--tmpfs",
+            "/run:rw,notmpcopyup",
+            "--rootfs",
+            "/:O",
+            "/lib/systemd/systemd",
+            "--unit=basic.target",
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = podman.output(&["exec", &name, "systemctl", "is-system-running"]);
+        let state = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if state == "running" || state == "degraded" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "systemd in the container is {state:?} after 30 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // No man-db index rebuild for one package in a throwaway root.
+    podman.sh(&name, &format!("rm -f /var/lib/man-db/auto-update; dpkg -i {}", deb.display()));
+    podman.sh(
+        &name,
+        &format!(
+            "printf 'WEFT_ETCD_ENDPOINTS={ETCD}\\nWEFT_IFACE=eth0\\nWEFT_HEALTHZ_IP=127.0.0.1\\n\\
+             WEFT_HEALTHZ_PORT={HEALTH}\\n' >>/etc/default/weft && systemctl start weft"
+        ),
+    );
+    let subnet = wait_unit_ready(&podman, &name, &host);
+    let pid = unit_property(&podman, &name, "MainPID");
+    let status = podman.sh(&name, &format!("cat /proc/{pid}/status"));
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let uid = field("Uid:");
+    assert!(!uid.starts_with('0'), "weft.service runs as root: {uid}");
+    assert_eq!(field("CapEff:"), "0000000000001000", "only CAP_NET_ADMIN");
+    assert_eq!(field("CapBnd:"), "0000000000001000", "CapabilityBoundingSet=CAP_NET_ADMIN");
+    assert_eq!(field("NoNewPrivs:"), "1");
+    let (ip, len) = subnet.split_once('/').expect("CIDR");
+    let ip: std::net::Ipv4Addr = ip.parse().expect("address");
+    let leased = format!("{}/{len}", std::net::Ipv4Addr::from(u32::from(ip) - 1));
+    let (key, value) = lab.lease_entry(&leased).unwrap_or_else(|| panic!("no lease {leased}"));
+    assert_eq!(value["PublicIP"], "192.0.2.1", "{key}: {value}");
+    eprintln!("weft.service (uid {uid}) leased {leased}");
+
+    // ExecReload= (SIGHUP): still running, the same process, and it said why.
+    podman.sh(&name, "systemctl reload weft");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(unit_property(&podman, &name, "ActiveState"), "active");
+    assert_eq!(unit_property(&podman, &name, "MainPID"), pid, "a reload restarted weft");
+    let journal = podman.sh(&name, "journalctl -u weft --no-pager -o cat");
+    assert!(journal.contains("in-place upgrade (reload) is not available"), "{journal}");
+
+    // A clean stop, then a start that finds its state and subnet.env kept.
+    podman.sh(&name, "systemctl stop weft");
+    assert_eq!(unit_property(&podman, &name, "Result"), "success");
+    assert_eq!(unit_property(&podman, &name, "ExecMainStatus"), "0");
+    podman.sh(&name, "test -s /run/flannel/subnet.env && test -s /var/lib/weft/node-id");
+    podman.sh(&name, "systemctl start weft");
+    assert_eq!(wait_unit_ready(&podman, &name, &host), subnet, "a restart changed the subnet");
 }
