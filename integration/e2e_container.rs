@@ -529,6 +529,15 @@ fn the_package_installs_and_its_unit_runs_under_systemd() {
     let (key, value) = lab.lease_entry(&leased).unwrap_or_else(|| panic!("no lease {leased}"));
     assert_eq!(value["PublicIP"], "192.0.2.1", "{key}: {value}");
     eprintln!("weft.service (uid {uid}) leased {leased}");
+    // Forwarding works inside the unit's sandbox: a pod behind it pings one behind a weft
+    // of the lab's own, and back.
+    let mut peer = lab.start_weft(2, &[]);
+    peer.wait_ready(Duration::from_secs(20));
+    let env = lab.dir().join("systemd-subnet.env");
+    std::fs::write(&env, podman.sh(&name, "cat /run/flannel/subnet.env")).expect("subnet.env");
+    let pods = [lab.pod(1, &env), lab.pod(2, &peer.subnet_file())];
+    peer.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 1.0);
+    ping_all_pairs(&pods, Families::V4);
 
     // ExecReload= (SIGHUP): still running, the same process, and it said why.
     podman.sh(&name, "systemctl reload weft");
