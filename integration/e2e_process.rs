@@ -1,6 +1,7 @@
 //! End to end in network namespaces: the process's own edges. A log reader that goes away
-//! neither kills weft nor makes it deaf to SIGTERM (with etcd answering or not), and a task
-//! that panics stops weft cleanly and non-zero instead of leaving it half alive.
+//! neither kills weft nor makes it deaf to SIGTERM (with etcd answering or not), a task
+//! that panics stops weft cleanly and non-zero instead of leaving it half alive, and a
+//! flanneld unit's command line starts weft with the binary's name changed.
 //!
 //! The panic is injected with the `fault-injection` feature's task hook
 //! (`WEFT_FAULT_PANIC_TASK`, see `src/panics.rs`), so this file builds only with that feature
@@ -10,7 +11,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::netns::{Lab, Pod, Stderr, Weft, finish_ping, spawn_ping};
+use support::netns::{Lab, Pod, Stderr, Weft, finish_ping, in_netns, spawn_ping};
+use support::process::Daemon;
+use support::weft::http_get;
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
 const READY: Duration = Duration::from_secs(20);
@@ -142,4 +145,111 @@ fn a_task_that_panics_stops_weft_cleanly_and_non_zero() {
         "the lease on {subnet} was not relinquished:\n{}",
         w.log_tail(30)
     );
+}
+
+/// flanneld's unit in Fedora's `flannel` package (`/usr/lib/systemd/system/flanneld.service`),
+/// as shipped, and its `/etc/sysconfig/flanneld` filled in for the lab.
+const FLANNELD_SERVICE: &str = "\
+[Unit]
+Description=Flanneld overlay address etcd agent
+After=network.target
+Before=docker.service
+
+[Service]
+Type=notify
+EnvironmentFile=/etc/sysconfig/flanneld
+EnvironmentFile=-/etc/sysconfig/docker-network
+ExecStart=/usr/bin/flanneld -etcd-endpoints=${FLANNEL_ETCD} -etcd-prefix=${FLANNEL_ETCD_KEY} $FLANNEL_OPTIONS
+
+[Install]
+RequiredBy=docker.service
+";
+
+/// The ExecStart line's words as systemd expands them with `env`: `${NAME}` in place, a
+/// word that is `$NAME` alone split at whitespace (the unit has no quotes).
+fn expand_exec_start(unit: &str, env: &[(&str, String)]) -> Vec<String> {
+    let line = unit.lines().find_map(|l| l.strip_prefix("ExecStart=")).expect("ExecStart=");
+    let value = |name: &str| {
+        env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).unwrap_or_default()
+    };
+    let mut words = Vec::new();
+    for word in line.split_whitespace() {
+        if let Some(name) = word.strip_prefix('$').filter(|n| !n.starts_with('{')) {
+            words.extend(value(name).split_whitespace().map(str::to_owned));
+            continue;
+        }
+        let mut out = word.to_owned();
+        while let Some(start) = out.find("${") {
+            let end = out[start..].find('}').expect("a closing brace") + start;
+            let name = out[start + 2..end].to_owned();
+            out.replace_range(start..=end, &value(&name));
+        }
+        words.push(out);
+    }
+    words
+}
+
+/// A flanneld unit's ExecStart line, its first word changed to weft: weft tries the `-iface`
+/// candidates in order (the first is absent), leases a subnet of the lab's network, writes
+/// `subnet.env` where `-subnet-file` says, serves health where `-healthz-*` say, logs its debug
+/// lines for `-v=1` and that `-iptables-resync` does nothing; SIGTERM ends it with 0.
+#[test]
+fn a_flanneld_unit_exec_start_line_runs_weft_with_the_binary_renamed() {
+    let lab = Lab::new(VXLAN);
+    let host = lab.host(1);
+    let dir = lab.dir().join("flanneld-unit");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let subnet_file = dir.join("subnet.env");
+    let env = [
+        ("FLANNEL_ETCD", "http://192.0.2.254:2379".to_owned()),
+        ("FLANNEL_ETCD_KEY", "/coreos.com/network".to_owned()),
+        (
+            "FLANNEL_OPTIONS",
+            format!(
+                "-iface=bond0 -iface=eth0 -subnet-file={} -healthz-ip=127.0.0.1 \
+                 -healthz-port=9797 -v=1 -ip-masq=false -iptables-resync=5",
+                subnet_file.display()
+            ),
+        ),
+    ];
+    let mut argv = expand_exec_start(FLANNELD_SERVICE, &env);
+    assert_eq!(argv[0], "/usr/bin/flanneld");
+    argv[0] = env!("CARGO_BIN_EXE_weft").to_owned();
+    let log_path = dir.join("weft.log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args(["netns", "exec", &host])
+        .args(&argv)
+        // What /etc/default/weft would say: where weft keeps its state.
+        .env("WEFT_STATE_DIR", dir.join("state"))
+        .env_remove("WEFT_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log);
+    let mut weft = Daemon::default();
+    weft.start(&mut cmd);
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let deadline = Instant::now() + READY;
+    let subnet = loop {
+        let ready = in_netns(&host, || {
+            http_get(std::net::SocketAddr::from(([127, 0, 0, 1], 9797)), "/readyz").0
+        });
+        let env = std::fs::read_to_string(&subnet_file).unwrap_or_default();
+        if ready == 200
+            && let Some(s) = env.lines().find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))
+        {
+            break s.to_owned();
+        }
+        assert!(weft.running() && Instant::now() < deadline, "not ready:\n{}", read_log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (ip, len) = subnet.split_once('/').expect("CIDR");
+    let ip: std::net::Ipv4Addr = ip.parse().expect("address");
+    let leased = format!("{}/{len}", std::net::Ipv4Addr::from(u32::from(ip) - 1));
+    let lease = lab.lease_value(&leased).unwrap_or_else(|| panic!("no lease {leased}"));
+    assert_eq!(lease["PublicIP"], "192.0.2.1", "eth0's address: {lease}");
+    let text = read_log();
+    assert!(text.contains("-iptables-resync is ignored"), "{text}");
+    assert!(text.contains(" DEBUG "), "-v=1 shows no debug lines:\n{text}");
+    assert_eq!(weft.stop(read_log), Some(0));
 }

@@ -19,9 +19,13 @@ echo "== cargo clippy"
 # `fault-injection` adds the test-only hooks the end-to-end tests drive
 # (integration/e2e_worker.rs); release builds (scripts/demo.sh, scripts/bench.sh) never have it.
 # `etcd` and `netns` turn on the suites under integration/ (real etcd; network namespaces): a
-# plain `cargo test` runs only tests/, which needs no root and no etcd.
-FEATURES=fault-injection,etcd,netns
+# plain `cargo test` runs only tests/, which needs no root and no etcd. `container` (which
+# implies `netns`) turns on integration/e2e_container.rs: the image and the package below, run.
+FEATURES=fault-injection,etcd,netns,container
 cargo clippy --all-targets --features "$FEATURES" --quiet -- -D warnings
+echo "== the Debian package and the OCI image (scripts/package.sh)"
+# The release build it makes is the one the chaos soak below runs (cargo's no-op there).
+scripts/package.sh
 echo "== cargo test"
 # Benches are built by clippy above; criterion binaries take no test-runner flags.
 cargo test --features "$FEATURES" --lib --bins --tests -- --test-threads 2

@@ -13,7 +13,9 @@
 //!   ([`dataplane::wire`]), forwarding decisions ([`dataplane::pipeline`]) and offload
 //!   split/coalesce ([`dataplane::offload`]) are pure; the TUN device, the batched UDP sockets
 //!   and netlink are private syscall layers behind [`dataplane::Dataplane`], its front door.
-//! - [`daemon`] wires them into `weft run`; [`health`] serves `/healthz`, `/readyz`, `/metrics`
+//! - [`daemon`] wires them into `weft run`; [`cli`] reads a flanneld command line as flanneld
+//!   does and chooses the underlay among flanneld's interface candidates; [`health`] serves
+//!   `/healthz`, `/readyz`, `/metrics`
 //!   (every component's metrics rendered by [`metrics`]);
 //!   [`instance`] keeps a second `weft run` on the same state dir or TUN device waiting.
 //!
@@ -34,6 +36,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod atomic_file;
+pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;

@@ -118,8 +118,13 @@ fn write_lines(rx: Receiver<Msg>, mut out: impl Write, stats: &Stats) {
 /// Installs the process's tracing subscriber: `WEFT_LOG` (default `info`) as the filter, text or
 /// JSON lines on stderr through the queue. Only the first call in a process installs anything.
 pub fn init(json: bool) {
+    init_with_default(json, "info");
+}
+
+/// [`init`] with `default` as the filter when `WEFT_LOG` is not set.
+pub fn init_with_default(json: bool, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let Ok((writer, _thread)) = start(std::io::stderr()) else {
         // No thread for the log (the process is out of threads): run without one.

@@ -13,6 +13,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 
+use weft::cli::flanneld_args::{self, Level, Notice, WeftFlag};
+use weft::cli::iface::{self, Candidates, IfaceRegex};
 use weft::config::NetworkConfig;
 use weft::daemon::{self, DataplaneMode, RunOptions};
 use weft::dataplane::kernel_bugs::OffloadMode;
@@ -62,6 +64,14 @@ enum Command {
     Lease {
         #[command(subcommand)]
         command: LeaseCommand,
+    },
+    /// Writes the files a package makes from this command line into DIR: man pages
+    /// (`man/*.1`), shell completions (`completions/`) and the environment file
+    /// (`default/weft`, every `weft run` flag's variable). Used by scripts/package.sh.
+    #[command(hide = true)]
+    PackageFiles {
+        /// Where to write them (created if missing).
+        dir: PathBuf,
     },
 }
 
@@ -140,9 +150,18 @@ struct EtcdArgs {
 struct RunArgs {
     #[command(flatten)]
     etcd: EtcdArgs,
-    /// Underlay interface (name or IPv4 address); default: the default route's interface.
+    /// Underlay interface (name or address); default: the default route's interface. Given
+    /// more than once, the first that exists with an address is used (as flanneld does).
     #[arg(long, env = "WEFT_IFACE")]
-    iface: Option<String>,
+    iface: Vec<String>,
+    /// A regular expression for the underlay: the first address it matches, else the first
+    /// interface name, tried after every --iface. May be given more than once.
+    #[arg(long, env = "WEFT_IFACE_REGEX")]
+    iface_regex: Vec<IfaceRegex>,
+    /// The underlay is the interface of the route to this address (`ip route get`), tried
+    /// after --iface and --iface-regex.
+    #[arg(long, env = "WEFT_IFACE_CAN_REACH")]
+    iface_can_reach: Option<IpAddr>,
     /// Address to publish as PublicIP; default: the underlay interface's address.
     #[arg(long, env = "WEFT_PUBLIC_IP")]
     public_ip: Option<Ipv4Addr>,
@@ -261,6 +280,9 @@ struct RunArgs {
     /// Log format.
     #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+    /// flanneld's `-v`: 1 or more logs weft's debug lines too, when WEFT_LOG is not set.
+    #[arg(short = 'v', long, env = "WEFT_VERBOSITY", value_name = "LEVEL", default_value_t = 0)]
+    verbosity: i32,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -345,9 +367,12 @@ impl EtcdArgs {
 const STOP_DEADLINE: Duration = Duration::from_secs(15);
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, notices) = match parse_command_line() {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
+    };
     match cli.command {
-        Command::Run(args) => run_daemon(*args),
+        Command::Run(args) => run_daemon(*args, &notices),
         command => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
@@ -361,6 +386,30 @@ fn main() -> ExitCode {
     }
 }
 
+/// The command line, read as flanneld reads its own when it is one
+/// ([`weft::cli::flanneld_args`]), then by clap; what to log about it once logging is up. A
+/// command line either refuses exits 2 after saying why, as clap's usage errors do.
+fn parse_command_line() -> Result<(Cli, Vec<Notice>), ExitCode> {
+    let command = <Cli as clap::CommandFactory>::command();
+    let run = command.find_subcommand("run").expect("weft run is defined");
+    let weft: Vec<WeftFlag<'_>> = run
+        .get_arguments()
+        .filter_map(|a| {
+            Some(WeftFlag { long: a.get_long()?, takes_value: a.get_action().takes_values() })
+        })
+        .collect();
+    let args = std::env::args_os().collect();
+    let normalized = match flanneld_args::normalize(args, &weft, &|k| std::env::var_os(k)) {
+        Ok(n) => n,
+        Err(e) => {
+            tell!("weft: error: {e}");
+            return Err(ExitCode::from(2));
+        }
+    };
+    let cli = Cli::parse_from(normalized.args);
+    Ok((cli, normalized.notices))
+}
+
 /// Prints `weft: error: …` on stderr (ignoring a stderr that is gone) and fails.
 fn fail(e: &anyhow::Error) -> ExitCode {
     let _ = writeln!(std::io::stderr(), "weft: error: {e:#}");
@@ -369,8 +418,22 @@ fn fail(e: &anyhow::Error) -> ExitCode {
 
 /// `weft run`: logs through the log queue, signals on their own thread, every panic a stop
 /// (see [`weft::stop`]); exits 0 after a clean stop, non-zero after an error or a panic.
-fn run_daemon(args: RunArgs) -> ExitCode {
-    logging::init(args.log_format == "json");
+fn run_daemon(args: RunArgs, notices: &[Notice]) -> ExitCode {
+    let default_filter = if args.verbosity >= 1 { "weft=debug,info" } else { "info" };
+    logging::init_with_default(args.log_format == "json", default_filter);
+    for notice in notices {
+        match notice.level {
+            Level::Info => tracing::info!("{}", notice.text),
+            Level::Warn => tracing::warn!("{}", notice.text),
+        }
+    }
+    if args.ip_masq {
+        tracing::warn!(
+            "--ip-masq is written to subnet.env as FLANNEL_IPMASQ=true, which tells flannel's CNI \
+             plugin not to masquerade; weft installs no masquerade rule itself, so traffic from \
+             pods to outside the Network leaves unmasqueraded unless the host has one"
+        );
+    }
     weft::rlimit::raise_nofile_limit();
     let stop = Stop::new();
     stop.install_panic_hook();
@@ -400,12 +463,18 @@ fn run_with(args: RunArgs, stop: &Arc<Stop>) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
     // Read before the runtime starts: a bad password file stops the start with its error.
     let etcd_options = args.etcd.options(|w| tracing::warn!("{w}"))?;
+    let candidates = Candidates {
+        ifaces: args.iface.clone(),
+        regexes: args.iface_regex.clone(),
+        can_reach: args.iface_can_reach,
+    };
+    let iface = iface::resolve(&candidates)?;
     let stop2 = stop.clone();
     // The daemon runs as a task of its own, so that a panic anywhere in it comes back here as
     // an error (after the panic hook asked every other task to stop) instead of unwinding
     // through the runtime.
     let result = runtime.block_on(async move {
-        let opts = run_options(&args);
+        let opts = run_options(&args, iface);
         let etcd = args.etcd.clone();
         let connect: daemon::StoreConnect = Box::pin(async move {
             Ok(Arc::new(etcd.connect_with(etcd_options).await?)
@@ -421,10 +490,11 @@ fn run_with(args: RunArgs, stop: &Arc<Stop>) -> anyhow::Result<()> {
     result
 }
 
-fn run_options(args: &RunArgs) -> RunOptions {
+/// The daemon's options from the flags and the underlay interface chosen from them.
+fn run_options(args: &RunArgs, iface: Option<String>) -> RunOptions {
     RunOptions {
         etcd_endpoints: args.etcd.etcd_endpoints.clone(),
-        iface: args.iface.clone(),
+        iface,
         public_ip: args.public_ip,
         public_ipv6: args.public_ipv6,
         subnet_file: args.subnet_file.clone(),
@@ -463,6 +533,7 @@ fn run_options(args: &RunArgs) -> RunOptions {
 async fn real_main(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(_) => bail!("weft run is not a command of this runtime"),
+        Command::PackageFiles { dir } => package_files(&dir),
         Command::Network { command: NetworkCommand::Get(etcd) } => {
             let store = etcd.connect().await?;
             let Some(raw) = store.config().await? else {
@@ -642,6 +713,68 @@ async fn lease_list(store: &EtcdStore, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `weft package-files DIR` (see [`Command::PackageFiles`]).
+fn package_files(dir: &std::path::Path) -> anyhow::Result<()> {
+    /// Without clap's `help` subcommands, which would each get a page of their own.
+    fn without_help(command: clap::Command) -> clap::Command {
+        command.disable_help_subcommand(true).mut_subcommands(without_help)
+    }
+    let mut command = without_help(<Cli as clap::CommandFactory>::command());
+    command.build();
+    let man = dir.join("man");
+    std::fs::create_dir_all(&man).with_context(|| format!("creating {}", man.display()))?;
+    clap_mangen::generate_to(command.clone(), &man)
+        .with_context(|| format!("writing the man pages into {}", man.display()))?;
+    let completions = dir.join("completions");
+    std::fs::create_dir_all(&completions)
+        .with_context(|| format!("creating {}", completions.display()))?;
+    for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish]
+    {
+        clap_complete::generate_to(shell, &mut command, "weft", &completions)
+            .with_context(|| format!("writing the {shell} completions"))?;
+    }
+    let default = dir.join("default");
+    std::fs::create_dir_all(&default).with_context(|| format!("creating {}", default.display()))?;
+    let env_file = default.join("weft");
+    std::fs::write(&env_file, default_env_file(&command))
+        .with_context(|| format!("writing {}", env_file.display()))?;
+    Ok(())
+}
+
+/// `/etc/default/weft`: every shown `weft run` flag's `WEFT_*` variable, commented out with
+/// its default (what weft does without it), under the flag's help.
+fn default_env_file(command: &clap::Command) -> String {
+    let mut out = String::from(
+        "# The environment of weft.service (its EnvironmentFile=): one WEFT_* variable for each\n\
+         # `weft run` flag (see `weft run --help` and weft-run(1)); a flag on the command line\n\
+         # wins over its variable. Uncomment and set what this host needs, then\n\
+         # `systemctl restart weft`. This file is 0600: it may hold WEFT_ETCD_PASSWORD, though\n\
+         # WEFT_ETCD_PASSWORD_FILE (a file of its own) is better.\n",
+    );
+    let run = command.find_subcommand("run").expect("weft run is defined");
+    for arg in run.get_arguments().filter(|a| !a.is_hide_set()) {
+        let (Some(env), Some(long)) = (arg.get_env(), arg.get_long()) else { continue };
+        out.push('\n');
+        let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        let mut line = format!("# --{long}:");
+        for word in help.split_whitespace() {
+            if line.len() + 1 + word.len() > 96 {
+                out.push_str(&line);
+                out.push('\n');
+                line = "#".to_owned();
+            }
+            line.push(' ');
+            line.push_str(word);
+        }
+        out.push_str(&line);
+        out.push('\n');
+        let default: Vec<String> =
+            arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+        out.push_str(&format!("#{}={}\n", env.to_string_lossy(), default.join(",")));
+    }
+    out
+}
+
 fn history_text(s: HistoryState) -> &'static str {
     match s {
         HistoryState::Held => "held",
@@ -747,7 +880,7 @@ mod tests {
             let mut argv = vec!["weft", "run"];
             argv.extend_from_slice(extra);
             match Cli::try_parse_from(argv) {
-                Ok(Cli { command: Command::Run(run) }) => Ok(run_options(&run)),
+                Ok(Cli { command: Command::Run(run) }) => Ok(run_options(&run, None)),
                 Ok(other) => panic!("{other:?}"),
                 Err(e) => Err(e.to_string()),
             }
@@ -778,5 +911,122 @@ mod tests {
         let args = Cli::try_parse_from(["weft", "run"]);
         let Ok(Cli { command: Command::Run(run), .. }) = args else { panic!("{args:?}") };
         assert_eq!(run.spin, Duration::ZERO, "off unless asked for");
+    }
+
+    fn run_command() -> clap::Command {
+        let mut command = <Cli as clap::CommandFactory>::command();
+        command.build();
+        command.find_subcommand("run").expect("run").clone()
+    }
+
+    fn weft_flags(run: &clap::Command) -> Vec<(String, bool)> {
+        run.get_arguments()
+            .filter_map(|a| Some((a.get_long()?.to_owned(), a.get_action().takes_values())))
+            .collect()
+    }
+
+    /// A command line through the flanneld reading, then clap's.
+    fn parse_as_weft(line: &[&str]) -> Result<Cli, String> {
+        let run = run_command();
+        let flags = weft_flags(&run);
+        let weft: Vec<WeftFlag<'_>> =
+            flags.iter().map(|(l, v)| WeftFlag { long: l, takes_value: *v }).collect();
+        let args = line.iter().map(std::ffi::OsString::from).collect();
+        let n = flanneld_args::normalize(args, &weft, &|_| None).map_err(|e| e.to_string())?;
+        Cli::try_parse_from(n.args).map_err(|e| e.to_string())
+    }
+
+    /// Every flanneld flag that becomes a weft flag names one `weft run` has, and a bool one a
+    /// switch, a valued one a flag with a value.
+    #[test]
+    fn every_flanneld_flag_weft_takes_is_a_weft_run_flag_of_the_same_kind() {
+        use flanneld_args::{Becomes, FLANNELD_FLAGS, Kind};
+        let flags = weft_flags(&run_command());
+        for f in FLANNELD_FLAGS {
+            let Becomes::Weft(name) = f.becomes else { continue };
+            let Some((_, takes_value)) = flags.iter().find(|(l, _)| l == name) else {
+                panic!("flanneld's -{} becomes --{name}, which weft run does not have", f.name)
+            };
+            assert_eq!(*takes_value, f.kind != Kind::Bool, "-{} vs --{name}", f.name);
+        }
+    }
+
+    /// A flanneld unit's ExecStart line (Fedora's and CentOS's flannel package, its
+    /// /etc/sysconfig/flanneld filled in as systemd expands it) means what it meant.
+    #[test]
+    fn a_flanneld_unit_line_parses_with_its_meaning() {
+        let line = [
+            "/usr/bin/weft",
+            "-etcd-endpoints=http://192.0.2.254:2379,http://192.0.2.253:2379",
+            "-etcd-prefix=/atomic.io/network",
+            "-iface=eth1",
+            "--iface",
+            "eth0",
+            "-iface-regex=^ens[0-9]+",
+            "-ip-masq=true",
+            "-subnet-lease-renew-margin=30",
+            "-v",
+            "2",
+            "-public-ip=",
+            "-healthz-port=9797",
+        ];
+        let cli = parse_as_weft(&line).unwrap();
+        let Command::Run(run) = cli.command else { panic!("not weft run") };
+        assert_eq!(
+            run.etcd.etcd_endpoints,
+            ["http://192.0.2.254:2379", "http://192.0.2.253:2379"].map(String::from)
+        );
+        assert_eq!(run.etcd.etcd_prefix, "/atomic.io/network");
+        assert_eq!(run.iface, ["eth1", "eth0"].map(String::from));
+        assert_eq!(run.iface_regex.iter().map(|r| r.as_str()).collect::<Vec<_>>(), ["^ens[0-9]+"]);
+        assert!(run.ip_masq);
+        assert_eq!(run.subnet_lease_renew_margin, Some(Duration::from_secs(30 * 60)));
+        assert_eq!(run.verbosity, 2);
+        assert_eq!(run.public_ip, None);
+        assert_eq!(run.healthz_port, 9797);
+        // weft's own flags keep working, with one dash or two.
+        let cli = parse_as_weft(&["weft", "run", "-tun-name=w1", "--relinquish-on-exit"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("not weft run") };
+        assert_eq!(run.tun_name, "w1");
+        assert!(run.relinquish_on_exit);
+        let e =
+            parse_as_weft(&["weft", "-kube-subnet-mgr", "-kube-api-url=https://k"]).unwrap_err();
+        assert!(e.contains("Kubernetes"), "{e}");
+    }
+
+    /// The environment file lists every shown `weft run` flag's variable once, commented out,
+    /// with a default that flag's parser takes; no hidden flag's.
+    #[test]
+    fn the_default_environment_file_has_every_flag_variable_with_a_valid_default() {
+        let mut command = <Cli as clap::CommandFactory>::command();
+        command.build();
+        let text = default_env_file(&command);
+        let run = command.find_subcommand("run").expect("run");
+        let assignments: Vec<(&str, &str)> = text
+            .lines()
+            .filter(|l| l.starts_with("#WEFT_"))
+            .map(|l| l[1..].split_once('=').expect("NAME=VALUE"))
+            .collect();
+        let shown: Vec<&clap::Arg> =
+            run.get_arguments().filter(|a| !a.is_hide_set() && a.get_env().is_some()).collect();
+        assert_eq!(assignments.len(), shown.len(), "{text}");
+        for arg in shown {
+            let env = arg.get_env().unwrap().to_str().unwrap();
+            let found: Vec<_> = assignments.iter().filter(|(n, _)| *n == env).collect();
+            assert_eq!(found.len(), 1, "{env} in:\n{text}");
+            let value = found[0].1;
+            if arg.get_action().takes_values() && !value.is_empty() {
+                let flag = format!("--{}={value}", arg.get_long().unwrap());
+                run.clone()
+                    .try_get_matches_from(["run", &flag])
+                    .unwrap_or_else(|e| panic!("{env}={value}: {e}"));
+            }
+        }
+        for hidden in run.get_arguments().filter(|a| a.is_hide_set()) {
+            let env = hidden.get_env().unwrap().to_str().unwrap();
+            assert!(!text.contains(&format!("#{env}=")), "hidden {env} listed");
+        }
+        assert!(text.contains("#WEFT_ETCD_ENDPOINTS=http://127.0.0.1:2379\n"), "{text}");
+        assert!(text.contains("#WEFT_IP_MASQ=false\n"), "{text}");
     }
 }

@@ -10,6 +10,9 @@
 //!   asks for a clean stop (the lease kept or relinquished as `--relinquish-on-exit` says);
 //!   should the process still run after the deadline, or a second signal come, it exits at
 //!   once with status 1.
+//! - `SIGHUP` (systemd's `ExecReload=`) is taken on the same thread and ignored with a WARN:
+//!   this build has no in-place upgrade, and a reload must not kill the daemon (the default
+//!   action of `SIGHUP`).
 //! - A panic anywhere but inside [`crate::panics::catch`] (where the data plane's supervisor
 //!   restarts the thread) is logged, counted (`weft_panics_total`) and requests a stop; the
 //!   process then stops as on `SIGTERM` and exits non-zero ([`Stop::panicked`]).
@@ -121,7 +124,11 @@ impl Stop {
             let mut seen = 0u32;
             for signal in signals.forever() {
                 if signal == SIGHUP {
-                    info!(signal = "SIGHUP", "upgrading in place");
+                    info!(
+                        signal = "SIGHUP",
+                        "an in-place upgrade is asked for (once weft forwards and holds its \
+                         lease; before, it is ignored)"
+                    );
                     stop.upgrades.send_modify(|n| *n += 1);
                     continue;
                 }

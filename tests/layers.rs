@@ -30,6 +30,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("route", &["route"]),
     ("data plane", &["dataplane"]),
     ("daemon", &["daemon", "instance", "stop"]),
+    ("CLI", &["cli"]),
 ];
 
 fn layer_of(module: &str) -> Option<usize> {
