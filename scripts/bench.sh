@@ -123,8 +123,8 @@ ip -n "$H2" addr add 192.0.2.2/24 dev eth0; ip -n "$H2" link set eth0 up
 ip -n "$H1" addr add 2001:db8::1/64 dev eth0 nodad
 ip -n "$H2" addr add 2001:db8::2/64 dev eth0 nodad
 
-netns_etcd "$H1" bench "$WORK/etcd" http://192.0.2.1:2379 http://127.0.0.1:23801 \
-    bench=http://127.0.0.1:23801 "$WORK/etcd.log" --log-level error
+netns_etcd "$H1" bench "$WORK/etcd" http://192.0.2.1:2379 http://127.0.0.1:2380 \
+    bench=http://127.0.0.1:2380 >>"$WORK/etcd.log" 2>&1 &
 disown
 for _ in $(seq 1 50); do
     ip netns exec "$H2" bash -c "exec 3<>/dev/tcp/192.0.2.1/2379" 2>/dev/null && break

@@ -109,8 +109,8 @@ etcd_ns_up() { # I
 }
 etcd_start() { # I new|existing
     netns_etcd "${P}e$1" "e$1" "$WORK/etcd/e$1" "http://${EIP[$1]}:2379" "http://${EIP[$1]}:2380" \
-        "$INITIAL" "$WORK/etcd/e$1.log" --initial-cluster-state "$2" --initial-cluster-token "$P" \
-        --heartbeat-interval 50 --election-timeout 500 --log-level warn
+        "$INITIAL" --initial-cluster-state "$2" --initial-cluster-token "$P" \
+        --heartbeat-interval 50 --election-timeout 500 --log-level warn >>"$WORK/etcd/e$1.log" 2>&1 &
     EPID[$1]=$!
 }
 etcd_kill() { # I

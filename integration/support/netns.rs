@@ -39,12 +39,12 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::etcd::{etcd_binary, member_args};
+use super::etcd::etcd_binary;
 use super::kernel_flannel::VxlanLease;
-use super::process::{Daemon, die_with_parent};
+use super::process::{Daemon, die_with_parent, lib_command, lib_run, run_command};
 use super::weft::{RunArgs, http_get};
 
-/// etcd's client URL on the underlay (inside the hub namespace).
+/// etcd's client URL on the underlay (inside the hub namespace): netns.sh's `NETNS_ETCD`.
 pub const ETCD: &str = "http://192.0.2.254:2379";
 
 /// The hub bridge's own MAC address (locally administered; 192.0.2.254 in its last bytes).
@@ -159,15 +159,7 @@ pub fn output(args: &[&str]) -> Output {
 
 /// Runs a command that must succeed; returns its stdout.
 pub fn run(args: &[&str]) -> String {
-    let out = output(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    run_command(Command::new(args[0]).args(&args[1..]))
 }
 
 /// `ip netns exec NS ARGS...`: must succeed; returns stdout.
@@ -463,11 +455,12 @@ impl Lab {
         let hub = self.hub();
         let data = self.dir().join("etcd");
         let log = File::create(self.dir().join("etcd.log")).expect("etcd log");
-        let peer = "http://127.0.0.1:2380";
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &hub])
-            .arg(etcd_binary())
-            .args(member_args("e2e", &data, ETCD, peer, &format!("e2e={peer}")))
+        let mut cmd = lib_command(
+            "netns.sh",
+            "netns_hub_etcd",
+            &[std::ffi::OsStr::new(&self.prefix), data.as_os_str()],
+        );
+        cmd.env("ETCD_BIN", etcd_binary())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
@@ -712,18 +705,9 @@ impl Lab {
         self.host(n);
         let pod = self.ns(&format!("p{n}"));
         self.add_ns(&pod);
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lib/cni.sh");
         let ipam = self.dir().join(format!("h{n}-cni"));
-        let out = run(&[
-            "bash",
-            "-c",
-            "set -e; source \"$0\"; cni_pod_up \"$@\"",
-            script,
-            &self.prefix,
-            &n.to_string(),
-            &subnet_env.to_string_lossy(),
-            &ipam.to_string_lossy(),
-        ]);
+        let (n, env, ipam) = (n.to_string(), subnet_env.to_string_lossy(), ipam.to_string_lossy());
+        let out = lib_run("cni.sh", "cni_pod_up", &[&*self.prefix, &*n, &*env, &*ipam]);
         (pod, out)
     }
 

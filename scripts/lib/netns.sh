@@ -9,6 +9,13 @@
 # prefix, and removed by netns_cleanup. The root namespace's links, routes and addresses are
 # never touched.
 
+# shellcheck source=scripts/lib/etcd.sh
+. "$(dirname "${BASH_SOURCE[0]}")/etcd.sh"
+
+# The hub's address, and the lab's etcd client URL.
+NETNS_HUB_IP=192.0.2.254
+NETNS_ETCD="http://$NETNS_HUB_IP:2379"
+
 netns_hub_up() { # PREFIX
     local hub="${1}hub"
     ip netns add "$hub"
@@ -40,22 +47,40 @@ netns_cleanup() { # PREFIX
     done
 }
 
-# netns_etcd NS NAME DATA_DIR CLIENT_URL PEER_URL INITIAL_CLUSTER LOG [ETCD FLAG...]
-# Starts one etcd member inside namespace NS in the background ($! is its pid), listening on and
-# advertising CLIENT_URL and PEER_URL, its output appended to LOG. The one spelling of etcd's
-# command line for the demo, the bench and the chaos soak; the flags after LOG (cluster state
-# and token, raft timing, log level) go to etcd as they are.
+# netns_etcd NS NAME DATA_DIR CLIENT_URL PEER_URL INITIAL_CLUSTER [ETCD FLAG...]: execs etcd
+# member NAME (etcd_member, scripts/lib/etcd.sh) inside namespace NS. Run it in the background
+# with its output redirected: `netns_etcd ... >>LOG 2>&1 &`; $! is etcd's pid.
 netns_etcd() {
-    local ns=$1 name=$2 dir=$3 client=$4 peer=$5 initial=$6 log=$7
-    shift 7
-    ip netns exec "$ns" etcd --name "$name" --data-dir "$dir" \
-        --listen-client-urls "$client" --advertise-client-urls "$client" \
-        --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
-        --initial-cluster "$initial" "$@" >>"$log" 2>&1 &
+    local ns=$1
+    shift
+    etcd_member_args "$@"
+    exec ip netns exec "$ns" "$ETCD_BIN" "${ETCD_ARGS[@]}"
 }
 
-# netns_http NS PORT PATH: GET from a health server inside a namespace (no curl needed).
-netns_http() {
-    ip netns exec "$1" bash -c "exec 3<>/dev/tcp/127.0.0.1/$2 && printf 'GET $3 HTTP/1.0\r\n\r\n' >&3 && cat <&3" 2>/dev/null |
+# netns_hub_etcd PREFIX DATA_DIR [ETCD FLAG...]: execs the lab's etcd, one member in the hub,
+# clients at $NETNS_ETCD (peers on the hub's own loopback). As netns_etcd: in the background.
+netns_hub_etcd() {
+    local p=$1 dir=$2 peer=http://127.0.0.1:2380
+    shift 2
+    netns_etcd "${p}hub" lab "$dir" "$NETNS_ETCD" "$peer" "lab=$peer" "$@"
+}
+
+# netns_wait_etcd PREFIX: waits (up to 20 s) until the lab's etcd reports healthy.
+netns_wait_etcd() {
+    for _ in $(seq 100); do
+        netns_http_at "${1}hub" "$NETNS_HUB_IP" 2379 /health | grep -q '"health":"true"' && return 0
+        sleep 0.2
+    done
+    echo "etcd in ${1}hub did not become healthy in 20 s" >&2
+    return 1
+}
+
+# netns_http_at NS ADDR PORT PATH: GET from a server inside a namespace (no curl needed); the
+# body. netns_http NS PORT PATH: the same from 127.0.0.1 (a weft's health server).
+netns_http_at() {
+    ip netns exec "$1" bash -c "exec 3<>/dev/tcp/$2/$3 && printf 'GET $4 HTTP/1.0\r\n\r\n' >&3 && cat <&3" 2>/dev/null |
         sed '1,/^\r$/d'
+}
+netns_http() {
+    netns_http_at "$1" 127.0.0.1 "$2" "$3"
 }
