@@ -2,9 +2,10 @@
 # weft throughput benchmark: the same two namespace hosts, the same run, seven data paths
 # (five over IPv4, two over IPv6).
 #
-#   <p>h1 eth0 192.0.2.1   ==== veth (MTU 1500) ==== eth0 192.0.2.2   <p>h2
-#              2001:db8::1/64                          2001:db8::2/64  (nodad)
-#        etcd on 192.0.2.1:2379 (for weft)
+#   <p>h1 eth0 192.0.2.1, 2001:db8::1 ==== <p>hub br0 ==== eth0 192.0.2.2, 2001:db8::2 <p>h2
+#        veths of MTU 1500; etcd (for weft) in the hub on 192.0.2.254:2379
+#
+# The lab is scripts/lib/netns.sh's, the same as the end-to-end tests' and the demo's.
 #
 #   raw        iperf3 straight over the underlay veth
 #   kernel     Linux VXLAN set up as flannel's vxlan backend does (flannel.1, nolearning,
@@ -114,23 +115,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ip netns add "$H1"; ip netns add "$H2"
-for h in "$H1" "$H2"; do ip -n "$h" link set lo up; done
-ip -n "$H1" link add eth0 mtu 1500 type veth peer name eth0 mtu 1500 netns "$H2"
-ip -n "$H1" addr add 192.0.2.1/24 dev eth0; ip -n "$H1" link set eth0 up
-ip -n "$H2" addr add 192.0.2.2/24 dev eth0; ip -n "$H2" link set eth0 up
-# The IPv6 underlay (for kernel6 and weft-vxlan6; weft ignores it on an IPv4-only network).
-ip -n "$H1" addr add 2001:db8::1/64 dev eth0 nodad
-ip -n "$H2" addr add 2001:db8::2/64 dev eth0 nodad
-
-netns_etcd "$H1" bench "$WORK/etcd" http://192.0.2.1:2379 http://127.0.0.1:2380 \
-    bench=http://127.0.0.1:2380 >>"$WORK/etcd.log" 2>&1 &
+# The IPv6 underlay is there for kernel6 and weft-vxlan6; weft ignores it on an IPv4-only network.
+netns_hub_up "$P"
+netns_host_up "$P" 1
+netns_host_up "$P" 2
+netns_hub_etcd "$P" "$WORK/etcd" >>"$WORK/etcd.log" 2>&1 &
 disown
-for _ in $(seq 1 50); do
-    ip netns exec "$H2" bash -c "exec 3<>/dev/tcp/192.0.2.1/2379" 2>/dev/null && break
-    sleep 0.2
-done
-admin() { ip netns exec "$H2" "$WEFT" "$@" --etcd-endpoints http://192.0.2.1:2379; }
+netns_wait_etcd "$P" || { tail -20 "$WORK/etcd.log" >&2; exit 1; }
+admin() { ip netns exec "${P}hub" "$WEFT" "$@" --etcd-endpoints "$NETNS_ETCD"; }
 
 # Does this sockperf take an IPv6 address? (3.7 does not: "-i ::1" gives "Invalid address".)
 # A server on h1's ::1 for a moment: one that refuses the address exits at once saying so.
@@ -295,7 +287,7 @@ weft_up() { # BACKEND [ipv6] FLAGS...: ipv6, the dual-stack network (fd00:10:244
     local n
     for n in 1 2; do
         rm -rf "$WORK/w$n"; mkdir -p "$WORK/w$n"
-        ip netns exec "${P}h$n" "$WEFT" run --etcd-endpoints http://192.0.2.1:2379 \
+        ip netns exec "${P}h$n" "$WEFT" run --etcd-endpoints "$NETNS_ETCD" \
             --state-dir "$WORK/w$n/state" --subnet-file "$WORK/w$n/subnet.env" \
             --iface eth0 --relinquish-on-exit --healthz-ip 127.0.0.1 --healthz-port 9797 "$@" \
             >"$WORK/w$n/log" 2>&1 &

@@ -8,6 +8,8 @@
 #   192.0.2.1-4  <p>h1..h4  weft run (TUN weft0, VXLAN on UDP 8472)
 #   10.244.X.2   <p>p1..p3  pods behind cni0 (10.244.X.1) on each host
 #
+# The lab is scripts/lib/netns.sh's (the end-to-end tests build theirs with it too), the pods
+# scripts/lib/cni.sh's.
 # Everything lives in namespaces named weftdemo<pid>*, removed on exit. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
