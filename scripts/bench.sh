@@ -2,9 +2,11 @@
 # weft throughput benchmark: the same two namespace hosts, the same run, seven data paths
 # (five over IPv4, two over IPv6).
 #
-#   <p>h1 eth0 192.0.2.1   ==== veth (MTU 1500) ==== eth0 192.0.2.2   <p>h2
-#              2001:db8::1/64                          2001:db8::2/64  (nodad)
-#        etcd on 192.0.2.1:2379 (for weft)
+#   <p>h1 eth0 192.0.2.1, 2001:db8::1 ==== <p>hub br0 ==== eth0 192.0.2.2, 2001:db8::2 <p>h2
+#        veths of MTU 1500; etcd (for weft) in the hub on 192.0.2.254:2379
+#
+# The lab is scripts/lib/netns.sh's, the same as the end-to-end tests' and the demo's; the
+# kernel rows' devices are set up by scripts/lib/flannel.sh, the tests' kernel flannel peer.
 #
 #   raw        iperf3 straight over the underlay veth
 #   kernel     Linux VXLAN set up as flannel's vxlan backend does (flannel.1, nolearning,
@@ -64,6 +66,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/netns.sh
+. scripts/lib/flannel.sh
 
 RUNS=${RUNS:-3}
 DURATION=${DURATION:-5}
@@ -114,23 +117,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ip netns add "$H1"; ip netns add "$H2"
-for h in "$H1" "$H2"; do ip -n "$h" link set lo up; done
-ip -n "$H1" link add eth0 mtu 1500 type veth peer name eth0 mtu 1500 netns "$H2"
-ip -n "$H1" addr add 192.0.2.1/24 dev eth0; ip -n "$H1" link set eth0 up
-ip -n "$H2" addr add 192.0.2.2/24 dev eth0; ip -n "$H2" link set eth0 up
-# The IPv6 underlay (for kernel6 and weft-vxlan6; weft ignores it on an IPv4-only network).
-ip -n "$H1" addr add 2001:db8::1/64 dev eth0 nodad
-ip -n "$H2" addr add 2001:db8::2/64 dev eth0 nodad
-
-netns_etcd "$H1" bench "$WORK/etcd" http://192.0.2.1:2379 http://127.0.0.1:23801 \
-    bench=http://127.0.0.1:23801 "$WORK/etcd.log" --log-level error
+# The IPv6 underlay is there for kernel6 and weft-vxlan6; weft ignores it on an IPv4-only network.
+netns_hub_up "$P"
+netns_host_up "$P" 1
+netns_host_up "$P" 2
+netns_hub_etcd "$P" "$WORK/etcd" >>"$WORK/etcd.log" 2>&1 &
 disown
-for _ in $(seq 1 50); do
-    ip netns exec "$H2" bash -c "exec 3<>/dev/tcp/192.0.2.1/2379" 2>/dev/null && break
-    sleep 0.2
-done
-admin() { ip netns exec "$H2" "$WEFT" "$@" --etcd-endpoints http://192.0.2.1:2379; }
+netns_wait_etcd "$P" || { tail -20 "$WORK/etcd.log" >&2; exit 1; }
+admin() { ip netns exec "${P}hub" "$WEFT" "$@" --etcd-endpoints "$NETNS_ETCD"; }
 
 # Does this sockperf take an IPv6 address? (3.7 does not: "-i ::1" gives "Invalid address".)
 # A server on h1's ::1 for a moment: one that refuses the address exits at once saying so.
@@ -248,34 +242,14 @@ print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "udp" 
     sleep 0.3
 }
 
-flannel_vxlan_up() { # NS LOCAL_IP N: a flannel.1 device as flannel's vxlan backend creates it
-    local ns=$1 local_ip=$2 n=$3
-    ip -n "$ns" link add flannel.1 type vxlan id 1 local "$local_ip" dev eth0 dstport 8472 nolearning
-    ip -n "$ns" link set flannel.1 mtu 1450 up
-    ip -n "$ns" addr add "10.244.$n.0/32" dev flannel.1
-}
-flannel_vxlan_peer() { # NS PEER_NS PEER_IP PN
-    local mac
-    mac=$(ip -n "$2" -br link show flannel.1 | awk '{print $3}')
-    ip -n "$1" neigh replace "10.244.$4.0" lladdr "$mac" dev flannel.1 nud permanent
-    bridge -n "$1" fdb append "$mac" dev flannel.1 dst "$3" self permanent
-    ip -n "$1" route replace "10.244.$4.0/24" via "10.244.$4.0" dev flannel.1 onlink
-}
-
-flannel_vxlan6_up() { # NS N: flannel-v6.1 over 2001:db8::N, as flannel's dual-stack vxlan backend
-    # creates it (no router advertisements; MTU left at the kernel's default, eth0's less 70)
-    local ns=$1 n=$2
-    ip -n "$ns" link add flannel-v6.1 type vxlan id 1 local "2001:db8::$n" dev eth0 dstport 8472 nolearning
-    ip netns exec "$ns" sh -c 'echo 0 >/proc/sys/net/ipv6/conf/flannel-v6.1/accept_ra'
-    ip -n "$ns" -6 addr add "fd00:10:244:$n::/128" dev flannel-v6.1 nodad
-    ip -n "$ns" link set flannel-v6.1 up
-}
-flannel_vxlan6_peer() { # NS PEER_NS PN
-    local mac
-    mac=$(ip -n "$2" -br link show flannel-v6.1 | awk '{print $3}')
-    ip -n "$1" -6 neigh replace "fd00:10:244:$3::" lladdr "$mac" dev flannel-v6.1 nud permanent
-    bridge -n "$1" fdb append "$mac" dev flannel-v6.1 dst "2001:db8::$3" self permanent
-    ip -n "$1" -6 route replace "fd00:10:244:$3::/64" via "fd00:10:244:$3::" dev flannel-v6.1 onlink
+kernel_up() { # SUBNET1 SUBNET2: h1 and h2 as kernel flannel nodes holding SUBNET1 and SUBNET2
+    # (one family: the VTEPs run over the underlay of that family), each routing to the other
+    local mac1 mac2 at=netns_ip
+    [[ $1 == *:* ]] && at=netns_ip6
+    mac1=$(flannel_vtep_up "$H1" 1 "$1")
+    mac2=$(flannel_vtep_up "$H2" 2 "$2")
+    flannel_vtep_peer "$H1" "$2" "$mac2" "$($at 2)"
+    flannel_vtep_peer "$H2" "$1" "$mac1" "$($at 1)"
 }
 
 wakeups() { # N: weft_dataplane_wakeups_total on host N (0 if weft does not answer)
@@ -295,7 +269,7 @@ weft_up() { # BACKEND [ipv6] FLAGS...: ipv6, the dual-stack network (fd00:10:244
     local n
     for n in 1 2; do
         rm -rf "$WORK/w$n"; mkdir -p "$WORK/w$n"
-        ip netns exec "${P}h$n" "$WEFT" run --etcd-endpoints http://192.0.2.1:2379 \
+        ip netns exec "${P}h$n" "$WEFT" run --etcd-endpoints "$NETNS_ETCD" \
             --state-dir "$WORK/w$n/state" --subnet-file "$WORK/w$n/subnet.env" \
             --iface eth0 --relinquish-on-exit --healthz-ip 127.0.0.1 --healthz-port 9797 "$@" \
             >"$WORK/w$n/log" 2>&1 &
@@ -338,8 +312,7 @@ for path in $PATHS; do
     case $path in
         raw) measure raw 192.0.2.2 ;;
         kernel)
-            flannel_vxlan_up "$H1" 192.0.2.1 1; flannel_vxlan_up "$H2" 192.0.2.2 2
-            flannel_vxlan_peer "$H1" "$H2" 192.0.2.2 2; flannel_vxlan_peer "$H2" "$H1" 192.0.2.1 1
+            kernel_up 10.244.1.0/24 10.244.2.0/24
             measure kernel 10.244.2.0
             ip -n "$H1" link del flannel.1; ip -n "$H2" link del flannel.1 ;;
         weft-vxlan) weft_up vxlan; measure weft-vxlan "$(weft_dst)"; weft_down weft-vxlan ;;
@@ -348,8 +321,7 @@ for path in $PATHS; do
             weft_up vxlan --workers 1 --no-tun-offload --no-udp-gso --no-udp-gro --no-batching
             measure weft-base "$(weft_dst)"; weft_down weft-base ;;
         kernel6)
-            flannel_vxlan6_up "$H1" 1; flannel_vxlan6_up "$H2" 2
-            flannel_vxlan6_peer "$H1" "$H2" 2; flannel_vxlan6_peer "$H2" "$H1" 1
+            kernel_up fd00:10:244:1::/64 fd00:10:244:2::/64
             measure kernel6 fd00:10:244:2::
             ip -n "$H1" link del flannel-v6.1; ip -n "$H2" link del flannel-v6.1 ;;
         weft-vxlan6)

@@ -3,6 +3,8 @@
 #
 #   <p>hub        bridge br0 192.0.2.254: the underlay
 #   <p>e1..e3     etcd members 192.0.2.201-203 (heartbeat 50 ms, election 500 ms)
+#   (the lab is scripts/lib/netns.sh's, the end-to-end tests' too: the etcd members are nodes
+#   on its underlay)
 #   <p>h1..hN     weft run (lease TTL $CHAOS_TTL s, all three etcd endpoints), 192.0.2.1..N
 #   <p>p1..pN     a pod behind cni0 on each host; every pod pings every other (ping -i 0.2)
 #
@@ -67,7 +69,7 @@ WORK=$(mktemp -d /tmp/weft-chaos.XXXXXX)
 mkdir -p "$WORK/ping" "$WORK/ready" "$WORK/etcd"
 PREFIX=/coreos.com/network
 KEYS="$PREFIX/subnets/"
-EIP=(x 192.0.2.201 192.0.2.202 192.0.2.203)
+EIP=(x "$(netns_ip 201)" "$(netns_ip 202)" "$(netns_ip 203)") # nodes e1..e3 of the lab
 EPS="http://${EIP[1]}:2379,http://${EIP[2]}:2379,http://${EIP[3]}:2379"
 INITIAL="e1=http://${EIP[1]}:2380,e2=http://${EIP[2]}:2380,e3=http://${EIP[3]}:2380"
 declare -A WPID=() EPID=() POD=()
@@ -99,18 +101,12 @@ rnd() { R=$((RANDOM % $1)); } # R = 0..N-1
 
 # --- etcd: three members, each in its own namespace on the underlay ---------------------------
 etcd_ns_up() { # I
-    local ns="${P}e$1"
-    ip netns add "$ns"
-    ip -n "$ns" link set lo up
-    ip -n "${P}hub" link add "e$1" type veth peer name eth0 netns "$ns"
-    ip -n "${P}hub" link set "e$1" master br0 up
-    ip -n "$ns" addr add "${EIP[$1]}/24" dev eth0
-    ip -n "$ns" link set eth0 up
+    netns_node_up "$P" "e$1" "$((200 + $1))"
 }
 etcd_start() { # I new|existing
     netns_etcd "${P}e$1" "e$1" "$WORK/etcd/e$1" "http://${EIP[$1]}:2379" "http://${EIP[$1]}:2380" \
-        "$INITIAL" "$WORK/etcd/e$1.log" --initial-cluster-state "$2" --initial-cluster-token "$P" \
-        --heartbeat-interval 50 --election-timeout 500 --log-level warn
+        "$INITIAL" --initial-cluster-state "$2" --initial-cluster-token "$P" \
+        --heartbeat-interval 50 --election-timeout 500 --log-level warn >>"$WORK/etcd/e$1.log" 2>&1 &
     EPID[$1]=$!
 }
 etcd_kill() { # I

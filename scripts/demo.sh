@@ -8,6 +8,8 @@
 #   192.0.2.1-4  <p>h1..h4  weft run (TUN weft0, VXLAN on UDP 8472)
 #   10.244.X.2   <p>p1..p3  pods behind cni0 (10.244.X.1) on each host
 #
+# The lab is scripts/lib/netns.sh's (the end-to-end tests build theirs with it too), the pods
+# scripts/lib/cni.sh's.
 # Everything lives in namespaces named weftdemo<pid>*, removed on exit. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,7 @@ WEFT="${CARGO_TARGET_DIR:-$PWD/target}/release/weft"
 
 P="weftdemo$$-"
 WORK=$(mktemp -d /tmp/weft-demo.XXXXXX)
-ETCD="http://192.0.2.254:2379"
+ETCD=$NETNS_ETCD
 PREFIX=/coreos.com/network
 TTL=6s
 declare -A PIDS=()
@@ -63,10 +65,9 @@ subnet_of() { grep FLANNEL_SUBNET "$WORK/h$1/subnet.env" | cut -d= -f2; }
 
 say "underlay: hub namespace with a bridge, etcd on 192.0.2.254"
 netns_hub_up "$P"
-netns_etcd "${P}hub" demo "$WORK/etcd" "$ETCD" http://127.0.0.1:23800 \
-    demo=http://127.0.0.1:23800 "$WORK/etcd.log" --log-level error
+netns_hub_etcd "$P" "$WORK/etcd" >>"$WORK/etcd.log" 2>&1 &
 PIDS[etcd]=$!
-for _ in $(seq 1 50); do weft_admin network get >/dev/null 2>&1 && break; hub bash -c "exec 3<>/dev/tcp/192.0.2.254/2379" 2>/dev/null && break; sleep 0.2; done
+netns_wait_etcd "$P" || { tail -20 "$WORK/etcd.log"; exit 1; }
 
 say "network config"
 printf '{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}' >"$WORK/net.json"

@@ -1,6 +1,10 @@
 //! Real etcd for tests: single servers and 3-member clusters on loopback, on free ports, with
 //! temporary data dirs.
 //!
+//! Every member is started by `etcd_member` (`scripts/lib/etcd.sh`), the one spelling of etcd's
+//! command line that the demo, the bench, the chaos soak and the namespace lab's hub also use;
+//! a snapshot is restored by its `etcd_restore`.
+//!
 //! Contract:
 //! - etcd must be installed (`scripts/setup.sh`); a missing binary is a loud panic, never a
 //!   silently skipped test.
@@ -19,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::process::die_with_parent;
+use super::process::{die_with_parent, lib_command, lib_run};
 
 /// How long a server may take to become healthy before the test fails.
 const START_DEADLINE: Duration = Duration::from_secs(20);
@@ -34,49 +38,6 @@ pub fn etcd_binary() -> PathBuf {
         .chain([PathBuf::from("/usr/bin/etcd")])
         .find(|p| p.is_file())
         .unwrap_or_else(|| panic!("etcd not found: run scripts/setup.sh"))
-}
-
-/// The command line of one etcd member of a new cluster, as every test starts one (a server, a
-/// cluster member, the hub of a namespace lab): its name, data dir, client URL (listen and
-/// advertise), peer URL (listen and advertise) and the initial cluster.
-pub fn member_args(
-    name: &str,
-    data_dir: &Path,
-    client_url: &str,
-    peer_url: &str,
-    initial_cluster: &str,
-) -> Vec<std::ffi::OsString> {
-    let mut args: Vec<std::ffi::OsString> = Vec::new();
-    let mut push = |a: &str| args.push(a.into());
-    for a in ["--name", name, "--data-dir"] {
-        push(a);
-    }
-    args.push(data_dir.into());
-    for a in [
-        "--listen-client-urls",
-        client_url,
-        "--advertise-client-urls",
-        client_url,
-        "--listen-peer-urls",
-        peer_url,
-        "--initial-advertise-peer-urls",
-        peer_url,
-        "--initial-cluster",
-        initial_cluster,
-        "--initial-cluster-state",
-        "new",
-        "--initial-cluster-token",
-        "weft-test",
-        "--logger",
-        "zap",
-        "--log-outputs",
-        "stderr",
-        "--log-level",
-        "error",
-    ] {
-        args.push(a.into());
-    }
-    args
 }
 
 /// A fresh key prefix (`/weft-test/<random>`), so tests can share one etcd without seeing each
@@ -236,17 +197,12 @@ impl Member {
             .append(true)
             .open(&self.log)
             .expect("open the etcd log file");
-        let mut cmd = Command::new(etcd_binary());
-        cmd.args(member_args(
-            &self.name,
-            &self.data_dir,
-            &self.client_url(),
-            &url(self.peer_port),
-            &self.initial_cluster,
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
+        let data_dir = self.data_dir.to_string_lossy().into_owned();
+        let (client, peer) = (self.client_url(), url(self.peer_port));
+        let args = [&self.name, &data_dir, &client, &peer, &self.initial_cluster];
+        // The flags below come after etcd_member's own (TLS, timing, a test's extras).
+        let mut cmd = lib_command("etcd.sh", "etcd_member", &args);
+        cmd.env("ETCD_BIN", etcd_binary()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         if let Some(tls) = &self.tls {
             cmd.arg("--cert-file")
                 .arg(&tls.cert)
@@ -507,19 +463,10 @@ impl EtcdServer {
         self.member.kill();
         let data_dir =
             self.member.data_dir.with_extension(format!("restored-{}", rand::random::<u32>()));
-        let out = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["snapshot", "restore"])
-            .arg(file)
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .args(["--name", &self.member.name])
-            .args(["--initial-cluster", &self.member.initial_cluster])
-            .args(["--initial-cluster-token", "weft-test"])
-            .args(["--initial-advertise-peer-urls", &url(self.member.peer_port)])
-            .output()
-            .expect("run etcdctl");
-        assert!(out.status.success(), "snapshot restore: {}", String::from_utf8_lossy(&out.stderr));
+        let (snapshot, dir) = (file.to_string_lossy(), data_dir.to_string_lossy());
+        let (m, peer) = (&self.member, url(self.member.peer_port));
+        let args = [&*snapshot, &*dir, m.name.as_str(), peer.as_str(), m.initial_cluster.as_str()];
+        lib_run("etcd.sh", "etcd_restore", &args);
         self.member.data_dir = data_dir;
         self.member.spawn();
         wait_member_healthy(&mut self.member);

@@ -1,19 +1,17 @@
 //! A kernel flannel node in the [`netns`](super::netns) lab: a host that runs no weft, whose
 //! VXLAN devices, neighbours, FDB entries and routes are set up exactly as flannel's vxlan
 //! backend sets them up (flannel-io/flannel, `pkg/backend/vxlan`: `vxlan.go` RegisterNetwork,
-//! `device.go`, `vxlan_network.go` handleSubnetEvents). The one home of that recipe for every
-//! interop test, IPv4-only or dual-stack.
+//! `device.go`, `vxlan_network.go` handleSubnetEvents), for every interop test, IPv4-only or
+//! dual-stack. The recipe itself is `scripts/lib/flannel.sh` (`flannel_vtep_up`,
+//! `flannel_vtep_peer`), which the bench's kernel rows also run; this module adds the lease.
 //!
-//! - [`KernelFlannelPeer::new`]: `flannel.1` (VNI 1, port 8472, `nolearning`) over host N's
-//!   192.0.2.N, addressed `<subnet base>/32`; with an IPv6 subnet also `flannel-v6.1` over
-//!   `2001:db8::N` (the lab's [`host_ipv6`]), addressed `<v6 subnet base>/128`, `accept_ra` 0.
-//!   Each device has its own random MAC, published in `BackendData` and `BackendV6Data`. Its
-//!   lease goes into etcd as a reservation (no etcd lease, so no TTL) under flannel's key.
+//! - [`KernelFlannelPeer::new`]: host N's VTEPs (`flannel_vtep_up`): `flannel.1` over
+//!   192.0.2.N and, with an IPv6 subnet, `flannel-v6.1` over `2001:db8::N` (the lab's
+//!   [`host_ipv6`]). Each device has its own random MAC, published in `BackendData` and
+//!   `BackendV6Data`. Its lease goes into etcd as a reservation (no etcd lease, so no TTL)
+//!   under flannel's key.
 //! - [`KernelFlannelPeer::program`]: what handleSubnetEvents does on `EventAdded` for another
-//!   node's [`VxlanLease`], per half: a permanent neighbour `<base> lladdr <VtepMAC>`, an FDB
-//!   entry `<VtepMAC> dst <public address> self permanent` (flannel's NeighSet: replace), and
-//!   the route `<subnet> via <base> onlink`, all on the half's device. No route for the whole
-//!   network: flannel adds none.
+//!   node's [`VxlanLease`], per half (`flannel_vtep_peer`): neighbour, FDB entry, route.
 //! - [`KernelFlannelPeer::pod`]: a pod behind it (bridge at the subnets' `.1` / `::1`), from a
 //!   `subnet.env` as flannel would write it ([`Lab::pod_with_ipv6`]).
 //!
@@ -23,12 +21,11 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
-use super::netns::{Lab, PREFIX, Pod, host_ipv6, run, set_tx_checksum};
+use super::netns::{Lab, PREFIX, Pod, host_ipv6, set_tx_checksum};
+use super::process::lib_run;
 
-/// The VNI flannel uses by default, and the lab's.
+/// The VNI flannel uses by default, and the lab's (flannel.sh's `FLANNEL_VNI`): its leases say so.
 pub const VNI: u32 = 1;
-/// The VXLAN port flannel's kernel devices use (Linux's default, 8472), and weft's.
-pub const VXLAN_PORT: &str = "8472";
 
 /// One node's vxlan lease as flannel's vxlan backend reads it: the IPv4 half always, the IPv6
 /// half when the key names one and the value carries `PublicIPv6` and `BackendV6Data`.
@@ -137,32 +134,11 @@ impl KernelFlannelPeer {
         // Finish inner checksums on the kernel host's "wire", as a physical NIC would (see
         // `set_tx_checksum`): without it, TCP from the kernel peer reaches weft with partial sums.
         set_tx_checksum(&ns, "eth0", false);
-        let vtep_mac = add_vxlan_device(&ns, "flannel.1", &public_ip.to_string());
-        ip(&ns, &["link", "set", "flannel.1", "mtu", "1450"]);
-        ip(&ns, &["addr", "add", &format!("{}/32", subnet.addr()), "dev", "flannel.1"]);
-        ip(&ns, &["link", "set", "flannel.1", "up"]);
+        let vtep_mac = vtep_up(&ns, n, &subnet.to_string());
         let v6 = subnet6.map(|s6| {
             let s6: Ipv6Net = s6.parse().expect("IPv6 subnet");
-            let public_ip = host_ipv6(n);
-            let dev = "flannel-v6.1";
-            let vtep_mac = add_vxlan_device(&ns, dev, &public_ip.to_string());
-            // device.go newVXLANDevice: no router advertisements on the VTEP. Its MTU is the
-            // kernel's default for an IPv6 underlay (eth0's less 70), as flannel leaves it.
-            run(&[
-                "ip",
-                "netns",
-                "exec",
-                &ns,
-                "sh",
-                "-c",
-                "echo 0 > /proc/sys/net/ipv6/conf/$0/accept_ra",
-                dev,
-            ]);
-            // ConfigureIPv6: `<v6 base>/128`, not tentative (DAD has nothing to find here).
-            let addr = format!("{}/128", s6.addr());
-            ip(&ns, &["-6", "addr", "add", &addr, "dev", dev, "nodad"]);
-            ip(&ns, &["link", "set", dev, "up"]);
-            VxlanLeaseV6 { subnet: s6, public_ip, vtep_mac }
+            let vtep_mac = vtep_up(&ns, n, &s6.to_string());
+            VxlanLeaseV6 { subnet: s6, public_ip: host_ipv6(n), vtep_mac }
         });
         let lease = VxlanLease { subnet, public_ip, vtep_mac, v6 };
         // A reservation, as an operator writes one: no etcd lease attached.
@@ -171,48 +147,17 @@ impl KernelFlannelPeer {
     }
 
     /// Programs the route to another node holding `peer`, as flannel's handleSubnetEvents does
-    /// on `EventAdded` (no DirectRouting): the IPv4 half on `flannel.1`, and the IPv6 half on
-    /// `flannel-v6.1` when both this node and `peer` have one.
+    /// on `EventAdded` (no DirectRouting; `flannel_vtep_peer`): the IPv4 half on `flannel.1`,
+    /// and the IPv6 half on `flannel-v6.1` when both this node and `peer` have one.
     pub fn program(&self, peer: &VxlanLease) {
-        self.program_half(
-            "flannel.1",
-            &peer.subnet.to_string(),
-            &peer.subnet.addr().to_string(),
-            &peer.vtep_mac,
-            &peer.public_ip.to_string(),
-        );
+        self.program_half(&peer.subnet.to_string(), &peer.vtep_mac, &peer.public_ip.to_string());
         if let (Some(_), Some(p6)) = (&self.lease.v6, &peer.v6) {
-            self.program_half(
-                "flannel-v6.1",
-                &p6.subnet.to_string(),
-                &p6.subnet.addr().to_string(),
-                &p6.vtep_mac,
-                &p6.public_ip.to_string(),
-            );
+            self.program_half(&p6.subnet.to_string(), &p6.vtep_mac, &p6.public_ip.to_string());
         }
     }
 
-    fn program_half(&self, dev: &str, subnet: &str, base: &str, mac: &str, public: &str) {
-        let ns = self.ns.as_str();
-        // AddARP / AddV6ARP: the peer's VTEP address resolves to its VTEP MAC, permanently.
-        ip(ns, &["neigh", "replace", base, "lladdr", mac, "dev", dev, "nud", "permanent"]);
-        // AddFDB / AddV6FDB: frames to that MAC go to the peer's public address.
-        run(&[
-            "bridge",
-            "-n",
-            ns,
-            "fdb",
-            "replace",
-            mac,
-            "dev",
-            dev,
-            "dst",
-            public,
-            "self",
-            "permanent",
-        ]);
-        // Last, as flannel does: the route, via the peer's VTEP address on the device.
-        ip(ns, &["route", "replace", subnet, "via", base, "dev", dev, "onlink"]);
+    fn program_half(&self, subnet: &str, mac: &str, public: &str) {
+        lib_run("flannel.sh", "flannel_vtep_peer", &[self.ns.as_str(), subnet, mac, public]);
     }
 
     /// A pod behind this host: its bridge at the subnet's `.1` (and `::1` on dual stack), the
@@ -234,37 +179,9 @@ fn first_host(net: Ipv4Net) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(net.addr()) + 1)
 }
 
-/// `ip -n NS ARGS...`; must succeed.
-fn ip(ns: &str, args: &[&str]) -> String {
-    let mut all = vec!["ip", "-n", ns];
-    all.extend_from_slice(args);
-    run(&all)
-}
-
-/// A VXLAN device as flannel's newVXLANDevice makes one (VNI 1, `local` the underlay address,
-/// on eth0, port 8472, no learning); returns its MAC.
-fn add_vxlan_device(ns: &str, dev: &str, local: &str) -> String {
-    let vni = VNI.to_string();
-    ip(
-        ns,
-        &[
-            "link",
-            "add",
-            dev,
-            "type",
-            "vxlan",
-            "id",
-            &vni,
-            "local",
-            local,
-            "dev",
-            "eth0",
-            "dstport",
-            VXLAN_PORT,
-            "nolearning",
-        ],
-    );
-    let link: serde_json::Value =
-        serde_json::from_str(&ip(ns, &["-j", "link", "show", dev])).expect("ip -j link");
-    link[0]["address"].as_str().unwrap_or_else(|| panic!("no MAC on {dev}: {link}")).to_owned()
+/// The VTEP of the half holding `subnet` on host `n` (`flannel_vtep_up`): `flannel.1` for an
+/// IPv4 subnet, `flannel-v6.1` for an IPv6 one; returns its MAC.
+fn vtep_up(ns: &str, n: u8, subnet: &str) -> String {
+    let mac = lib_run("flannel.sh", "flannel_vtep_up", &[ns, n.to_string().as_str(), subnet]);
+    mac.trim().to_owned()
 }

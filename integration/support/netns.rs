@@ -1,6 +1,11 @@
 //! A network-namespace lab for end-to-end tests: an underlay bridge with etcd on it, hosts
 //! running real `weft run` processes with a TUN data plane, and pods behind each host.
 //!
+//! The topology and the hub's etcd are built by `scripts/lib/netns.sh` (`netns_hub_up`,
+//! `netns_host_up`, `netns_hub_etcd`) and pods by `scripts/lib/cni.sh`: the demo, the bench and
+//! the chaos soak build theirs with the same functions, so the lab is defined once. This module
+//! owns the lab's life (names, cleanup, logs) and the tests' typed view of it.
+//!
 //! ```text
 //!   <p>hub  bridge br0 192.0.2.254/24 and 2001:db8::fe/64, etcd on 192.0.2.254:2379
 //!   <p>hN   a host: eth0 192.0.2.N/24 and 2001:db8::N/64 (veth to the hub's bridge),
@@ -39,21 +44,16 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::etcd::{etcd_binary, member_args};
+use super::etcd::etcd_binary;
 use super::kernel_flannel::VxlanLease;
-use super::process::{Daemon, die_with_parent};
+use super::process::{Daemon, die_with_parent, lib_command, lib_run, run_command};
 use super::weft::{RunArgs, http_get};
 
-/// etcd's client URL on the underlay (inside the hub namespace).
+/// etcd's client URL on the underlay (inside the hub namespace): netns.sh's `NETNS_ETCD`.
 pub const ETCD: &str = "http://192.0.2.254:2379";
 
-/// The hub bridge's own MAC address (locally administered; 192.0.2.254 in its last bytes).
-/// A bridge without one set takes its lowest port's MAC and changes it whenever a port with a
-/// lower one joins. Hosts that had already resolved 192.0.2.254 then send to the old address
-/// and nothing answers until their neighbour entry expires (15–45 s): a host whose weft
-/// started while the next host was being wired could not reach etcd (seen in CI).
-pub const HUB_MAC: &str = "02:00:c0:00:02:fe";
-/// The hub bridge's IPv6 address on the underlay (`2001:db8::fe`, 254 in hex as in 192.0.2.254).
+/// The hub bridge's IPv6 address on the underlay (`2001:db8::fe`, 254 in hex as in 192.0.2.254):
+/// netns.sh's `NETNS_HUB_IP6`. (The tests ping it: they fail if the two ever part.)
 pub const HUB_IPV6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0xfe);
 /// The overlay's IPv6 network in the lab's dual-stack configs (and in the `subnet.env` that
 /// [`Lab::pod_with_ipv6`] writes for a host without weft).
@@ -70,7 +70,8 @@ pub const REQUIRED_TOOLS: &[&str] = &[
     "mknod", "sh", "python3",
 ];
 
-/// Host `n`'s IPv6 underlay address: `2001:db8::N`, N the last 16-bit group (so `{n:x}`).
+/// Host `n`'s IPv6 underlay address: `2001:db8::N`, N the last 16-bit group (so `{n:x}`), as
+/// netns.sh's `netns_ip6` gives it.
 pub fn host_ipv6(n: u8) -> Ipv6Addr {
     Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(n))
 }
@@ -159,15 +160,7 @@ pub fn output(args: &[&str]) -> Output {
 
 /// Runs a command that must succeed; returns its stdout.
 pub fn run(args: &[&str]) -> String {
-    let out = output(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    run_command(Command::new(args[0]).args(&args[1..]))
 }
 
 /// `ip netns exec NS ARGS...`: must succeed; returns stdout.
@@ -422,11 +415,7 @@ impl Lab {
         // From here on, a panic drops `lab` and cleans up whatever exists so far.
         let hub = lab.hub();
         lab.namespaces.lock().expect("ns list").push(hub.clone());
-        run(&["ip", "-n", &hub, "link", "set", "lo", "up"]);
-        run(&["ip", "-n", &hub, "link", "add", "br0", "address", HUB_MAC, "type", "bridge"]);
-        run(&["ip", "-n", &hub, "addr", "add", "192.0.2.254/24", "dev", "br0"]);
-        run(&["ip", "-n", &hub, "addr", "add", &format!("{HUB_IPV6}/64"), "dev", "br0", "nodad"]);
-        run(&["ip", "-n", &hub, "link", "set", "br0", "up"]);
+        lib_run("netns.sh", "netns_hub_up", &[&lab.prefix]);
         lab.start_etcd();
         let cfg = lab.dir().join("network.json");
         std::fs::write(&cfg, network_json).expect("write network config");
@@ -449,10 +438,11 @@ impl Lab {
         self.ns("hub")
     }
 
+    /// Makes namespace `ns` and lists it for cleanup; what goes in it (its loopback too) is the
+    /// caller's (`netns_host_up`, `cni_pod_up`).
     fn add_ns(&self, ns: &str) {
         run(&["ip", "netns", "add", ns]);
         self.namespaces.lock().expect("ns list").push(ns.to_owned());
-        run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
     }
 
     fn has_ns(&self, ns: &str) -> bool {
@@ -463,11 +453,12 @@ impl Lab {
         let hub = self.hub();
         let data = self.dir().join("etcd");
         let log = File::create(self.dir().join("etcd.log")).expect("etcd log");
-        let peer = "http://127.0.0.1:2380";
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &hub])
-            .arg(etcd_binary())
-            .args(member_args("e2e", &data, ETCD, peer, &format!("e2e={peer}")))
+        let mut cmd = lib_command(
+            "netns.sh",
+            "netns_hub_etcd",
+            &[std::ffi::OsStr::new(&self.prefix), data.as_os_str()],
+        );
+        cmd.env("ETCD_BIN", etcd_binary())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
@@ -574,20 +565,9 @@ impl Lab {
         if self.has_ns(&host) {
             return host;
         }
-        let hub = self.hub();
-        let veth = format!("h{n}");
+        // Made (and listed for cleanup) here; netns_host_up wires it.
         self.add_ns(&host);
-        run(&[
-            "ip", "-n", &hub, "link", "add", &veth, "type", "veth", "peer", "name", "eth0",
-            "netns", &host,
-        ]);
-        run(&["ip", "-n", &hub, "link", "set", &veth, "master", "br0", "up"]);
-        run(&["ip", "-n", &host, "addr", "add", &format!("192.0.2.{n}/24"), "dev", "eth0"]);
-        run(&["ip", "-n", &host, "link", "set", "eth0", "up"]);
-        run(&["ip", "-n", &host, "route", "add", "default", "via", "192.0.2.254"]);
-        let ip6 = format!("{}/64", host_ipv6(n));
-        run(&["ip", "-n", &host, "addr", "add", &ip6, "dev", "eth0", "nodad"]);
-        run(&["ip", "-n", &host, "-6", "route", "add", "default", "via", &HUB_IPV6.to_string()]);
+        lib_run("netns.sh", "netns_host_up", &[&self.prefix, &n.to_string()]);
         host
     }
 
@@ -713,18 +693,9 @@ impl Lab {
         self.host(n);
         let pod = self.ns(&format!("p{n}"));
         self.add_ns(&pod);
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lib/cni.sh");
         let ipam = self.dir().join(format!("h{n}-cni"));
-        let out = run(&[
-            "bash",
-            "-c",
-            "set -e; source \"$0\"; cni_pod_up \"$@\"",
-            script,
-            &self.prefix,
-            &n.to_string(),
-            &subnet_env.to_string_lossy(),
-            &ipam.to_string_lossy(),
-        ]);
+        let (n, env, ipam) = (n.to_string(), subnet_env.to_string_lossy(), ipam.to_string_lossy());
+        let out = lib_run("cni.sh", "cni_pod_up", &[&*self.prefix, &*n, &*env, &*ipam]);
         (pod, out)
     }
 

@@ -1,8 +1,10 @@
 //! How every child process of the harness (etcd, `weft run`, helpers in namespaces) is started:
-//! one place for the parent-death signal.
+//! one place for the parent-death signal, and the door to the scripts' shell libraries.
 
+use std::ffi::OsStr;
 use std::os::unix::process::CommandExt;
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 use nix::sys::prctl;
 use nix::sys::signal::Signal;
@@ -19,6 +21,46 @@ pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
             Ok(())
         })
     }
+}
+
+/// The scripts' shell libraries: the lab's topology (`netns.sh`), etcd's command line
+/// (`etcd.sh`), a kernel flannel node (`flannel.sh`) and pods (`cni.sh`). The demo, the bench
+/// and the chaos soak source them; the harness runs their functions ([`lib_command`]), so each
+/// is written once.
+pub const SCRIPT_LIB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lib");
+
+/// `FUNCTION ARGS...` from `scripts/lib/<lib>`, run by bash with errexit, nounset and pipefail
+/// on, as the scripts run them (so a function stops at its first failing command). Not
+/// started; spawn it with [`die_with_parent`] ([`Daemon::start`] and [`run_command`] do).
+pub fn lib_command<S: AsRef<OsStr>>(lib: &str, function: &str, args: &[S]) -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.args(["-c", "set -euo pipefail; . \"$0\"; \"$@\""])
+        .arg(Path::new(SCRIPT_LIB).join(lib))
+        .arg(function)
+        .args(args);
+    cmd
+}
+
+/// Runs `FUNCTION ARGS...` from `scripts/lib/<lib>` ([`lib_command`]); must succeed; its stdout.
+pub fn lib_run<S: AsRef<OsStr>>(lib: &str, function: &str, args: &[S]) -> String {
+    run_command(&mut lib_command(lib, function, args))
+}
+
+/// Runs `cmd` to completion (stdin null, [`die_with_parent`]); must succeed; its stdout.
+///
+/// # Panics
+/// If it cannot be run or fails: with its stdout and stderr in the message.
+pub fn run_command(cmd: &mut Command) -> String {
+    cmd.stdin(Stdio::null());
+    let out = die_with_parent(cmd).output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A daemon a test starts, signals and stops (`weft run`, in the root namespace or a namespace

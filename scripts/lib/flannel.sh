@@ -1,0 +1,61 @@
+# shellcheck shell=bash
+# A kernel flannel node on the lab's underlay (scripts/lib/netns.sh): a host whose VXLAN
+# devices, neighbours, FDB entries and routes are set up exactly as flannel's vxlan backend sets
+# them up (flannel-io/flannel, pkg/backend/vxlan: vxlan.go RegisterNetwork, device.go,
+# vxlan_network.go handleSubnetEvents). The one home of that recipe: the bench's kernel rows and
+# the Rust harness's kernel flannel peer (integration/support/kernel_flannel.rs) both use it.
+# Source it; call it with errexit on, as netns.sh's functions.
+#
+# Per address family, one device ("half"): flannel.1 for IPv4, flannel-v6.1 for IPv6, each VNI
+# 1, UDP port 8472, nolearning, over the host's underlay address of that family on eth0.
+
+# shellcheck source=scripts/lib/netns.sh
+. "$(dirname "${BASH_SOURCE[0]}")/netns.sh"
+
+FLANNEL_VNI=1
+FLANNEL_PORT=8472
+
+flannel_dev() { # SUBNET: the device of SUBNET's family
+    if [[ $1 == *:* ]]; then echo flannel-v6.1; else echo flannel.1; fi
+}
+
+# flannel_vtep_up NS N SUBNET: in host namespace NS (the lab's node N), the VTEP of the half
+# holding SUBNET (10.244.1.0/24, or fd00:10:244:1::/64), as newVXLANDevice makes it and
+# Configure/ConfigureIPv6 address it: IPv4, flannel.1 over 192.0.2.N with MTU 1450 (the
+# underlay's 1500 less VXLAN's 50) and <base>/32; IPv6, flannel-v6.1 over 2001:db8::N with no
+# router advertisements, the kernel's default MTU (eth0's less 70) and <base>/128 (nodad).
+# Prints the device's MAC (its lease's VtepMAC).
+flannel_vtep_up() {
+    local ns=$1 n=$2 subnet=$3 dev base=${3%/*}
+    dev=$(flannel_dev "$subnet")
+    if [ "$dev" = flannel.1 ]; then
+        ip -n "$ns" -batch - <<EOF
+link add $dev type vxlan id $FLANNEL_VNI local $(netns_ip "$n") dev eth0 dstport $FLANNEL_PORT nolearning
+link set $dev mtu 1450
+addr add $base/32 dev $dev
+link set $dev up
+EOF
+    else
+        ip -n "$ns" link add "$dev" type vxlan id "$FLANNEL_VNI" local "$(netns_ip6 "$n")" dev eth0 \
+            dstport "$FLANNEL_PORT" nolearning
+        ip netns exec "$ns" sh -c "echo 0 >/proc/sys/net/ipv6/conf/$dev/accept_ra"
+        ip -n "$ns" -batch - <<EOF
+addr add $base/128 dev $dev nodad
+link set $dev up
+EOF
+    fi
+    ip -n "$ns" -br link show "$dev" | awk '{print $3}'
+}
+
+# flannel_vtep_peer NS SUBNET VTEP_MAC PUBLIC_IP: in NS, the route to another node's half, as
+# handleSubnetEvents programs it on EventAdded (no DirectRouting), on SUBNET's family's device:
+# a permanent neighbour <base> lladdr VTEP_MAC (AddARP / AddV6ARP), an FDB entry VTEP_MAC dst
+# PUBLIC_IP (AddFDB / AddV6FDB; flannel's NeighSet replaces), and last, as flannel does, the
+# route SUBNET via <base> onlink. No route for the whole network: flannel adds none.
+flannel_vtep_peer() {
+    local ns=$1 subnet=$2 mac=$3 public=$4 dev base=${2%/*}
+    dev=$(flannel_dev "$subnet")
+    ip -n "$ns" neigh replace "$base" lladdr "$mac" dev "$dev" nud permanent
+    bridge -n "$ns" fdb replace "$mac" dev "$dev" dst "$public" self permanent
+    ip -n "$ns" route replace "$subnet" via "$base" dev "$dev" onlink
+}
