@@ -40,15 +40,18 @@
 
 use std::io;
 use std::mem;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr;
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
+use self::msghdr::{CmsgBuf, Cmsgs, Encoder, SockName};
 use super::gso_retry::{GsoRetry, GsoRetryConfig, GsoState};
 use crate::time::Instant;
+
+mod msghdr;
 
 /// The most messages one `sendmmsg`/`recvmmsg` call carries; the socket's scratch is this big.
 pub(crate) const MAX_BATCH: usize = 64;
@@ -67,15 +70,6 @@ pub(crate) const SEND_STALL_POLLS: u32 = 10;
 /// the `libc` crate does not export them for glibc targets.
 const SO_SNDBUFFORCE: libc::c_int = 32;
 const SO_RCVBUFFORCE: libc::c_int = 33;
-/// Control-message storage per message: room for one `UDP_SEGMENT` (u16) or `UDP_GRO` (int)
-/// message, with margin.
-const CMSG_BUF_LEN: usize = 64;
-// SAFETY: CMSG_SPACE is pure arithmetic on its argument.
-const SEGMENT_CMSG_SPACE: usize =
-    unsafe { libc::CMSG_SPACE(mem::size_of::<u16>() as u32) } as usize;
-// SAFETY: CMSG_LEN is pure arithmetic on its argument.
-const SEGMENT_CMSG_LEN: usize = unsafe { libc::CMSG_LEN(mem::size_of::<u16>() as u32) } as usize;
-const _: () = assert!(SEGMENT_CMSG_SPACE <= CMSG_BUF_LEN);
 
 /// How to open a [`BatchSocket`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -292,11 +286,6 @@ impl UdpError {
     }
 }
 
-/// Control-message storage with `cmsghdr` alignment.
-#[derive(Clone, Copy)]
-#[repr(C, align(8))]
-struct CmsgBuf([u8; CMSG_BUF_LEN]);
-
 /// Syscall scratch for [`MAX_BATCH`] messages. The pointers inside `hdrs` are rewritten before
 /// every syscall and never read otherwise; between calls they dangle harmlessly.
 struct Scratch {
@@ -315,17 +304,16 @@ unsafe impl Send for Scratch {}
 
 impl Scratch {
     fn new() -> Self {
-        // SAFETY: mmsghdr, iovec and SockName are plain old data; all-zero (null pointers,
-        // zero lengths) is a valid value for each.
+        // SAFETY: mmsghdr is plain old data; all-zero (null pointers, zero lengths) is a valid
+        // value.
         let zeroed = || unsafe { mem::zeroed() };
         Self {
             hdrs: (0..MAX_BATCH).map(|_| zeroed()).collect(),
             iovs: (0..MAX_BATCH)
                 .map(|_| libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 })
                 .collect(),
-            // SAFETY: as above.
-            names: (0..MAX_BATCH).map(|_| unsafe { mem::zeroed() }).collect(),
-            cmsgs: vec![CmsgBuf([0; CMSG_BUF_LEN]); MAX_BATCH].into_boxed_slice(),
+            names: (0..MAX_BATCH).map(|_| SockName::new()).collect(),
+            cmsgs: vec![CmsgBuf::new(); MAX_BATCH].into_boxed_slice(),
             origin: vec![(0, 0); MAX_BATCH].into_boxed_slice(),
         }
     }
@@ -526,11 +514,11 @@ impl BatchSocket {
             s.iovs[i] = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
             let h = &mut s.hdrs[i];
             h.msg_hdr.msg_name = (&raw mut s.names[i]).cast();
-            h.msg_hdr.msg_namelen = mem::size_of::<SockName>() as libc::socklen_t;
+            h.msg_hdr.msg_namelen = SockName::LEN as libc::socklen_t;
             h.msg_hdr.msg_iov = &raw mut s.iovs[i];
             h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_control = s.cmsgs[i].0.as_mut_ptr().cast();
-            h.msg_hdr.msg_controllen = CMSG_BUF_LEN as _;
+            h.msg_hdr.msg_control = s.cmsgs[i].as_mut_ptr();
+            h.msg_hdr.msg_controllen = CmsgBuf::LEN as _;
             h.msg_hdr.msg_flags = 0;
             h.msg_len = 0;
         }
@@ -576,7 +564,11 @@ impl BatchSocket {
                 } else {
                     (s.hdrs[i].msg_len as usize).min(s.iovs[i].iov_len)
                 },
-                segment_size: if truncated { None } else { gro_segment_size(h) },
+                segment_size: if truncated {
+                    None
+                } else {
+                    gro_segment_size(Cmsgs::of(&s.cmsgs[i], h))
+                },
                 truncated,
             };
         }
@@ -668,19 +660,11 @@ impl BatchSocket {
             h.msg_flags = 0;
             match cmsg {
                 Some(seg) => {
-                    h.msg_control = s.cmsgs[i].0.as_mut_ptr().cast();
-                    h.msg_controllen = SEGMENT_CMSG_SPACE as _;
-                    // SAFETY: msg_control points at CMSG_BUF_LEN >= SEGMENT_CMSG_SPACE bytes of
-                    // cmsghdr-aligned storage owned by the scratch, and msg_controllen says so,
-                    // so CMSG_FIRSTHDR returns its start and the header and the u16 after it
-                    // are in bounds.
-                    unsafe {
-                        let c = libc::CMSG_FIRSTHDR(h);
-                        (*c).cmsg_level = libc::SOL_UDP;
-                        (*c).cmsg_type = libc::UDP_SEGMENT;
-                        (*c).cmsg_len = SEGMENT_CMSG_LEN as _;
-                        ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
-                    }
+                    let mut cmsgs = Encoder::new(&mut s.cmsgs[i]);
+                    // One message always fits the storage (msghdr's const assertions).
+                    cmsgs.push(libc::SOL_UDP, libc::UDP_SEGMENT, seg);
+                    h.msg_controllen = cmsgs.len() as _;
+                    h.msg_control = s.cmsgs[i].as_mut_ptr();
                     first_gso = first_gso.or(Some(i));
                 }
                 None => {
@@ -826,88 +810,10 @@ fn wait(fd: RawFd, events: libc::c_short, timeout: Duration) -> Result<bool, Udp
     Ok(n > 0)
 }
 
-/// Room for a socket address of either family, as `msg_name` of one message: the kernel writes
-/// the sender's there on receive, and reads the destination from it on send. By hand because
-/// the batch needs one per message, in place, without `sockaddr_storage`'s 128 bytes each.
-#[repr(C)]
-#[derive(Clone, Copy)]
-union SockName {
-    v4: libc::sockaddr_in,
-    v6: libc::sockaddr_in6,
-}
-
-impl SockName {
-    /// Writes `a`; returns the length to give the kernel.
-    fn set(&mut self, a: SocketAddr) -> libc::socklen_t {
-        match a {
-            SocketAddr::V4(a) => {
-                self.v4 = libc::sockaddr_in {
-                    sin_family: libc::AF_INET as libc::sa_family_t,
-                    sin_port: a.port().to_be(),
-                    sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
-                    sin_zero: [0; 8],
-                };
-                mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
-            }
-            SocketAddr::V6(a) => {
-                self.v6 = libc::sockaddr_in6 {
-                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                    sin6_port: a.port().to_be(),
-                    sin6_flowinfo: a.flowinfo(),
-                    sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
-                    sin6_scope_id: a.scope_id(),
-                };
-                mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
-            }
-        }
-    }
-
-    /// The address the kernel wrote, `len` bytes of it; `None` if it is of neither family or
-    /// shorter than its family's.
-    fn get(&self, len: libc::socklen_t) -> Option<SocketAddr> {
-        let len = len as usize;
-        // SAFETY: both variants are plain old data, valid for every bit pattern, and both start
-        // with the family field, so reading it (and then the variant it names) is sound.
-        let family = libc::c_int::from(unsafe { self.v4.sin_family });
-        match family {
-            libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
-                // SAFETY: as above.
-                let a = unsafe { self.v4 };
-                Some(SocketAddr::V4(SocketAddrV4::new(
-                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                    u16::from_be(a.sin_port),
-                )))
-            }
-            libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
-                // SAFETY: as above.
-                let a = unsafe { self.v6 };
-                Some(SocketAddr::V6(SocketAddrV6::new(
-                    Ipv6Addr::from(a.sin6_addr.s6_addr),
-                    u16::from_be(a.sin6_port),
-                    a.sin6_flowinfo,
-                    a.sin6_scope_id,
-                )))
-            }
-            _ => None,
-        }
-    }
-}
-
 /// The `UDP_GRO` segment size among a received message's control messages.
-fn gro_segment_size(h: &libc::msghdr) -> Option<usize> {
-    // SAFETY: `h` was filled by recvmmsg: msg_control points at this socket's control storage
-    // and msg_controllen is the length the kernel wrote, so the CMSG_* walk stays in bounds.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(h);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
-                let size = ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
-                return usize::try_from(size).ok().filter(|&s| s > 0);
-            }
-            c = libc::CMSG_NXTHDR(h, c);
-        }
-    }
-    None
+fn gro_segment_size(mut cmsgs: Cmsgs<'_>) -> Option<usize> {
+    let gro = cmsgs.find(|c| c.level == libc::SOL_UDP && c.ty == libc::UDP_GRO)?;
+    gro.read::<libc::c_int>().and_then(|size| usize::try_from(size).ok()).filter(|&s| s > 0)
 }
 
 fn setsockopt_int(
@@ -1040,6 +946,7 @@ pub fn loopback_run(how: LoopbackSend, gro: bool, total: usize, size: usize) -> 
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
+    use std::net::{Ipv6Addr, SocketAddrV6};
     use std::time::Instant;
 
     use super::*;
