@@ -141,6 +141,21 @@ pub struct Counters {
     offloads: [AtomicBool; Offload::ALL.len()],
     /// Repairs of the TUN device's link state after someone else changed it, by what drifted.
     link_repairs: [AtomicU64; RepairKind::ALL.len()],
+    /// How the sockets' GSO messages ended (`super::gso_tail`): added to after most sends, so
+    /// on cache lines of their own.
+    pub(crate) gso_tails: CachePadded<GsoTailCounts>,
+}
+
+/// How the sockets' GSO messages ended, summed over every socket.
+#[derive(Debug, Default)]
+pub(crate) struct GsoTailCounts {
+    /// GSO messages sent with the pad as their last segment.
+    pub(crate) pads: AtomicU64,
+    /// Datagrams sent on their own ahead of the rest of their message, so that no GSO
+    /// message ended on a full segment.
+    pub(crate) singles: AtomicU64,
+    /// GSO messages sent whose last datagram is as long as the segment size.
+    pub(crate) equal_tails: AtomicU64,
 }
 
 /// An offload the data plane may use; each is a gauge on `/metrics`.
@@ -301,6 +316,25 @@ impl Collector for Counters {
                 "Times a socket tried UDP GSO again after its retry time.",
                 load(&self.gso_reprobes),
             ),
+            (
+                "weft_dataplane_gso_tail_pads_total",
+                "UDP GSO messages sent with an 18-byte pad datagram as their last segment, so \
+                 that none ends on a full segment (the workaround for kernels whose GSO \
+                 mangles those; docs/troubleshooting.md).",
+                load(&self.gso_tails.pads),
+            ),
+            (
+                "weft_dataplane_gso_tail_singles_total",
+                "Datagrams that workaround sent on their own ahead of the rest of their GSO \
+                 message: runs too short to pad, or without room for the pad.",
+                load(&self.gso_tails.singles),
+            ),
+            (
+                "weft_dataplane_gso_equal_tails_total",
+                "UDP GSO messages sent whose last datagram is as long as the segment size \
+                 (none while the workaround is on).",
+                load(&self.gso_tails.equal_tails),
+            ),
         ] {
             metrics::counter(&mut e, name, help, v)?;
         }
@@ -357,7 +391,8 @@ mod tests {
 
     /// The data plane metrics byte for byte as weft's hand-written renderer wrote them before
     /// prometheus-client (`tests/golden/metrics_dataplane.prom` is its output for the same
-    /// counts, then in one shared block), here the sums of two threads' blocks.
+    /// counts, then in one shared block), here the sums of two threads' blocks; and the
+    /// metrics added since (the GSO tail counts, the pad drop) in the same format.
     #[test]
     fn dataplane_metrics_are_the_threads_sums_rendered_exactly_as_before() {
         let c = Arc::new(Counters::default());
@@ -384,6 +419,10 @@ mod tests {
         c.gso_fallbacks.fetch_add(3, Ordering::Relaxed);
         c.gso_reprobes.fetch_add(4, Ordering::Relaxed);
         c.count_link_repair(RepairKind::Mtu);
+        q1.count_drop(DropReason::RxGsoPad);
+        c.gso_tails.pads.fetch_add(11, Ordering::Relaxed);
+        c.gso_tails.singles.fetch_add(12, Ordering::Relaxed);
+        c.gso_tails.equal_tails.fetch_add(13, Ordering::Relaxed);
         assert_eq!(render(&c), include_str!("../../tests/golden/metrics_dataplane.prom"));
     }
 

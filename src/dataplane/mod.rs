@@ -1,7 +1,7 @@
 //! The data plane: packets move TUN -> route lookup -> VXLAN/UDP encapsulation -> UDP socket,
 //! and back, in user space.
 //!
-//! Contract: [`wire`], [`pipeline`], [`offload`] and [`gso_retry`] are pure (no I/O, no
+//! Contract: [`wire`], [`pipeline`], [`offload`], [`gso_retry`] and [`gso_tail`] are pure (no I/O, no
 //! allocation on the per-packet path, never panic on input); so are [`drift`], which plans the
 //! repairs of the TUN device's link state, and [`supervise`]'s restart policy. Only the syscall
 //! layers ([`tun`]: the TUN device's ioctls and I/O; [`udp`]: batched sockets) and the netlink
@@ -16,6 +16,7 @@ pub mod driver;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub(crate) mod gso_retry;
+pub mod gso_tail;
 pub mod kernel_bugs;
 pub(crate) mod link_watch;
 pub(crate) mod netlink;

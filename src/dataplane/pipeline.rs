@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 
+use super::gso_tail;
 use super::wire::ethernet::MacAddr;
 use super::wire::{self, ethernet, icmpv4, icmpv6, ipv4, ipv6, vxlan};
 use crate::config::BackendKind;
@@ -91,11 +92,14 @@ pub enum DropReason {
     RxTtlExpired,
     /// RX: from an IPv6 sender, an inner frame that is not IPv6 (IPv4 travels over IPv4).
     RxNotIpv6,
+    /// RX: the pad a weft peer ends a GSO message with, so that none ends on a full segment
+    /// (`super::gso_tail`): filler, not a packet.
+    RxGsoPad,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub(crate) const ALL: [DropReason; 18] = [
+    pub(crate) const ALL: [DropReason; 19] = [
         DropReason::TxMalformed,
         DropReason::TxIpv6,
         DropReason::TxNoRoute,
@@ -114,6 +118,7 @@ impl DropReason {
         DropReason::RxNotForUs,
         DropReason::RxTtlExpired,
         DropReason::RxNotIpv6,
+        DropReason::RxGsoPad,
     ];
 
     /// The direction and reason labels for `/metrics`.
@@ -137,6 +142,7 @@ impl DropReason {
             DropReason::RxNotForUs => ("rx", "not_for_us"),
             DropReason::RxTtlExpired => ("rx", "ttl_expired"),
             DropReason::RxNotIpv6 => ("rx", "not_ipv6"),
+            DropReason::RxGsoPad => ("rx", "gso_tail_pad"),
         }
     }
 }
@@ -570,6 +576,9 @@ impl Forwarder {
         let Some(datagram) = buf.get_mut(..len) else {
             return Rx::Drop(DropReason::RxMalformed);
         };
+        if gso_tail::is_pad(datagram) {
+            return Rx::Drop(DropReason::RxGsoPad);
+        }
         let inner = match self.backend {
             BackendKind::Vxlan => match self.vxlan_ethertype(datagram) {
                 Ok(ethernet::EtherType::IPV4) => HEADROOM..len,
@@ -625,6 +634,9 @@ impl Forwarder {
         let Some(datagram) = buf.get_mut(..len) else {
             return Rx::Drop(DropReason::RxMalformed);
         };
+        if gso_tail::is_pad(datagram) {
+            return Rx::Drop(DropReason::RxGsoPad);
+        }
         if self.backend != BackendKind::Vxlan || !self.ipv6.own.is_set() {
             // No IPv6 peer is expected: nothing here sends to one.
             return Rx::Drop(DropReason::RxUnknownSender);

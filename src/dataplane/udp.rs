@@ -31,7 +31,13 @@
 //!   then turns it on ([`UdpStats::gso_recoveries`]). `now` comes from the caller, which reads
 //!   its clock once per batch; the socket reads none. Without GSO, a [`Transmit`] with a
 //!   `segment_size` is still delivered: it is split into one `mmsghdr` per datagram. Callers may
-//!   therefore always coalesce with [`coalesce_plan`], using [`BatchSocket::max_gso_segments`].
+//!   therefore always coalesce with [`coalesce_plan`], within [`BatchSocket::gso_limits`].
+//! - **Never an equal tail, when asked.** Under [`TailRule::NeverEqual`]
+//!   ([`UdpConfig::gso_tail`]) no GSO message goes to the kernel ending on a full segment: one
+//!   that would gets [`gso_tail::PAD`] as its last segment (from a second `iovec`), or its
+//!   first datagrams go alone ([`super::gso_tail`] decides). [`UdpStats`] counts the pads, the
+//!   datagrams sent alone, and the GSO messages that end on a full segment (under
+//!   [`TailRule::Any`]).
 //! - **IPv4 only.** The socket is `AF_INET`; the underlay is IPv4.
 //!
 //! With GRO on, one received buffer can hold up to 64 datagrams of [`RecvMeta::segment_size`]
@@ -49,6 +55,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use self::msghdr::{CmsgBuf, Cmsgs, Encoder, SockName};
 use super::gso_retry::{GsoRetry, GsoRetryConfig, GsoState};
+use super::gso_tail::{self, GsoLimits, Next, TailRule};
 use crate::time::Instant;
 
 mod msghdr;
@@ -87,6 +94,9 @@ pub(crate) struct UdpConfig {
     pub(crate) gro: bool,
     /// When GSO is tried again after a GSO send failed (see [`super::gso_retry`]).
     pub(crate) gso_retry: GsoRetryConfig,
+    /// How GSO messages may end: [`TailRule::NeverEqual`] on kernels whose GSO mangles one
+    /// that ends on a full segment (see [`super::gso_tail`]).
+    pub(crate) gso_tail: TailRule,
     /// `SO_RCVBUF`/`SO_SNDBUF`, then `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` (which need
     /// `CAP_NET_ADMIN` and are skipped without it); 0 keeps the kernel's defaults.
     pub(crate) buffer_bytes: usize,
@@ -102,6 +112,7 @@ impl UdpConfig {
             gso: true,
             gro: true,
             gso_retry: GsoRetryConfig::default(),
+            gso_tail: TailRule::Any,
             buffer_bytes: 7 << 20,
         }
     }
@@ -140,6 +151,15 @@ pub(crate) struct UdpStats {
     pub(crate) recv_calls: u64,
     /// [`BatchSocket::send_batch`] calls that gave up on a full send buffer.
     pub(crate) send_stalls: u64,
+    /// GSO messages sent with [`gso_tail::PAD`] as their last segment
+    /// ([`TailRule::NeverEqual`]).
+    pub(crate) gso_tail_pads: u64,
+    /// Datagrams sent on their own ahead of the rest of their message under
+    /// [`TailRule::NeverEqual`], so that no GSO message ended on a full segment.
+    pub(crate) gso_tail_singles: u64,
+    /// GSO messages sent whose last datagram is as long as the segment size (none under
+    /// [`TailRule::NeverEqual`]).
+    pub(crate) gso_equal_tails: u64,
 }
 
 /// A GSO send that failed in a way single datagrams avoid (see [`UdpStats::gso_fallbacks`]).
@@ -290,11 +310,27 @@ impl UdpError {
 /// every syscall and never read otherwise; between calls they dangle harmlessly.
 struct Scratch {
     hdrs: Box<[libc::mmsghdr]>,
-    iovs: Box<[libc::iovec]>,
+    /// Each entry's data: one `iovec`, and on send a second one for [`gso_tail::PAD`].
+    iovs: Box<[[libc::iovec; 2]]>,
     names: Box<[SockName]>,
     cmsgs: Box<[CmsgBuf]>,
     /// Send only: for each entry, which message it belongs to and where in its contents it ends.
     origin: Box<[(usize, usize)]>,
+    /// Send only: what each entry is, for [`UdpStats`] once the kernel took it.
+    shapes: Box<[Shape]>,
+}
+
+/// What one send entry is, as [`UdpStats`] counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// A datagram, or a GSO message ending on a shorter datagram.
+    Plain,
+    /// A GSO message ending on a full segment.
+    EqualTail,
+    /// A GSO message with the pad as its last segment.
+    Padded,
+    /// A datagram sent alone so that no GSO message ends on a full segment.
+    Single,
 }
 
 // SAFETY: the raw pointers in `hdrs` and `iovs` are only dereferenced (by the kernel) during a
@@ -310,11 +346,12 @@ impl Scratch {
         Self {
             hdrs: (0..MAX_BATCH).map(|_| zeroed()).collect(),
             iovs: (0..MAX_BATCH)
-                .map(|_| libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 })
+                .map(|_| [libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; 2])
                 .collect(),
             names: (0..MAX_BATCH).map(|_| SockName::new()).collect(),
             cmsgs: vec![CmsgBuf::new(); MAX_BATCH].into_boxed_slice(),
             origin: vec![(0, 0); MAX_BATCH].into_boxed_slice(),
+            shapes: vec![Shape::Plain; MAX_BATCH].into_boxed_slice(),
         }
     }
 }
@@ -335,6 +372,7 @@ pub(crate) struct BatchSocket {
     /// whether it is used now is also up to `gso_retry`.
     gso_wanted: bool,
     gso_retry: GsoRetry,
+    gso_tail: TailRule,
     stats: UdpStats,
     scratch: Scratch,
     /// Test hook: this many GSO sends fail with `fail_gso_errno` without reaching the kernel.
@@ -404,6 +442,7 @@ impl BatchSocket {
             caps,
             gso_wanted: gso,
             gso_retry: GsoRetry::new(cfg.gso_retry),
+            gso_tail: cfg.gso_tail,
             stats: UdpStats::default(),
             scratch: Scratch::new(),
             #[cfg(test)]
@@ -450,7 +489,9 @@ impl BatchSocket {
                         self.stats.gso_recoveries += 1;
                     }
                     // sendmmsg sends at least one entry when it succeeds.
-                    let (m, end) = self.scratch.origin[sent.clamp(1, entries) - 1];
+                    let sent = sent.clamp(1, entries);
+                    self.count_shapes(sent);
+                    let (m, end) = self.scratch.origin[sent - 1];
                     (msg, off) = if end == msgs[m].contents.len() { (m + 1, 0) } else { (m, end) };
                 }
                 Err(e) => match e.raw_os_error() {
@@ -511,11 +552,11 @@ impl BatchSocket {
             if self.caps.gro && buf.len() < GRO_BUFFER_LEN {
                 return Err(UdpError::BufferTooSmall { index: i, len: buf.len() });
             }
-            s.iovs[i] = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+            s.iovs[i][0] = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
             let h = &mut s.hdrs[i];
             h.msg_hdr.msg_name = (&raw mut s.names[i]).cast();
             h.msg_hdr.msg_namelen = SockName::LEN as libc::socklen_t;
-            h.msg_hdr.msg_iov = &raw mut s.iovs[i];
+            h.msg_hdr.msg_iov = s.iovs[i].as_mut_ptr();
             h.msg_hdr.msg_iovlen = 1;
             h.msg_hdr.msg_control = s.cmsgs[i].as_mut_ptr();
             h.msg_hdr.msg_controllen = CmsgBuf::LEN as _;
@@ -562,7 +603,7 @@ impl BatchSocket {
                 len: if truncated {
                     0
                 } else {
-                    (s.hdrs[i].msg_len as usize).min(s.iovs[i].iov_len)
+                    (s.hdrs[i].msg_len as usize).min(s.iovs[i][0].iov_len)
                 },
                 segment_size: if truncated {
                     None
@@ -609,6 +650,13 @@ impl BatchSocket {
         if self.gso_enabled() { MAX_GSO_SEGMENTS } else { 1 }
     }
 
+    /// How big a [`Transmit`] to lay out now: [`BatchSocket::max_gso_segments`] and
+    /// [`MAX_GSO_BYTES`], less the room the pad needs under [`TailRule::NeverEqual`]. Larger
+    /// ones are still sent, partly as single datagrams.
+    pub(crate) fn gso_limits(&self) -> GsoLimits {
+        self.gso_tail.limits(self.max_gso_segments())
+    }
+
     /// The bound address (with the port the kernel picked, if 0 was asked for).
     pub(crate) fn local_addr(&self) -> SocketAddr {
         self.local
@@ -635,6 +683,7 @@ impl BatchSocket {
         mut off: usize,
     ) -> (usize, Option<usize>) {
         let gso = self.gso_enabled();
+        let tail = self.gso_tail;
         let s = &mut self.scratch;
         let mut first_gso = None;
         let mut i = 0;
@@ -643,20 +692,32 @@ impl BatchSocket {
             let len = t.contents.len();
             // Segmentation matters only when more than one datagram is left.
             let seg = t.segment_size.map(usize::from).filter(|&seg| seg < len - off);
-            let (end, cmsg) = match seg {
-                Some(seg) if gso => (len, Some(seg as u16)),
-                Some(seg) => (off + seg, None),
-                None => (len, None),
+            let (end, cmsg, shape) = match seg {
+                Some(seg) if gso => match tail.next(len - off, seg) {
+                    Next::Gso { pad: true } => (len, Some(seg as u16), Shape::Padded),
+                    Next::Gso { pad: false } if (len - off).is_multiple_of(seg) => {
+                        (len, Some(seg as u16), Shape::EqualTail)
+                    }
+                    Next::Gso { pad: false } => (len, Some(seg as u16), Shape::Plain),
+                    Next::Single => (off + seg, None, Shape::Single),
+                },
+                Some(seg) => (off + seg, None, Shape::Plain),
+                None => (len, None, Shape::Plain),
             };
             let chunk = &t.contents[off..end];
-            s.iovs[i] =
+            s.iovs[i][0] =
                 libc::iovec { iov_base: chunk.as_ptr().cast_mut().cast(), iov_len: chunk.len() };
+            // The kernel only reads a send's data: the pad is never written through.
+            s.iovs[i][1] = libc::iovec {
+                iov_base: gso_tail::PAD.as_ptr().cast_mut().cast(),
+                iov_len: gso_tail::PAD_LEN,
+            };
             let namelen = s.names[i].set(t.dst);
             let h = &mut s.hdrs[i].msg_hdr;
             h.msg_name = (&raw mut s.names[i]).cast();
             h.msg_namelen = namelen;
-            h.msg_iov = &raw mut s.iovs[i];
-            h.msg_iovlen = 1;
+            h.msg_iov = s.iovs[i].as_mut_ptr();
+            h.msg_iovlen = if shape == Shape::Padded { 2 } else { 1 };
             h.msg_flags = 0;
             match cmsg {
                 Some(seg) => {
@@ -673,10 +734,23 @@ impl BatchSocket {
                 }
             }
             s.origin[i] = (msg, end);
+            s.shapes[i] = shape;
             i += 1;
             (msg, off) = if end == len { (msg + 1, 0) } else { (msg, end) };
         }
         (i, first_gso)
+    }
+
+    /// Counts what the first `sent` scratch entries were, once the kernel took them.
+    fn count_shapes(&mut self, sent: usize) {
+        for shape in &self.scratch.shapes[..sent] {
+            match shape {
+                Shape::Plain => {}
+                Shape::EqualTail => self.stats.gso_equal_tails += 1,
+                Shape::Padded => self.stats.gso_tail_pads += 1,
+                Shape::Single => self.stats.gso_tail_singles += 1,
+            }
+        }
     }
 
     /// One `sendmmsg` over the first `entries` scratch entries.
@@ -756,28 +830,29 @@ pub(crate) struct Coalesced {
 }
 
 /// Groups consecutive datagrams into GSO runs, in order: a run has one destination, at most
-/// `max_segments` datagrams (pass [`BatchSocket::max_gso_segments`]) and [`MAX_GSO_BYTES`] in
-/// all; every datagram has the first one's length except possibly the last, which is shorter
-/// and ends the run (the wireguard-go rule). `key` gives each item's destination and datagram
+/// `limits.segments` datagrams and `limits.bytes` in all (pass [`BatchSocket::gso_limits`]);
+/// every datagram has the first one's length except possibly the last, which is shorter and
+/// ends the run (the wireguard-go rule). `key` gives each item's destination and datagram
 /// length. The caller lays each run's datagrams back to back and sends it as one [`Transmit`].
 pub(crate) fn coalesce_plan<'a, T, F>(
     items: &'a [T],
-    max_segments: usize,
+    limits: GsoLimits,
     key: F,
 ) -> impl Iterator<Item = Coalesced> + 'a
 where
     F: Fn(&T) -> (SocketAddr, usize) + 'a,
 {
-    let max_segments = max_segments.clamp(1, MAX_GSO_SEGMENTS);
+    let max_segments = limits.segments.clamp(1, MAX_GSO_SEGMENTS);
+    let max_bytes = limits.bytes.min(MAX_GSO_BYTES);
     let mut next = 0;
     std::iter::from_fn(move || {
         let start = next;
         let (dst, seg) = key(items.get(start)?);
         let (mut count, mut bytes) = (1, seg);
-        if (1..=MAX_GSO_BYTES).contains(&seg) {
+        if (1..=max_bytes).contains(&seg) {
             while count < max_segments {
                 let Some((d, len)) = items.get(start + count).map(&key) else { break };
-                if d != dst || len == 0 || len > seg || bytes + len > MAX_GSO_BYTES {
+                if d != dst || len == 0 || len > seg || bytes + len > max_bytes {
                     break;
                 }
                 count += 1;
@@ -1117,6 +1192,83 @@ mod tests {
                 assert_eq!((metas[0].len, metas[0].segment_size), (9300, Some(1000)));
             }
         }
+    }
+
+    fn never_equal_sender() -> BatchSocket {
+        let cfg = UdpConfig {
+            gro: false,
+            gso_tail: TailRule::NeverEqual,
+            ..UdpConfig::new(SocketAddrV4::new(LOOPBACK, 0))
+        };
+        BatchSocket::open(cfg).expect("open a loopback socket")
+    }
+
+    /// Under `TailRule::NeverEqual` a GSO message that would end on a full segment goes with
+    /// the pad as its last segment (a receiver with GRO gets it in the same buffer, one
+    /// without as a datagram of its own); one too short to pad goes as single datagrams; one
+    /// that ends shorter goes as it is. Without the rule, the first is an equal tail.
+    #[test]
+    fn under_never_equal_no_gso_message_ends_on_a_full_segment() {
+        let dgrams: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 1200)).collect();
+        let full = dgrams.concat();
+        let mut want = dgrams.clone();
+        want.push(gso_tail::PAD.to_vec());
+        for gro in [true, false] {
+            let (mut tx, mut rx) = (never_equal_sender(), open(false, gro));
+            assert_eq!(tx.gso_limits(), TailRule::NeverEqual.limits(MAX_GSO_SEGMENTS));
+            let t = Transmit { dst: rx.local_addr(), contents: &full, segment_size: Some(1200) };
+            assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
+            let (got, metas) = recv_all(&mut rx, 6);
+            assert_eq!(got, want, "gro {gro}");
+            if gro {
+                assert_eq!((metas.len(), metas[0].len), (1, 6018), "one buffer: {metas:?}");
+            }
+            let st = tx.stats();
+            assert_eq!((st.gso_tail_pads, st.gso_tail_singles, st.gso_equal_tails), (1, 0, 0));
+        }
+        // Three equal datagrams: each alone (two split off ahead of the last).
+        let (mut tx, mut rx) = (never_equal_sender(), open(false, true));
+        let three = dgrams[..3].concat();
+        let t = Transmit { dst: rx.local_addr(), contents: &three, segment_size: Some(1200) };
+        assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
+        let (got, metas) = recv_all(&mut rx, 3);
+        assert_eq!(got, dgrams[..3].to_vec());
+        assert!(metas.iter().all(|m| m.len == 1200), "{metas:?}");
+        let st = tx.stats();
+        assert_eq!((st.gso_tail_pads, st.gso_tail_singles, st.gso_equal_tails), (0, 2, 0));
+        // A shorter last datagram: as it is.
+        let mut short = full.clone();
+        short.truncate(4 * 1200 + 100);
+        let t = Transmit { dst: rx.local_addr(), contents: &short, segment_size: Some(1200) };
+        assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
+        let (got, metas) = recv_all(&mut rx, 5);
+        assert_eq!(got.concat(), short);
+        assert_eq!(metas.len(), 1);
+        assert_eq!(tx.stats().gso_tail_pads, 0);
+        // Without the rule the same full message ends on a full segment, and is counted.
+        let (mut tx, mut rx) = (open(true, false), open(false, true));
+        let t = Transmit { dst: rx.local_addr(), contents: &full, segment_size: Some(1200) };
+        assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
+        assert_eq!(recv_all(&mut rx, 5).0, dgrams);
+        let st = tx.stats();
+        assert_eq!((st.gso_tail_pads, st.gso_tail_singles, st.gso_equal_tails), (0, 0, 1));
+    }
+
+    /// A message laid out beyond the padded limits (64 full segments) still goes: the first
+    /// datagram alone, the other 63 with the pad.
+    #[test]
+    fn a_message_beyond_the_padded_limits_still_goes_without_an_equal_tail() {
+        let (mut tx, mut rx) = (never_equal_sender(), open(false, false));
+        let dgrams: Vec<Vec<u8>> = (0..64).map(|i| payload(i, 500)).collect();
+        let all = dgrams.concat();
+        let t = Transmit { dst: rx.local_addr(), contents: &all, segment_size: Some(500) };
+        assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
+        let (got, _) = recv_all(&mut rx, 65);
+        let mut want = dgrams;
+        want.push(gso_tail::PAD.to_vec());
+        assert_eq!(got, want);
+        let st = tx.stats();
+        assert_eq!((st.gso_tail_pads, st.gso_tail_singles, st.gso_equal_tails), (1, 1, 0));
     }
 
     #[test]
@@ -1487,7 +1639,7 @@ mod tests {
         let a = SocketAddr::from(SocketAddrV4::new(LOOPBACK, 1));
         let b = SocketAddr::from(SocketAddrV4::new(LOOPBACK, 2));
         let plan = |items: &[(SocketAddr, usize)], max| {
-            coalesce_plan(items, max, |&(d, l)| (d, l))
+            coalesce_plan(items, TailRule::Any.limits(max), |&(d, l)| (d, l))
                 .map(|c| (c.start, c.count, c.bytes, c.segment_size))
                 .collect::<Vec<_>>()
         };
@@ -1514,5 +1666,15 @@ mod tests {
         // Empty datagrams are never coalesced.
         assert_eq!(plan(&[(a, 0), (a, 0)], 64), [(0, 1, 0, None), (1, 1, 0, None)]);
         assert_eq!(plan(&[], 64), []);
+        // Limits that leave room for the pad: 63 segments, and 18 bytes fewer: 46 × 1424 =
+        // 65504 bytes fit 65507, not 65489.
+        let padded = |items: &[(SocketAddr, usize)]| {
+            coalesce_plan(items, TailRule::NeverEqual.limits(64), |&(d, l)| (d, l))
+                .map(|c| c.count)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(padded(&many), [63, 7]);
+        assert_eq!(padded(&[(a, 1424); 50]), [45, 5]);
+        assert_eq!(plan(&[(a, 1424); 50], 64)[0].1, 46);
     }
 }

@@ -274,6 +274,7 @@ mod tests {
     use crate::config::BackendKind;
     use crate::dataplane::counters::PacketTotals;
     use crate::dataplane::fake::{FakeNet, FakeTun};
+    use crate::dataplane::gso_tail::{GsoLimits, TailRule};
     use crate::dataplane::offload::testutil::Pkt;
     use crate::dataplane::pipeline::OwnSubnet;
     use crate::dataplane::pipeline::{DropReason, HEADROOM};
@@ -310,8 +311,8 @@ mod tests {
         ) -> Result<usize, UdpError> {
             Ok(0)
         }
-        fn max_gso_segments(&self) -> usize {
-            1
+        fn gso_limits(&self) -> GsoLimits {
+            GsoLimits::NONE
         }
         fn gro(&self) -> bool {
             false
@@ -338,8 +339,8 @@ mod tests {
         ) -> Result<usize, UdpError> {
             Ok(0)
         }
-        fn max_gso_segments(&self) -> usize {
-            1
+        fn gso_limits(&self) -> GsoLimits {
+            GsoLimits::NONE
         }
         fn gro(&self) -> bool {
             false
@@ -610,6 +611,57 @@ mod tests {
             sizes.into_iter().enumerate().map(|(i, s)| (i as u32, s)).collect();
         assert_eq!(got, want);
         assert_eq!(counters.tx_packets.load(Ordering::Relaxed), 7);
+    }
+
+    /// Under the equal-tail workaround (a socket whose GSO messages never end on a full
+    /// segment), a TSO super-packet's equal segments and a run of equal single datagrams each
+    /// leave as one GSO message ending on the pad; the peer delivers every packet and drops
+    /// the pads as `gso_tail_pad`, never as malformed. Without it, no pad is sent.
+    #[test]
+    fn under_the_equal_tail_workaround_gso_messages_end_on_the_pad_the_peer_drops() {
+        for (tail, pads) in [(TailRule::NeverEqual, 2), (TailRule::Any, 0)] {
+            let net = FakeNet::new();
+            let (tun1, tun2) = (FakeTun::with_vnet_hdr(), FakeTun::with_vnet_hdr());
+            let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
+            pool[0].set_gso_tail(tail);
+            let mut sock2 = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+            let ((fwd1, routes1), (fwd2, routes2)) =
+                (host(BackendKind::Vxlan, 1, 2), host(BackendKind::Vxlan, 2, 1));
+            let (c1, c2) = (PacketCounters::default(), PacketCounters::default());
+            let tso = Header {
+                flags: 0,
+                gso_type: virtio_net::GSO_TCPV4,
+                hdr_len: 40,
+                gso_size: 1000,
+                csum_start: 20,
+                csum_offset: 16,
+            };
+            let mut frame = vec![0u8; virtio_net::LEN];
+            tso.emit(&mut frame).unwrap();
+            frame.extend(Pkt::tcp4(6000).build());
+            tun1.inject(&frame);
+            for i in 0..5 {
+                let mut p = Pkt::tcp4(1000);
+                p.seq = 10_000 + 1000 * i;
+                let mut frame = vec![0u8; virtio_net::LEN];
+                frame.extend(p.build());
+                tun1.inject(&frame);
+            }
+            let mut tx = TxPath::new(&*tun1, &CFG, clock());
+            let cx1 = Context { tun: &*tun1, fwd: &fwd1, routes: &routes1, counters: &c1 };
+            assert!(tx.step(&cx1, &mut pool) > 0);
+            assert_eq!(pool[0].pads_sent(), pads, "{tail:?}");
+            assert_eq!(pool[0].messages_sent(), 2, "{tail:?}: one GSO message each");
+            let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
+            let cx2 = Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 };
+            assert!(rx.step(&cx2, &mut sock2) > 0);
+            let mut totals = PacketTotals::default();
+            c2.add_to(&mut totals);
+            assert_eq!(totals.rx_packets, 11, "{tail:?}");
+            assert_eq!(totals.drops(DropReason::RxGsoPad), pads as u64, "{tail:?}");
+            assert_eq!(totals.drops(DropReason::RxMalformed), 0, "{tail:?}");
+            assert_eq!(totals.drops(DropReason::RxBadFlags), 0, "{tail:?}");
+        }
     }
 
     /// A socket that turned GSO off sends one datagram per message. (The `udp_gso` gauge follows
