@@ -50,16 +50,7 @@ pub(super) fn offload_decisions(opts: &RunOptions) -> OffloadDecisions {
     for d in &decisions.decisions {
         let Some(bug) = d.bug else { continue };
         let flag = d.offload.label().replace('_', "-");
-        if d.enabled {
-            warn!(
-                kernel,
-                bug = bug.id,
-                sources = bug.sources,
-                "kernel {kernel} is in the range of a known bug ({}), but --{flag} on keeps {} on",
-                bug.what,
-                d.offload.label()
-            );
-        } else if d.workaround {
+        if d.workaround {
             warn!(
                 kernel,
                 bug = bug.id,
@@ -68,6 +59,15 @@ pub(super) fn offload_decisions(opts: &RunOptions) -> OffloadDecisions {
                 bug.what,
                 d.offload.label(),
                 bug.workaround.unwrap_or("?"),
+            );
+        } else if d.enabled {
+            warn!(
+                kernel,
+                bug = bug.id,
+                sources = bug.sources,
+                "kernel {kernel} is in the range of a known bug ({}), but --{flag} on keeps {} on",
+                bug.what,
+                d.offload.label()
             );
         } else if d.reason == bug.id {
             warn!(
