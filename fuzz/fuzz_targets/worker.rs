@@ -68,6 +68,7 @@ fuzz_target!(|data: &[u8]| {
         own,
         icmp_source: net.net().network(),
         icmp_limit: Arc::default(),
+        malformed: Arc::default(),
         ipv6: Default::default(),
     };
     let cfg = WorkerConfig {
@@ -158,7 +159,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let mut tx = TxPath::new(&*tun, &cfg, clock);
+    let mut tx = TxPath::new(&*tun, &cfg, clock.clone());
     // Each step reads at most one batch; drain what was injected.
     for _ in 0..32 {
         if tx.step(
@@ -173,7 +174,7 @@ fuzz_target!(|data: &[u8]| {
         let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, *sender), port);
         fake.send_raw(from, SocketAddrV4::new(loop_ip, port), d);
     }
-    let mut rx = RxPath::new(&*tun, &sock, &cfg);
+    let mut rx = RxPath::new(&*tun, &sock, &cfg, clock);
     for _ in 0..64 {
         if rx.step(
             &Context { tun: &*tun, fwd: &fwd2, routes: &routes2, counters: &counters },

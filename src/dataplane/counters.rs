@@ -48,6 +48,9 @@ pub struct PacketCounters {
     pub(crate) tx_batches: AtomicU64,
     /// `recvmmsg` calls that received at least one datagram.
     pub(crate) rx_batches: AtomicU64,
+    /// Times a peer's datagrams were found arriving malformed at a rate
+    /// (`super::malformed_peers`).
+    pub(crate) malformed_alarms: AtomicU64,
     /// Spins of a one-thread loop (`worker::spin`), by how they ended.
     spins: [AtomicU64; SpinEnd::ALL.len()],
 }
@@ -78,6 +81,7 @@ impl PacketCounters {
         totals.wakeups += load(&self.wakeups);
         totals.tx_batches += load(&self.tx_batches);
         totals.rx_batches += load(&self.rx_batches);
+        totals.malformed_alarms += load(&self.malformed_alarms);
         for (total, v) in totals.spins.iter_mut().zip(&self.spins) {
             *total += load(v);
         }
@@ -106,6 +110,8 @@ pub struct PacketTotals {
     pub tx_batches: u64,
     /// Batches received from the sockets.
     pub rx_batches: u64,
+    /// Times a peer's datagrams were found arriving malformed at a rate.
+    pub malformed_alarms: u64,
     spins: [u64; SpinEnd::ALL.len()],
 }
 
@@ -306,6 +312,13 @@ impl Collector for Counters {
                 p.wakeups,
             ),
             (
+                "weft_dataplane_malformed_peer_alarms_total",
+                "Times a peer's datagrams arrived malformed (a VXLAN header or inner packet cut \
+                 short, bad VXLAN flags) at a rate: 20 within 10 s, counted per receiving \
+                 thread; each logged at WARN, at most every 10 minutes per peer.",
+                p.malformed_alarms,
+            ),
+            (
                 "weft_dataplane_gso_fallbacks_total",
                 "UDP GSO sends that failed and went out as single datagrams; each turned GSO off \
                  on its socket until a retry.",
@@ -411,6 +424,8 @@ mod tests {
         q1.wakeups.fetch_add(1, Ordering::Relaxed);
         q0.tx_batches.fetch_add(9, Ordering::Relaxed);
         q1.rx_batches.fetch_add(10, Ordering::Relaxed);
+        q0.malformed_alarms.fetch_add(1, Ordering::Relaxed);
+        q1.malformed_alarms.fetch_add(1, Ordering::Relaxed);
         q0.count_spin(SpinEnd::Caught);
         q1.count_spin(SpinEnd::Caught);
         q1.count_spin(SpinEnd::Missed);

@@ -281,6 +281,7 @@ impl Dataplane {
             // An IPv6-only network routes no IPv4 into the device: nothing to answer for.
             icmp_source: cfg.network.map_or(Ipv4Addr::UNSPECIFIED, |n| n.network()),
             icmp_limit: Arc::default(),
+            malformed: Arc::default(),
             ipv6: match cfg.ipv6 {
                 Some(v6) => {
                     Ipv6Forwarding { own: Arc::default(), icmp_source: v6.network.network() }

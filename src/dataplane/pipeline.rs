@@ -39,6 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwapOption;
 
 use super::gso_tail;
+use super::malformed_peers::MalformedLog;
 use super::wire::ethernet::MacAddr;
 use super::wire::{self, ethernet, icmpv4, icmpv6, ipv4, ipv6, vxlan};
 use crate::config::BackendKind;
@@ -419,6 +420,8 @@ pub struct Forwarder {
     pub icmp_source: Ipv4Addr,
     /// The bucket every ICMP error must take a token from (shared by the workers).
     pub icmp_limit: Arc<IcmpLimit>,
+    /// Which peers' malformed datagrams were last logged when (shared by the workers).
+    pub malformed: Arc<MalformedLog>,
     /// IPv6, on a dual-stack network (our VTEP MAC serves both halves).
     pub ipv6: Ipv6Forwarding,
 }
@@ -712,6 +715,7 @@ mod tests {
                 own,
                 icmp_source: Ipv4Addr::new(10, 244, 0, 0),
                 icmp_limit: Arc::default(),
+                malformed: Arc::default(),
                 ipv6: Ipv6Forwarding { own: own6, icmp_source: "fd00:10:244::".parse().unwrap() },
             }
         };
