@@ -3,6 +3,9 @@
 //! an arbitrary route table. TUN reads are arbitrary bytes (behind an arbitrary virtio_net_hdr
 //! when offloads are on) or well-formed packets; what TX sends to the peer whose address this
 //! host's socket is bound to comes back through RX, with arbitrary datagrams from the underlay.
+//! With the equal-tail rule on, the fake socket sends the pads and datagrams alone the real one
+//! would, and panics on a GSO message beyond its limits (the TX path never lays one out); RX
+//! counts malformed datagrams by peer.
 #![no_main]
 
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -14,6 +17,7 @@ use libfuzzer_sys::fuzz_target;
 use weft::config::BackendKind;
 use weft::dataplane::counters::PacketCounters;
 use weft::dataplane::fake::{FakeNet, FakeTun};
+use weft::dataplane::gso_tail::TailRule;
 use weft::dataplane::pipeline::{Forwarder, OwnSubnet};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::virtio_net::{self, Header};
@@ -44,6 +48,8 @@ struct Input {
     gro_tcp: bool,
     gro_udp: bool,
     gso: bool,
+    /// GSO messages never end on a full segment (the pad, or datagrams alone).
+    never_equal_tail: bool,
     /// Which peer's public IP our RX socket is bound to (so TX output comes back).
     loop_peer: u8,
     reads: Vec<Read>,
@@ -83,6 +89,7 @@ fuzz_target!(|data: &[u8]| {
     let fake = FakeNet::new();
     let mut pool = vec![fake.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 200), 40001))];
     pool[0].set_gso(input.gso);
+    pool[0].set_gso_tail(if input.never_equal_tail { TailRule::NeverEqual } else { TailRule::Any });
     // The receiving side is the peer our socket is bound as: its subnet is its own, and it
     // routes our subnet back to the address we send from.
     let looped = table.peers().get(usize::from(input.loop_peer) % table.len().max(1)).cloned();

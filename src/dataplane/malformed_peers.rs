@@ -25,7 +25,9 @@
 //!   takes the place of the one heard from least recently.
 //! - [`MalformedLog`], one per data plane, shared by the RX threads: [`MalformedLog::admit`]
 //!   says whether an alarm is to be logged: at most once per peer per [`QUIET`], whichever
-//!   thread raised it. It takes its lock only for an alarm, never per packet.
+//!   thread raised it, and for at most [`PEERS`] peers per [`QUIET`] (the rest are counted,
+//!   not logged): so never more than [`PEERS`] lines per [`QUIET`]. It takes its lock only for
+//!   an alarm, never per packet.
 
 #![forbid(unsafe_code)]
 
@@ -152,11 +154,14 @@ impl Default for MalformedLog {
 
 impl MalformedLog {
     /// Whether an alarm about `peer` at `now` is to be logged: not if one about it was within
-    /// the last [`QUIET`].
+    /// the last [`QUIET`], nor if [`PEERS`] other peers' were.
     pub fn admit(&self, peer: IpAddr, now: Instant) -> bool {
         let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
-        let (slot, known) = slot_for(&mut *logged, peer, |s| s.0, |s| s.1);
-        if known && now.saturating_since(slot.1) < QUIET {
+        let (slot, _) = slot_for(&mut *logged, peer, |s| s.0, |s| s.1);
+        let recent = slot.0.is_some() && now.saturating_since(slot.1) < QUIET;
+        // A recent slot is the peer's own (logged lately) or, the table being full, the
+        // oldest of PEERS recent others': either way, not now.
+        if recent {
             return false;
         }
         *slot = (Some(peer), now);
@@ -231,11 +236,15 @@ mod tests {
         assert!(log.admit(peer(8), ms(1000)), "another peer");
         assert!(!log.admit(peer(7), ms(QUIET.as_millis() as u64 - 1)));
         assert!(log.admit(peer(7), ms(QUIET.as_millis() as u64)));
-        // A full table forgets the peer logged longest ago.
-        for d in 10..10 + PEERS as u8 {
-            assert!(log.admit(peer(d), ms(QUIET.as_millis() as u64 + u64::from(d))));
+        // PEERS peers logged within QUIET fill it: a new one is not logged until the oldest of
+        // them is QUIET old.
+        let log = MalformedLog::default();
+        for d in 0..PEERS as u8 {
+            assert!(log.admit(peer(d), ms(u64::from(d))));
         }
-        assert!(log.admit(peer(7), ms(QUIET.as_millis() as u64 + 100)), "forgotten");
+        assert!(!log.admit(peer(99), ms(1000)), "a seventeenth peer within QUIET");
+        assert!(log.admit(peer(99), ms(QUIET.as_millis() as u64)), "peer 0's slot is QUIET old");
+        assert!(!log.admit(peer(0), ms(QUIET.as_millis() as u64)), "and it is taken");
     }
 
     #[test]
