@@ -236,11 +236,12 @@ fn the_per_packet_path_allocates_nothing() {
                 pads += 1;
             }
             let Rx::Drop(reason) = b.decap(&b_routes, from, &mut buf, 3) else { panic!() };
+            assert!(reason.is_suspect());
             // Eight peers often, and among them a new one every fifth datagram.
             let d = if i % 5 == 4 { 100 + (i / 5) % 100 } else { i % 8 };
             let peer = IpAddr::V4(Ipv4Addr::new(192, 0, 2, d as u8));
             let now = Instant::from_epoch(std::time::Duration::from_micros(i * 50));
-            if let Some(a) = watch.record(peer, reason, now) {
+            if let Some(a) = watch.record(peer, "malformed", now) {
                 alarms += 1;
                 log.admit(a.peer, now);
             }

@@ -11,7 +11,6 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use weft::dataplane::malformed_peers::{MalformedLog, MalformedWatch, QUIET, THRESHOLD, WINDOW};
-use weft::dataplane::pipeline::DropReason;
 use weft::time::Instant;
 
 #[derive(Arbitrary, Debug)]
@@ -32,7 +31,7 @@ fuzz_target!(|events: Vec<Event>| {
         t += u64::from(e.gap);
         let now = Instant::from_epoch(Duration::from_millis(t));
         let peer = IpAddr::V4(Ipv4Addr::new(192, 0, 2, e.peer % 48));
-        let reason = if e.bad_flags { DropReason::RxBadFlags } else { DropReason::RxMalformed };
+        let reason = if e.bad_flags { "bad_vxlan_flags" } else { "malformed" };
         let Some(a) = watch.record(peer, reason, now) else { continue };
         assert_eq!((a.peer, a.reason), (peer, reason));
         assert!(a.count >= THRESHOLD && a.over < WINDOW, "{a:?}");

@@ -36,7 +36,10 @@
 
 #![forbid(unsafe_code)]
 
-use super::udp::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
+/// The most datagrams in one GSO send (the kernel's `UDP_MAX_SEGMENTS`).
+pub const MAX_GSO_SEGMENTS: usize = 64;
+/// The most payload bytes in one GSO send over IPv4: 65535 − 20 (IPv4) − 8 (UDP).
+pub const MAX_GSO_BYTES: usize = 65535 - 28;
 
 /// The pad's length: an IPv4 outer frame of 14 + 20 + 8 + 18 = 60 bytes, Ethernet's minimum.
 pub const PAD_LEN: usize = 18;

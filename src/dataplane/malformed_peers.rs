@@ -13,9 +13,9 @@
 //! reach it is a datagram the kernel had no checksum to refuse, or whose checksum was
 //! computed over already-mangled bytes (a kernel VXLAN sender sends no UDP checksum by
 //! default; a NIC checksums what it was given): a VXLAN header cut short or full of garbage,
-//! an inner frame or packet cut short. The RX path counts those by reason
-//! ([`is_suspect`]: `malformed`, `bad_vxlan_flags`); this module says when one peer sends
-//! them at a rate.
+//! an inner frame or packet cut short. The RX path counts those by reason (the suspect ones:
+//! `malformed`, `bad_vxlan_flags`; see `pipeline::DropReason::is_suspect`); this module says
+//! when one peer sends them at a rate.
 //!
 //! # Contract
 //! Pure: each call takes `now`; nothing is allocated after construction (fixed tables).
@@ -35,7 +35,6 @@ use std::net::IpAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::pipeline::DropReason;
 use crate::time::Instant;
 
 /// How long a window a peer's suspect datagrams are counted in.
@@ -48,13 +47,6 @@ pub const QUIET: Duration = Duration::from_secs(600);
 /// Peers each table follows at once.
 pub const PEERS: usize = 16;
 
-/// Whether a drop reason is one a mangling sender leaves: a VXLAN header cut short or full of
-/// garbage, an inner frame or packet cut short (`malformed`, `bad_vxlan_flags`). Reasons of
-/// configuration (a wrong VNI or MAC, a spoofed source, a pad) are not.
-pub fn is_suspect(reason: DropReason) -> bool {
-    matches!(reason, DropReason::RxMalformed | DropReason::RxBadFlags)
-}
-
 /// A peer found sending suspect datagrams at a rate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Alarm {
@@ -64,8 +56,8 @@ pub struct Alarm {
     pub count: u32,
     /// Since the window began.
     pub over: Duration,
-    /// The reason of the datagram that raised it.
-    pub reason: DropReason,
+    /// The drop reason (its metric label) of the datagram that raised it.
+    pub reason: &'static str,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -122,9 +114,9 @@ impl MalformedWatch {
         Self::default()
     }
 
-    /// Counts one suspect datagram (dropped for `reason`) from `peer` at `now`; the alarm, if
-    /// this one makes the peer's window reach [`THRESHOLD`].
-    pub fn record(&mut self, peer: IpAddr, reason: DropReason, now: Instant) -> Option<Alarm> {
+    /// Counts one suspect datagram (dropped for `reason`, a drop reason's label) from `peer` at
+    /// `now`; the alarm, if this one makes the peer's window reach [`THRESHOLD`].
+    pub fn record(&mut self, peer: IpAddr, reason: &'static str, now: Instant) -> Option<Alarm> {
         let (slot, known) = slot_for(&mut self.slots, peer, |s| s.peer, |s| s.last);
         if !known || now.saturating_since(slot.since) >= WINDOW {
             *slot = Slot { peer: Some(peer), since: now, count: 0, last: now, alarmed: false };
@@ -187,7 +179,7 @@ mod tests {
 
     /// Records `n` suspect datagrams from `p`, `every` ms apart from `start`; the alarms.
     fn burst(w: &mut MalformedWatch, p: IpAddr, n: u64, start: u64, every: u64) -> Vec<Alarm> {
-        (0..n).filter_map(|i| w.record(p, DropReason::RxMalformed, ms(start + i * every))).collect()
+        (0..n).filter_map(|i| w.record(p, "malformed", ms(start + i * every))).collect()
     }
 
     #[test]
@@ -196,7 +188,7 @@ mod tests {
         let alarms = burst(&mut w, peer(7), 100, 0, 10);
         assert_eq!(alarms.len(), 1, "{alarms:?}");
         let a = alarms[0];
-        assert_eq!((a.peer, a.count, a.reason), (peer(7), THRESHOLD, DropReason::RxMalformed));
+        assert_eq!((a.peer, a.count, a.reason), (peer(7), THRESHOLD, "malformed"));
         assert_eq!(a.over, Duration::from_millis(10 * u64::from(THRESHOLD - 1)));
         // The next window raises the next one.
         assert_eq!(burst(&mut w, peer(7), 100, 10_000, 10).len(), 1);
@@ -216,10 +208,10 @@ mod tests {
         // Peer 1 is halfway to an alarm; peers 2..=16 fill the table, each once, later.
         assert_eq!(burst(&mut w, peer(1), u64::from(THRESHOLD / 2), 0, 1), []);
         for d in 2..=PEERS as u8 {
-            assert_eq!(w.record(peer(d), DropReason::RxBadFlags, ms(100 + u64::from(d))), None);
+            assert_eq!(w.record(peer(d), "bad_vxlan_flags", ms(100 + u64::from(d))), None);
         }
         // One more peer takes the place of the one heard from least recently: peer 1.
-        assert_eq!(w.record(peer(99), DropReason::RxBadFlags, ms(200)), None);
+        assert_eq!(w.record(peer(99), "bad_vxlan_flags", ms(200)), None);
         let rest = u64::from(THRESHOLD / 2);
         assert_eq!(burst(&mut w, peer(1), rest, 300, 1), [], "peer 1 starts again from 0");
         // Peer 2 is still counted: it alarms at its own THRESHOLD.
@@ -247,12 +239,6 @@ mod tests {
         assert!(!log.admit(peer(0), ms(QUIET.as_millis() as u64)), "and it is taken");
     }
 
-    #[test]
-    fn only_what_a_mangling_sender_leaves_is_suspect() {
-        let suspect: Vec<_> = DropReason::ALL.into_iter().filter(|r| is_suspect(*r)).collect();
-        assert_eq!(suspect, [DropReason::RxMalformed, DropReason::RxBadFlags]);
-    }
-
     proptest! {
         /// Whatever the senders and times: an alarm names the peer that sent the datagram,
         /// comes after THRESHOLD datagrams of it within one window, and only once per window.
@@ -265,7 +251,7 @@ mod tests {
             let mut windows = std::collections::HashSet::new();
             for (d, gap) in events {
                 t += gap;
-                if let Some(a) = w.record(peer(d), DropReason::RxMalformed, ms(t)) {
+                if let Some(a) = w.record(peer(d), "malformed", ms(t)) {
                     prop_assert_eq!(a.peer, peer(d));
                     prop_assert!(a.count >= THRESHOLD && a.over < WINDOW);
                     let start = t - a.over.as_millis() as u64;
@@ -285,11 +271,11 @@ mod tests {
             let n = others.len().max(THRESHOLD as usize);
             for i in 0..n {
                 let t = ms(i as u64);
-                if i < THRESHOLD as usize && w.record(ours, DropReason::RxBadFlags, t).is_some() {
+                if i < THRESHOLD as usize && w.record(ours, "bad_vxlan_flags", t).is_some() {
                     alarms += 1;
                 }
                 if let Some(&d) = others.get(i) {
-                    prop_assert!(w.record(peer(d), DropReason::RxMalformed, t).is_none_or(|a| a.peer == peer(d)));
+                    prop_assert!(w.record(peer(d), "malformed", t).is_none_or(|a| a.peer == peer(d)));
                 }
             }
             prop_assert_eq!(alarms, 1);

@@ -122,6 +122,14 @@ impl DropReason {
         DropReason::RxGsoPad,
     ];
 
+    /// Whether it is one a mangling sender leaves: a VXLAN header cut short or full of garbage,
+    /// an inner frame or packet cut short (`malformed`, `bad_vxlan_flags`). Reasons of
+    /// configuration (a wrong VNI or MAC, a spoofed source, a pad) are not
+    /// (see [`super::malformed_peers`]).
+    pub fn is_suspect(self) -> bool {
+        matches!(self, DropReason::RxMalformed | DropReason::RxBadFlags)
+    }
+
     /// The direction and reason labels for `/metrics`.
     pub(crate) fn labels(self) -> (&'static str, &'static str) {
         match self {
@@ -671,6 +679,12 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn only_what_a_mangling_sender_leaves_is_suspect() {
+        let suspect: Vec<_> = DropReason::ALL.into_iter().filter(|r| r.is_suspect()).collect();
+        assert_eq!(suspect, [DropReason::RxMalformed, DropReason::RxBadFlags]);
+    }
 
     const MS: Duration = Duration::from_millis(1);
 

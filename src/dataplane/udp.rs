@@ -56,16 +56,13 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use self::msghdr::{CmsgBuf, Cmsgs, Encoder, SockName};
 use super::gso_retry::{GsoRetry, GsoRetryConfig, GsoState};
 use super::gso_tail::{self, GsoLimits, Next, TailRule};
+pub(crate) use super::gso_tail::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 use crate::time::Instant;
 
 mod msghdr;
 
 /// The most messages one `sendmmsg`/`recvmmsg` call carries; the socket's scratch is this big.
 pub(crate) const MAX_BATCH: usize = 64;
-/// The most datagrams in one GSO send (the kernel's `UDP_MAX_SEGMENTS`).
-pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
-/// The most payload bytes in one GSO send over IPv4: 65535 − 20 (IPv4) − 8 (UDP).
-pub(crate) const MAX_GSO_BYTES: usize = 65535 - 28;
 /// The size every receive buffer must have when GRO is on (a coalesced buffer is up to 64 KiB).
 pub(crate) const GRO_BUFFER_LEN: usize = 65536;
 /// How long [`BatchSocket::send_batch`] waits for `POLLOUT` per slice.

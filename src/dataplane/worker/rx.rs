@@ -13,7 +13,7 @@ use super::Context;
 use super::WorkerConfig;
 use super::io::{TunIo, UdpIo};
 use crate::dataplane::counters::PacketCounters;
-use crate::dataplane::malformed_peers::{self, Alarm, MalformedWatch};
+use crate::dataplane::malformed_peers::{Alarm, MalformedWatch};
 use crate::dataplane::offload::{GroConfig, GroTable, MAX_CHAIN, PacketRef};
 use crate::dataplane::pipeline::{DropReason, Forwarder, Rx};
 use crate::dataplane::udp::{self, MAX_BATCH, RecvMeta};
@@ -28,7 +28,7 @@ pub struct RxPath {
     refs: Vec<PacketRef>,
     gro: GroTable,
     vnet: bool,
-    /// Peers' suspect datagrams, counted for [`malformed_peers`].
+    /// Peers' suspect datagrams, counted for [`crate::dataplane::malformed_peers`].
     watch: MalformedWatch,
     clock: Arc<dyn Clock>,
 }
@@ -42,7 +42,7 @@ const GRO_PASS: usize = MAX_BATCH * GRO_SEGMENTS;
 
 impl RxPath {
     /// Buffers for batches of `cfg.batch` messages from `sock` to `tun`; `clock` dates the
-    /// suspect datagrams ([`malformed_peers`]).
+    /// suspect datagrams ([`crate::dataplane::malformed_peers`]).
     pub fn new<T: TunIo, U: UdpIo>(
         tun: &T,
         sock: &U,
@@ -121,7 +121,7 @@ impl RxPath {
                     }
                     Rx::Drop(reason) => {
                         counters.count_drop(reason);
-                        if malformed_peers::is_suspect(reason) {
+                        if reason.is_suspect() {
                             let (watch, clock) = (&mut *watch, &**clock);
                             note_suspect(watch, clock, fwd, &table, counters, meta.src, reason);
                         }
@@ -144,8 +144,8 @@ impl RxPath {
 }
 
 /// Counts a suspect datagram from `src` (a known peer's, else it is nobody's business here) and
-/// says so, once, if its peer now sends them at a rate ([`malformed_peers`]): the WARN at most
-/// every [`malformed_peers::QUIET`] per peer whichever worker saw it, the alarm always counted.
+/// says so, once, if its peer now sends them at a rate ([`crate::dataplane::malformed_peers`]): the WARN at most
+/// every [`crate::dataplane::malformed_peers::QUIET`] per peer whichever worker saw it, the alarm always counted.
 #[cold]
 fn note_suspect(
     watch: &mut MalformedWatch,
@@ -164,12 +164,13 @@ fn note_suspect(
         return;
     }
     let now = clock.now();
-    let Some(Alarm { peer, count, over, reason }) = watch.record(src.ip(), reason, now) else {
+    let (_, label) = reason.labels();
+    let Some(Alarm { peer, count, over, reason }) = watch.record(src.ip(), label, now) else {
         return;
     };
     counters.malformed_alarms.fetch_add(1, Ordering::Relaxed);
     if fwd.malformed.admit(peer, now) {
-        let (_, what) = reason.labels();
+        let what = reason;
         warn!(
             %peer,
             count,
