@@ -448,18 +448,23 @@ mod tests {
         spin: Duration::ZERO,
     };
 
-    /// Reads into host 1's TUN (with offloads) one flow's seq 1000..1500 alone, then
-    /// 1500..4500 as a TSO super-packet of 1000-byte segments, then 4500..4600 alone; and
-    /// returns the bytes of the stream.
-    fn inject_stream(tun: &FakeTun) -> Vec<u8> {
-        let tso = Header {
+    /// The virtio header of a TCPv4 TSO super-packet of 1000-byte segments.
+    fn tso_1000() -> Header {
+        Header {
             flags: 0,
             gso_type: virtio_net::GSO_TCPV4,
             hdr_len: 40,
             gso_size: 1000,
             csum_start: 20,
             csum_offset: 16,
-        };
+        }
+    }
+
+    /// Reads into host 1's TUN (with offloads) one flow's seq 1000..1500 alone, then
+    /// 1500..4500 as a TSO super-packet of 1000-byte segments, then 4500..4600 alone; and
+    /// returns the bytes of the stream.
+    fn inject_stream(tun: &FakeTun) -> Vec<u8> {
+        let tso = tso_1000();
         let mut stream = Vec::new();
         for (seq, len, hdr) in
             [(1000, 500, Header::NONE), (1500, 3000, tso), (4500, 100, Header::NONE)]
@@ -672,14 +677,7 @@ mod tests {
             let ((fwd1, routes1), (fwd2, routes2)) =
                 (host(BackendKind::Vxlan, 1, 2), host(BackendKind::Vxlan, 2, 1));
             let (c1, c2) = (PacketCounters::default(), PacketCounters::default());
-            let tso = Header {
-                flags: 0,
-                gso_type: virtio_net::GSO_TCPV4,
-                hdr_len: 40,
-                gso_size: 1000,
-                csum_start: 20,
-                csum_offset: 16,
-            };
+            let tso = tso_1000();
             let mut frame = vec![0u8; virtio_net::LEN];
             tso.emit(&mut frame).unwrap();
             frame.extend(Pkt::tcp4(6000).build());
