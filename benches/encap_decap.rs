@@ -41,6 +41,7 @@ fn forwarder(i: u32) -> Forwarder {
         own,
         icmp_source: std::net::Ipv4Addr::new(10, 0, 0, 0),
         icmp_limit: Arc::default(),
+        malformed: Arc::default(),
         ipv6: Default::default(),
     }
 }

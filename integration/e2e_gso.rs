@@ -1,5 +1,6 @@
 //! End to end in network namespaces: UDP GSO turns off while the path refuses it and back on
-//! after the retry time (docs/dataplane.md, "Offloads"). Real etcd, two real `weft run`
+//! after the retry time (docs/dataplane.md, "Offloads"); on a kernel with a known GSO bug, no
+//! GSO message ends on a full segment (docs/troubleshooting.md). Real etcd, two real `weft run`
 //! processes, pods behind them and iperf3 across the overlay, as in integration/e2e.rs.
 //!
 //! What makes a GSO send fail on a veth underlay: on this machine's kernel (6.18), turning tx
@@ -20,6 +21,8 @@ use std::net::Ipv4Addr;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "fault-injection")]
+use support::kernel_flannel::KernelFlannelPeer;
 use support::netns::{Iperf3Server, Lab, Weft, iperf3_bps, ns_output, ns_spawn, run};
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
@@ -137,13 +140,70 @@ fn gso_turns_off_while_the_path_refuses_it_and_on_again_after_the_retry_time() {
     assert_eq!(log.matches("UDP GSO works again").count(), 1, "{}", w1.log_tail(30));
 }
 
+#[cfg(feature = "fault-injection")]
+const PADS: &str = "weft_dataplane_gso_tail_pads_total";
+#[cfg(feature = "fault-injection")]
+const EQUAL_TAILS: &str = "weft_dataplane_gso_equal_tails_total";
+
+#[cfg(feature = "fault-injection")]
+/// `iperf3 --bidir` for `secs` from `client_ns` to `server_ip` (a server must listen there):
+/// the bits per second received each way, client to server first.
+fn iperf3_bidir(client_ns: &str, server_ip: Ipv4Addr, secs: u32) -> (f64, f64) {
+    let (ip, t) = (server_ip.to_string(), secs.to_string());
+    for _ in 0..20 {
+        let out = ns_output(
+            client_ns,
+            &["iperf3", "-c", &ip, "-t", &t, "-J", "--bidir", "--connect-timeout", "3000"],
+        );
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let end = &json["end"];
+        if let (Some(up), Some(down)) = (
+            end["sum_received"]["bits_per_second"].as_f64(),
+            end["sum_received_bidir_reverse"]["bits_per_second"].as_f64(),
+        ) {
+            return (up, down);
+        }
+        // The server may not listen yet.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("iperf3 --bidir {client_ns} -> {server_ip} did not run");
+}
+
+#[cfg(feature = "fault-injection")]
+/// The kernel's UDP error counters in `ns` (`/proc/net/snmp`): `InErrors` and `InCsumErrors`.
+fn udp_errors(ns: &str) -> (u64, u64) {
+    let snmp =
+        String::from_utf8_lossy(&ns_output(ns, &["cat", "/proc/net/snmp"]).stdout).into_owned();
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (udp.next().expect("Udp names"), udp.next().expect("Udp values"));
+    let field = |name: &str| {
+        let at = names.split_whitespace().position(|n| n == name).expect(name);
+        values.split_whitespace().nth(at).and_then(|v| v.parse().ok()).expect(name)
+    };
+    (field("InErrors"), field("InCsumErrors"))
+}
+
+#[cfg(feature = "fault-injection")]
+/// A device's receive errors and drops (`ip -s -j link`).
+fn rx_errors_and_drops(ns: &str, dev: &str) -> (u64, u64) {
+    let out = ns_output(ns, &["ip", "-s", "-j", "link", "show", dev]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ip -j");
+    let rx = &json[0]["stats64"]["rx"];
+    (rx["errors"].as_u64().expect("rx errors"), rx["dropped"].as_u64().expect("rx dropped"))
+}
+
 /// On a kernel with the v7.0–v7.1.4 UDP GSO bug (made believed with the `fault-injection`
-/// feature's `WEFT_FAULT_KERNEL_RELEASE`), weft sends without UDP GSO from the start, says so in
-/// one WARN naming the kernel and the bug, shows it on `/metrics`, and traffic flows; the
-/// operator's `--udp-gso on` (a kernel with the fix backported) keeps GSO on, with a WARN.
+/// feature's `WEFT_FAULT_KERNEL_RELEASE`), weft keeps UDP GSO on with the equal-tail
+/// workaround and says so in one WARN naming the kernel, the bug and what it did: while bulk
+/// TCP flows both ways, none of host 1's GSO messages ends on a full segment (each that would
+/// ends on the 18-byte pad instead: counted), host 2 drops the pads as `gso_tail_pad` and
+/// nothing as malformed, and a kernel flannel peer (flannel.1) takes the same traffic with no
+/// UDP or device error. The operator's `--udp-gso on` (host 2: a kernel with the fix
+/// backported) keeps GSO without the workaround: its messages do end on full segments,
+/// which shows the counter counts.
 #[cfg(feature = "fault-injection")]
 #[test]
-fn a_kernel_with_the_udp_gso_bug_sends_without_gso_and_on_overrides() {
+fn on_a_kernel_with_the_udp_gso_bug_no_gso_message_ends_on_a_full_segment() {
     let lab = Lab::new(VXLAN);
     let env = [("WEFT_FAULT_KERNEL_RELEASE", "7.1.3-generic")];
     let mut w1 = lab.start_weft_with_env(1, &[], &env);
@@ -151,22 +211,68 @@ fn a_kernel_with_the_udp_gso_bug_sends_without_gso_and_on_overrides() {
     w1.wait_ready(Duration::from_secs(20));
     w2.wait_ready(Duration::from_secs(20));
     let (p1, p2) = (lab.pod(1, &w1.subnet_file()), lab.pod(2, &w2.subnet_file()));
-    w1.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 1.0);
-    let off = r#"weft_dataplane_offload_enabled{offload="udp_gso",reason="udp_gso_mangled_v7_0"}"#;
-    assert_eq!(w1.metric(off), Some(0.0), "{:?}", w1.get("/metrics"));
-    assert_eq!(w1.metric(GAUGE), Some(0.0), "host 1's sockets use GSO");
+    // A kernel flannel node, programmed for both weft hosts as flannel would.
+    let k9 = KernelFlannelPeer::new(&lab, 9, "10.244.200.0/24", None);
+    for w in [&w1, &w2] {
+        k9.program(&lab.vxlan_lease(&w.subnet().expect("subnet")));
+    }
+    let pod9 = k9.pod(&lab, 1450);
+    for w in [&w1, &w2] {
+        w.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 2.0);
+    }
+    let workaround =
+        r#"weft_dataplane_offload_enabled{offload="udp_gso",reason="udp_gso_mangled_v7_0"}"#;
+    assert_eq!(w1.metric(workaround), Some(1.0), "{:?}", w1.get("/metrics"));
+    assert_eq!(w1.metric(GAUGE), Some(1.0), "host 1's sockets do not use GSO");
     let on = r#"weft_dataplane_offload_enabled{offload="udp_gso",reason="flag"}"#;
     assert_eq!(w2.metric(on), Some(1.0));
     assert_eq!(w2.metric(GAUGE), Some(1.0), "host 2's sockets do not use GSO");
     let log1 = w1.log();
     assert_eq!(log1.matches("has a known bug").count(), 1, "{}", w1.log_tail(20));
-    assert!(log1.contains("kernel 7.1.3-generic") && log1.contains("--udp-gso on"));
+    assert!(log1.contains("kernel 7.1.3-generic"), "{}", w1.log_tail(20));
+    assert!(log1.contains("kept udp_gso on with a workaround"), "{}", w1.log_tail(20));
+    assert!(log1.contains("--udp-gso off") && log1.contains("--udp-gso on"));
     assert!(w2.log().contains("--udp-gso on keeps udp_gso on"), "{}", w2.log_tail(20));
-    // Bulk traffic both ways.
-    let _server2 = Iperf3Server::start(&p2.ns);
+
+    // Bulk TCP both ways between the weft pods.
+    let server2 = Iperf3Server::start(&p2.ns);
     wait_listening(&p2.ns);
-    let bps = iperf3_bps(&p1.ns, p2.ip, 2);
-    eprintln!("iperf3 from the host without GSO: {:.2} Gb/s", bps / 1e9);
-    assert!(bps > 50e6, "{bps} b/s");
-    assert!(w1.metric(RX_BYTES).unwrap_or(0.0) > 0.0);
+    let (up, down) = iperf3_bidir(&p1.ns, p2.ip, 2);
+    drop(server2);
+    eprintln!(
+        "iperf3 --bidir: host 1 (workaround) -> 2: {:.2} Gb/s; host 2 (--udp-gso on) -> 1: \
+         {:.2} Gb/s",
+        up / 1e9,
+        down / 1e9
+    );
+    assert!(up > 50e6 && down > 50e6, "{up} / {down} b/s");
+    let (pads1, equal1) = (metric(&w1, PADS), metric(&w1, EQUAL_TAILS));
+    let (pads2, equal2) = (metric(&w2, PADS), metric(&w2, EQUAL_TAILS));
+    eprintln!(
+        "host 1: {pads1} pads, {equal1} equal tails; host 2: {pads2} pads, {equal2} equal tails"
+    );
+    assert!(pads1 > 0.0, "host 1 sent no pad");
+    assert_eq!(equal1, 0.0, "a GSO message of host 1 ended on a full segment");
+    assert!(equal2 > 0.0, "host 2 (no workaround) never ended a GSO message on a full segment");
+    assert_eq!(pads2, 0.0);
+    // Read in this order, every pad host 2 saw was sent before host 1 is asked.
+    let seen = w2.rx_drops("gso_tail_pad");
+    let sent = metric(&w1, PADS);
+    eprintln!("host 2 dropped {seen} pads as gso_tail_pad; host 1 sent {sent}");
+    assert!(seen > 0.0 && seen <= sent, "host 2 saw {seen} of host 1's {sent} pads");
+    for reason in ["malformed", "bad_vxlan_flags"] {
+        assert_eq!((w1.rx_drops(reason), w2.rx_drops(reason)), (0.0, 0.0), "{reason}");
+    }
+
+    // The kernel peer takes host 1's padded traffic: no UDP error, no device error or drop.
+    let (udp_before, dev_before) = (udp_errors(&k9.ns), rx_errors_and_drops(&k9.ns, "flannel.1"));
+    let _server9 = Iperf3Server::start(&pod9.ns);
+    wait_listening(&pod9.ns);
+    let to_kernel = iperf3_bps(&p1.ns, pod9.ip, 2);
+    eprintln!("iperf3 host 1 (workaround) -> kernel flannel.1: {:.2} Gb/s", to_kernel / 1e9);
+    assert!(to_kernel > 50e6, "{to_kernel} b/s");
+    assert!(metric(&w1, PADS) > pads1, "no pad went to the kernel peer");
+    assert_eq!(metric(&w1, EQUAL_TAILS), 0.0);
+    assert_eq!(udp_errors(&k9.ns), udp_before, "UDP InErrors/InCsumErrors on the kernel peer");
+    assert_eq!(rx_errors_and_drops(&k9.ns, "flannel.1"), dev_before, "flannel.1 rx errors/drops");
 }

@@ -265,5 +265,11 @@ fn takeovers_and_in_place_upgrades_lose_no_ping_and_keep_the_lease() {
         "pings were lost: icmp_seq {missing:?} of {}",
         pings.transmitted
     );
-    assert!(longest < Duration::from_millis(100), "the TCP stream stalled for {longest:?}");
+    let when: Vec<String> = gaps.iter().map(|(at, g)| format!("{g:?} at {:?}", *at - t0)).collect();
+    let phases: Vec<String> =
+        marks.iter().map(|(w, at)| format!("{w} at {:?}", *at - t0)).collect();
+    assert!(
+        longest < Duration::from_millis(100),
+        "the TCP stream stalled for {longest:?}: gaps {when:?}; {phases:?}"
+    );
 }

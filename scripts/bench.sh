@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# weft throughput benchmark: the same two namespace hosts, the same run, seven data paths
-# (five over IPv4, two over IPv6).
+# weft throughput benchmark: the same two namespace hosts, the same run, nine data paths
+# (seven over IPv4, two over IPv6).
 #
 #   <p>h1 eth0 192.0.2.1, 2001:db8::1 ==== <p>hub br0 ==== eth0 192.0.2.2, 2001:db8::2 <p>h2
 #        veths of MTU 1500; etcd (for weft) in the hub on 192.0.2.254:2379
@@ -12,6 +12,10 @@
 #   kernel     Linux VXLAN set up as flannel's vxlan backend does (flannel.1, nolearning,
 #              permanent neigh + fdb entries, route via the peer's .0 onlink)
 #   weft-vxlan weft run, vxlan backend, all batching and offloads on
+#   weft-vxlan-tailpad  weft-vxlan with the equal-tail workaround weft uses on kernels 7.0 to
+#              7.1.4 (no GSO message ends on a full segment: an 18-byte pad, or datagrams
+#              alone), forced by the hidden --gso-never-equal-tail: what the workaround costs
+#   weft-vxlan-nogso  weft-vxlan with --udp-gso off: what turning GSO off instead would cost
 #   weft-udp   weft run, flannel's udp backend
 #   weft-base  weft run, vxlan, one worker, no TUN offload, no UDP GSO/GRO, no batching:
 #              the flannel-udp-like baseline (one packet per syscall)
@@ -58,8 +62,9 @@
 # Usage: scripts/bench.sh [--quick]      RUNS=3 DURATION=5 IDLE_PINGS=100 by default;
 #                                        --quick: RUNS=1 DURATION=2 IDLE_PINGS=40
 #   (DURATION is also each sockperf run's length, warm-up included)
-#   BENCH_PATHS="weft-vxlan"  only some paths (default: all seven:
-#                             raw kernel weft-vxlan weft-udp weft-base kernel6 weft-vxlan6)
+#   BENCH_PATHS="weft-vxlan"  only some paths (default: all nine: raw kernel weft-vxlan
+#                             weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-base kernel6
+#                             weft-vxlan6)
 #   WEFT_BIN=/path/to/weft    bench that binary (e.g. another commit's build) instead of building
 #   BENCH_LOGS=DIR            keep each weft run's log there as <path>-h<N>.log (the WORK dir,
 #                             where weft logs, is removed on exit)
@@ -77,10 +82,10 @@ SOCKPERF_LOW_MPS=${SOCKPERF_LOW_MPS:-100}
 SOCKPERF_UDP_PORT=11111
 SOCKPERF_TCP_PORT=11112
 OUT=${BENCH_JSON:-bench-results.json}
-PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-udp weft-base kernel6 weft-vxlan6"}
+PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-base kernel6 weft-vxlan6"}
 for path in $PATHS; do
     case $path in
-        raw | kernel | weft-vxlan | weft-udp | weft-base | kernel6 | weft-vxlan6) ;;
+        raw | kernel | weft-vxlan | weft-vxlan-tailpad | weft-vxlan-nogso | weft-udp | weft-base | kernel6 | weft-vxlan6) ;;
         *) echo "bench: unknown path $path in BENCH_PATHS (see the header of $0)" >&2; exit 1 ;;
     esac
 done
@@ -316,6 +321,12 @@ for path in $PATHS; do
             measure kernel 10.244.2.0
             ip -n "$H1" link del flannel.1; ip -n "$H2" link del flannel.1 ;;
         weft-vxlan) weft_up vxlan; measure weft-vxlan "$(weft_dst)"; weft_down weft-vxlan ;;
+        weft-vxlan-tailpad)
+            weft_up vxlan --gso-never-equal-tail
+            measure weft-vxlan-tailpad "$(weft_dst)"; weft_down weft-vxlan-tailpad ;;
+        weft-vxlan-nogso)
+            weft_up vxlan --udp-gso off
+            measure weft-vxlan-nogso "$(weft_dst)"; weft_down weft-vxlan-nogso ;;
         weft-udp) weft_up udp; measure weft-udp "$(weft_dst)"; weft_down weft-udp ;;
         weft-base)
             weft_up vxlan --workers 1 --no-tun-offload --no-udp-gso --no-udp-gro --no-batching

@@ -244,6 +244,11 @@ struct RunArgs {
     /// every use but tests, which want seconds.
     #[arg(long, env = "WEFT_GSO_RETRY_AFTER", default_value = "30s", value_parser = parse_duration, hide = true)]
     gso_retry_after: Duration,
+    /// Send UDP GSO messages that never end on a full segment (the workaround `--udp-gso auto`
+    /// uses on kernels 7.0 to 7.1.4), whatever the kernel. Hidden: for benchmarks that
+    /// measure its cost (scripts/bench.sh).
+    #[arg(long, env = "WEFT_GSO_NEVER_EQUAL_TAIL", hide = true)]
+    gso_never_equal_tail: bool,
     /// UDP GRO on receive: `auto` (unless the kernel is known to break it), `on`, `off`.
     #[arg(long, env = "WEFT_UDP_GRO", value_enum, default_value_t = OffloadMode::Auto)]
     udp_gro: OffloadMode,
@@ -517,6 +522,7 @@ fn run_options(args: &RunArgs, iface: Option<String>) -> RunOptions {
         tun_offload: if args.no_tun_offload { OffloadMode::Off } else { args.tun_offload },
         udp_gso: if args.no_udp_gso { OffloadMode::Off } else { args.udp_gso },
         gso_retry_after: args.gso_retry_after,
+        gso_never_equal_tail: args.gso_never_equal_tail,
         udp_gro: if args.no_udp_gro { OffloadMode::Off } else { args.udp_gro },
         batching: !args.no_batching,
         one_thread: args.worker_threads == 1,
@@ -899,6 +905,9 @@ mod tests {
         let e = run(&["--no-udp-gso", "--udp-gso", "on"]).unwrap_err();
         assert!(e.contains("cannot be used with"), "{e}");
         assert!(run(&["--udp-gso", "maybe"]).unwrap_err().contains("auto"));
+        // The hidden switch benchmarks use: the equal-tail workaround whatever the kernel.
+        assert!(!run(&[]).unwrap().gso_never_equal_tail);
+        assert!(run(&["--gso-never-equal-tail"]).unwrap().gso_never_equal_tail);
     }
 
     #[test]

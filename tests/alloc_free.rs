@@ -1,7 +1,8 @@
 //! Proves the per-packet path allocates nothing: a counting global allocator wraps the system
 //! one, and after a warm-up, thousands of packets go through VXLAN encapsulation,
-//! decapsulation and route lookup, and a thousand TSO super-packets through the offload split
-//! and the in-place GRO coalesce, without one allocation.
+//! decapsulation and route lookup, a thousand TSO super-packets through the offload split
+//! and the in-place GRO coalesce, and thousands of GSO pads and malformed datagrams are
+//! dropped and counted by peer, without one allocation.
 //!
 //! This is its own test binary because a global allocator is process-wide. It counts only the
 //! allocations of the thread inside [`allocations_during`]: the test harness's own threads
@@ -10,14 +11,16 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use weft::config::BackendKind;
+use weft::dataplane::gso_tail::{PAD, PAD_LEN};
+use weft::dataplane::malformed_peers::{MalformedLog, MalformedWatch};
 use weft::dataplane::offload::{GroConfig, GroTable, PacketRef, split};
 use weft::dataplane::pipeline::{
-    Forwarder, HEADROOM, Ipv6Forwarding, OwnSubnet, OwnSubnet6, Rx, Tx,
+    DropReason, Forwarder, HEADROOM, Ipv6Forwarding, OwnSubnet, OwnSubnet6, Rx, Tx,
 };
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::vxlan::Vni;
@@ -119,6 +122,7 @@ fn the_per_packet_path_allocates_nothing() {
         own: a_own,
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),
+        malformed: Arc::default(),
         ipv6: Default::default(),
     };
     let b = Forwarder {
@@ -129,6 +133,7 @@ fn the_per_packet_path_allocates_nothing() {
         own: b_own,
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),
+        malformed: Arc::default(),
         ipv6: Default::default(),
     };
     let a_routes = RouteTable::build(
@@ -216,6 +221,38 @@ fn the_per_packet_path_allocates_nothing() {
     let (segments, allocs) = allocations_during(|| offload(1_000));
     assert_eq!(segments, 40_000);
     assert_eq!(allocs, 0, "allocations on the offload path");
+
+    // Datagrams that are dropped: a weft peer's GSO pad, and malformed ones from many peers,
+    // counted per peer (more peers than the watch follows), their alarms through the shared
+    // log, as the RX path does.
+    let mut watch = MalformedWatch::new();
+    let log = MalformedLog::default();
+    let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 50000).into();
+    let mut dropped = |rounds: u64| {
+        let (mut pads, mut alarms) = (0, 0);
+        for i in 0..rounds {
+            buf[..PAD_LEN].copy_from_slice(&PAD);
+            if b.decap(&b_routes, from, &mut buf, PAD_LEN) == Rx::Drop(DropReason::RxGsoPad) {
+                pads += 1;
+            }
+            let Rx::Drop(reason) = b.decap(&b_routes, from, &mut buf, 3) else { panic!() };
+            assert!(reason.is_suspect());
+            // Eight peers often, and among them a new one every fifth datagram.
+            let d = if i % 5 == 4 { 100 + (i / 5) % 100 } else { i % 8 };
+            let peer = IpAddr::V4(Ipv4Addr::new(192, 0, 2, d as u8));
+            let now = Instant::from_epoch(std::time::Duration::from_micros(i * 50));
+            if let Some(a) = watch.record(peer, "malformed", now) {
+                alarms += 1;
+                log.admit(a.peer, now);
+            }
+        }
+        (pads, alarms)
+    };
+    assert_eq!(dropped(100).0, 100, "warm-up");
+    let ((pads, alarms), allocs) = allocations_during(|| dropped(100_000));
+    assert_eq!(pads, 100_000);
+    assert!(alarms > 0, "no alarm: the watch was not exercised");
+    assert_eq!(allocs, 0, "allocations dropping pads and counting malformed datagrams");
 }
 
 /// What `f` returns, and how many allocations it made on this thread.
@@ -263,6 +300,7 @@ fn ipv6_forwarding_allocates_nothing() {
             own,
             icmp_source: Ipv4Addr::new(10, 244, 0, 0),
             icmp_limit: Arc::default(),
+            malformed: Arc::default(),
             ipv6: Ipv6Forwarding { own: own6, icmp_source: "fd00:10:244::".parse().unwrap() },
         };
         let routes = RouteTable::build(

@@ -76,6 +76,7 @@ fn start(
         own,
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),
+        malformed: Arc::default(),
         ipv6: Default::default(),
     };
     let tun = FakeTun::new();

@@ -3,6 +3,9 @@
 //! an arbitrary route table. TUN reads are arbitrary bytes (behind an arbitrary virtio_net_hdr
 //! when offloads are on) or well-formed packets; what TX sends to the peer whose address this
 //! host's socket is bound to comes back through RX, with arbitrary datagrams from the underlay.
+//! With the equal-tail rule on, the fake socket sends the pads and datagrams alone the real one
+//! would, and panics on a GSO message beyond its limits (the TX path never lays one out); RX
+//! counts malformed datagrams by peer.
 #![no_main]
 
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -14,6 +17,7 @@ use libfuzzer_sys::fuzz_target;
 use weft::config::BackendKind;
 use weft::dataplane::counters::PacketCounters;
 use weft::dataplane::fake::{FakeNet, FakeTun};
+use weft::dataplane::gso_tail::TailRule;
 use weft::dataplane::pipeline::{Forwarder, OwnSubnet};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::virtio_net::{self, Header};
@@ -44,6 +48,8 @@ struct Input {
     gro_tcp: bool,
     gro_udp: bool,
     gso: bool,
+    /// GSO messages never end on a full segment (the pad, or datagrams alone).
+    never_equal_tail: bool,
     /// Which peer's public IP our RX socket is bound to (so TX output comes back).
     loop_peer: u8,
     reads: Vec<Read>,
@@ -68,6 +74,7 @@ fuzz_target!(|data: &[u8]| {
         own,
         icmp_source: net.net().network(),
         icmp_limit: Arc::default(),
+        malformed: Arc::default(),
         ipv6: Default::default(),
     };
     let cfg = WorkerConfig {
@@ -82,6 +89,7 @@ fuzz_target!(|data: &[u8]| {
     let fake = FakeNet::new();
     let mut pool = vec![fake.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 200), 40001))];
     pool[0].set_gso(input.gso);
+    pool[0].set_gso_tail(if input.never_equal_tail { TailRule::NeverEqual } else { TailRule::Any });
     // The receiving side is the peer our socket is bound as: its subnet is its own, and it
     // routes our subnet back to the address we send from.
     let looped = table.peers().get(usize::from(input.loop_peer) % table.len().max(1)).cloned();
@@ -158,7 +166,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let mut tx = TxPath::new(&*tun, &cfg, clock);
+    let mut tx = TxPath::new(&*tun, &cfg, clock.clone());
     // Each step reads at most one batch; drain what was injected.
     for _ in 0..32 {
         if tx.step(
@@ -173,7 +181,7 @@ fuzz_target!(|data: &[u8]| {
         let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, *sender), port);
         fake.send_raw(from, SocketAddrV4::new(loop_ip, port), d);
     }
-    let mut rx = RxPath::new(&*tun, &sock, &cfg);
+    let mut rx = RxPath::new(&*tun, &sock, &cfg, clock);
     for _ in 0..64 {
         if rx.step(
             &Context { tun: &*tun, fwd: &fwd2, routes: &routes2, counters: &counters },

@@ -112,6 +112,8 @@ pub struct RunOptions {
     pub udp_gso: OffloadMode,
     /// `--gso-retry-after`.
     pub gso_retry_after: Duration,
+    /// `--gso-never-equal-tail`: the equal-tail workaround whatever the kernel (benchmarks).
+    pub gso_never_equal_tail: bool,
     /// `--udp-gro` (`--no-udp-gro`: off).
     pub udp_gro: OffloadMode,
     /// Not `--no-batching`.

@@ -38,8 +38,9 @@ fn kernel_release() -> Option<String> {
 }
 
 /// Decides each offload for the running kernel and the flags ([`crate::dataplane::kernel_bugs`])
-/// and says so: one WARN per offload a known bug turns off (naming the kernel, the bug, its
-/// sources and the flag that overrides), one per offload kept on by `on` despite a known bug.
+/// and says so: one WARN per offload a known bug touches, naming the kernel, the bug, its
+/// sources, what weft did (turned the offload off, or kept it on with the bug's workaround)
+/// and the flags that override; one per offload kept on by `on` despite a known bug.
 pub(super) fn offload_decisions(opts: &RunOptions) -> OffloadDecisions {
     let release = kernel_release();
     let decisions =
@@ -48,7 +49,17 @@ pub(super) fn offload_decisions(opts: &RunOptions) -> OffloadDecisions {
     for d in &decisions.decisions {
         let Some(bug) = d.bug else { continue };
         let flag = d.offload.label().replace('_', "-");
-        if d.enabled {
+        if d.workaround {
+            warn!(
+                kernel,
+                bug = bug.id,
+                sources = bug.sources,
+                "kernel {kernel} has a known bug: {}; kept {} on with a workaround: {} (--{flag} off turns it off; --{flag} on drops the workaround, for a kernel with the fix backported)",
+                bug.what,
+                d.offload.label(),
+                bug.workaround.unwrap_or("?"),
+            );
+        } else if d.enabled {
             warn!(
                 kernel,
                 bug = bug.id,
@@ -101,6 +112,7 @@ pub(super) fn dataplane_config(
         udp_gso: UdpGsoConfig {
             on: offloads.enabled(Offload::UdpGso),
             retry_after: opts.gso_retry_after,
+            never_equal_tail: offloads.workaround(Offload::UdpGso) || opts.gso_never_equal_tail,
         },
         udp_gro: offloads.enabled(Offload::UdpGro),
         batching: opts.batching,

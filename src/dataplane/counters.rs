@@ -48,6 +48,9 @@ pub struct PacketCounters {
     pub(crate) tx_batches: AtomicU64,
     /// `recvmmsg` calls that received at least one datagram.
     pub(crate) rx_batches: AtomicU64,
+    /// Times a peer's datagrams were found arriving malformed at a rate
+    /// (`super::malformed_peers`).
+    pub(crate) malformed_alarms: AtomicU64,
     /// Spins of a one-thread loop (`worker::spin`), by how they ended.
     spins: [AtomicU64; SpinEnd::ALL.len()],
 }
@@ -78,6 +81,7 @@ impl PacketCounters {
         totals.wakeups += load(&self.wakeups);
         totals.tx_batches += load(&self.tx_batches);
         totals.rx_batches += load(&self.rx_batches);
+        totals.malformed_alarms += load(&self.malformed_alarms);
         for (total, v) in totals.spins.iter_mut().zip(&self.spins) {
             *total += load(v);
         }
@@ -106,6 +110,8 @@ pub struct PacketTotals {
     pub tx_batches: u64,
     /// Batches received from the sockets.
     pub rx_batches: u64,
+    /// Times a peer's datagrams were found arriving malformed at a rate.
+    pub malformed_alarms: u64,
     spins: [u64; SpinEnd::ALL.len()],
 }
 
@@ -141,6 +147,21 @@ pub struct Counters {
     offloads: [AtomicBool; Offload::ALL.len()],
     /// Repairs of the TUN device's link state after someone else changed it, by what drifted.
     link_repairs: [AtomicU64; RepairKind::ALL.len()],
+    /// How the sockets' GSO messages ended (`super::gso_tail`): added to after most sends, so
+    /// on cache lines of their own.
+    pub(crate) gso_tails: CachePadded<GsoTailCounts>,
+}
+
+/// How the sockets' GSO messages ended, summed over every socket.
+#[derive(Debug, Default)]
+pub(crate) struct GsoTailCounts {
+    /// GSO messages sent with the pad as their last segment.
+    pub(crate) pads: AtomicU64,
+    /// Datagrams sent on their own ahead of the rest of their message, so that no GSO
+    /// message ended on a full segment.
+    pub(crate) singles: AtomicU64,
+    /// GSO messages sent whose last datagram is as long as the segment size.
+    pub(crate) equal_tails: AtomicU64,
 }
 
 /// An offload the data plane may use; each is a gauge on `/metrics`.
@@ -291,6 +312,13 @@ impl Collector for Counters {
                 p.wakeups,
             ),
             (
+                "weft_dataplane_malformed_peer_alarms_total",
+                "Times a peer's datagrams arrived malformed (a VXLAN header or inner packet cut \
+                 short, bad VXLAN flags) at a rate: 20 within 10 s, counted per receiving \
+                 thread; each logged at WARN, at most every 10 minutes per peer.",
+                p.malformed_alarms,
+            ),
+            (
                 "weft_dataplane_gso_fallbacks_total",
                 "UDP GSO sends that failed and went out as single datagrams; each turned GSO off \
                  on its socket until a retry.",
@@ -300,6 +328,25 @@ impl Collector for Counters {
                 "weft_dataplane_gso_reprobes_total",
                 "Times a socket tried UDP GSO again after its retry time.",
                 load(&self.gso_reprobes),
+            ),
+            (
+                "weft_dataplane_gso_tail_pads_total",
+                "UDP GSO messages sent with an 18-byte pad datagram as their last segment, so \
+                 that none ends on a full segment (the workaround for kernels whose GSO \
+                 mangles those; docs/troubleshooting.md).",
+                load(&self.gso_tails.pads),
+            ),
+            (
+                "weft_dataplane_gso_tail_singles_total",
+                "Datagrams that workaround sent on their own ahead of the rest of their GSO \
+                 message: runs too short to pad, or without room for the pad.",
+                load(&self.gso_tails.singles),
+            ),
+            (
+                "weft_dataplane_gso_equal_tails_total",
+                "UDP GSO messages sent whose last datagram is as long as the segment size \
+                 (none while the workaround is on).",
+                load(&self.gso_tails.equal_tails),
             ),
         ] {
             metrics::counter(&mut e, name, help, v)?;
@@ -357,7 +404,8 @@ mod tests {
 
     /// The data plane metrics byte for byte as weft's hand-written renderer wrote them before
     /// prometheus-client (`tests/golden/metrics_dataplane.prom` is its output for the same
-    /// counts, then in one shared block), here the sums of two threads' blocks.
+    /// counts, then in one shared block), here the sums of two threads' blocks; and the
+    /// metrics added since (the GSO tail counts, the pad drop) in the same format.
     #[test]
     fn dataplane_metrics_are_the_threads_sums_rendered_exactly_as_before() {
         let c = Arc::new(Counters::default());
@@ -376,6 +424,8 @@ mod tests {
         q1.wakeups.fetch_add(1, Ordering::Relaxed);
         q0.tx_batches.fetch_add(9, Ordering::Relaxed);
         q1.rx_batches.fetch_add(10, Ordering::Relaxed);
+        q0.malformed_alarms.fetch_add(1, Ordering::Relaxed);
+        q1.malformed_alarms.fetch_add(1, Ordering::Relaxed);
         q0.count_spin(SpinEnd::Caught);
         q1.count_spin(SpinEnd::Caught);
         q1.count_spin(SpinEnd::Missed);
@@ -384,6 +434,10 @@ mod tests {
         c.gso_fallbacks.fetch_add(3, Ordering::Relaxed);
         c.gso_reprobes.fetch_add(4, Ordering::Relaxed);
         c.count_link_repair(RepairKind::Mtu);
+        q1.count_drop(DropReason::RxGsoPad);
+        c.gso_tails.pads.fetch_add(11, Ordering::Relaxed);
+        c.gso_tails.singles.fetch_add(12, Ordering::Relaxed);
+        c.gso_tails.equal_tails.fetch_add(13, Ordering::Relaxed);
         assert_eq!(render(&c), include_str!("../../tests/golden/metrics_dataplane.prom"));
     }
 

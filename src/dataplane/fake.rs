@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::gso_tail::{self, GsoLimits, Next, TailRule};
 use super::udp::{RecvMeta, Transmit, UdpError};
 use super::worker::{TunIo, UdpIo};
 
@@ -133,7 +134,15 @@ impl FakeNet {
             .entry(addr)
             .or_default()
             .clone();
-        FakeUdp { local: addr, net: self.clone(), inbox: q, messages: 0, no_gso: false }
+        FakeUdp {
+            local: addr,
+            net: self.clone(),
+            inbox: q,
+            messages: 0,
+            pads: 0,
+            no_gso: false,
+            tail: TailRule::Any,
+        }
     }
 
     /// Sends a datagram from `from` to `to`, as any host (or attacker) on the underlay could.
@@ -155,18 +164,34 @@ impl FakeNet {
 }
 
 /// A fake UDP socket on a [`FakeNet`]; GSO messages are split on send, no GRO on receive.
+/// Under a [`TailRule`] it sends what [`crate::dataplane::udp::BatchSocket`] would put on the
+/// wire (datagrams sent alone, the pad as a datagram of its own), and it panics on a GSO
+/// message larger than its [`UdpIo::gso_limits`]: the TX path never lays one out.
 pub struct FakeUdp {
     local: SocketAddr,
     net: FakeNet,
     inbox: Arc<Queue>,
     messages: usize,
+    pads: usize,
     no_gso: bool,
+    tail: TailRule,
 }
 
 impl FakeUdp {
     /// Turns GSO off (or back on), as a socket does after a GSO send failed with `EIO`.
     pub fn set_gso(&mut self, on: bool) {
         self.no_gso = !on;
+    }
+
+    /// How its GSO messages may end (see [`crate::dataplane::gso_tail`]).
+    pub fn set_gso_tail(&mut self, tail: TailRule) {
+        self.tail = tail;
+    }
+
+    /// How many GSO messages went with the pad.
+    #[cfg(test)]
+    pub(crate) fn pads_sent(&self) -> usize {
+        self.pads
     }
 
     /// How many messages (a GSO message counts once) were sent from this socket.
@@ -182,11 +207,37 @@ impl UdpIo for FakeUdp {
         msgs: &[Transmit<'_>],
         _now: crate::time::Instant,
     ) -> Result<usize, UdpError> {
+        let limits = self.gso_limits();
         for m in msgs {
             self.messages += 1;
             let seg = m.segment_size.map_or(m.contents.len(), usize::from).max(1);
-            for d in m.contents.chunks(seg) {
-                self.net.send_raw(self.local, m.dst, d);
+            let datagrams = m.contents.len().div_ceil(seg);
+            if datagrams > 1 {
+                assert!(
+                    datagrams <= limits.segments && m.contents.len() <= limits.bytes,
+                    "a GSO message of {datagrams} datagrams and {} bytes, beyond {limits:?}",
+                    m.contents.len()
+                );
+            }
+            let mut left = m.contents;
+            while !left.is_empty() {
+                let pad = match self.tail.next(left.len(), seg) {
+                    _ if left.len() <= seg || self.no_gso => false,
+                    Next::Gso { pad } => pad,
+                    Next::Single => {
+                        self.net.send_raw(self.local, m.dst, &left[..seg]);
+                        left = &left[seg..];
+                        continue;
+                    }
+                };
+                for d in left.chunks(seg) {
+                    self.net.send_raw(self.local, m.dst, d);
+                }
+                if pad {
+                    self.pads += 1;
+                    self.net.send_raw(self.local, m.dst, &gso_tail::PAD);
+                }
+                break;
             }
         }
         Ok(msgs.len())
@@ -216,8 +267,8 @@ impl UdpIo for FakeUdp {
         Ok(n)
     }
 
-    fn max_gso_segments(&self) -> usize {
-        if self.no_gso { 1 } else { 64 }
+    fn gso_limits(&self) -> GsoLimits {
+        self.tail.limits(if self.no_gso { 1 } else { 64 })
     }
 
     fn gro(&self) -> bool {

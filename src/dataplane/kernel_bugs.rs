@@ -8,7 +8,9 @@
 //! - [`decide`] is pure: given the running kernel's release (as `uname -r` prints it, or `None`
 //!   when it cannot be read), an offload and the flag's [`OffloadMode`], it says whether the
 //!   offload is used and why ([`Decision`]). `auto` uses it unless the release lies in a known
-//!   bug's range; `on` and `off` are the operator's word.
+//!   bug's range; then it is off, or, for a bug weft can avoid ([`KnownBug::workaround`]), on
+//!   with the workaround. `on` (the offload as usual, no workaround) and `off` are the
+//!   operator's word.
 //! - A release that does not parse is no known bug's: `auto` then uses the offload (weft still
 //!   turns UDP GSO off per socket when a send fails, see [`super::gso_retry`]).
 
@@ -93,6 +95,9 @@ pub struct KnownBug {
     pub fixed: KernelVersion,
     /// The offload it breaks.
     pub offload: Offload,
+    /// What weft does to keep the offload on without meeting the bug, if it can (`auto` then
+    /// keeps it on that way); `None`: `auto` turns the offload off.
+    pub workaround: Option<&'static str>,
     /// Where it is documented.
     pub sources: &'static str,
 }
@@ -106,6 +111,10 @@ pub const KNOWN_BUGS: &[KnownBug] = &[
         from: KernelVersion(7, 0, 0),
         fixed: KernelVersion(7, 1, 5),
         offload: Offload::UdpGso,
+        workaround: Some(
+            "no GSO message ends on a full segment: an 18-byte pad datagram ends one that \
+             would, or its datagrams go alone (dataplane::gso_tail)",
+        ),
         sources: "introduced by b10b446 (v7.0-rc1), fixed by 78effd8 and 5f17ae0 (v7.1.5); \
                   tailscale/tailscale#19777, #21335",
     },
@@ -115,6 +124,7 @@ pub const KNOWN_BUGS: &[KnownBug] = &[
         from: KernelVersion(6, 6, 44),
         fixed: KernelVersion(6, 6, 45),
         offload: Offload::TunOffload,
+        workaround: None,
         sources: "tailscale/tailscale#13041; fixed by the virtio_net_hdr csum_start patch",
     },
     KnownBug {
@@ -123,6 +133,7 @@ pub const KNOWN_BUGS: &[KnownBug] = &[
         from: KernelVersion(0, 0, 0),
         fixed: KernelVersion(5, 12, 0),
         offload: Offload::UdpGro,
+        workaround: None,
         sources: "wireguard-go disables UDP GRO before 5.12",
     },
 ];
@@ -134,7 +145,10 @@ pub struct Decision {
     pub offload: Offload,
     /// Whether it is used.
     pub enabled: bool,
-    /// Why: `default` (`auto`, no known bug), `flag` (`on` or `off`), or the known bug's id.
+    /// Whether it is used with the known bug's workaround (`auto` on a kernel in its range).
+    pub workaround: bool,
+    /// Why: `default` (`auto`, no known bug), `flag` (`on` or `off`), or the known bug's id
+    /// (off, or on with its workaround).
     pub reason: &'static str,
     /// The known bug in the running kernel's range, if any (also under `on`).
     pub bug: Option<&'static KnownBug>,
@@ -145,13 +159,13 @@ pub fn decide(version: Option<KernelVersion>, offload: Offload, mode: OffloadMod
     let bug = version.and_then(|v| {
         KNOWN_BUGS.iter().find(|b| b.offload == offload && b.from <= v && v < b.fixed)
     });
-    let (enabled, reason) = match (mode, bug) {
-        (OffloadMode::On, _) => (true, "flag"),
-        (OffloadMode::Off, _) => (false, "flag"),
-        (OffloadMode::Auto, Some(b)) => (false, b.id),
-        (OffloadMode::Auto, None) => (true, "default"),
+    let (enabled, workaround, reason) = match (mode, bug) {
+        (OffloadMode::On, _) => (true, false, "flag"),
+        (OffloadMode::Off, _) => (false, false, "flag"),
+        (OffloadMode::Auto, Some(b)) => (b.workaround.is_some(), b.workaround.is_some(), b.id),
+        (OffloadMode::Auto, None) => (true, false, "default"),
     };
-    Decision { offload, enabled, reason, bug }
+    Decision { offload, enabled, workaround, reason, bug }
 }
 
 /// The decisions of one run, for each [`Offload`] in [`Offload::ALL`]'s order, with the kernel
@@ -176,6 +190,11 @@ impl OffloadDecisions {
     pub fn enabled(&self, offload: Offload) -> bool {
         self.decisions.iter().any(|d| d.offload == offload && d.enabled)
     }
+
+    /// Whether `offload` is used with its known bug's workaround.
+    pub fn workaround(&self, offload: Offload) -> bool {
+        self.decisions.iter().any(|d| d.offload == offload && d.enabled && d.workaround)
+    }
 }
 
 impl prometheus_client::collector::Collector for OffloadDecisions {
@@ -183,8 +202,9 @@ impl prometheus_client::collector::Collector for OffloadDecisions {
         crate::metrics::gauge_family(
             &mut e,
             "weft_dataplane_offload_enabled",
-            "Whether an offload is used (1) or not (0), and why: default, flag, or the known \
-             kernel bug that turned it off.",
+            "Whether an offload is used (1) or not (0), and why: default, flag, or a known \
+             kernel bug (0: it turned the offload off; 1: the offload is on with the bug's \
+             workaround).",
             self.decisions.iter().map(|d| {
                 ([("offload", d.offload.label()), ("reason", d.reason)], u64::from(d.enabled))
             }),
@@ -217,25 +237,32 @@ mod tests {
         use Offload::*;
         use OffloadMode::*;
         // The v7.0–v7.1.4 UDP GSO bug: its first and last affected releases, and either side.
+        // It has a workaround: `auto` keeps GSO on with it.
         for affected in ["7.0.0", "7.0-rc1", "7.0.12", "7.1.0", "7.1.4-ubuntu"] {
             let d = at(affected, UdpGso, Auto);
-            assert_eq!((d.enabled, d.reason), (false, "udp_gso_mangled_v7_0"), "{affected}");
+            let got = (d.enabled, d.workaround, d.reason);
+            assert_eq!(got, (true, true, "udp_gso_mangled_v7_0"), "{affected}");
             assert!(at(affected, UdpGro, Auto).enabled, "{affected}: GRO is not affected");
             assert!(at(affected, TunOffload, Auto).enabled, "{affected}");
         }
         for fine in ["6.19.9", "7.1.5", "7.2.0", "8.0.0"] {
-            assert_eq!(at(fine, UdpGso, Auto).reason, "default", "{fine}");
+            let d = at(fine, UdpGso, Auto);
+            assert_eq!((d.reason, d.workaround), ("default", false), "{fine}");
         }
-        // 6.6.44's TUN GSO refusal.
-        assert!(!at("6.6.44", TunOffload, Auto).enabled);
+        // 6.6.44's TUN GSO refusal: no workaround, so off.
+        let d = at("6.6.44", TunOffload, Auto);
+        assert_eq!((d.enabled, d.workaround), (false, false));
         assert!(at("6.6.43", TunOffload, Auto).enabled);
         assert!(at("6.6.45", TunOffload, Auto).enabled);
         // UDP GRO before 5.12.
         assert!(!at("5.11.22", UdpGro, Auto).enabled);
         assert!(at("5.12.0", UdpGro, Auto).enabled);
-        // The operator's word wins; the bug is still named.
+        // The operator's word wins (`on`: GSO as usual, without the workaround); the bug is
+        // still named.
         let d = at("7.1.4", UdpGso, On);
-        assert_eq!((d.enabled, d.reason), (true, "flag"));
+        assert_eq!((d.enabled, d.workaround, d.reason), (true, false, "flag"));
+        let d = at("7.1.4", UdpGso, Off);
+        assert_eq!((d.enabled, d.workaround, d.reason), (false, false, "flag"));
         assert_eq!(d.bug.map(|b| b.id), Some("udp_gso_mangled_v7_0"));
         assert_eq!(
             (at("7.2.0", UdpGso, Off).enabled, at("7.2.0", UdpGso, Off).reason),
@@ -249,11 +276,16 @@ mod tests {
     fn a_runs_decisions_are_rendered_with_their_reasons() {
         use OffloadMode::*;
         let d = OffloadDecisions::new(Some("7.1.3-generic"), [Auto, Auto, Off]);
-        assert!(!d.enabled(Offload::UdpGso) && d.enabled(Offload::UdpGro));
+        assert!(d.enabled(Offload::UdpGso) && d.workaround(Offload::UdpGso));
+        assert!(d.enabled(Offload::UdpGro) && !d.workaround(Offload::UdpGro));
         assert!(!d.enabled(Offload::TunOffload));
+        let on = OffloadDecisions::new(Some("7.1.3-generic"), [On, Auto, Auto]);
+        assert!(on.enabled(Offload::UdpGso) && !on.workaround(Offload::UdpGso));
+        let off = OffloadDecisions::new(Some("6.6.44"), [Auto, Auto, Auto]);
+        assert!(!off.enabled(Offload::TunOffload) && !off.workaround(Offload::TunOffload));
         let text = crate::metrics::render_collector(std::sync::Arc::new(d)).unwrap();
         for line in [
-            "weft_dataplane_offload_enabled{offload=\"udp_gso\",reason=\"udp_gso_mangled_v7_0\"} 0",
+            "weft_dataplane_offload_enabled{offload=\"udp_gso\",reason=\"udp_gso_mangled_v7_0\"} 1",
             "weft_dataplane_offload_enabled{offload=\"udp_gro\",reason=\"default\"} 1",
             "weft_dataplane_offload_enabled{offload=\"tun_offload\",reason=\"flag\"} 0",
         ] {

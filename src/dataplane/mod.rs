@@ -32,8 +32,8 @@
 //! [`Dataplane::resume`].
 //!
 //! # Contract
-//! [`wire`], [`pipeline`], [`offload`] and [`gso_retry`] are pure (no I/O, no allocation on the
-//! per-packet path, never panic on input); so are [`drift`], which plans the repairs of the
+//! [`wire`], [`pipeline`], [`offload`], [`gso_retry`], [`gso_tail`] and [`malformed_peers`] are
+//! pure (no I/O, no allocation on the per-packet path, never panic on input); so are [`drift`], which plans the repairs of the
 //! device's link state, [`kernel_bugs`] and [`supervise`]'s restart policy. Only the syscall
 //! layers ([`tun`]: the TUN device's ioctls and I/O; [`udp`]: batched sockets) and the netlink
 //! driver ([`netlink`], with no `unsafe`) touch file descriptors, and only [`tunnel`] creates
@@ -53,9 +53,11 @@ mod drift;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 mod gso_retry;
+pub mod gso_tail;
 mod host;
 pub mod kernel_bugs;
 mod link_watch;
+pub mod malformed_peers;
 mod netlink;
 pub mod offload;
 pub mod pipeline;

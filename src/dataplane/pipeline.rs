@@ -38,6 +38,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 
+use super::gso_tail;
+use super::malformed_peers::MalformedLog;
 use super::wire::ethernet::MacAddr;
 use super::wire::{self, ethernet, icmpv4, icmpv6, ipv4, ipv6, vxlan};
 use crate::config::BackendKind;
@@ -91,11 +93,14 @@ pub enum DropReason {
     RxTtlExpired,
     /// RX: from an IPv6 sender, an inner frame that is not IPv6 (IPv4 travels over IPv4).
     RxNotIpv6,
+    /// RX: the pad a weft peer ends a GSO message with, so that none ends on a full segment
+    /// (`super::gso_tail`): filler, not a packet.
+    RxGsoPad,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub(crate) const ALL: [DropReason; 18] = [
+    pub(crate) const ALL: [DropReason; 19] = [
         DropReason::TxMalformed,
         DropReason::TxIpv6,
         DropReason::TxNoRoute,
@@ -114,7 +119,16 @@ impl DropReason {
         DropReason::RxNotForUs,
         DropReason::RxTtlExpired,
         DropReason::RxNotIpv6,
+        DropReason::RxGsoPad,
     ];
+
+    /// Whether it is one a mangling sender leaves: a VXLAN header cut short or full of garbage,
+    /// an inner frame or packet cut short (`malformed`, `bad_vxlan_flags`). Reasons of
+    /// configuration (a wrong VNI or MAC, a spoofed source, a pad) are not
+    /// (see [`super::malformed_peers`]).
+    pub fn is_suspect(self) -> bool {
+        matches!(self, DropReason::RxMalformed | DropReason::RxBadFlags)
+    }
 
     /// The direction and reason labels for `/metrics`.
     pub(crate) fn labels(self) -> (&'static str, &'static str) {
@@ -137,6 +151,7 @@ impl DropReason {
             DropReason::RxNotForUs => ("rx", "not_for_us"),
             DropReason::RxTtlExpired => ("rx", "ttl_expired"),
             DropReason::RxNotIpv6 => ("rx", "not_ipv6"),
+            DropReason::RxGsoPad => ("rx", "gso_tail_pad"),
         }
     }
 }
@@ -413,6 +428,8 @@ pub struct Forwarder {
     pub icmp_source: Ipv4Addr,
     /// The bucket every ICMP error must take a token from (shared by the workers).
     pub icmp_limit: Arc<IcmpLimit>,
+    /// Which peers' malformed datagrams were last logged when (shared by the workers).
+    pub malformed: Arc<MalformedLog>,
     /// IPv6, on a dual-stack network (our VTEP MAC serves both halves).
     pub ipv6: Ipv6Forwarding,
 }
@@ -570,6 +587,9 @@ impl Forwarder {
         let Some(datagram) = buf.get_mut(..len) else {
             return Rx::Drop(DropReason::RxMalformed);
         };
+        if gso_tail::is_pad(datagram) {
+            return Rx::Drop(DropReason::RxGsoPad);
+        }
         let inner = match self.backend {
             BackendKind::Vxlan => match self.vxlan_ethertype(datagram) {
                 Ok(ethernet::EtherType::IPV4) => HEADROOM..len,
@@ -625,6 +645,9 @@ impl Forwarder {
         let Some(datagram) = buf.get_mut(..len) else {
             return Rx::Drop(DropReason::RxMalformed);
         };
+        if gso_tail::is_pad(datagram) {
+            return Rx::Drop(DropReason::RxGsoPad);
+        }
         if self.backend != BackendKind::Vxlan || !self.ipv6.own.is_set() {
             // No IPv6 peer is expected: nothing here sends to one.
             return Rx::Drop(DropReason::RxUnknownSender);
@@ -656,6 +679,12 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn only_what_a_mangling_sender_leaves_is_suspect() {
+        let suspect: Vec<_> = DropReason::ALL.into_iter().filter(|r| r.is_suspect()).collect();
+        assert_eq!(suspect, [DropReason::RxMalformed, DropReason::RxBadFlags]);
+    }
 
     const MS: Duration = Duration::from_millis(1);
 
@@ -700,6 +729,7 @@ mod tests {
                 own,
                 icmp_source: Ipv4Addr::new(10, 244, 0, 0),
                 icmp_limit: Arc::default(),
+                malformed: Arc::default(),
                 ipv6: Ipv6Forwarding { own: own6, icmp_source: "fd00:10:244::".parse().unwrap() },
             }
         };

@@ -40,6 +40,7 @@ use tracing::{debug, info, warn};
 use super::counters::{Counters, Offload};
 use super::drift::{self, DriftLog, Repair, WantedLink};
 use super::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
+use super::gso_tail::{GsoLimits, TailRule};
 use super::host::KernelWatch;
 use super::netlink::{Netlink, NetlinkError, TunStatus};
 use super::pipeline::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubnet6};
@@ -118,7 +119,8 @@ pub(crate) struct DataplaneConfig {
     pub(crate) spin: Duration,
 }
 
-/// UDP GSO: whether to use it, and how soon to try it again after a GSO send failed.
+/// UDP GSO: whether to use it, how soon to try it again after a GSO send failed, and whether
+/// its messages may end on a full segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UdpGsoConfig {
     /// Use `UDP_SEGMENT` when the kernel has it (not `--no-udp-gso`).
@@ -126,11 +128,14 @@ pub struct UdpGsoConfig {
     /// The first wait before a socket tries GSO again after a failed GSO send
     /// (`--gso-retry-after`); doubled on each failed retry, up to an hour.
     pub retry_after: Duration,
+    /// Never end a GSO message on a full segment ([`super::gso_tail`]): on a kernel whose GSO
+    /// mangles such messages.
+    pub never_equal_tail: bool,
 }
 
 impl Default for UdpGsoConfig {
     fn default() -> Self {
-        Self { on: true, retry_after: DEFAULT_RETRY_AFTER }
+        Self { on: true, retry_after: DEFAULT_RETRY_AFTER, never_equal_tail: false }
     }
 }
 
@@ -523,6 +528,7 @@ impl Tunnel {
             // An IPv6-only network routes no IPv4 into the device: nothing to answer for.
             icmp_source: cfg.network.map_or(Ipv4Addr::UNSPECIFIED, |n| n.network()),
             icmp_limit: Arc::default(),
+            malformed: Arc::default(),
             ipv6: match cfg.ipv6 {
                 Some(v6) => {
                     Ipv6Forwarding { own: Arc::default(), icmp_source: v6.network.network() }
@@ -559,6 +565,7 @@ impl Tunnel {
                 tun_uso = offloads.uso,
                 udp_gso = first.tx_pool.first().is_some_and(|s| s.capabilities().gso),
                 gso_retry_after = ?cfg.udp_gso.retry_after,
+                gso_never_equal_tail = cfg.udp_gso.never_equal_tail,
                 udp_gro = first.rx.capabilities().gro,
                 batch = wcfg.batch,
                 port = cfg.port,
@@ -901,6 +908,7 @@ fn family_configs(
         gso: false,
         gro: cfg.udp_gro,
         gso_retry,
+        gso_tail: TailRule::Any,
         buffer_bytes: SOCKET_BUFFER,
     };
     let tx_cfg = UdpConfig {
@@ -909,6 +917,7 @@ fn family_configs(
         gso: cfg.udp_gso.on,
         gro: false,
         gso_retry,
+        gso_tail: if cfg.udp_gso.never_equal_tail { TailRule::NeverEqual } else { TailRule::Any },
         buffer_bytes: SOCKET_BUFFER,
     };
     (rx_cfg, tx_cfg)
@@ -968,12 +977,27 @@ pub(crate) struct MeteredSocket {
     seen: (u64, u64, u64),
     /// Whether this socket is counted in [`Counters::gso_off_sockets`].
     counted_off: bool,
+    /// The socket's GSO tail counts (pads, singles, equal tails) when last added to `counters`.
+    seen_tails: [u64; 3],
 }
 
 impl MeteredSocket {
     /// Wraps `sock`, reporting to `counters`.
     pub(crate) fn new(sock: BatchSocket, counters: Arc<Counters>) -> Self {
-        Self { sock, counters, seen: (0, 0, 0), counted_off: false }
+        Self { sock, counters, seen: (0, 0, 0), counted_off: false, seen_tails: [0; 3] }
+    }
+
+    /// Adds what the socket's GSO tail counts moved since the last look to `counters`.
+    fn count_tails(&mut self) {
+        let s = self.sock.stats();
+        let now = [s.gso_tail_pads, s.gso_tail_singles, s.gso_equal_tails];
+        if now != self.seen_tails {
+            let t = &self.counters.gso_tails;
+            for (i, c) in [&t.pads, &t.singles, &t.equal_tails].into_iter().enumerate() {
+                c.fetch_add(now[i].saturating_sub(self.seen_tails[i]), Ordering::Relaxed);
+            }
+            self.seen_tails = now;
+        }
     }
 
     /// The socket.
@@ -1063,6 +1087,7 @@ impl UdpIo for MeteredSocket {
         if self.gso_events() != self.seen {
             self.report(now);
         }
+        self.count_tails();
         result
     }
     fn recv_batch(
@@ -1073,8 +1098,8 @@ impl UdpIo for MeteredSocket {
     ) -> Result<usize, UdpError> {
         self.sock.recv_batch(bufs, metas, timeout)
     }
-    fn max_gso_segments(&self) -> usize {
-        self.sock.max_gso_segments()
+    fn gso_limits(&self) -> GsoLimits {
+        self.sock.gso_limits()
     }
     fn gro(&self) -> bool {
         self.sock.capabilities().gro

@@ -31,7 +31,13 @@
 //!   then turns it on ([`UdpStats::gso_recoveries`]). `now` comes from the caller, which reads
 //!   its clock once per batch; the socket reads none. Without GSO, a [`Transmit`] with a
 //!   `segment_size` is still delivered: it is split into one `mmsghdr` per datagram. Callers may
-//!   therefore always coalesce with [`coalesce_plan`], using [`BatchSocket::max_gso_segments`].
+//!   therefore always coalesce with [`coalesce_plan`], within [`BatchSocket::gso_limits`].
+//! - **Never an equal tail, when asked.** Under [`TailRule::NeverEqual`]
+//!   ([`UdpConfig::gso_tail`]) no GSO message goes to the kernel ending on a full segment: one
+//!   that would gets [`gso_tail::PAD`] as its last segment (from a second `iovec`), or its
+//!   first datagrams go alone ([`super::gso_tail`] decides). [`UdpStats`] counts the pads, the
+//!   datagrams sent alone, and the GSO messages that end on a full segment (under
+//!   [`TailRule::Any`]).
 //! - **IPv4 only.** The socket is `AF_INET`; the underlay is IPv4.
 //!
 //! With GRO on, one received buffer can hold up to 64 datagrams of [`RecvMeta::segment_size`]
@@ -40,22 +46,23 @@
 
 use std::io;
 use std::mem;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr;
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
+use self::msghdr::{CmsgBuf, Cmsgs, Encoder, SockName};
 use super::gso_retry::{GsoRetry, GsoRetryConfig, GsoState};
+use super::gso_tail::{self, GsoLimits, Next, TailRule};
+pub(crate) use super::gso_tail::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 use crate::time::Instant;
+
+mod msghdr;
 
 /// The most messages one `sendmmsg`/`recvmmsg` call carries; the socket's scratch is this big.
 pub(crate) const MAX_BATCH: usize = 64;
-/// The most datagrams in one GSO send (the kernel's `UDP_MAX_SEGMENTS`).
-pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
-/// The most payload bytes in one GSO send over IPv4: 65535 − 20 (IPv4) − 8 (UDP).
-pub(crate) const MAX_GSO_BYTES: usize = 65535 - 28;
 /// The size every receive buffer must have when GRO is on (a coalesced buffer is up to 64 KiB).
 pub(crate) const GRO_BUFFER_LEN: usize = 65536;
 /// How long [`BatchSocket::send_batch`] waits for `POLLOUT` per slice.
@@ -67,15 +74,6 @@ pub(crate) const SEND_STALL_POLLS: u32 = 10;
 /// the `libc` crate does not export them for glibc targets.
 const SO_SNDBUFFORCE: libc::c_int = 32;
 const SO_RCVBUFFORCE: libc::c_int = 33;
-/// Control-message storage per message: room for one `UDP_SEGMENT` (u16) or `UDP_GRO` (int)
-/// message, with margin.
-const CMSG_BUF_LEN: usize = 64;
-// SAFETY: CMSG_SPACE is pure arithmetic on its argument.
-const SEGMENT_CMSG_SPACE: usize =
-    unsafe { libc::CMSG_SPACE(mem::size_of::<u16>() as u32) } as usize;
-// SAFETY: CMSG_LEN is pure arithmetic on its argument.
-const SEGMENT_CMSG_LEN: usize = unsafe { libc::CMSG_LEN(mem::size_of::<u16>() as u32) } as usize;
-const _: () = assert!(SEGMENT_CMSG_SPACE <= CMSG_BUF_LEN);
 
 /// How to open a [`BatchSocket`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +91,9 @@ pub(crate) struct UdpConfig {
     pub(crate) gro: bool,
     /// When GSO is tried again after a GSO send failed (see [`super::gso_retry`]).
     pub(crate) gso_retry: GsoRetryConfig,
+    /// How GSO messages may end: [`TailRule::NeverEqual`] on kernels whose GSO mangles one
+    /// that ends on a full segment (see [`super::gso_tail`]).
+    pub(crate) gso_tail: TailRule,
     /// `SO_RCVBUF`/`SO_SNDBUF`, then `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` (which need
     /// `CAP_NET_ADMIN` and are skipped without it); 0 keeps the kernel's defaults.
     pub(crate) buffer_bytes: usize,
@@ -108,6 +109,7 @@ impl UdpConfig {
             gso: true,
             gro: true,
             gso_retry: GsoRetryConfig::default(),
+            gso_tail: TailRule::Any,
             buffer_bytes: 7 << 20,
         }
     }
@@ -146,6 +148,15 @@ pub(crate) struct UdpStats {
     pub(crate) recv_calls: u64,
     /// [`BatchSocket::send_batch`] calls that gave up on a full send buffer.
     pub(crate) send_stalls: u64,
+    /// GSO messages sent with [`gso_tail::PAD`] as their last segment
+    /// ([`TailRule::NeverEqual`]).
+    pub(crate) gso_tail_pads: u64,
+    /// Datagrams sent on their own ahead of the rest of their message under
+    /// [`TailRule::NeverEqual`], so that no GSO message ended on a full segment.
+    pub(crate) gso_tail_singles: u64,
+    /// GSO messages sent whose last datagram is as long as the segment size (none under
+    /// [`TailRule::NeverEqual`]).
+    pub(crate) gso_equal_tails: u64,
 }
 
 /// A GSO send that failed in a way single datagrams avoid (see [`UdpStats::gso_fallbacks`]).
@@ -292,20 +303,31 @@ impl UdpError {
     }
 }
 
-/// Control-message storage with `cmsghdr` alignment.
-#[derive(Clone, Copy)]
-#[repr(C, align(8))]
-struct CmsgBuf([u8; CMSG_BUF_LEN]);
-
 /// Syscall scratch for [`MAX_BATCH`] messages. The pointers inside `hdrs` are rewritten before
 /// every syscall and never read otherwise; between calls they dangle harmlessly.
 struct Scratch {
     hdrs: Box<[libc::mmsghdr]>,
-    iovs: Box<[libc::iovec]>,
+    /// Each entry's data: one `iovec`, and on send a second one for [`gso_tail::PAD`].
+    iovs: Box<[[libc::iovec; 2]]>,
     names: Box<[SockName]>,
     cmsgs: Box<[CmsgBuf]>,
     /// Send only: for each entry, which message it belongs to and where in its contents it ends.
     origin: Box<[(usize, usize)]>,
+    /// Send only: what each entry is, for [`UdpStats`] once the kernel took it.
+    shapes: Box<[Shape]>,
+}
+
+/// What one send entry is, as [`UdpStats`] counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// A datagram, or a GSO message ending on a shorter datagram.
+    Plain,
+    /// A GSO message ending on a full segment.
+    EqualTail,
+    /// A GSO message with the pad as its last segment.
+    Padded,
+    /// A datagram sent alone so that no GSO message ends on a full segment.
+    Single,
 }
 
 // SAFETY: the raw pointers in `hdrs` and `iovs` are only dereferenced (by the kernel) during a
@@ -315,18 +337,18 @@ unsafe impl Send for Scratch {}
 
 impl Scratch {
     fn new() -> Self {
-        // SAFETY: mmsghdr, iovec and SockName are plain old data; all-zero (null pointers,
-        // zero lengths) is a valid value for each.
+        // SAFETY: mmsghdr is plain old data; all-zero (null pointers, zero lengths) is a valid
+        // value.
         let zeroed = || unsafe { mem::zeroed() };
         Self {
             hdrs: (0..MAX_BATCH).map(|_| zeroed()).collect(),
             iovs: (0..MAX_BATCH)
-                .map(|_| libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 })
+                .map(|_| [libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; 2])
                 .collect(),
-            // SAFETY: as above.
-            names: (0..MAX_BATCH).map(|_| unsafe { mem::zeroed() }).collect(),
-            cmsgs: vec![CmsgBuf([0; CMSG_BUF_LEN]); MAX_BATCH].into_boxed_slice(),
+            names: (0..MAX_BATCH).map(|_| SockName::new()).collect(),
+            cmsgs: vec![CmsgBuf::new(); MAX_BATCH].into_boxed_slice(),
             origin: vec![(0, 0); MAX_BATCH].into_boxed_slice(),
+            shapes: vec![Shape::Plain; MAX_BATCH].into_boxed_slice(),
         }
     }
 }
@@ -347,6 +369,7 @@ pub(crate) struct BatchSocket {
     /// whether it is used now is also up to `gso_retry`.
     gso_wanted: bool,
     gso_retry: GsoRetry,
+    gso_tail: TailRule,
     stats: UdpStats,
     scratch: Scratch,
     /// Test hook: this many GSO sends fail with `fail_gso_errno` without reaching the kernel.
@@ -442,6 +465,7 @@ impl BatchSocket {
             caps,
             gso_wanted: gso,
             gso_retry: GsoRetry::new(cfg.gso_retry),
+            gso_tail: cfg.gso_tail,
             stats: UdpStats::default(),
             scratch: Scratch::new(),
             #[cfg(test)]
@@ -488,7 +512,9 @@ impl BatchSocket {
                         self.stats.gso_recoveries += 1;
                     }
                     // sendmmsg sends at least one entry when it succeeds.
-                    let (m, end) = self.scratch.origin[sent.clamp(1, entries) - 1];
+                    let sent = sent.clamp(1, entries);
+                    self.count_shapes(sent);
+                    let (m, end) = self.scratch.origin[sent - 1];
                     (msg, off) = if end == msgs[m].contents.len() { (m + 1, 0) } else { (m, end) };
                 }
                 Err(e) => match e.raw_os_error() {
@@ -549,14 +575,14 @@ impl BatchSocket {
             if self.caps.gro && buf.len() < GRO_BUFFER_LEN {
                 return Err(UdpError::BufferTooSmall { index: i, len: buf.len() });
             }
-            s.iovs[i] = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+            s.iovs[i][0] = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
             let h = &mut s.hdrs[i];
             h.msg_hdr.msg_name = (&raw mut s.names[i]).cast();
-            h.msg_hdr.msg_namelen = mem::size_of::<SockName>() as libc::socklen_t;
-            h.msg_hdr.msg_iov = &raw mut s.iovs[i];
+            h.msg_hdr.msg_namelen = SockName::LEN as libc::socklen_t;
+            h.msg_hdr.msg_iov = s.iovs[i].as_mut_ptr();
             h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_control = s.cmsgs[i].0.as_mut_ptr().cast();
-            h.msg_hdr.msg_controllen = CMSG_BUF_LEN as _;
+            h.msg_hdr.msg_control = s.cmsgs[i].as_mut_ptr();
+            h.msg_hdr.msg_controllen = CmsgBuf::LEN as _;
             h.msg_hdr.msg_flags = 0;
             h.msg_len = 0;
         }
@@ -600,9 +626,13 @@ impl BatchSocket {
                 len: if truncated {
                     0
                 } else {
-                    (s.hdrs[i].msg_len as usize).min(s.iovs[i].iov_len)
+                    (s.hdrs[i].msg_len as usize).min(s.iovs[i][0].iov_len)
                 },
-                segment_size: if truncated { None } else { gro_segment_size(h) },
+                segment_size: if truncated {
+                    None
+                } else {
+                    gro_segment_size(Cmsgs::of(&s.cmsgs[i], h))
+                },
                 truncated,
             };
         }
@@ -643,6 +673,13 @@ impl BatchSocket {
         if self.gso_enabled() { MAX_GSO_SEGMENTS } else { 1 }
     }
 
+    /// How big a [`Transmit`] to lay out now: [`BatchSocket::max_gso_segments`] and
+    /// [`MAX_GSO_BYTES`], less the room the pad needs under [`TailRule::NeverEqual`]. Larger
+    /// ones are still sent, partly as single datagrams.
+    pub(crate) fn gso_limits(&self) -> GsoLimits {
+        self.gso_tail.limits(self.max_gso_segments())
+    }
+
     /// The bound address (with the port the kernel picked, if 0 was asked for).
     pub(crate) fn local_addr(&self) -> SocketAddr {
         self.local
@@ -669,6 +706,7 @@ impl BatchSocket {
         mut off: usize,
     ) -> (usize, Option<usize>) {
         let gso = self.gso_enabled();
+        let tail = self.gso_tail;
         let s = &mut self.scratch;
         let mut first_gso = None;
         let mut i = 0;
@@ -677,36 +715,40 @@ impl BatchSocket {
             let len = t.contents.len();
             // Segmentation matters only when more than one datagram is left.
             let seg = t.segment_size.map(usize::from).filter(|&seg| seg < len - off);
-            let (end, cmsg) = match seg {
-                Some(seg) if gso => (len, Some(seg as u16)),
-                Some(seg) => (off + seg, None),
-                None => (len, None),
+            let (end, cmsg, shape) = match seg {
+                Some(seg) if gso => match tail.next(len - off, seg) {
+                    Next::Gso { pad: true } => (len, Some(seg as u16), Shape::Padded),
+                    Next::Gso { pad: false } if (len - off).is_multiple_of(seg) => {
+                        (len, Some(seg as u16), Shape::EqualTail)
+                    }
+                    Next::Gso { pad: false } => (len, Some(seg as u16), Shape::Plain),
+                    Next::Single => (off + seg, None, Shape::Single),
+                },
+                Some(seg) => (off + seg, None, Shape::Plain),
+                None => (len, None, Shape::Plain),
             };
             let chunk = &t.contents[off..end];
-            s.iovs[i] =
+            s.iovs[i][0] =
                 libc::iovec { iov_base: chunk.as_ptr().cast_mut().cast(), iov_len: chunk.len() };
+            // The kernel only reads a send's data: the pad is never written through.
+            s.iovs[i][1] = libc::iovec {
+                iov_base: gso_tail::PAD.as_ptr().cast_mut().cast(),
+                iov_len: gso_tail::PAD_LEN,
+            };
             let namelen = s.names[i].set(t.dst);
             let h = &mut s.hdrs[i].msg_hdr;
             h.msg_name = (&raw mut s.names[i]).cast();
             h.msg_namelen = namelen;
-            h.msg_iov = &raw mut s.iovs[i];
-            h.msg_iovlen = 1;
+            h.msg_iov = s.iovs[i].as_mut_ptr();
+            h.msg_iovlen = if shape == Shape::Padded { 2 } else { 1 };
             h.msg_flags = 0;
             match cmsg {
                 Some(seg) => {
-                    h.msg_control = s.cmsgs[i].0.as_mut_ptr().cast();
-                    h.msg_controllen = SEGMENT_CMSG_SPACE as _;
-                    // SAFETY: msg_control points at CMSG_BUF_LEN >= SEGMENT_CMSG_SPACE bytes of
-                    // cmsghdr-aligned storage owned by the scratch, and msg_controllen says so,
-                    // so CMSG_FIRSTHDR returns its start and the header and the u16 after it
-                    // are in bounds.
-                    unsafe {
-                        let c = libc::CMSG_FIRSTHDR(h);
-                        (*c).cmsg_level = libc::SOL_UDP;
-                        (*c).cmsg_type = libc::UDP_SEGMENT;
-                        (*c).cmsg_len = SEGMENT_CMSG_LEN as _;
-                        ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
-                    }
+                    let mut cmsgs = Encoder::new(&mut s.cmsgs[i]);
+                    // One message always fits the storage (msghdr's const assertions).
+                    cmsgs.push(libc::SOL_UDP, libc::UDP_SEGMENT, seg);
+                    h.msg_controllen = cmsgs.len() as _;
+                    h.msg_control = s.cmsgs[i].as_mut_ptr();
                     first_gso = first_gso.or(Some(i));
                 }
                 None => {
@@ -715,10 +757,23 @@ impl BatchSocket {
                 }
             }
             s.origin[i] = (msg, end);
+            s.shapes[i] = shape;
             i += 1;
             (msg, off) = if end == len { (msg + 1, 0) } else { (msg, end) };
         }
         (i, first_gso)
+    }
+
+    /// Counts what the first `sent` scratch entries were, once the kernel took them.
+    fn count_shapes(&mut self, sent: usize) {
+        for shape in &self.scratch.shapes[..sent] {
+            match shape {
+                Shape::Plain => {}
+                Shape::EqualTail => self.stats.gso_equal_tails += 1,
+                Shape::Padded => self.stats.gso_tail_pads += 1,
+                Shape::Single => self.stats.gso_tail_singles += 1,
+            }
+        }
     }
 
     /// One `sendmmsg` over the first `entries` scratch entries.
@@ -798,28 +853,29 @@ pub(crate) struct Coalesced {
 }
 
 /// Groups consecutive datagrams into GSO runs, in order: a run has one destination, at most
-/// `max_segments` datagrams (pass [`BatchSocket::max_gso_segments`]) and [`MAX_GSO_BYTES`] in
-/// all; every datagram has the first one's length except possibly the last, which is shorter
-/// and ends the run (the wireguard-go rule). `key` gives each item's destination and datagram
+/// `limits.segments` datagrams and `limits.bytes` in all (pass [`BatchSocket::gso_limits`]);
+/// every datagram has the first one's length except possibly the last, which is shorter and
+/// ends the run (the wireguard-go rule). `key` gives each item's destination and datagram
 /// length. The caller lays each run's datagrams back to back and sends it as one [`Transmit`].
 pub(crate) fn coalesce_plan<'a, T, F>(
     items: &'a [T],
-    max_segments: usize,
+    limits: GsoLimits,
     key: F,
 ) -> impl Iterator<Item = Coalesced> + 'a
 where
     F: Fn(&T) -> (SocketAddr, usize) + 'a,
 {
-    let max_segments = max_segments.clamp(1, MAX_GSO_SEGMENTS);
+    let max_segments = limits.segments.clamp(1, MAX_GSO_SEGMENTS);
+    let max_bytes = limits.bytes.min(MAX_GSO_BYTES);
     let mut next = 0;
     std::iter::from_fn(move || {
         let start = next;
         let (dst, seg) = key(items.get(start)?);
         let (mut count, mut bytes) = (1, seg);
-        if (1..=MAX_GSO_BYTES).contains(&seg) {
+        if (1..=max_bytes).contains(&seg) {
             while count < max_segments {
                 let Some((d, len)) = items.get(start + count).map(&key) else { break };
-                if d != dst || len == 0 || len > seg || bytes + len > MAX_GSO_BYTES {
+                if d != dst || len == 0 || len > seg || bytes + len > max_bytes {
                     break;
                 }
                 count += 1;
@@ -852,88 +908,10 @@ fn wait(fd: RawFd, events: libc::c_short, timeout: Duration) -> Result<bool, Udp
     Ok(n > 0)
 }
 
-/// Room for a socket address of either family, as `msg_name` of one message: the kernel writes
-/// the sender's there on receive, and reads the destination from it on send. By hand because
-/// the batch needs one per message, in place, without `sockaddr_storage`'s 128 bytes each.
-#[repr(C)]
-#[derive(Clone, Copy)]
-union SockName {
-    v4: libc::sockaddr_in,
-    v6: libc::sockaddr_in6,
-}
-
-impl SockName {
-    /// Writes `a`; returns the length to give the kernel.
-    fn set(&mut self, a: SocketAddr) -> libc::socklen_t {
-        match a {
-            SocketAddr::V4(a) => {
-                self.v4 = libc::sockaddr_in {
-                    sin_family: libc::AF_INET as libc::sa_family_t,
-                    sin_port: a.port().to_be(),
-                    sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
-                    sin_zero: [0; 8],
-                };
-                mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
-            }
-            SocketAddr::V6(a) => {
-                self.v6 = libc::sockaddr_in6 {
-                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                    sin6_port: a.port().to_be(),
-                    sin6_flowinfo: a.flowinfo(),
-                    sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
-                    sin6_scope_id: a.scope_id(),
-                };
-                mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
-            }
-        }
-    }
-
-    /// The address the kernel wrote, `len` bytes of it; `None` if it is of neither family or
-    /// shorter than its family's.
-    fn get(&self, len: libc::socklen_t) -> Option<SocketAddr> {
-        let len = len as usize;
-        // SAFETY: both variants are plain old data, valid for every bit pattern, and both start
-        // with the family field, so reading it (and then the variant it names) is sound.
-        let family = libc::c_int::from(unsafe { self.v4.sin_family });
-        match family {
-            libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
-                // SAFETY: as above.
-                let a = unsafe { self.v4 };
-                Some(SocketAddr::V4(SocketAddrV4::new(
-                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                    u16::from_be(a.sin_port),
-                )))
-            }
-            libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
-                // SAFETY: as above.
-                let a = unsafe { self.v6 };
-                Some(SocketAddr::V6(SocketAddrV6::new(
-                    Ipv6Addr::from(a.sin6_addr.s6_addr),
-                    u16::from_be(a.sin6_port),
-                    a.sin6_flowinfo,
-                    a.sin6_scope_id,
-                )))
-            }
-            _ => None,
-        }
-    }
-}
-
 /// The `UDP_GRO` segment size among a received message's control messages.
-fn gro_segment_size(h: &libc::msghdr) -> Option<usize> {
-    // SAFETY: `h` was filled by recvmmsg: msg_control points at this socket's control storage
-    // and msg_controllen is the length the kernel wrote, so the CMSG_* walk stays in bounds.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(h);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
-                let size = ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
-                return usize::try_from(size).ok().filter(|&s| s > 0);
-            }
-            c = libc::CMSG_NXTHDR(h, c);
-        }
-    }
-    None
+fn gro_segment_size(mut cmsgs: Cmsgs<'_>) -> Option<usize> {
+    let gro = cmsgs.find(|c| c.level == libc::SOL_UDP && c.ty == libc::UDP_GRO)?;
+    gro.read::<libc::c_int>().and_then(|size| usize::try_from(size).ok()).filter(|&s| s > 0)
 }
 
 fn setsockopt_int(
@@ -1066,6 +1044,7 @@ pub fn loopback_run(how: LoopbackSend, gro: bool, total: usize, size: usize) -> 
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
+    use std::net::{Ipv6Addr, SocketAddrV6};
     use std::time::Instant;
 
     use super::*;
@@ -1236,6 +1215,83 @@ mod tests {
                 assert_eq!((metas[0].len, metas[0].segment_size), (9300, Some(1000)));
             }
         }
+    }
+
+    fn never_equal_sender() -> BatchSocket {
+        let cfg = UdpConfig {
+            gro: false,
+            gso_tail: TailRule::NeverEqual,
+            ..UdpConfig::new(SocketAddrV4::new(LOOPBACK, 0))
+        };
+        BatchSocket::open(cfg).expect("open a loopback socket")
+    }
+
+    /// Under `TailRule::NeverEqual` a GSO message that would end on a full segment goes with
+    /// the pad as its last segment (a receiver with GRO gets it in the same buffer, one
+    /// without as a datagram of its own); one too short to pad goes as single datagrams; one
+    /// that ends shorter goes as it is. Without the rule, the first is an equal tail.
+    #[test]
+    fn under_never_equal_no_gso_message_ends_on_a_full_segment() {
+        let dgrams: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 1200)).collect();
+        let full = dgrams.concat();
+        let mut want = dgrams.clone();
+        want.push(gso_tail::PAD.to_vec());
+        for gro in [true, false] {
+            let (mut tx, mut rx) = (never_equal_sender(), open(false, gro));
+            assert_eq!(tx.gso_limits(), TailRule::NeverEqual.limits(MAX_GSO_SEGMENTS));
+            let t = Transmit { dst: rx.local_addr(), contents: &full, segment_size: Some(1200) };
+            assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
+            let (got, metas) = recv_all(&mut rx, 6);
+            assert_eq!(got, want, "gro {gro}");
+            if gro {
+                assert_eq!((metas.len(), metas[0].len), (1, 6018), "one buffer: {metas:?}");
+            }
+            let st = tx.stats();
+            assert_eq!((st.gso_tail_pads, st.gso_tail_singles, st.gso_equal_tails), (1, 0, 0));
+        }
+        // Three equal datagrams: each alone (two split off ahead of the last).
+        let (mut tx, mut rx) = (never_equal_sender(), open(false, true));
+        let three = dgrams[..3].concat();
+        let t = Transmit { dst: rx.local_addr(), contents: &three, segment_size: Some(1200) };
+        assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
+        let (got, metas) = recv_all(&mut rx, 3);
+        assert_eq!(got, dgrams[..3].to_vec());
+        assert!(metas.iter().all(|m| m.len == 1200), "{metas:?}");
+        let st = tx.stats();
+        assert_eq!((st.gso_tail_pads, st.gso_tail_singles, st.gso_equal_tails), (0, 2, 0));
+        // A shorter last datagram: as it is.
+        let mut short = full.clone();
+        short.truncate(4 * 1200 + 100);
+        let t = Transmit { dst: rx.local_addr(), contents: &short, segment_size: Some(1200) };
+        assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
+        let (got, metas) = recv_all(&mut rx, 5);
+        assert_eq!(got.concat(), short);
+        assert_eq!(metas.len(), 1);
+        assert_eq!(tx.stats().gso_tail_pads, 0);
+        // Without the rule the same full message ends on a full segment, and is counted.
+        let (mut tx, mut rx) = (open(true, false), open(false, true));
+        let t = Transmit { dst: rx.local_addr(), contents: &full, segment_size: Some(1200) };
+        assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
+        assert_eq!(recv_all(&mut rx, 5).0, dgrams);
+        let st = tx.stats();
+        assert_eq!((st.gso_tail_pads, st.gso_tail_singles, st.gso_equal_tails), (0, 0, 1));
+    }
+
+    /// A message laid out beyond the padded limits (64 full segments) still goes: the first
+    /// datagram alone, the other 63 with the pad.
+    #[test]
+    fn a_message_beyond_the_padded_limits_still_goes_without_an_equal_tail() {
+        let (mut tx, mut rx) = (never_equal_sender(), open(false, false));
+        let dgrams: Vec<Vec<u8>> = (0..64).map(|i| payload(i, 500)).collect();
+        let all = dgrams.concat();
+        let t = Transmit { dst: rx.local_addr(), contents: &all, segment_size: Some(500) };
+        assert_eq!(tx.send_batch(&[t], T0).expect("send"), 1);
+        let (got, _) = recv_all(&mut rx, 65);
+        let mut want = dgrams;
+        want.push(gso_tail::PAD.to_vec());
+        assert_eq!(got, want);
+        let st = tx.stats();
+        assert_eq!((st.gso_tail_pads, st.gso_tail_singles, st.gso_equal_tails), (1, 1, 0));
     }
 
     #[test]
@@ -1606,7 +1662,7 @@ mod tests {
         let a = SocketAddr::from(SocketAddrV4::new(LOOPBACK, 1));
         let b = SocketAddr::from(SocketAddrV4::new(LOOPBACK, 2));
         let plan = |items: &[(SocketAddr, usize)], max| {
-            coalesce_plan(items, max, |&(d, l)| (d, l))
+            coalesce_plan(items, TailRule::Any.limits(max), |&(d, l)| (d, l))
                 .map(|c| (c.start, c.count, c.bytes, c.segment_size))
                 .collect::<Vec<_>>()
         };
@@ -1633,5 +1689,15 @@ mod tests {
         // Empty datagrams are never coalesced.
         assert_eq!(plan(&[(a, 0), (a, 0)], 64), [(0, 1, 0, None), (1, 1, 0, None)]);
         assert_eq!(plan(&[], 64), []);
+        // Limits that leave room for the pad: 63 segments, and 18 bytes fewer: 46 × 1424 =
+        // 65504 bytes fit 65507, not 65489.
+        let padded = |items: &[(SocketAddr, usize)]| {
+            coalesce_plan(items, TailRule::NeverEqual.limits(64), |&(d, l)| (d, l))
+                .map(|c| c.count)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(padded(&many), [63, 7]);
+        assert_eq!(padded(&[(a, 1424); 50]), [45, 5]);
+        assert_eq!(plan(&[(a, 1424); 50], 64)[0].1, 46);
     }
 }

@@ -12,7 +12,7 @@
 //! - Receive: both sockets are read without waiting, the first one asked taking turns so that
 //!   a busy family cannot starve the other; a batch holds what both had, up to its buffers.
 //!   An error of either is returned only when nothing was received.
-//! - GSO: the fewer segments of the two; GRO: either (the receive buffers are sized for it,
+//! - GSO: the lower limits of the two; GRO: either (the receive buffers are sized for it,
 //!   and each message says whether it holds several datagrams).
 
 use std::io;
@@ -21,6 +21,7 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use super::io::UdpIo;
+use crate::dataplane::gso_tail::GsoLimits;
 use crate::dataplane::udp::{RecvMeta, Transmit, UdpError};
 use crate::time::Instant;
 
@@ -114,9 +115,13 @@ impl<U: UdpIo> UdpIo for FamilySockets<U> {
         }
     }
 
-    fn max_gso_segments(&self) -> usize {
-        let sockets = self.v4.iter().chain(self.v6.iter());
-        sockets.map(UdpIo::max_gso_segments).min().unwrap_or(1)
+    fn gso_limits(&self) -> GsoLimits {
+        let mut limits = self.v4.iter().chain(self.v6.iter()).map(UdpIo::gso_limits);
+        let first = limits.next().unwrap_or(GsoLimits::NONE);
+        limits.fold(first, |a, b| GsoLimits {
+            segments: a.segments.min(b.segments),
+            bytes: a.bytes.min(b.bytes),
+        })
     }
 
     fn gro(&self) -> bool {
@@ -147,6 +152,7 @@ mod tests {
         bad: Option<SocketAddr>,
         queued: Vec<SocketAddr>,
         fail_recv: bool,
+        limits: Option<GsoLimits>,
     }
 
     impl UdpIo for Rec {
@@ -180,8 +186,8 @@ mod tests {
             }
             Ok(n)
         }
-        fn max_gso_segments(&self) -> usize {
-            if self.sent.capacity() > 0 { 8 } else { 64 }
+        fn gso_limits(&self) -> GsoLimits {
+            self.limits.unwrap_or(GsoLimits { segments: 64, bytes: 65507 })
         }
         fn gro(&self) -> bool {
             false
@@ -263,10 +269,12 @@ mod tests {
     }
 
     #[test]
-    fn gso_takes_the_lower_limit_of_the_two() {
-        let v4 = Rec { sent: Vec::with_capacity(1), ..Rec::default() };
-        let s = FamilySockets::new(v4, Some(Rec::default()));
-        assert_eq!(s.max_gso_segments(), 8);
-        assert_eq!(FamilySockets::new(Rec::default(), None).max_gso_segments(), 64);
+    fn gso_takes_the_lower_limits_of_the_two() {
+        let v4 = Rec { limits: Some(GsoLimits { segments: 8, bytes: 65507 }), ..Rec::default() };
+        let v6 = Rec { limits: Some(GsoLimits { segments: 63, bytes: 9000 }), ..Rec::default() };
+        let s = FamilySockets::new(v4, Some(v6));
+        assert_eq!(s.gso_limits(), GsoLimits { segments: 8, bytes: 9000 });
+        let one = FamilySockets::new(Rec::default(), None).gso_limits();
+        assert_eq!(one, GsoLimits { segments: 64, bytes: 65507 });
     }
 }

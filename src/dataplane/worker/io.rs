@@ -5,6 +5,7 @@
 use std::io;
 use std::time::Duration;
 
+use crate::dataplane::gso_tail::GsoLimits;
 use crate::dataplane::udp::{self, RecvMeta, Transmit, UdpError};
 use crate::time::Instant;
 
@@ -44,8 +45,9 @@ pub trait UdpIo: Send {
         metas: &mut [RecvMeta],
         timeout: Duration,
     ) -> Result<usize, UdpError>;
-    /// Datagrams per GSO message (1: no GSO).
-    fn max_gso_segments(&self) -> usize;
+    /// How big a GSO message to lay out now (one datagram: no GSO); see
+    /// [`udp::BatchSocket::gso_limits`].
+    fn gso_limits(&self) -> GsoLimits;
     /// Whether received buffers may hold several datagrams (UDP GRO).
     fn gro(&self) -> bool;
     /// The file descriptor to wait on for readability, if the socket has one.
@@ -71,8 +73,8 @@ impl UdpIo for udp::BatchSocket {
     ) -> Result<usize, UdpError> {
         udp::BatchSocket::recv_batch(self, bufs, metas, timeout)
     }
-    fn max_gso_segments(&self) -> usize {
-        if self.gso_enabled() { udp::BatchSocket::max_gso_segments(self) } else { 1 }
+    fn gso_limits(&self) -> GsoLimits {
+        udp::BatchSocket::gso_limits(self)
     }
     fn gro(&self) -> bool {
         self.capabilities().gro

@@ -24,7 +24,9 @@
 //!
 //! # Contract
 //! Buffers are allocated once per worker; the per-packet path allocates nothing, takes no lock
-//! (the route table is loaded wait-free once per batch) and logs nothing: every drop is counted
+//! (the route table is loaded wait-free once per batch) and logs nothing (but one WARN, at most
+//! every 10 minutes, about a peer whose datagrams arrive malformed at a rate: see
+//! [`crate::dataplane::malformed_peers`]): every drop is counted
 //! by reason in the thread's own [`PacketCounters`] block (see
 //! [`Counters::thread`](super::counters::Counters::thread): one per thread, on cache lines of
 //! its own, summed only when `/metrics` is read). The TX path reads its [`Clock`] once per
@@ -118,10 +120,11 @@ pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
     cx: &Context<'_, T>,
     sock: &mut U,
     cfg: WorkerConfig,
+    clock: Arc<dyn Clock>,
     idle: &mut Idle,
     stop: &StopSignal,
 ) {
-    let mut rx = RxPath::new(cx.tun, sock, &cfg);
+    let mut rx = RxPath::new(cx.tun, sock, &cfg, clock);
     while !stop.is_stopped() {
         if rx.step(cx, sock) > 0 {
             supervise::injected_fault();
@@ -148,7 +151,7 @@ pub(crate) fn run_both<T: TunIo, U: UdpIo>(
     stop: &StopSignal,
 ) {
     let mut tx = TxPath::new(cx.tun, &cfg, clock.clone());
-    let mut rx = RxPath::new(cx.tun, sock, &cfg);
+    let mut rx = RxPath::new(cx.tun, sock, &cfg, clock.clone());
     let mut spin = spin::SpinPolicy::new(cfg.spin, clock.now());
     // Reading the clock costs a few tens of nanoseconds (vDSO); only a spinning loop needs it.
     let spins = !cfg.spin.is_zero();
@@ -249,7 +252,7 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
         let rx = std::thread::Builder::new().name(thread.clone()).spawn(move || {
             let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
             supervise(&thread, &states, policy, &*clock, stop.flag(), || {
-                run_rx(&cx, &mut rx, cfg, &mut idle, &stop)
+                run_rx(&cx, &mut rx, cfg, clock.clone(), &mut idle, &stop)
             })
         })?;
         Ok(vec![tx, rx])
@@ -266,7 +269,7 @@ fn with_second<U: UdpIo>(
 
 #[cfg(test)]
 mod tests {
-    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
     use std::sync::atomic::Ordering;
 
     use super::tx::send_skipping;
@@ -274,6 +277,7 @@ mod tests {
     use crate::config::BackendKind;
     use crate::dataplane::counters::PacketTotals;
     use crate::dataplane::fake::{FakeNet, FakeTun};
+    use crate::dataplane::gso_tail::{GsoLimits, TailRule};
     use crate::dataplane::offload::testutil::Pkt;
     use crate::dataplane::pipeline::OwnSubnet;
     use crate::dataplane::pipeline::{DropReason, HEADROOM};
@@ -310,8 +314,8 @@ mod tests {
         ) -> Result<usize, UdpError> {
             Ok(0)
         }
-        fn max_gso_segments(&self) -> usize {
-            1
+        fn gso_limits(&self) -> GsoLimits {
+            GsoLimits::NONE
         }
         fn gro(&self) -> bool {
             false
@@ -338,8 +342,8 @@ mod tests {
         ) -> Result<usize, UdpError> {
             Ok(0)
         }
-        fn max_gso_segments(&self) -> usize {
-            1
+        fn gso_limits(&self) -> GsoLimits {
+            GsoLimits::NONE
         }
         fn gro(&self) -> bool {
             false
@@ -425,6 +429,7 @@ mod tests {
             own,
             icmp_source: Ipv4Addr::new(10, 244, 0, 0),
             icmp_limit: Arc::default(),
+            malformed: Arc::default(),
             ipv6: Default::default(),
         };
         (fwd, routes)
@@ -443,18 +448,23 @@ mod tests {
         spin: Duration::ZERO,
     };
 
-    /// Reads into host 1's TUN (with offloads) one flow's seq 1000..1500 alone, then
-    /// 1500..4500 as a TSO super-packet of 1000-byte segments, then 4500..4600 alone; and
-    /// returns the bytes of the stream.
-    fn inject_stream(tun: &FakeTun) -> Vec<u8> {
-        let tso = Header {
+    /// The virtio header of a TCPv4 TSO super-packet of 1000-byte segments.
+    fn tso_1000() -> Header {
+        Header {
             flags: 0,
             gso_type: virtio_net::GSO_TCPV4,
             hdr_len: 40,
             gso_size: 1000,
             csum_start: 20,
             csum_offset: 16,
-        };
+        }
+    }
+
+    /// Reads into host 1's TUN (with offloads) one flow's seq 1000..1500 alone, then
+    /// 1500..4500 as a TSO super-packet of 1000-byte segments, then 4500..4600 alone; and
+    /// returns the bytes of the stream.
+    fn inject_stream(tun: &FakeTun) -> Vec<u8> {
+        let tso = tso_1000();
         let mut stream = Vec::new();
         for (seq, len, hdr) in
             [(1000, 500, Header::NONE), (1500, 3000, tso), (4500, 100, Header::NONE)]
@@ -489,7 +499,7 @@ mod tests {
                 &mut pool,
             ) > 0
         );
-        let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
+        let mut rx = RxPath::new(&*tun2, &sock2, &CFG, clock());
         assert!(
             rx.step(
                 &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
@@ -532,7 +542,7 @@ mod tests {
             for s in &segs {
                 net.send_raw(from, SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472), s);
             }
-            let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
+            let mut rx = RxPath::new(&*tun2, &sock2, &CFG, clock());
             assert!(
                 rx.step(
                     &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
@@ -558,7 +568,7 @@ mod tests {
         let c2 = PacketCounters::default();
         let from = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001);
         net.send_raw(from, SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472), &[0; 70_000]);
-        let mut rx = RxPath::new(&*tun2, &sock2, &CFG);
+        let mut rx = RxPath::new(&*tun2, &sock2, &CFG, clock());
         assert!(
             rx.step(
                 &Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 },
@@ -570,6 +580,46 @@ mod tests {
         assert_eq!(totals.drops(DropReason::RxTruncated), 1);
         assert_eq!(totals.drops(DropReason::RxMalformed), 0);
         assert!(tun2.take_written(Duration::ZERO).is_none());
+    }
+
+    /// A known peer whose datagrams arrive malformed (VXLAN headers cut short) at a rate
+    /// raises one alarm: counted, and logged through the data plane's shared log, which then
+    /// holds back another alarm about that peer. Fewer than the threshold raise none, and an
+    /// unknown sender's garbage none at all.
+    #[test]
+    fn a_peer_sending_malformed_datagrams_at_a_rate_raises_one_alarm() {
+        use crate::dataplane::malformed_peers::THRESHOLD;
+        let net = FakeNet::new();
+        let tun2 = FakeTun::with_vnet_hdr();
+        let to = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472);
+        let mut sock2 = net.bind(to);
+        let (fwd2, routes2) = host(BackendKind::Vxlan, 2, 1);
+        let c2 = PacketCounters::default();
+        let peer = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001);
+        let stranger = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 99), 40001);
+        let mut rx = RxPath::new(&*tun2, &sock2, &CFG, clock());
+        let mut drain = |rx: &mut RxPath| {
+            let cx = Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 };
+            while rx.step(&cx, &mut sock2) > 0 {}
+            let mut totals = PacketTotals::default();
+            c2.add_to(&mut totals);
+            (totals.drops(DropReason::RxMalformed), totals.malformed_alarms)
+        };
+        for _ in 0..THRESHOLD - 1 {
+            net.send_raw(peer, to, &[0x08, 0, 0]);
+        }
+        for _ in 0..3 * THRESHOLD {
+            net.send_raw(stranger, to, &[0x08, 0, 0]);
+        }
+        let below = u64::from(THRESHOLD - 1 + 3 * THRESHOLD);
+        assert_eq!(drain(&mut rx), (below, 0), "below the threshold, and a stranger's");
+        net.send_raw(peer, to, &[0x08, 0, 0]);
+        assert_eq!(drain(&mut rx), (below + 1, 1), "the threshold");
+        for _ in 0..THRESHOLD {
+            net.send_raw(peer, to, &[0x08, 0, 0]);
+        }
+        assert_eq!(drain(&mut rx).1, 1, "one alarm per window");
+        assert!(!fwd2.malformed.admit(IpAddr::V4(*peer.ip()), Instant::ZERO), "it was logged");
     }
 
     /// Single datagrams to one peer leave as one GSO message: equal sizes, the last one
@@ -610,6 +660,50 @@ mod tests {
             sizes.into_iter().enumerate().map(|(i, s)| (i as u32, s)).collect();
         assert_eq!(got, want);
         assert_eq!(counters.tx_packets.load(Ordering::Relaxed), 7);
+    }
+
+    /// Under the equal-tail workaround (a socket whose GSO messages never end on a full
+    /// segment), a TSO super-packet's equal segments and a run of equal single datagrams each
+    /// leave as one GSO message ending on the pad; the peer delivers every packet and drops
+    /// the pads as `gso_tail_pad`, never as malformed. Without it, no pad is sent.
+    #[test]
+    fn under_the_equal_tail_workaround_gso_messages_end_on_the_pad_the_peer_drops() {
+        for (tail, pads) in [(TailRule::NeverEqual, 2), (TailRule::Any, 0)] {
+            let net = FakeNet::new();
+            let (tun1, tun2) = (FakeTun::with_vnet_hdr(), FakeTun::with_vnet_hdr());
+            let mut pool = vec![net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40001))];
+            pool[0].set_gso_tail(tail);
+            let mut sock2 = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472));
+            let ((fwd1, routes1), (fwd2, routes2)) =
+                (host(BackendKind::Vxlan, 1, 2), host(BackendKind::Vxlan, 2, 1));
+            let (c1, c2) = (PacketCounters::default(), PacketCounters::default());
+            let tso = tso_1000();
+            let mut frame = vec![0u8; virtio_net::LEN];
+            tso.emit(&mut frame).unwrap();
+            frame.extend(Pkt::tcp4(6000).build());
+            tun1.inject(&frame);
+            for i in 0..5 {
+                let mut p = Pkt::tcp4(1000);
+                p.seq = 10_000 + 1000 * i;
+                let mut frame = vec![0u8; virtio_net::LEN];
+                frame.extend(p.build());
+                tun1.inject(&frame);
+            }
+            let mut tx = TxPath::new(&*tun1, &CFG, clock());
+            let cx1 = Context { tun: &*tun1, fwd: &fwd1, routes: &routes1, counters: &c1 };
+            assert!(tx.step(&cx1, &mut pool) > 0);
+            assert_eq!(pool[0].pads_sent(), pads, "{tail:?}");
+            assert_eq!(pool[0].messages_sent(), 2, "{tail:?}: one GSO message each");
+            let mut rx = RxPath::new(&*tun2, &sock2, &CFG, clock());
+            let cx2 = Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 };
+            assert!(rx.step(&cx2, &mut sock2) > 0);
+            let mut totals = PacketTotals::default();
+            c2.add_to(&mut totals);
+            assert_eq!(totals.rx_packets, 11, "{tail:?}");
+            assert_eq!(totals.drops(DropReason::RxGsoPad), pads as u64, "{tail:?}");
+            assert_eq!(totals.drops(DropReason::RxMalformed), 0, "{tail:?}");
+            assert_eq!(totals.drops(DropReason::RxBadFlags), 0, "{tail:?}");
+        }
     }
 
     /// A socket that turned GSO off sends one datagram per message. (The `udp_gso` gauge follows

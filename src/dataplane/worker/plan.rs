@@ -9,7 +9,7 @@
 //! - Sockets: a datagram leaves from socket `flow % sockets`, so one flow keeps one outer
 //!   source port.
 //! - Runs: consecutive datagrams to one peer from one socket form a GSO run
-//!   ([`udp::coalesce_plan`]: one destination, at most the socket's GSO segments, one segment
+//!   ([`udp::coalesce_plan`]: one destination, within the socket's [`GsoLimits`], one segment
 //!   size but a shorter last). A run is copied back to back into the send buffer; a run of one
 //!   datagram is sent from its read slot, uncopied.
 //! - Room: a batch holds at most [`MAX_BATCH`] messages and as many runs as fit in the buffer
@@ -21,6 +21,7 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 
+use crate::dataplane::gso_tail::GsoLimits;
 use crate::dataplane::udp::{self, MAX_BATCH};
 
 /// A datagram encapsulated in its read slot, waiting to be sent.
@@ -84,13 +85,13 @@ impl<'a> TxPlan<'a> {
     }
 
     /// Plans the next batch into `out`: messages from `sockets` sockets, where socket `s` takes
-    /// GSO messages of at most `max_segments(s)` datagrams (1: no GSO), with runs laid out in a
+    /// GSO messages within `limits(s)` (one datagram: no GSO), with runs laid out in a
     /// buffer of `buf_len` bytes (each batch reuses it from the start). Returns how many
     /// messages it planned: 0 once every datagram is planned.
     pub(crate) fn next_batch(
         &mut self,
         sockets: usize,
-        max_segments: impl Fn(usize) -> usize,
+        limits: impl Fn(usize) -> GsoLimits,
         buf_len: usize,
         out: &mut [Planned; MAX_BATCH],
     ) -> usize {
@@ -102,7 +103,7 @@ impl<'a> TxPlan<'a> {
             let i = self.next;
             let sock = sock_of(&pending[i]);
             let stretch = pending[i..].iter().take_while(|p| sock_of(p) == sock).count();
-            let runs = udp::coalesce_plan(&pending[i..i + stretch], max_segments(sock), |p| {
+            let runs = udp::coalesce_plan(&pending[i..i + stretch], limits(sock), |p| {
                 (p.dst, p.range.len())
             });
             // A non-empty stretch always has a first run.
@@ -140,6 +141,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
+    use crate::dataplane::gso_tail::TailRule;
 
     fn peer(d: u8) -> SocketAddr {
         SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, d), 8472))
@@ -164,7 +166,7 @@ mod tests {
         let mut out = empty();
         let mut all = Vec::new();
         loop {
-            let n = plan.next_batch(sockets, |_| gso, buf_len, &mut out);
+            let n = plan.next_batch(sockets, |_| TailRule::Any.limits(gso), buf_len, &mut out);
             if n == 0 {
                 return all;
             }

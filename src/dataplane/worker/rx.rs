@@ -1,16 +1,24 @@
-//! The RX path: UDP → validation and decapsulation → (GRO) → TUN.
+//! The RX path: UDP → validation and decapsulation → (GRO) → TUN. A peer whose datagrams
+//! arrive malformed at a rate is said once at WARN ([`crate::dataplane::malformed_peers`]).
 
 use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+use tracing::warn;
 
 use super::Context;
 use super::WorkerConfig;
 use super::io::{TunIo, UdpIo};
 use crate::dataplane::counters::PacketCounters;
+use crate::dataplane::malformed_peers::{Alarm, MalformedWatch};
 use crate::dataplane::offload::{GroConfig, GroTable, MAX_CHAIN, PacketRef};
-use crate::dataplane::pipeline::{DropReason, Rx};
+use crate::dataplane::pipeline::{DropReason, Forwarder, Rx};
 use crate::dataplane::udp::{self, MAX_BATCH, RecvMeta};
+use crate::route::RouteTable;
+use crate::time::Clock;
 
 /// The RX path's buffers, allocated once: UDP → validation and decapsulation → (GRO) → TUN.
 pub struct RxPath {
@@ -20,6 +28,9 @@ pub struct RxPath {
     refs: Vec<PacketRef>,
     gro: GroTable,
     vnet: bool,
+    /// Peers' suspect datagrams, counted for [`crate::dataplane::malformed_peers`].
+    watch: MalformedWatch,
+    clock: Arc<dyn Clock>,
 }
 
 /// The most datagrams UDP GRO puts in one receive buffer (the kernel's `UDP_GRO_CNT_MAX`).
@@ -30,8 +41,14 @@ const GRO_SEGMENTS: usize = 64;
 const GRO_PASS: usize = MAX_BATCH * GRO_SEGMENTS;
 
 impl RxPath {
-    /// Buffers for batches of `cfg.batch` messages from `sock` to `tun`.
-    pub fn new<T: TunIo, U: UdpIo>(tun: &T, sock: &U, cfg: &WorkerConfig) -> Self {
+    /// Buffers for batches of `cfg.batch` messages from `sock` to `tun`; `clock` dates the
+    /// suspect datagrams ([`crate::dataplane::malformed_peers`]).
+    pub fn new<T: TunIo, U: UdpIo>(
+        tun: &T,
+        sock: &U,
+        cfg: &WorkerConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         let batch = cfg.batch.clamp(1, MAX_BATCH);
         let vnet = tun.vnet_hdr();
         let buf_len = if sock.gro() { udp::GRO_BUFFER_LEN } else { 65536 };
@@ -44,6 +61,8 @@ impl RxPath {
             refs: Vec::with_capacity(pass),
             gro: GroTable::new(GroConfig { tcp: cfg.gro_tcp, udp: cfg.gro_udp }, pass.max(1)),
             vnet,
+            watch: MalformedWatch::new(),
+            clock,
         }
     }
 
@@ -53,7 +72,7 @@ impl RxPath {
     /// the caller may sleep on it.
     pub fn step<T: TunIo, U: UdpIo>(&mut self, cx: &Context<'_, T>, sock: &mut U) -> usize {
         let &Context { tun, fwd, routes, counters } = cx;
-        let Self { bufs, metas, refs, gro, vnet } = self;
+        let Self { bufs, metas, refs, gro, vnet, watch, clock } = self;
         let n = match sock.recv_batch(bufs, metas, Duration::ZERO) {
             Ok(n) => n,
             Err(_) => {
@@ -100,7 +119,13 @@ impl RxPath {
                             counters.io_errors.fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                    Rx::Drop(reason) => counters.count_drop(reason),
+                    Rx::Drop(reason) => {
+                        counters.count_drop(reason);
+                        if reason.is_suspect() {
+                            let (watch, clock) = (&mut *watch, &**clock);
+                            note_suspect(watch, clock, fwd, &table, counters, meta.src, reason);
+                        }
+                    }
                 }
                 off = end;
             }
@@ -115,6 +140,47 @@ impl RxPath {
         counters.rx_bytes.fetch_add(delivered_bytes, Ordering::Relaxed);
         // A batch of truncated datagrams only still moved something: the caller must not sleep.
         received.max(1)
+    }
+}
+
+/// Counts a suspect datagram from `src` (a known peer's, else it is nobody's business here) and
+/// says so, once, if its peer now sends them at a rate ([`crate::dataplane::malformed_peers`]): the WARN at most
+/// every [`crate::dataplane::malformed_peers::QUIET`] per peer whichever worker saw it, the alarm always counted.
+#[cold]
+fn note_suspect(
+    watch: &mut MalformedWatch,
+    clock: &dyn Clock,
+    fwd: &Forwarder,
+    table: &RouteTable,
+    counters: &PacketCounters,
+    src: SocketAddr,
+    reason: DropReason,
+) {
+    let known = match src.ip() {
+        IpAddr::V4(ip) => table.is_known_peer(ip),
+        IpAddr::V6(ip) => table.is_known_peer6(ip),
+    };
+    if !known {
+        return;
+    }
+    let now = clock.now();
+    let (_, label) = reason.labels();
+    let Some(Alarm { peer, count, over, reason }) = watch.record(src.ip(), label, now) else {
+        return;
+    };
+    counters.malformed_alarms.fetch_add(1, Ordering::Relaxed);
+    if fwd.malformed.admit(peer, now) {
+        let what = reason;
+        warn!(
+            %peer,
+            count,
+            over = ?over,
+            last_reason = what,
+            "datagrams from peer {peer} arrive malformed at a rate ({count} in {over:?}; the \
+             last: {what}): likely its kernel mangles offloaded sends (a UDP GSO or VXLAN \
+             segmentation bug); see docs/troubleshooting.md, \"Malformed datagrams from a \
+             peer\" (said at most every 10 minutes per peer)"
+        );
     }
 }
 

@@ -14,7 +14,7 @@ use super::plan::{Carries, Pending, Planned, TxPlan};
 use crate::dataplane::counters::PacketCounters;
 use crate::dataplane::offload;
 use crate::dataplane::pipeline::{DropReason, HEADROOM, Refusal, Tx};
-use crate::dataplane::udp::{MAX_BATCH, MAX_GSO_BYTES, Transmit, UdpError};
+use crate::dataplane::udp::{MAX_BATCH, Transmit, UdpError};
 use crate::dataplane::wire::virtio_net::{self, Header};
 use crate::time::{Clock, Instant};
 
@@ -168,7 +168,7 @@ fn send_pending<U: UdpIo>(
         what: Carries::One { index: 0 },
     }; MAX_BATCH];
     loop {
-        let n = plan.next_batch(pool.len(), |s| pool[s].max_gso_segments(), buf.len(), &mut msgs);
+        let n = plan.next_batch(pool.len(), |s| pool[s].gso_limits(), buf.len(), &mut msgs);
         if n == 0 {
             return;
         }
@@ -349,7 +349,8 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
     // many as the socket takes.
     let sock = route.flow as usize % pool.len();
     let stride = segs.stride();
-    let per_msg = pool[sock].max_gso_segments().min(MAX_GSO_BYTES / stride.max(1)).max(1);
+    let limits = pool[sock].gso_limits();
+    let per_msg = limits.segments.min(limits.bytes / stride.max(1)).max(1);
     let mut txs = [Transmit { dst: route.to, contents: &[], segment_size: None }; MAX_BATCH];
     let mut k = 0;
     let mut i = 0;
