@@ -557,6 +557,24 @@ fn the_package_installs_and_its_unit_runs_under_systemd() {
     ping_all_pairs(&pods, Families::V4);
 
     // A clean stop, then a start that finds its state and subnet.env kept.
+    // Type=notify: systemd says active only after weft said READY=1, and shows its status.
+    let status = unit_property(&podman, &name, "StatusText");
+    assert!(status.starts_with("holding "), "StatusText={status}");
+    // A crash (kill -9): Restart=on-failure starts weft again, and systemd's fd store gives
+    // the new process the TUN device and sockets the old one left there.
+    let crashed = unit_property(&podman, &name, "MainPID");
+    podman.sh(&name, "systemctl kill -s KILL weft");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while unit_property(&podman, &name, "MainPID") == crashed
+        || unit_property(&podman, &name, "ActiveState") != "active"
+    {
+        assert!(Instant::now() < deadline, "weft.service was not restarted after kill -9");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(wait_unit_ready(&podman, &name, &host), subnet, "a crash changed the subnet");
+    let journal = podman.sh(&name, "journalctl -u weft --no-pager -o cat");
+    assert!(journal.contains("taking the data plane from systemd's fd store"), "{journal}");
+    ping_all_pairs(&pods, Families::V4);
     podman.sh(&name, "systemctl stop weft");
     assert_eq!(unit_property(&podman, &name, "Result"), "success");
     assert_eq!(unit_property(&podman, &name, "ExecMainStatus"), "0");

@@ -635,6 +635,7 @@ impl Lab {
             ttl: TTL.to_owned(),
             stderr: Stderr::LogFile,
             exe: None,
+            wrapper: Vec::new(),
             process: Daemon::default(),
         }
     }
@@ -842,6 +843,9 @@ pub struct Weft {
     pub stderr: Stderr,
     /// The binary the next [`Weft::start`] runs (`None`: the one cargo built for the test).
     pub exe: Option<PathBuf>,
+    /// A command the next [`Weft::start`] runs weft under (`wrapper... weft run ...`), e.g. a
+    /// shell that arranges inherited descriptors as a service manager would.
+    pub wrapper: Vec<String>,
     process: Daemon,
 }
 
@@ -887,7 +891,7 @@ impl Weft {
         }
         weft.extend(self.extra.iter().cloned());
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.ns]);
+        cmd.args(["netns", "exec", &self.ns]).args(&self.wrapper);
         match &self.nonroot {
             None => {
                 cmd.args(&weft);
@@ -984,6 +988,7 @@ impl Weft {
             ttl: self.ttl.clone(),
             stderr: Stderr::LogFile,
             exe: None,
+            wrapper: Vec::new(),
             process: Daemon::default(),
         }
     }

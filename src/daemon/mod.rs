@@ -42,6 +42,7 @@ use crate::vocab::MacAddr;
 
 mod handover;
 mod netlink_watch;
+mod systemd;
 mod tun;
 mod underlay;
 mod upgrade;
@@ -306,10 +307,23 @@ pub(crate) fn previous_subnet(path: &Path, network: &NetworkConfig) -> Option<Su
 pub type StoreConnect =
     std::pin::Pin<Box<dyn Future<Output = anyhow::Result<Arc<dyn Store>>> + Send>>;
 
+/// The lease `subnet.env` names (both halves), if it names a subnet of this network: what a
+/// data plane taken from systemd's fd store forwards for until the keeper says otherwise.
+fn previous_lease(path: &Path, network: &NetworkConfig) -> Option<LeaseName> {
+    let subnet = previous_subnet(path, network)?;
+    let ipv6 = match subnet_env::read(path) {
+        ReadOutcome::Valid(env) => env.ipv6.map(|v6| v6.subnet),
+        _ => None,
+    };
+    Some(LeaseName { subnet, ipv6: ipv6.filter(|_| network.ipv6.is_some()) })
+}
+
 /// Runs the daemon until `stop` is requested (SIGTERM/SIGINT, a panic, see [`crate::stop`]),
 /// or until it has handed everything to the next process of this node ([`handover`]); on
 /// `SIGHUP` it re-executes itself, handing everything over ([`upgrade`]).
 pub async fn run(opts: RunOptions, connect: StoreConnect, stop: Arc<Stop>) -> anyhow::Result<()> {
+    // What systemd's fd store gave back, taken at once: nothing inherits it meanwhile.
+    let stored = systemd::stored_dataplane();
     // --takeover (and this process's own image after SIGHUP): everything is asked of the weft
     // running on the state dir, which goes on as before should that fail.
     let mut incoming = None;
@@ -332,7 +346,7 @@ pub async fn run(opts: RunOptions, connect: StoreConnect, stop: Arc<Stop>) -> an
                 Err(e)
             }
         },
-        None => match start_fresh(&opts, connect, &stop).await? {
+        None => match start_fresh(&opts, connect, &stop, stored).await? {
             Some(started) => serve(opts, started, stop).await,
             None => {
                 info!("weft stopped");
@@ -362,6 +376,8 @@ struct Started {
     route_watcher: tokio::task::JoinHandle<()>,
     subnet_tx: watch::Sender<Option<LeaseName>>,
     dataplane: Option<(Arc<Dataplane>, Vec<tokio::task::JoinHandle<()>>)>,
+    /// How many descriptors the data plane was taken with from systemd's fd store.
+    stored_fds: usize,
 }
 
 /// The health server and the lease plane's status, as every start makes them.
@@ -403,6 +419,7 @@ async fn start_fresh(
     opts: &RunOptions,
     connect: StoreConnect,
     stop: &Arc<Stop>,
+    mut stored: Option<HandedDataplane>,
 ) -> anyhow::Result<Option<Started>> {
     let clock: Arc<dyn Clock> = Arc::new(BootClock);
     let mut shutdown_rx = stop.subscribe();
@@ -455,7 +472,13 @@ async fn start_fresh(
         keeper_config(opts, &network, attrs, &node, incarnation, previous),
         clock.now(),
     );
-    let (subnet_tx, subnet_rx) = watch::channel(None);
+    // A data plane from systemd's fd store still forwards for the subnet subnet.env names (its
+    // device has that address): so does this process, until the keeper says otherwise.
+    if opts.dataplane != DataplaneMode::Tun {
+        stored = None;
+    }
+    let provisional = stored.as_ref().and_then(|_| previous_lease(&opts.subnet_file, &network));
+    let (subnet_tx, subnet_rx) = watch::channel(provisional);
     let routes = Arc::new(Routes::new({
         let (net, len) = network.leased_network();
         RouteTable::build_in(net, len, [])
@@ -470,7 +493,38 @@ async fn start_fresh(
         &shutdown_rx,
     );
     let offloads = offload_decisions(opts);
-    let dataplane = if opts.dataplane == DataplaneMode::Tun {
+    let stored_fds = stored.as_ref().map_or(0, |s| s.fds.len());
+    let adopted = match stored {
+        Some(handed) => {
+            health.add_collector(Arc::new(offloads.clone()));
+            let bound_for = handed.layout.public_ip();
+            let cfg = dataplane_config(opts, &network, &underlay, public_ipv6, vtep_mac, &offloads);
+            match Dataplane::adopt(cfg, routes.clone(), handed, provisional) {
+                Ok(dp) => {
+                    if bound_for != underlay.public_ip
+                        && let Err(e) = dp.set_public_ip(underlay.public_ip)
+                    {
+                        warn!(error = %e, "the data plane from systemd's fd store is bound for {bound_for}; re-binding on {} failed", underlay.public_ip);
+                    }
+                    Some(run_dataplane(
+                        dp,
+                        &health,
+                        subnet_rx.clone(),
+                        &shutdown_rx,
+                        opts.netlink_resync,
+                    ))
+                }
+                Err(e) => {
+                    warn!(error = %e, "the data plane in systemd's fd store cannot be taken: starting afresh");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    let dataplane = if adopted.is_some() {
+        adopted
+    } else if opts.dataplane == DataplaneMode::Tun {
         health.add_collector(Arc::new(offloads.clone()));
         // One weft per TUN device: wait while another process has it attached. Should one
         // appear between the check and the start, the start refuses it and we wait again.
@@ -518,6 +572,7 @@ async fn start_fresh(
         route_watcher,
         subnet_tx,
         dataplane,
+        stored_fds,
     }))
 }
 
@@ -641,6 +696,7 @@ async fn start_handed(
         route_watcher,
         subnet_tx,
         dataplane,
+        stored_fds: 0,
     })
 }
 /// Says at start what the network config is and what of it weft does not do.
@@ -744,6 +800,7 @@ async fn serve(opts: RunOptions, started: Started, stop: Arc<Stop>) -> anyhow::R
         route_watcher,
         subnet_tx,
         dataplane,
+        stored_fds,
     } = started;
     let shutdown_rx = stop.subscribe();
     // A worker thread that panicked too often: shut down like on SIGTERM (the lease is kept
@@ -787,7 +844,7 @@ async fn serve(opts: RunOptions, started: Started, stop: Arc<Stop>) -> anyhow::R
         keeper,
         node.clone(),
         clock,
-        lease_health,
+        lease_health.clone(),
         DriverConfig {
             network: network.clone(),
             subnet_file: opts.subnet_file.clone(),
@@ -816,6 +873,13 @@ async fn serve(opts: RunOptions, started: Started, stop: Arc<Stop>) -> anyhow::R
         handed_to: Arc::default(),
     };
     let handed_over = upgrades.handed_over();
+    let notifier = tokio::spawn(systemd::run(
+        health.clone(),
+        lease_health.clone(),
+        dataplane.as_ref().map(|(dp, _)| dp.clone()),
+        stored_fds,
+        stop.clone(),
+    ));
     let upgrader = tokio::spawn(upgrade::serve(upgrades, takeover, stop.clone()));
     // A task of its own: should the driver panic, the data plane is still stopped below (the
     // lease is then left to its TTL or to the next weft on this state dir).
@@ -829,6 +893,7 @@ async fn serve(opts: RunOptions, started: Started, stop: Arc<Stop>) -> anyhow::R
         _ => None,
     };
     let _ = tokio::time::timeout(Duration::from_secs(3), follower).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), notifier).await;
     let _ = tokio::time::timeout(Duration::from_secs(3), route_watcher).await;
     let mut given_up = false;
     if let Some((dp, tasks)) = dataplane {

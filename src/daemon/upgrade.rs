@@ -261,14 +261,19 @@ impl Upgrades {
             return InPlace::KeptHere("the path of weft's binary is unknown".into());
         };
         info!(exe = %exec.exe.display(), "SIGHUP: upgrading in place; a bridge process takes over meanwhile");
+        super::systemd::reloading();
+        let kept = |why: String| {
+            super::systemd::ready_again();
+            InPlace::KeptHere(why)
+        };
         if let Err(e) = spawn_bridge(&exec) {
-            return InPlace::KeptHere(format!("starting the bridge: {e:#}"));
+            return kept(format!("starting the bridge: {e:#}"));
         }
         let conn = match tokio::time::timeout(handover::STEP_TIMEOUT, takeover.accept()).await {
             Ok(Ok((c, _))) => c.into_std(),
             Ok(Err(e)) => Err(e),
             Err(_) => {
-                return InPlace::KeptHere(format!(
+                return kept(format!(
                     "the bridge did not ask within {:?} (see its log lines above)",
                     handover::STEP_TIMEOUT
                 ));
@@ -276,11 +281,11 @@ impl Upgrades {
         };
         let conn = match conn.and_then(|c| c.set_nonblocking(false).map(|()| c)) {
             Ok(c) => c,
-            Err(e) => return InPlace::KeptHere(format!("accepting the bridge: {e}")),
+            Err(e) => return kept(format!("accepting the bridge: {e}")),
         };
         let bridge = match self.takeover(conn, takeover).await {
             Ok(pid) => pid,
-            Err(why) => return InPlace::KeptHere(format!("the bridge did not take over: {why}")),
+            Err(why) => return kept(format!("the bridge did not take over: {why}")),
         };
         let _ = self.driver.send(HandoverControl::Finish).await;
         info!(bridge_pid = bridge, exe = %exec.exe.display(), "the bridge forwards; re-executing");
@@ -305,14 +310,17 @@ enum InPlace {
 /// in the background of a `/bin/sh` that exits at once, so that the bridge is no child of this
 /// process (nothing here would reap it once it exits).
 fn spawn_bridge(exec: &ExecSelf) -> anyhow::Result<()> {
-    let status = std::process::Command::new("/bin/sh")
-        .arg("-c")
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.arg("-c")
         .arg("\"$0\" \"$@\" </dev/null &")
         .arg(&exec.exe)
         .args(exec.args.iter().skip(1))
-        .env(TAKEOVER_ENV, "true")
-        .status()
-        .context("running /bin/sh")?;
+        .env(TAKEOVER_ENV, "true");
+    // The service manager talks to this process, not to the bridge.
+    for var in super::systemd::MANAGER_ENV {
+        cmd.env_remove(var);
+    }
+    let status = cmd.status().context("running /bin/sh")?;
     anyhow::ensure!(status.success(), "/bin/sh exited with {status}");
     Ok(())
 }
@@ -323,6 +331,10 @@ fn exec_taking_over(exec: &ExecSelf) -> anyhow::Error {
     use std::os::unix::process::CommandExt as _;
     let mut cmd = std::process::Command::new(&exec.exe);
     cmd.args(exec.args.iter().skip(1)).env(TAKEOVER_ENV, "true");
+    // The descriptors systemd passed at the start are not this image's any more.
+    for var in ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"] {
+        cmd.env_remove(var);
+    }
     if let Some(arg0) = exec.args.first() {
         cmd.arg0(arg0);
     }
@@ -372,6 +384,7 @@ pub(super) async fn serve(
                 let _ = conn.set_nonblocking(false);
                 match upgrades.takeover(conn, &takeover).await {
                     Ok(pid) => {
+                        super::systemd::main_pid(pid);
                         let _ = upgrades.handed_to.set(pid);
                         let _ = upgrades.driver.send(HandoverControl::Finish).await;
                         upgrades.lock.leave_to_successor();

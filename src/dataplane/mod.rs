@@ -80,6 +80,15 @@ pub(crate) use tunnel::{DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoCo
 use drift::DriftLog;
 use tunnel::{HandedTunnel, Tunnel, TunnelLayout};
 
+impl DataplaneLayout {
+    /// The public IPv4 address the handed sockets are bound for.
+    pub(crate) fn public_ip(&self) -> std::net::Ipv4Addr {
+        match self {
+            Self::Tunnel(t) => t.public_ip,
+        }
+    }
+}
+
 /// What a data plane's descriptors are, when handed to the next process
 /// ([`Dataplane::hand_over`]): written into the handover message beside them.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -218,6 +227,22 @@ impl Dataplane {
             Backend::Tunnel(t) => t.workers.clone(),
         };
         async move { workers.wait_given_up().await }
+    }
+
+    /// How many times the data plane's descriptors changed (a re-bind opens new sockets):
+    /// what was handed out before is stale once this moves.
+    pub(crate) fn generation(&self) -> u64 {
+        match &self.backend {
+            Backend::Tunnel(t) => t.generation.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// Every forwarding thread's loop turns so far, by thread: a count that stops moving is a
+    /// thread that makes no progress.
+    pub(crate) fn progress(&self) -> Vec<(String, u64)> {
+        match &self.backend {
+            Backend::Tunnel(t) => t.workers.progress(),
+        }
     }
 
     /// Whether a worker thread has panicked too often (see [`Dataplane::given_up`]).

@@ -84,6 +84,8 @@ struct ThreadState {
     name: String,
     up: AtomicBool,
     panics: AtomicU64,
+    /// Loop turns of the thread ([`beat`]): a thread that makes no progress stops counting.
+    beats: AtomicU64,
     /// The last panic's message, while the thread is down.
     last_panic: Mutex<Option<String>>,
 }
@@ -110,6 +112,7 @@ impl WorkerStates {
             name: name.to_owned(),
             up: AtomicBool::new(true),
             panics: AtomicU64::new(0),
+            beats: AtomicU64::new(0),
             last_panic: Mutex::new(None),
         });
         threads.push(state.clone());
@@ -132,6 +135,13 @@ impl WorkerStates {
         }
         let what = if self.has_given_up() { "down for good, exiting" } else { "restarting" };
         Some(format!("data plane worker down: {}; {what}", down.join(", ")))
+    }
+
+    /// Every thread's loop turns so far ([`beat`]), by name: a thread whose count stops moving
+    /// makes no progress (a service manager's watchdog is told only while every count moves).
+    pub(crate) fn progress(&self) -> Vec<(String, u64)> {
+        let threads = self.threads.lock().unwrap_or_else(PoisonError::into_inner);
+        threads.iter().map(|t| (t.name.clone(), t.beats.load(Ordering::Relaxed))).collect()
     }
 
     /// Whether a thread panicked too often and weft should exit.
@@ -191,6 +201,7 @@ pub(crate) fn supervise(
     mut body: impl FnMut(),
 ) {
     let state = states.register(name);
+    BEATS.with(|b| *b.borrow_mut() = Some(state.clone()));
     let mut recent: Vec<Instant> = Vec::new();
     loop {
         let Err(payload) = panics::catch(&mut body) else { return };
@@ -229,6 +240,51 @@ pub(crate) fn supervise(
         info!(thread = name, "data plane thread restarted");
     }
 }
+
+thread_local! {
+    /// The supervised thread's state, for [`beat`].
+    static BEATS: std::cell::RefCell<Option<Arc<ThreadState>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A worker loop's turn: counted for the thread [`supervise`] runs on this thread (nothing on
+/// another thread). Called once per turn, asleep or not: a loop sleeps at most its wake ceiling.
+#[inline]
+pub(crate) fn beat() {
+    BEATS.with(|b| {
+        if let Some(state) = &*b.borrow() {
+            state.beats.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    injected_hang();
+}
+
+/// With the `fault-injection` feature: a thread whose name starts with `WEFT_FAULT_HANG_THREAD`
+/// stops making progress once it has forwarded anything (it sleeps for good), as a thread stuck
+/// in a syscall or a loop would; the watchdog test drives it.
+#[cfg(feature = "fault-injection")]
+fn injected_hang() {
+    use std::sync::OnceLock;
+    static HANG: OnceLock<Option<String>> = OnceLock::new();
+    let Some(prefix) = HANG.get_or_init(|| std::env::var("WEFT_FAULT_HANG_THREAD").ok()) else {
+        return;
+    };
+    let me = std::thread::current();
+    if me.name().is_some_and(|n| n.starts_with(prefix.as_str()))
+        && BEATS.with(|b| b.borrow().as_ref().is_some_and(|s| s.beats.load(Ordering::Relaxed) > 50))
+    {
+        tracing::warn!(
+            thread = me.name(),
+            "injected hang (WEFT_FAULT_HANG_THREAD): this thread stops"
+        );
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+fn injected_hang() {}
 
 /// Fault injection for the end-to-end tests, compiled only with the `fault-injection` feature
 /// (never into a release build): a worker loop calls this after each batch it forwarded, and

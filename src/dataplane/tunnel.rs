@@ -318,6 +318,8 @@ pub(crate) struct Tunnel {
     pub(crate) counters: Arc<Counters>,
     /// Which worker threads run, for `/readyz` and `/metrics`; says when weft should exit.
     pub(crate) workers: Arc<WorkerStates>,
+    /// How many times the sockets were opened anew ([`Tunnel::set_public_ip`]).
+    pub(crate) generation: std::sync::atomic::AtomicU64,
 }
 
 impl Tunnel {
@@ -601,6 +603,7 @@ impl Tunnel {
             own6,
             counters,
             workers: Arc::new(WorkerStates::default()),
+            generation: std::sync::atomic::AtomicU64::new(0),
         };
         let running = dp.spawn_workers(bound_on.public_ip, sockets)?;
         *dp.running.lock().unwrap_or_else(|e| e.into_inner()) = running;
@@ -682,6 +685,7 @@ impl Tunnel {
         let old = running.public_ip;
         running.stop();
         *running = self.spawn_workers(public_ip, sockets)?;
+        self.generation.fetch_add(1, Ordering::Relaxed);
         info!(old = %old, new = ?bound_on.v4, port = self.cfg.port, "data plane sockets re-bound");
         Ok(())
     }

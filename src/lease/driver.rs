@@ -201,6 +201,7 @@ impl LeaseDriver {
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut shutting_down = false;
         loop {
+            self.health.beat();
             self.drain_events();
             if shutting_down && self.keeper.is_stopped() {
                 break;

@@ -74,6 +74,8 @@ pub struct LeaseHealth {
     subnet_file_problem: Mutex<Option<String>>,
     /// Counters; the driver and the hook runner bump them.
     pub counters: LeaseCounters,
+    /// The lease driver's loop turns ([`LeaseHealth::beat`]).
+    beats: AtomicU64,
 }
 
 impl std::fmt::Debug for LeaseHealth {
@@ -90,7 +92,19 @@ impl LeaseHealth {
             lease: Mutex::new(LeaseStatus { state: "starting", ..Default::default() }),
             subnet_file_problem: Mutex::new(None),
             counters: LeaseCounters::default(),
+            beats: AtomicU64::new(0),
         }
+    }
+
+    /// The lease driver turned its loop once more (it makes progress).
+    pub fn beat(&self) {
+        self.beats.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The lease driver's loop turns so far: a driver stuck somewhere stops counting (a
+    /// service manager's watchdog is told only while it moves).
+    pub fn beats(&self) -> u64 {
+        self.beats.load(Ordering::Relaxed)
     }
 
     /// Records the lease status.

@@ -105,6 +105,7 @@ pub(crate) fn run_tx<T: TunIo, U: UdpIo>(
 ) {
     let mut tx = TxPath::new(cx.tun, &cfg, clock);
     while !stop.is_stopped() {
+        supervise::beat();
         if tx.step(cx, pool) > 0 {
             supervise::injected_fault();
         } else {
@@ -126,6 +127,7 @@ pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
 ) {
     let mut rx = RxPath::new(cx.tun, sock, &cfg, clock);
     while !stop.is_stopped() {
+        supervise::beat();
         if rx.step(cx, sock) > 0 {
             supervise::injected_fault();
         } else {
@@ -156,6 +158,7 @@ pub(crate) fn run_both<T: TunIo, U: UdpIo>(
     // Reading the clock costs a few tens of nanoseconds (vDSO); only a spinning loop needs it.
     let spins = !cfg.spin.is_zero();
     while !stop.is_stopped() {
+        supervise::beat();
         let moved = tx.step(cx, pool) + rx.step(cx, sock);
         if moved > 0 {
             if spins && let Some(end) = spin.worked(moved, clock.now()) {
