@@ -539,9 +539,10 @@ fn the_package_installs_and_its_unit_runs_under_systemd() {
     peer.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 1.0);
     ping_all_pairs(&pods, Families::V4);
 
-    // ExecReload= (SIGHUP): an in-place upgrade, inside the unit's sandbox: a bridge takes
-    // everything over, weft re-executes itself in the same process and takes it back.
-    podman.sh(&name, "systemctl reload weft");
+    // The package upgraded over a running weft: its postinst reloads the unit, and
+    // ExecReload= (SIGHUP) is an in-place upgrade inside the unit's sandbox: a bridge takes
+    // everything over, weft re-executes the new binary in the same process and takes it back.
+    podman.sh(&name, &format!("dpkg -i {}", deb.display()));
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let handed = "holding the lease the previous process of this node handed over";
     let journal = loop {

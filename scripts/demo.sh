@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # weft demo: from a fresh machine, build weft, start etcd, bring up three network-namespace
 # hosts on a shared underlay, run weft on each, put a pod behind each host, ping and iperf3
-# pod to pod across the overlay, then show the lease control plane at work: a suspended host
-# coming back to its own subnet, an operator's revoke, and a clean shutdown that relinquishes.
+# pod to pod across the overlay, upgrade one host's weft in place under pings, then show the
+# lease control plane at work: a suspended host coming back to its own subnet, an operator's
+# revoke, and a clean shutdown that relinquishes.
 #
 #   192.0.2.254  <p>hub  bridge br0 + etcd
 #   192.0.2.1-4  <p>h1..h4  weft run (TUN weft0, VXLAN on UDP 8472)
@@ -96,6 +97,20 @@ sleep 0.5
 ip netns exec "${P}p1" iperf3 -c "${POD[2]}" -t 5 -f g | grep -E "sender|receiver" | sed 's/^/  /'
 netns_http "${P}h1" 9797 /metrics | grep -E "^weft_dataplane_(tx|rx)_packets_total" | sed 's/^/  h1 /'
 
+say "host 2's weft upgrades in place while pod 1 pings pod 2 every 5 ms: SIGHUP re-executes its binary in the same PID, a bridge process holding the TUN device, sockets and lease meanwhile"
+ip netns exec "${P}p1" ping -n -i 0.005 -c 400 -W 1 "${POD[2]}" >"$WORK/upgrade-ping.txt" 2>&1 &
+PING=$!
+sleep 0.5
+kill -HUP "${PIDS[2]}"
+for _ in $(seq 1 100); do
+    grep -q "handed over: the next weft" "$WORK/h2/weft.log" && break
+    sleep 0.1
+done
+wait "$PING" || true
+grep -E "upgrading in place|the bridge forwards|holding the lease the previous" "$WORK/h2/weft.log" | sed 's/^/  h2| /' | tail -4
+grep -E "packets transmitted" "$WORK/upgrade-ping.txt" | sed 's/^/  pings across the upgrade: /'
+echo "  host 2 is still pid ${PIDS[2]}: $(tr '\0' ' ' </proc/"${PIDS[2]}"/cmdline | cut -c1-60)..."
+
 say "host 1 is suspended (SIGSTOP) past its TTL; its key expires"
 S1=$(subnet_of 1)
 kill -STOP "${PIDS[1]}"
@@ -126,4 +141,4 @@ kill "${PIDS[3]}"; wait "${PIDS[3]}" 2>/dev/null || true
 unset 'PIDS[3]'
 weft_admin lease list
 
-say "done: leases were never shared, host 1 kept its subnet through a suspend, host 2 through a revoke"
+say "done: leases were never shared, host 2 kept every ping through an upgrade, host 1 its subnet through a suspend, host 2 through a revoke"

@@ -110,16 +110,26 @@ Description: flannel-compatible overlay network daemon with a user-space data pl
  in /etc/default/weft, then run: systemctl enable --now weft
 EOF
 echo /etc/default/weft >"$ROOT/DEBIAN/conffiles"
-for script in postinst postrm; do
-    cat >"$ROOT/DEBIAN/$script" <<'EOF'
+cat >"$ROOT/DEBIAN/postrm" <<'EOF'
 #!/bin/sh
 set -e
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload >/dev/null 2>&1 || true
 fi
 EOF
-    chmod 0755 "$ROOT/DEBIAN/$script"
-done
+# An upgrade of a running weft is an in-place upgrade (SIGHUP, through the unit's
+# ExecReload=): the new binary takes the TUN device, sockets and lease over without a loss.
+cat >"$ROOT/DEBIAN/postinst" <<'EOF'
+#!/bin/sh
+set -e
+if [ -d /run/systemd/system ]; then
+    systemctl daemon-reload >/dev/null 2>&1 || true
+    if [ "$1" = configure ] && [ -n "$2" ] && systemctl -q is-active weft.service; then
+        systemctl reload weft.service || true
+    fi
+fi
+EOF
+chmod 0755 "$ROOT/DEBIAN/postinst" "$ROOT/DEBIAN/postrm"
 (cd "$ROOT" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z |
     xargs -0 md5sum >DEBIAN/md5sums)
 settime "$ROOT"
