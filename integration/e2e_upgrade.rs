@@ -273,3 +273,39 @@ fn takeovers_and_in_place_upgrades_lose_no_ping_and_keep_the_lease() {
         "the TCP stream stalled for {longest:?}: gaps {when:?}; {phases:?}"
     );
 }
+
+/// A takeover asked by a process of another user (here root, of a weft run as uid 65534) is
+/// refused, by `SO_PEERCRED`, with a clear error; the running weft goes on forwarding and
+/// holding its lease.
+#[test]
+fn a_takeover_by_another_user_is_refused_and_the_running_weft_goes_on() {
+    let lab = Lab::new(VXLAN);
+    let mut w1 = lab.start_weft(1, &[]);
+    let mut w2 = lab.start_weft_nonroot(2, &[]);
+    w1.wait_ready(READY);
+    let subnet = w2.wait_ready(READY);
+    let pods = [lab.pod(1, &w1.subnet_file()), lab.pod(2, &w2.subnet_file())];
+    w1.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 1.0);
+    support::netns::ping_ok(&pods[0].ns, pods[1].ip, 2);
+    let mut intruder = w2.successor_as(0, false);
+    let deadline = Instant::now() + READY;
+    while intruder.running() {
+        assert!(Instant::now() < deadline, "the other user's takeover is still running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let code = intruder.stop();
+    assert_ne!(code, Some(0), "a takeover from another user exited 0");
+    assert!(intruder.log().contains("not this user's"), "{}", intruder.log_tail(20));
+    // A client that does not check (anything but weft) is refused by the running weft itself.
+    let sock = w2.dir().join("state").join("takeover.sock");
+    let conn = std::os::unix::net::UnixStream::connect(&sock).expect("connect as root");
+    weft::fds::send(&conn, br#"{"message":"Request","version":1}"#, &[]).expect("send a request");
+    let (answer, fds) = weft::fds::recv(&conn).expect("an answer");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.contains("Refused") && answer.contains("uid 0"), "{answer}");
+    assert!(fds.is_empty(), "descriptors were handed to another user");
+    w2.wait_log("only this process's user", Duration::from_secs(5));
+    assert!(w2.running() && w2.ready(), "the running weft stopped being ready");
+    assert_eq!(w2.subnet().as_deref(), Some(subnet.as_str()));
+    support::netns::ping_ok(&pods[0].ns, pods[1].ip, 3);
+}

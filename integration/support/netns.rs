@@ -949,11 +949,20 @@ impl Weft {
     /// port (the port is handed over too), logging to `weft-next-<k>.log`: the next process
     /// of this host, which takes everything over from this one.
     pub fn successor(&self, k: usize) -> Weft {
+        self.successor_as(k, self.nonroot.is_some())
+    }
+
+    /// [`Weft::successor`], as uid 65534 with only `CAP_NET_ADMIN` (`nonroot`) or as root,
+    /// whatever this one runs as.
+    pub fn successor_as(&self, k: usize, nonroot: bool) -> Weft {
         let mut w = self.sibling_unstarted(
             self.dir.clone(),
             &format!("weft-next-{k}.log"),
             self.health_port,
         );
+        if !nonroot {
+            w.nonroot = None;
+        }
         if !w.extra.iter().any(|a| a == "--takeover") {
             w.extra.push("--takeover".to_owned());
         }
