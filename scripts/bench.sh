@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# weft throughput benchmark: the same two namespace hosts, the same run, nine data paths
-# (seven over IPv4, two over IPv6).
+# weft throughput benchmark: the same two namespace hosts, the same run, eleven data paths
+# (nine over IPv4, two over IPv6).
 #
 #   <p>h1 eth0 192.0.2.1, 2001:db8::1 ==== <p>hub br0 ==== eth0 192.0.2.2, 2001:db8::2 <p>h2
 #        veths of MTU 1500; etcd (for weft) in the hub on 192.0.2.254:2379
@@ -17,6 +17,10 @@
 #              alone), forced by the hidden --gso-never-equal-tail: what the workaround costs
 #   weft-vxlan-nogso  weft-vxlan with --udp-gso off: what turning GSO off instead would cost
 #   weft-udp   weft run, flannel's udp backend
+#   kernel-hostgw  flannel's host-gw as its backend programs it: a route 10.244.N.0/24 via the
+#              peer's eth0 address on each host (flannel_route_peer), the destination on h2's lo
+#   weft-hostgw weft run, host-gw backend: the same routes, put by weft; traffic to h2's
+#              subnet's .0 (on h2's lo): the kernel forwards, weft only programs the routes
 #   weft-base  weft run, vxlan, one worker, no TUN offload, no UDP GSO/GRO, no batching:
 #              the flannel-udp-like baseline (one packet per syscall)
 #   kernel6    Linux VXLAN over the IPv6 underlay set up as flannel's dual-stack vxlan backend
@@ -62,9 +66,9 @@
 # Usage: scripts/bench.sh [--quick]      RUNS=3 DURATION=5 IDLE_PINGS=100 by default;
 #                                        --quick: RUNS=1 DURATION=2 IDLE_PINGS=40
 #   (DURATION is also each sockperf run's length, warm-up included)
-#   BENCH_PATHS="weft-vxlan"  only some paths (default: all nine: raw kernel weft-vxlan
-#                             weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-base kernel6
-#                             weft-vxlan6)
+#   BENCH_PATHS="weft-vxlan"  only some paths (default: all eleven: raw kernel weft-vxlan
+#                             weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-base
+#                             kernel-hostgw weft-hostgw kernel6 weft-vxlan6)
 #   WEFT_BIN=/path/to/weft    bench that binary (e.g. another commit's build) instead of building
 #   BENCH_LOGS=DIR            keep each weft run's log there as <path>-h<N>.log (the WORK dir,
 #                             where weft logs, is removed on exit)
@@ -82,10 +86,10 @@ SOCKPERF_LOW_MPS=${SOCKPERF_LOW_MPS:-100}
 SOCKPERF_UDP_PORT=11111
 SOCKPERF_TCP_PORT=11112
 OUT=${BENCH_JSON:-bench-results.json}
-PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-base kernel6 weft-vxlan6"}
+PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-base kernel-hostgw weft-hostgw kernel6 weft-vxlan6"}
 for path in $PATHS; do
     case $path in
-        raw | kernel | weft-vxlan | weft-vxlan-tailpad | weft-vxlan-nogso | weft-udp | weft-base | kernel6 | weft-vxlan6) ;;
+        raw | kernel | weft-vxlan | weft-vxlan-tailpad | weft-vxlan-nogso | weft-udp | weft-base | kernel-hostgw | weft-hostgw | kernel6 | weft-vxlan6) ;;
         *) echo "bench: unknown path $path in BENCH_PATHS (see the header of $0)" >&2; exit 1 ;;
     esac
 done
@@ -328,6 +332,22 @@ for path in $PATHS; do
             weft_up vxlan --udp-gso off
             measure weft-vxlan-nogso "$(weft_dst)"; weft_down weft-vxlan-nogso ;;
         weft-udp) weft_up udp; measure weft-udp "$(weft_dst)"; weft_down weft-udp ;;
+        kernel-hostgw)
+            flannel_route_peer "$H1" 10.244.2.0/24 "$(netns_ip 2)" eth0
+            flannel_route_peer "$H2" 10.244.1.0/24 "$(netns_ip 1)" eth0
+            ip -n "$H2" addr add 10.244.2.0/32 dev lo
+            measure kernel-hostgw 10.244.2.0
+            ip -n "$H2" addr del 10.244.2.0/32 dev lo
+            flannel_unroute_peer "$H1" 10.244.2.0/24; flannel_unroute_peer "$H2" 10.244.1.0/24 ;;
+        weft-hostgw)
+            weft_up host-gw
+            dst=$(weft_dst)
+            ip -n "$H2" addr add "$dst/32" dev lo
+            measure weft-hostgw "$dst"
+            ip -n "$H2" addr del "$dst/32" dev lo
+            weft_down weft-hostgw
+            # The routes stay when weft stops (as flannel's): remove them for the next path.
+            for n in 1 2; do ip -n "${P}h$n" route flush proto 119; done ;;
         weft-base)
             weft_up vxlan --workers 1 --no-tun-offload --no-udp-gso --no-udp-gro --no-batching
             measure weft-base "$(weft_dst)"; weft_down weft-base ;;

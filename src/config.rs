@@ -6,7 +6,10 @@
 //! - [`NetworkConfig::parse`] accepts every IPv4, dual-stack and IPv6-only config flannel's
 //!   `CheckNetworkConfig` accepts, with the same defaults, except for options weft does not
 //!   implement. Those are refused with an error naming the option rather than silently ignored: a
-//!   config that asks for host-gw or VXLAN direct routing must not come up as something else.
+//!   config that asks for a backend or an option weft lacks must not come up as something else.
+//! - Backends: `vxlan` (with `DirectRouting`), `udp`, `host-gw` (IPv4) and `alloc` (a lease and
+//!   no data plane). host-gw and alloc take no options, and ignore every other field, as
+//!   flannel's do.
 //! - IPv6-only (`"EnableIPv4": false` with `"EnableIPv6": true`): [`NetworkConfig::ipv4`] is
 //!   `None` and leases are IPv6 subnets. The backend must be vxlan (flannel's udp backend
 //!   carries no IPv6), and IPv4 fields are refused, as IPv6 fields are without `EnableIPv6`.
@@ -81,34 +84,50 @@ pub enum BackendKind {
     Vxlan,
     /// flannel's `udp`: the raw IP packet in UDP, default port 8285.
     Udp,
+    /// flannel's `host-gw`: no encapsulation; each peer's subnet is a kernel route via the
+    /// peer's `PublicIP` on the underlay (the hosts share a link).
+    HostGw,
+    /// flannel's `alloc`: the lease alone, no data plane.
+    Alloc,
 }
 
 impl BackendKind {
-    /// The name as flannel spells it in `Backend.Type`: `"vxlan"` or `"udp"`.
+    /// The name as flannel spells it in `Backend.Type`: `"vxlan"`, `"udp"`, `"host-gw"`,
+    /// `"alloc"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Vxlan => "vxlan",
             Self::Udp => "udp",
+            Self::HostGw => "host-gw",
+            Self::Alloc => "alloc",
         }
     }
 
-    /// The port peers send to when the config does not name one.
+    /// The port peers send to when the config does not name one (0: the backend has none).
     pub fn default_port(self) -> u16 {
         match self {
             Self::Vxlan => DEFAULT_VXLAN_PORT,
             Self::Udp => DEFAULT_UDP_PORT,
+            Self::HostGw | Self::Alloc => 0,
         }
+    }
+
+    /// Whether the backend sends over a UDP port (`Backend.Port`).
+    pub fn has_port(self) -> bool {
+        matches!(self, Self::Vxlan | Self::Udp)
+    }
+
+    /// Whether the backend forwards through weft's TUN device (vxlan, udp): host-gw programs
+    /// kernel routes instead, and alloc has no data plane.
+    pub fn uses_tun(self) -> bool {
+        matches!(self, Self::Vxlan | Self::Udp)
     }
 
     /// Parses `Backend.Type`. flannel's backend manager lowercases the type, so any case works.
     fn from_type(name: &str) -> Option<Self> {
-        if name.eq_ignore_ascii_case("vxlan") {
-            Some(Self::Vxlan)
-        } else if name.eq_ignore_ascii_case("udp") {
-            Some(Self::Udp)
-        } else {
-            None
-        }
+        [Self::Vxlan, Self::Udp, Self::HostGw, Self::Alloc]
+            .into_iter()
+            .find(|k| name.eq_ignore_ascii_case(k.as_str()))
     }
 }
 
@@ -128,21 +147,26 @@ pub struct Backend {
     /// The VXLAN network identifier (vxlan only; 1 by default). A parsed udp backend always
     /// carries [`DEFAULT_VNI`] here: flannel's udp backend has no VNI and ignores the field.
     pub(crate) vni: u32,
+    /// vxlan's `DirectRouting`: peers whose `PublicIP` is on the underlay's link are reached
+    /// by a kernel route via that address, without encapsulation.
+    pub(crate) direct_routing: bool,
 }
 
 impl Backend {
     /// A backend of `kind` with flannel's defaults (port 8472 and VNI 1 for vxlan, port 8285 for
     /// udp).
     pub(crate) fn new(kind: BackendKind) -> Self {
-        Self { kind, port: kind.default_port(), vni: DEFAULT_VNI }
+        Self { kind, port: kind.default_port(), vni: DEFAULT_VNI, direct_routing: false }
     }
 
     /// Bytes each packet grows by on the underlay, which the overlay MTU must leave room for:
-    /// vxlan 50 (outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14), udp 28 (IPv4 20 + UDP 8).
+    /// vxlan 50 (outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14), udp 28 (IPv4 20 + UDP 8),
+    /// host-gw and alloc none (flannel's MTU for both is the interface's).
     pub fn encap_overhead(&self) -> u16 {
         match self.kind {
             BackendKind::Vxlan => 50,
             BackendKind::Udp => 28,
+            BackendKind::HostGw | BackendKind::Alloc => 0,
         }
     }
 }
@@ -448,13 +472,27 @@ pub enum ConfigError {
         field: &'static str,
     },
     /// `Backend` has fields but no `Type`.
-    #[error("Backend.Type: missing (Backend has other fields, so name the backend: vxlan or udp)")]
+    #[error(
+        "Backend.Type: missing (Backend has other fields, so name the backend: vxlan, udp, \
+         host-gw or alloc)"
+    )]
     MissingBackendType,
     /// `Backend.Type` names a backend weft does not implement.
-    #[error("Backend.Type: {value:?} is not supported (weft supports vxlan and udp)")]
+    #[error(
+        "Backend.Type: {value:?} is not supported (weft supports vxlan, udp, host-gw and alloc)"
+    )]
     UnsupportedBackend {
         /// The type given.
         value: String,
+    },
+    /// A backend that carries IPv4 only on a network with IPv6 enabled.
+    #[error(
+        "EnableIPv6: the {backend} backend carries IPv4 only in weft (flannel's routes IPv6 \
+         too); use vxlan for dual stack"
+    )]
+    Ipv6Unsupported {
+        /// The backend.
+        backend: &'static str,
     },
     /// A backend option weft does not implement is set to a non-default value.
     #[error("{field}: {value} is not supported yet")]
@@ -528,6 +566,9 @@ impl NetworkConfig {
         let backend = parse_backend(field(obj, "Backend", "Backend")?)?;
         let mut config = Self::new(network, subnet_len, subnet_min, subnet_max, backend)?;
         if enable_ipv6 {
+            if backend.kind == BackendKind::HostGw {
+                return Err(ConfigError::Ipv6Unsupported { backend: backend.kind.as_str() });
+            }
             config.ipv6 = Some(parse_ipv6(obj)?);
         }
         Ok(config)
@@ -569,8 +610,10 @@ impl NetworkConfig {
         backend: Backend,
     ) -> Result<Self, ConfigError> {
         check_backend(&backend)?;
-        if backend.kind != BackendKind::Vxlan {
-            return Err(ConfigError::Ipv6OnlyUdp);
+        match backend.kind {
+            BackendKind::Vxlan => {}
+            BackendKind::Udp => return Err(ConfigError::Ipv6OnlyUdp),
+            other => return Err(ConfigError::Ipv6Unsupported { backend: other.as_str() }),
         }
         Ok(Self { ipv4: None, ipv6: Some(ipv6), backend })
     }
@@ -586,10 +629,15 @@ impl NetworkConfig {
         // Every value is a number, an address or a fixed name: nothing needs escaping.
         let backend = match self.backend.kind {
             BackendKind::Vxlan => format!(
-                r#"{{"Type":"vxlan","VNI":{},"Port":{}}}"#,
-                self.backend.vni, self.backend.port
+                r#"{{"Type":"vxlan","VNI":{},"Port":{}{}}}"#,
+                self.backend.vni,
+                self.backend.port,
+                if self.backend.direct_routing { r#","DirectRouting":true"# } else { "" }
             ),
             BackendKind::Udp => format!(r#"{{"Type":"udp","Port":{}}}"#, self.backend.port),
+            BackendKind::HostGw | BackendKind::Alloc => {
+                format!(r#"{{"Type":"{}"}}"#, self.backend.kind.as_str())
+            }
         };
         let ipv6 = match &self.ipv6 {
             Some(v6) => format!(
@@ -986,7 +1034,7 @@ pub(crate) fn endpoint_ipv4(endpoint: &str) -> Option<Ipv4Addr> {
 
 /// Checks the backend values [`NetworkConfig::new`] may be handed directly.
 fn check_backend(backend: &Backend) -> Result<(), ConfigError> {
-    if backend.port == 0 {
+    if backend.kind.has_port() && backend.port == 0 {
         return Err(ConfigError::OutOfRange {
             field: "Backend.Port",
             value: 0,
@@ -1018,6 +1066,10 @@ fn parse_backend(value: Option<&Value>) -> Result<Backend, ConfigError> {
             .ok_or_else(|| ConfigError::UnsupportedBackend { value: name.to_owned() })?,
     };
     let mut backend = Backend::new(kind);
+    // flannel's host-gw and alloc read no option at all.
+    if !kind.has_port() {
+        return Ok(backend);
+    }
     if let Some(port) = uint_field(obj, "Port", "Backend.Port")? {
         backend.port = in_range("Backend.Port", port, 1, u64::from(u16::MAX))? as u16;
     }
@@ -1035,11 +1087,9 @@ fn parse_backend(value: Option<&Value>) -> Result<Backend, ConfigError> {
                 value: mtu.to_string(),
             });
         }
-        for (name, path) in [
-            ("GBP", "Backend.GBP"),
-            ("Learning", "Backend.Learning"),
-            ("DirectRouting", "Backend.DirectRouting"),
-        ] {
+        backend.direct_routing =
+            bool_field(obj, "DirectRouting", "Backend.DirectRouting")?.unwrap_or(false);
+        for (name, path) in [("GBP", "Backend.GBP"), ("Learning", "Backend.Learning")] {
             if bool_field(obj, name, path)? == Some(true) {
                 return Err(ConfigError::UnsupportedOption {
                     field: path,
@@ -1320,7 +1370,7 @@ mod tests {
     #[test]
     #[rustfmt::skip]
     fn backend_defaults_follow_flannel_code() {
-        use BackendKind::{Udp, Vxlan};
+        use BackendKind::{Alloc, HostGw, Udp, Vxlan};
         const NET: &str = r#""Network":"10.0.0.0/8""#;
         let cases = [
             (format!("{{{NET}}}"), Udp, 8285, 1),
@@ -1337,11 +1387,20 @@ mod tests {
                 Vxlan, 8472, 1),
             // udp ignores vxlan's fields, as flannel's udp backend does.
             (format!(r#"{{{NET},"Backend":{{"Type":"udp","VNI":9,"DirectRouting":true}}}}"#), Udp, 8285, 1),
+            // host-gw and alloc read nothing but the type.
+            (format!(r#"{{{NET},"Backend":{{"Type":"host-gw"}}}}"#), HostGw, 0, 1),
+            (format!(r#"{{{NET},"Backend":{{"Type":"Host-GW","Port":0,"VNI":"x","DirectRouting":true}}}}"#), HostGw, 0, 1),
+            (format!(r#"{{{NET},"Backend":{{"Type":"alloc","Port":"x"}}}}"#), Alloc, 0, 1),
         ];
         for (json, kind, port, vni) in cases {
             let b = ok(&json).backend;
-            assert_eq!(b, Backend { kind, port, vni }, "{json}");
+            assert_eq!(b, Backend { kind, port, vni, direct_routing: false }, "{json}");
+            assert_eq!(ok(&ok(&json).to_json()).backend, b, "{json} round trip");
         }
+        let direct = ok(&format!(r#"{{{NET},"Backend":{{"Type":"vxlan","DirectRouting":true}}}}"#));
+        assert!(direct.backend.direct_routing);
+        assert!(direct.to_json().contains(r#""DirectRouting":true"#), "{}", direct.to_json());
+        assert_eq!(ok(&direct.to_json()), direct);
         assert_eq!(Backend::default().kind, Udp);
     }
 
@@ -1360,7 +1419,12 @@ mod tests {
                     subnet_max: ip("10.99.0.0"),
                 }),
                 ipv6: None,
-                backend: Backend { kind: BackendKind::Udp, port: 7890, vni: 1 },
+                backend: Backend {
+                    kind: BackendKind::Udp,
+                    port: 7890,
+                    vni: 1,
+                    direct_routing: false
+                },
             }
         );
         // 10.10.0.0 ..= 10.99.0.0 in steps of 16 addresses * 256.
@@ -1450,8 +1514,10 @@ mod tests {
             (format!(r#"{{{NET},"Backend":{{"Port":8472}}}}"#), "Backend.Type: missing"),
             (format!(r#"{{{NET},"Backend":{{"Type":""}}}}"#), "Backend.Type: missing"),
             (format!(r#"{{{NET},"Backend":{{"Type":7}}}}"#), "Backend.Type: expected a string, found 7"),
-            (format!(r#"{{{NET},"Backend":{{"Type":"host-gw"}}}}"#),
-                r#"Backend.Type: "host-gw" is not supported (weft supports vxlan and udp)"#),
+            (format!(r#"{{{NET},"Backend":{{"Type":"extension"}}}}"#),
+                r#"Backend.Type: "extension" is not supported (weft supports vxlan, udp, host-gw and alloc)"#),
+            (format!(r#"{{{NET},"EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{{"Type":"host-gw"}}}}"#),
+                "EnableIPv6: the host-gw backend carries IPv4 only in weft"),
             (format!(r#"{{{NET},"Backend":{{"Type":"wireguard"}}}}"#),
                 r#"Backend.Type: "wireguard" is not supported"#),
             (format!(r#"{{{NET},"Backend":{{"Type":"ipip"}}}}"#), r#"Backend.Type: "ipip" is not supported"#),
@@ -1476,8 +1542,8 @@ mod tests {
                 "Backend.Port: expected a non-negative integer"),
             (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","MTU":1400}}}}"#),
                 "Backend.MTU: 1400 is not supported yet"),
-            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","DirectRouting":true}}}}"#),
-                "Backend.DirectRouting: true is not supported yet"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","DirectRouting":1}}}}"#),
+                "Backend.DirectRouting: expected true or false"),
             (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","GBP":true}}}}"#),
                 "Backend.GBP: true is not supported yet"),
             (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","Learning":true}}}}"#),

@@ -16,6 +16,11 @@
 //!   `subnet.env` as flannel would write it ([`Lab::pod_with_ipv6`]).
 //!
 //! The kernel host's eth0 has transmit checksum offload off ([`set_tx_checksum`]): see there.
+//!
+//! - [`RoutedPeer`]: a host running flannel's host-gw backend (`pkg/backend/hostgw`,
+//!   `route_network.go`): no device, a lease of `BackendType "host-gw"`, and a kernel route
+//!   `<subnet> via <PublicIP> dev eth0` per other node (`flannel_route_peer`). The same
+//!   recipe without the device is vxlan's `DirectRouting` route ([`KernelFlannelPeer::route_direct`]).
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -156,6 +161,21 @@ impl KernelFlannelPeer {
         }
     }
 
+    /// Programs the route to another node holding `peer` on this node's link, as flannel's
+    /// vxlan backend does with `DirectRouting` (`flannel_route_peer` without a device: `S via
+    /// P`), instead of [`KernelFlannelPeer::program`]'s neighbour, FDB entry and route.
+    pub fn route_direct(&self, peer: &VxlanLease) {
+        let (subnet, public) = (peer.subnet.to_string(), peer.public_ip.to_string());
+        lib_run("flannel.sh", "flannel_route_peer", &[self.ns.as_str(), &subnet, &public]);
+    }
+
+    /// [`KernelFlannelPeer::pod`] (IPv4-only) for a node whose flanneld runs with `--ip-masq`
+    /// ([`Lab::pod_with_ipmasq`]): what direct routing needs.
+    pub fn pod_unmasqueraded(&self, lab: &Lab, mtu: u32) -> Pod {
+        let cni = format!("{}/{}", first_host(self.lease.subnet), self.lease.subnet.prefix_len());
+        lab.pod_with_ipmasq(self.n, &cni, mtu)
+    }
+
     fn program_half(&self, subnet: &str, mac: &str, public: &str) {
         lib_run("flannel.sh", "flannel_vtep_peer", &[self.ns.as_str(), subnet, mac, public]);
     }
@@ -184,4 +204,79 @@ fn first_host(net: Ipv4Net) -> Ipv4Addr {
 fn vtep_up(ns: &str, n: u8, subnet: &str) -> String {
     let mac = lib_run("flannel.sh", "flannel_vtep_up", &[ns, n.to_string().as_str(), subnet]);
     mac.trim().to_owned()
+}
+
+/// A host running flannel's host-gw backend: see the module docs.
+pub struct RoutedPeer {
+    /// The host number.
+    pub n: u8,
+    /// The host namespace.
+    pub ns: String,
+    /// Its subnet.
+    pub subnet: Ipv4Net,
+    /// Its `PublicIP` (eth0's address).
+    pub public_ip: Ipv4Addr,
+}
+
+impl RoutedPeer {
+    /// Host `n` of `lab` as a flannel host-gw node holding `subnet`: forwarding on, its lease
+    /// (`{"PublicIP":"192.0.2.N","PublicIPv6":null,"BackendType":"host-gw"}`, hostgw.go's
+    /// attrs) put into etcd as a reservation.
+    pub fn new(lab: &Lab, n: u8, subnet: &str) -> Self {
+        let ns = lab.host(n);
+        lib_run("flannel.sh", "flannel_forwarding", &[ns.as_str()]);
+        let peer = Self {
+            n,
+            ns,
+            subnet: subnet.parse().expect("IPv4 subnet"),
+            public_ip: Ipv4Addr::new(192, 0, 2, n),
+        };
+        peer.announce(lab);
+        peer
+    }
+
+    /// flannel's key for its lease.
+    pub fn key(&self) -> String {
+        format!("{PREFIX}/subnets/{}-{}", self.subnet.addr(), self.subnet.prefix_len())
+    }
+
+    /// Puts its lease into etcd.
+    pub fn announce(&self, lab: &Lab) {
+        let value = serde_json::json!({
+            "PublicIP": self.public_ip.to_string(),
+            "PublicIPv6": null,
+            "BackendType": "host-gw",
+        });
+        lab.etcdctl(&["put", &self.key(), &value.to_string()]);
+    }
+
+    /// Leaves the cluster: its lease is deleted (as when a node goes and its lease is removed).
+    pub fn leave(&self, lab: &Lab) {
+        lab.etcdctl(&["del", &self.key()]);
+    }
+
+    /// Moves its eth0 to `ip` (the /24 of the lab) and announces its lease with that
+    /// `PublicIP`. The kernel drops its routes to other nodes with the old address (their
+    /// gateways were reachable through it): program them again ([`RoutedPeer::route`]), as
+    /// flanneld does when it comes back.
+    pub fn renumber(&mut self, lab: &Lab, ip: Ipv4Addr) {
+        let (old, new) = (format!("{}/24", self.public_ip), format!("{ip}/24"));
+        lib_run("netns.sh", "netns_readdress", &[self.ns.as_str(), "eth0", &old, &new]);
+        self.public_ip = ip;
+        self.announce(lab);
+    }
+
+    /// Programs the route to another node's `subnet` via its `public_ip`, as host-gw's
+    /// `routeAdd` does on `EventAdded`.
+    pub fn route(&self, subnet: &str, public_ip: Ipv4Addr) {
+        let public = public_ip.to_string();
+        lib_run("flannel.sh", "flannel_route_peer", &[self.ns.as_str(), subnet, &public, "eth0"]);
+    }
+
+    /// A pod behind this host (bridge at the subnet's `.1`, MTU 1500: host-gw's MTU is the
+    /// interface's), unmasqueraded ([`Lab::pod_with_ipmasq`]).
+    pub fn pod(&self, lab: &Lab) -> Pod {
+        let cni = format!("{}/{}", first_host(self.subnet), self.subnet.prefix_len());
+        lab.pod_with_ipmasq(self.n, &cni, 1500)
+    }
 }

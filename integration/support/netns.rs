@@ -718,9 +718,22 @@ impl Lab {
         self.pod_with_env(n, &env, mtu)
     }
 
+    /// [`Lab::pod_with`] for a node whose flanneld runs with `--ip-masq` (`FLANNEL_IPMASQ=true`),
+    /// so that the bridge does not masquerade: the pod's traffic leaves with its own address.
+    /// What host-gw and direct routing need, whose packets leave through the underlay, where a
+    /// masquerade would give them the host's underlay address, which no pod routes back to.
+    pub fn pod_with_ipmasq(&self, n: u8, cni: &str, mtu: u32) -> Pod {
+        let subnets = format!("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET={cni}\n");
+        self.pod_with_env_masq(n, &subnets, mtu, true)
+    }
+
     fn pod_with_env(&self, n: u8, subnets: &str, mtu: u32) -> Pod {
+        self.pod_with_env_masq(n, subnets, mtu, false)
+    }
+
+    fn pod_with_env_masq(&self, n: u8, subnets: &str, mtu: u32, ipmasq: bool) -> Pod {
         let env = self.dir().join(format!("h{n}-subnet.env"));
-        let text = format!("{subnets}FLANNEL_MTU={mtu}\nFLANNEL_IPMASQ=false\n");
+        let text = format!("{subnets}FLANNEL_MTU={mtu}\nFLANNEL_IPMASQ={ipmasq}\n");
         std::fs::write(&env, text).expect("write the pod's subnet.env");
         self.pod(n, &env)
     }

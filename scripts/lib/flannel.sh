@@ -59,3 +59,25 @@ flannel_vtep_peer() {
     bridge -n "$ns" fdb replace "$mac" dev "$dev" dst "$public" self permanent
     ip -n "$ns" route replace "$subnet" via "$base" dev "$dev" onlink
 }
+
+# flannel_route_peer NS SUBNET PUBLIC_IP [DEV]: in NS, the route to another node's subnet as
+# flannel programs it without encapsulation: host-gw (route_network.go routeAdd: SUBNET via
+# PUBLIC_IP dev <external interface>, a differing route to SUBNET replaced), and vxlan's
+# DirectRouting for a peer on the link (vxlan_network.go: RouteReplace of SUBNET via
+# PUBLIC_IP, no device: the kernel picks it). DEV given: host-gw's; none: DirectRouting's.
+flannel_route_peer() {
+    local ns=$1 subnet=$2 public=$3
+    ip -n "$ns" route replace "$subnet" via "$public" ${4:+dev "$4"}
+}
+
+# flannel_unroute_peer NS SUBNET: EventRemoved: the route to SUBNET goes (vxlan's DirectRouting
+# removal, host-gw's RouteDel; one already gone is fine).
+flannel_unroute_peer() {
+    ip -n "$1" route del "$2" 2>/dev/null || true
+}
+
+# flannel_forwarding NS: IPv4 forwarding on, as on every flannel node (the kernel routes pods'
+# traffic between the bridge and the underlay).
+flannel_forwarding() {
+    ip netns exec "$1" sh -c 'echo 1 >/proc/sys/net/ipv4/ip_forward'
+}

@@ -123,3 +123,15 @@ netns_http_at() {
 netns_http() {
     netns_http_at "$1" 127.0.0.1 "$2" "$3"
 }
+
+# netns_readdress NS DEV OLD NEW [GW]: moves DEV from the address OLD to NEW (both with their
+# prefix length) and puts the default route back via GW (the hub by default): removing the
+# address took it. The old address goes first: deleting a primary address deletes the
+# secondaries of its subnet with it.
+netns_readdress() {
+    ip -n "$1" -batch - <<EOF2
+addr del $3 dev $2
+addr add $4 dev $2
+EOF2
+    ip -n "$1" route replace default via "${5:-$NETNS_HUB_IP}"
+}

@@ -140,6 +140,7 @@ impl HandedRoute {
             backend: match peer.backend {
                 PeerBackend::Vxlan => "vxlan",
                 PeerBackend::Udp => "udp",
+                PeerBackend::HostGw => "host-gw",
                 PeerBackend::Other => "other",
             }
             .to_owned(),
@@ -167,6 +168,7 @@ impl HandedRoute {
             backend: match self.backend.as_str() {
                 "vxlan" => PeerBackend::Vxlan,
                 "udp" => PeerBackend::Udp,
+                "host-gw" => PeerBackend::HostGw,
                 _ => PeerBackend::Other,
             },
             vtep_mac: match &self.vtep_mac {

@@ -218,6 +218,10 @@ pub fn lease_attrs(
         // flannel's udp backend writes no BackendType; weft does the same so flannel peers
         // treat weft's udp leases as their own.
         BackendKind::Udp => (None, None),
+        // flannel's host-gw: its type and no data.
+        BackendKind::HostGw => (Some("host-gw".to_string()), None),
+        // flannel's alloc backend writes neither (its value is PublicIP alone, like udp's).
+        BackendKind::Alloc => (None, None),
     };
     LeaseAttrs {
         // An IPv6-only node has no IPv4 underlay: `0.0.0.0`, as flannel writes it.
@@ -501,7 +505,8 @@ async fn start_fresh(
             let cfg = dataplane_config(opts, &network, &underlay, public_ipv6, vtep_mac, &offloads);
             match Dataplane::adopt(cfg, routes.clone(), handed, provisional) {
                 Ok(dp) => {
-                    if bound_for != underlay.public_ip
+                    if let Some(bound_for) = bound_for
+                        && bound_for != underlay.public_ip
                         && let Err(e) = dp.set_public_ip(underlay.public_ip)
                     {
                         warn!(error = %e, "the data plane from systemd's fd store is bound for {bound_for}; re-binding on {} failed", underlay.public_ip);
@@ -524,14 +529,17 @@ async fn start_fresh(
     };
     let dataplane = if adopted.is_some() {
         adopted
-    } else if opts.dataplane == DataplaneMode::Tun {
-        health.add_collector(Arc::new(offloads.clone()));
+    } else if runs_dataplane(opts, &network) {
+        let uses_tun = network.backend.kind.uses_tun();
+        if uses_tun {
+            health.add_collector(Arc::new(offloads.clone()));
+        }
         // One weft per TUN device: wait while another process has it attached. Should one
         // appear between the check and the start, the start refuses it and we wait again.
         let host = Host::open().context("asking the kernel about the TUN device")?;
         loop {
             let free = instance::wait_while_busy(&lease_health, &mut shutdown_rx, || {
-                Ok(host.device_in_use(&opts.tun_name)?)
+                Ok(if uses_tun { host.device_in_use(&opts.tun_name)? } else { None })
             })
             .await?;
             if !free {
@@ -619,9 +627,11 @@ async fn start_handed(
         RouteTable::build_in(net, len, peers)
     }));
     let offloads = offload_decisions(opts);
-    let dataplane = match (&handed.dataplane, opts.dataplane) {
-        (Some(layout), DataplaneMode::Tun) => {
-            health.add_collector(Arc::new(offloads.clone()));
+    let dataplane = match (&handed.dataplane, runs_dataplane(opts, &network)) {
+        (Some(layout), true) => {
+            if network.backend.kind.uses_tun() {
+                health.add_collector(Arc::new(offloads.clone()));
+            }
             let fds = std::mem::take(&mut incoming.dataplane);
             let dp = Dataplane::adopt(
                 dataplane_config(opts, &network, &underlay, public_ipv6, vtep_mac, &offloads),
@@ -632,11 +642,13 @@ async fn start_handed(
             .context("taking over the data plane")?;
             Some(dp)
         }
-        (None, DataplaneMode::None) => None,
-        (handed_dp, mode) => bail!(
-            "the running weft has {} data plane, this one is started with --dataplane {mode:?}: \
-             restart instead",
-            if handed_dp.is_some() { "a" } else { "no" }
+        (None, false) => None,
+        (handed_dp, _) => bail!(
+            "the running weft has {} data plane, this one is started with --dataplane {:?} on \
+             the {} backend: restart instead",
+            if handed_dp.is_some() { "a" } else { "no" },
+            opts.dataplane,
+            network.backend.kind,
         ),
     };
     // Forwarding: the previous process may stop now, and answers once it has.
@@ -699,11 +711,20 @@ async fn start_handed(
         stored_fds: 0,
     })
 }
+/// Whether this node runs a data plane: `--dataplane tun` (the default) on a backend that has
+/// one (alloc, as flannel's, leases a subnet and forwards nothing).
+fn runs_dataplane(opts: &RunOptions, network: &NetworkConfig) -> bool {
+    opts.dataplane == DataplaneMode::Tun && network.backend.kind != BackendKind::Alloc
+}
+
 /// Says at start what the network config is and what of it weft does not do.
 fn say_network(network: &NetworkConfig, opts: &RunOptions) {
     info!(network = ?network.ipv4.as_ref().map(|v4| v4.network), subnet_len = ?network.ipv4.as_ref().map(|v4| v4.subnet_len), ipv6_network = ?network.ipv6.as_ref().map(|v6| v6.network), backend = ?network.backend.kind, "network config");
     if let Some(notice) = udp_ipv6_notice(network) {
         warn!("{notice}");
+    }
+    if network.backend.kind == BackendKind::Alloc {
+        info!("the alloc backend: a lease and subnet.env, no data plane (as flannel's alloc)");
     }
     if opts.ip_masq {
         warn!("--ip-masq is written to subnet.env only: weft installs no iptables rules");

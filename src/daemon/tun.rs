@@ -95,6 +95,7 @@ pub(super) fn dataplane_config(
     DataplaneConfig {
         tun_name: opts.tun_name.clone(),
         backend: network.backend.kind,
+        direct_routing: network.backend.direct_routing,
         vni: network.backend.vni,
         port: network.backend.port,
         our_mac: vtep_mac,
@@ -154,7 +155,9 @@ pub(super) fn run_dataplane(
 /// (drift: a deleted route, the link set down, the address gone, the MTU changed) right after
 /// that, when the kernel says the device changed (a netlink watch, [`Dataplane::watch_link`]),
 /// and every `resync` in case a notification was missed, until shutdown. Without a watch it
-/// reads the link every [`LINK_CHECK`] instead.
+/// reads the link every [`LINK_CHECK`] instead. A data plane that programs kernel routes from
+/// the route table (host-gw, direct routing) is repaired also each time the table changes
+/// ([`Dataplane::route_changes`]): that is how a peer's route follows its lease.
 fn spawn_addresser(
     dataplane: Arc<Dataplane>,
     mut subnet_rx: watch::Receiver<Option<LeaseName>>,
@@ -166,6 +169,7 @@ fn spawn_addresser(
         // The watch is kept for the task's life: dropping it ends its thread.
         let (_watch, mut changes) =
             start_watch(move || dp.watch_link(), "the TUN device", LINK_CHECK).await.unzip();
+        let mut table_changes = dataplane.route_changes();
         let period = if changes.is_some() { resync } else { LINK_CHECK };
         let mut check = tokio::time::interval_at(Instant::now() + period, period);
         check.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -185,6 +189,9 @@ fn spawn_addresser(
             }
             // Notifications up to here (our own changes among them) are answered by this read.
             if let Some(rx) = &mut changes {
+                rx.borrow_and_update();
+            }
+            if let Some(rx) = &mut table_changes {
                 rx.borrow_and_update();
             }
             let dp = dataplane.clone();
@@ -209,6 +216,11 @@ fn spawn_addresser(
                         check.set_missed_tick_behavior(MissedTickBehavior::Delay);
                     } else {
                         settle = true;
+                    }
+                }
+                changed = next_netlink_change(&mut table_changes) => {
+                    if changed.is_err() {
+                        table_changes = None;
                     }
                 }
                 _ = check.tick() => {}

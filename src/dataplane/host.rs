@@ -85,9 +85,12 @@ impl KernelWatch {
         Self::start(Interest::Any)
     }
 
-    /// Watches one link: itself, its addresses and the routes through it.
-    pub(super) fn link(index: u32) -> Result<(Self, watch::Receiver<u64>), NetlinkError> {
-        Self::start(Interest::Link(index))
+    /// Watches one link or two: each itself, its addresses and the routes through it.
+    pub(super) fn links(indexes: &[u32]) -> Result<(Self, watch::Receiver<u64>), NetlinkError> {
+        let (Some(&first), last) = (indexes.first(), indexes.last()) else {
+            return Self::host();
+        };
+        Self::start(Interest::Links([first, last.copied().unwrap_or(first)]))
     }
 
     fn start(interest: Interest) -> Result<(Self, watch::Receiver<u64>), NetlinkError> {

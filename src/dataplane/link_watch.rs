@@ -31,9 +31,10 @@ use super::netlink::{NetlinkError, NetlinkThread};
 /// Which notifications wake the consumer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Interest {
-    /// Only those about the link with this index: the link itself, its addresses, and routes
-    /// whose output interface it is (the TUN device's drift).
-    Link(u32),
+    /// Only those about the links with these indexes (one given twice: one link): each link
+    /// itself, its addresses, and routes whose output interface it is (the TUN device's drift,
+    /// and the underlay's for the kernel routes to peers).
+    Links([u32; 2]),
     /// Any link, IPv4 address or IPv4 route (the underlay: its address may move to any
     /// interface the default route goes through).
     Any,
@@ -44,7 +45,7 @@ impl Interest {
     /// state has an IPv6 half on a dual-stack network (`Link`).
     fn groups(self) -> &'static [MulticastGroup] {
         match self {
-            Interest::Link(_) => &[
+            Interest::Links(_) => &[
                 MulticastGroup::Link,
                 MulticastGroup::Ipv4Ifaddr,
                 MulticastGroup::Ipv4Route,
@@ -59,7 +60,7 @@ impl Interest {
 
     fn keeps(self, msg: &RouteNetlinkMessage) -> bool {
         match self {
-            Interest::Link(index) => concerns_link(msg, index),
+            Interest::Links(indexes) => indexes.iter().any(|i| concerns_link(msg, *i)),
             Interest::Any => true,
         }
     }

@@ -18,9 +18,13 @@
 //!   (wireguard) is one more: the worker keeps per-peer sessions keyed by the route table's
 //!   peer and driven by `now`, over the same sockets and offloads; ipip is a transport over a
 //!   raw IP socket instead of UDP.
-//! - **Kernel routes** (host-gw; vxlan `DirectRouting`'s peers on the underlay's link): no TUN
-//!   device; each peer's subnet is a kernel route `via <PublicIP>`, following the route
-//!   table, and drift-repaired like the tunnel's device.
+//! - **Kernel routes** ([`kernel_routes`]; host-gw): no TUN device; each peer's subnet is a
+//!   kernel route `via <PublicIP> dev <underlay>`, following the route table, and
+//!   drift-repaired like the tunnel's device ([`route_plan`] plans it).
+//! - **A tunnel with direct routes** (vxlan `DirectRouting`): the tunnel, and beside it kernel
+//!   routes for the peers whose `PublicIP` is on the underlay's link. Those routes (a peer's
+//!   subnet) are more specific than the tunnel's route (the whole Network), so the kernel
+//!   sends those peers' traffic straight to them; the others' goes through the tunnel.
 //! - **None** (`--dataplane none`, flannel's `alloc`): no [`Dataplane`] at all.
 //!
 //! Every backend answers the same calls: [`Dataplane::set_subnet`],
@@ -29,12 +33,14 @@
 //! (its metrics and its say on `/readyz`) and [`Dataplane::stop`]; and, for an upgrade
 //! without loss, [`Dataplane::hand_over`] (its descriptors, for the next process),
 //! [`Dataplane::adopt`] (the next process's start on them), [`Dataplane::quiesce`] and
-//! [`Dataplane::resume`].
+//! [`Dataplane::resume`]. Kernel routes have no descriptors: the next process adopts the
+//! routes as they are in the kernel. [`Dataplane::route_changes`] says when a backend that
+//! programs the kernel from the route table wants [`Dataplane::repair_link`] run.
 //!
 //! # Contract
 //! [`wire`], [`pipeline`], [`offload`], [`gso_retry`], [`gso_tail`] and [`malformed_peers`] are
 //! pure (no I/O, no allocation on the per-packet path, never panic on input); so are [`drift`], which plans the repairs of the
-//! device's link state, [`kernel_bugs`] and [`supervise`]'s restart policy. Only the syscall
+//! device's link state, [`route_plan`], [`kernel_bugs`] and [`supervise`]'s restart policy. Only the syscall
 //! layers ([`tun`]: the TUN device's ioctls and I/O; [`udp`]: batched sockets) and the netlink
 //! driver ([`netlink`], with no `unsafe`) touch file descriptors, and only [`tunnel`] creates
 //! them and the threads that run [`worker`]'s loops; `fake` stands in for both edges in tests
@@ -56,11 +62,13 @@ mod gso_retry;
 pub mod gso_tail;
 mod host;
 pub mod kernel_bugs;
+mod kernel_routes;
 mod link_watch;
 pub mod malformed_peers;
 mod netlink;
 pub mod offload;
 pub mod pipeline;
+mod route_plan;
 mod supervise;
 #[allow(unsafe_code)]
 mod tun;
@@ -78,13 +86,19 @@ pub(crate) use netlink::NetlinkError;
 pub(crate) use tunnel::{DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoConfig};
 
 use drift::DriftLog;
+use kernel_routes::{KernelRoutes, KernelRoutesConfig};
+use route_plan::Reach;
 use tunnel::{HandedTunnel, Tunnel, TunnelLayout};
 
+use crate::config::BackendKind;
+use crate::route::PeerBackend;
+
 impl DataplaneLayout {
-    /// The public IPv4 address the handed sockets are bound for.
-    pub(crate) fn public_ip(&self) -> std::net::Ipv4Addr {
+    /// The public IPv4 address the handed sockets are bound for (`None`: no sockets).
+    pub(crate) fn public_ip(&self) -> Option<std::net::Ipv4Addr> {
         match self {
-            Self::Tunnel(t) => t.public_ip,
+            Self::Tunnel(t) => Some(t.public_ip),
+            Self::KernelRoutes => None,
         }
     }
 }
@@ -95,6 +109,8 @@ impl DataplaneLayout {
 pub(crate) enum DataplaneLayout {
     /// A tunnel's TUN queues and sockets.
     Tunnel(TunnelLayout),
+    /// Kernel routes: no descriptors (the routes stay in the kernel).
+    KernelRoutes,
 }
 
 /// A data plane's descriptors (duplicated: the data plane that handed them keeps forwarding
@@ -111,15 +127,31 @@ pub(crate) struct HandedDataplane {
 #[derive(Debug)]
 pub(crate) struct Dataplane {
     backend: Backend,
+    /// Kernel routes beside a tunnel: vxlan `DirectRouting`'s peers on the underlay's link.
+    direct: Option<KernelRoutes>,
     /// What drift repair has reported, so each drift event is said once.
     drift: Mutex<DriftLog>,
 }
 
 /// The backend a [`Dataplane`] runs (see the module docs for the shapes a backend takes).
+/// One per process, so a large variant costs nothing.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 enum Backend {
     /// A TUN device and a transport over UDP (vxlan, udp).
     Tunnel(Tunnel),
+    /// Kernel routes via the peers' public IPs (host-gw).
+    KernelRoutes(KernelRoutes),
+}
+
+/// The kernel routes `cfg` asks for, if any: host-gw's, or direct routing's beside a tunnel.
+fn kernel_routes_config(cfg: &DataplaneConfig) -> Option<KernelRoutesConfig> {
+    let reach = match cfg.backend {
+        BackendKind::HostGw => Reach::HostGw,
+        BackendKind::Vxlan if cfg.direct_routing => Reach::Direct(PeerBackend::Vxlan),
+        _ => return None,
+    };
+    Some(KernelRoutesConfig { reach, network: cfg.network?, public_ip: cfg.public_ip })
 }
 
 impl Dataplane {
@@ -127,7 +159,32 @@ impl Dataplane {
     /// worker), binds the sockets, probes offloads and starts the workers. The device gets its
     /// address once [`Dataplane::set_subnet`] is called.
     pub(crate) fn start(cfg: DataplaneConfig, routes: Arc<Routes>) -> Result<Self, DataplaneError> {
-        Ok(Self { backend: Backend::Tunnel(Tunnel::start(cfg, routes)?), drift: Mutex::default() })
+        let kernel = kernel_routes_config(&cfg);
+        if cfg.backend == BackendKind::HostGw {
+            let kernel = kernel.ok_or(DataplaneError::NoSockets)?;
+            let routes = KernelRoutes::start(kernel, routes, None)?;
+            return Ok(Self::of(Backend::KernelRoutes(routes), None));
+        }
+        let direct = kernel.map(|k| KernelRoutes::start(k, routes.clone(), None)).transpose()?;
+        Ok(Self::of(Backend::Tunnel(Tunnel::start(cfg, routes)?), direct))
+    }
+
+    fn of(backend: Backend, direct: Option<KernelRoutes>) -> Self {
+        Self { backend, direct, drift: Mutex::default() }
+    }
+
+    /// The kernel routes this data plane programs, if any (host-gw's, or direct routing's).
+    fn kernel_routes(&self) -> Option<&KernelRoutes> {
+        match &self.backend {
+            Backend::KernelRoutes(k) => Some(k),
+            Backend::Tunnel(_) => self.direct.as_ref(),
+        }
+    }
+
+    /// A watch of the route table, when this data plane programs kernel routes from it:
+    /// [`Dataplane::repair_link`] should then run whenever it moves.
+    pub(crate) fn route_changes(&self) -> Option<watch::Receiver<u64>> {
+        self.kernel_routes().map(KernelRoutes::route_changes)
     }
 
     /// Takes over the data plane another process (or this one's previous image) handed over:
@@ -138,9 +195,33 @@ impl Dataplane {
         handed: HandedDataplane,
         lease: Option<LeaseName>,
     ) -> Result<Self, DataplaneError> {
-        let HandedDataplane { layout: DataplaneLayout::Tunnel(layout), fds } = handed;
-        let tunnel = Tunnel::adopt(cfg, routes, HandedTunnel { layout, fds }, lease)?;
-        Ok(Self { backend: Backend::Tunnel(tunnel), drift: Mutex::default() })
+        let kernel = kernel_routes_config(&cfg);
+        let adopt_routes = |routes: &Arc<Routes>| {
+            kernel.map(|k| KernelRoutes::adopt(k, routes.clone(), lease)).transpose()
+        };
+        match (handed, cfg.backend) {
+            (
+                HandedDataplane { layout: DataplaneLayout::KernelRoutes, .. },
+                BackendKind::HostGw,
+            ) => {
+                let routes = adopt_routes(&routes)?.ok_or(DataplaneError::NoSockets)?;
+                Ok(Self::of(Backend::KernelRoutes(routes), None))
+            }
+            (HandedDataplane { layout: DataplaneLayout::Tunnel(layout), fds }, backend)
+                if backend.uses_tun() =>
+            {
+                let direct = adopt_routes(&routes)?;
+                let tunnel = Tunnel::adopt(cfg, routes, HandedTunnel { layout, fds }, lease)?;
+                Ok(Self::of(Backend::Tunnel(tunnel), direct))
+            }
+            (handed, backend) => Err(DataplaneError::Handover(format!(
+                "the running weft hands over {}, and this one runs the {backend} backend",
+                match handed.layout {
+                    DataplaneLayout::Tunnel(_) => "a tunnel",
+                    DataplaneLayout::KernelRoutes => "kernel routes",
+                }
+            ))),
+        }
     }
 
     /// The data plane's descriptors, duplicated, for the next process; this one keeps
@@ -151,21 +232,33 @@ impl Dataplane {
                 let HandedTunnel { layout, fds } = t.hand_over()?;
                 Ok(HandedDataplane { layout: DataplaneLayout::Tunnel(layout), fds })
             }
+            Backend::KernelRoutes(_) => {
+                Ok(HandedDataplane { layout: DataplaneLayout::KernelRoutes, fds: Vec::new() })
+            }
         }
     }
 
     /// Stops forwarding after the step each worker is in, leaving what is queued in the kernel
     /// to whoever reads it next. Blocking (joins the threads).
     pub(crate) fn quiesce(&self) {
+        if let Some(k) = self.kernel_routes() {
+            k.quiesce();
+        }
         match &self.backend {
             Backend::Tunnel(t) => t.quiesce(),
+            // Nothing to stop: the kernel forwards, and the routes stay as they are.
+            Backend::KernelRoutes(_) => {}
         }
     }
 
     /// Forwards again after [`Dataplane::quiesce`] (a handover that failed).
     pub(crate) fn resume(&self) -> Result<(), DataplaneError> {
+        if let Some(k) = self.kernel_routes() {
+            k.resume();
+        }
         match &self.backend {
             Backend::Tunnel(t) => t.resume(),
+            Backend::KernelRoutes(_) => Ok(()),
         }
     }
 
@@ -179,14 +272,22 @@ impl Dataplane {
                 let w = t.workers.clone();
                 health.add_check(Box::new(move || w.problem().map_or(Ok(None), Err)));
             }
+            Backend::KernelRoutes(_) => {}
+        }
+        if let Some(k) = self.kernel_routes() {
+            health.add_collector(k.stats.clone());
         }
     }
 
     /// Points the data plane at this host's lease (`None`: no subnet is held, so the device's
     /// address and route are withdrawn). Blocking: call it from a blocking thread.
     pub(crate) fn set_subnet(&self, lease: Option<LeaseName>) -> Result<(), NetlinkError> {
+        if let Some(k) = self.kernel_routes() {
+            k.set_subnet(lease);
+        }
         match &self.backend {
             Backend::Tunnel(t) => t.set_subnet(lease),
+            Backend::KernelRoutes(_) => Ok(()),
         }
     }
 
@@ -197,15 +298,26 @@ impl Dataplane {
         public_ip: std::net::Ipv4Addr,
     ) -> Result<(), DataplaneError> {
         match &self.backend {
-            Backend::Tunnel(t) => t.set_public_ip(public_ip),
+            Backend::Tunnel(t) => t.set_public_ip(public_ip)?,
+            Backend::KernelRoutes(_) => {}
         }
+        if let Some(k) = self.kernel_routes() {
+            k.set_public_ip(public_ip);
+        }
+        Ok(())
     }
 
     /// A watch of the kernel's notifications about what the data plane set up (the TUN device's
-    /// link, addresses and routes), so drift is repaired as it happens. Blocking.
+    /// link, addresses and routes; the underlay's routes for kernel routes to peers), so drift
+    /// is repaired as it happens. Blocking.
     pub(crate) fn watch_link(&self) -> Result<(KernelWatch, watch::Receiver<u64>), NetlinkError> {
-        match &self.backend {
-            Backend::Tunnel(t) => t.watch_link(),
+        match (&self.backend, &self.direct) {
+            (Backend::Tunnel(t), None) => t.watch_link(),
+            (Backend::Tunnel(t), Some(k)) => match k.underlay_index()? {
+                Some(underlay) => KernelWatch::links(&[t.device_index()?, underlay]),
+                None => KernelWatch::host(),
+            },
+            (Backend::KernelRoutes(k), _) => k.watch_link(),
         }
     }
 
@@ -216,17 +328,26 @@ impl Dataplane {
         let mut drift = self.drift.lock().unwrap_or_else(PoisonError::into_inner);
         match &self.backend {
             Backend::Tunnel(t) => t.repair_link(&mut drift),
+            Backend::KernelRoutes(_) => {}
         }
-        drift.failing()
+        let routes_failing = self.kernel_routes().is_some_and(KernelRoutes::repair);
+        drift.failing() || routes_failing
     }
 
     /// Resolves once a worker thread has panicked too often to be restarted: weft should then
     /// stop and be restarted.
     pub(crate) fn given_up(&self) -> impl Future<Output = ()> + Send + 'static {
         let workers = match &self.backend {
-            Backend::Tunnel(t) => t.workers.clone(),
+            Backend::Tunnel(t) => Some(t.workers.clone()),
+            // No thread of weft's forwards: nothing can give up.
+            Backend::KernelRoutes(_) => None,
         };
-        async move { workers.wait_given_up().await }
+        async move {
+            match workers {
+                Some(w) => w.wait_given_up().await,
+                None => std::future::pending().await,
+            }
+        }
     }
 
     /// How many times the data plane's descriptors changed (a re-bind opens new sockets):
@@ -234,6 +355,7 @@ impl Dataplane {
     pub(crate) fn generation(&self) -> u64 {
         match &self.backend {
             Backend::Tunnel(t) => t.generation.load(std::sync::atomic::Ordering::Relaxed),
+            Backend::KernelRoutes(_) => 0,
         }
     }
 
@@ -242,6 +364,8 @@ impl Dataplane {
     pub(crate) fn progress(&self) -> Vec<(String, u64)> {
         match &self.backend {
             Backend::Tunnel(t) => t.workers.progress(),
+            // No forwarding thread: the kernel forwards.
+            Backend::KernelRoutes(_) => Vec::new(),
         }
     }
 
@@ -249,14 +373,17 @@ impl Dataplane {
     pub(crate) fn has_given_up(&self) -> bool {
         match &self.backend {
             Backend::Tunnel(t) => t.workers.has_given_up(),
+            Backend::KernelRoutes(_) => false,
         }
     }
 
     /// Stops the threads and waits for them; the device closes when its last queue goes (a
-    /// non-persistent TUN device then disappears). Blocking.
+    /// non-persistent TUN device then disappears). Kernel routes stay as they are (flannel
+    /// leaves them too): the next start adopts them. Blocking.
     pub(crate) fn stop(&self) {
         match &self.backend {
             Backend::Tunnel(t) => t.stop(),
+            Backend::KernelRoutes(_) => {}
         }
     }
 }

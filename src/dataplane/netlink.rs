@@ -47,6 +47,7 @@ use rtnetlink::packet_route::route::{
 use rtnetlink::{LinkUnspec, RouteMessageBuilder};
 
 use super::drift::ObservedLink;
+use super::route_plan::{PeerRoute, ROUTE_PROTOCOL, SeenRoute};
 
 /// How long a request waits for the kernel's answer.
 pub(crate) const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -546,6 +547,64 @@ impl Netlink {
         Ok((links, addresses))
     }
 
+    /// The interface that has the IPv4 address `ip`: its index, its name and the prefixes of
+    /// its IPv4 addresses (the kernel's order), from one `RTM_GETLINK` and one `RTM_GETADDR`
+    /// dump. `None` when no interface has it.
+    pub(crate) fn link_with_ipv4(
+        &self,
+        ip: Ipv4Addr,
+    ) -> Result<Option<(u32, String, Vec<Ipv4Net>)>, NetlinkError> {
+        let (links, addresses) = self.links_and_addresses()?;
+        Ok(link_with_ipv4(&links, &addresses, ip))
+    }
+
+    /// The main table's unicast IPv4 routes, as route planning sees them ([`seen_routes`]).
+    pub(crate) fn seen_routes(&self) -> Result<Vec<SeenRoute>, NetlinkError> {
+        Ok(seen_routes(&self.ipv4_routes("peer routes")?))
+    }
+
+    /// Puts the route to a peer `route` through the interface `index` (`name`, for errors) into
+    /// the main table: `RTM_NEWROUTE` with `NLM_F_CREATE | NLM_F_REPLACE` (flannel's
+    /// `RouteReplace`), so a route to the same destination of metric 0 is replaced in place.
+    pub(crate) fn put_peer_route(
+        &self,
+        name: &str,
+        index: u32,
+        route: PeerRoute,
+    ) -> Result<(), NetlinkError> {
+        let message = peer_route(route, index);
+        let handle = self.handle.clone();
+        self.run("RTM_NEWROUTE", name, async move {
+            handle.route().add(message).replace().execute().await
+        })
+    }
+
+    /// Removes one of weft's peer routes, `route` as the kernel reported it (`RTM_DELROUTE`);
+    /// one already gone is fine.
+    pub(crate) fn remove_peer_route(&self, route: &SeenRoute) -> Result<(), NetlinkError> {
+        let mut builder = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(route.dst.network(), route.dst.prefix_len())
+            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL))
+            .priority(route.metric);
+        if let Some(gw) = route.gw {
+            builder = builder.gateway(gw);
+        }
+        if let Some(oif) = route.oif {
+            builder = builder.output_interface(oif);
+        }
+        let message = builder.build();
+        let handle = self.handle.clone();
+        let name = route.dst.to_string();
+        match self.run(
+            "RTM_DELROUTE",
+            &name,
+            async move { handle.route().del(message).execute().await },
+        ) {
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            other => other,
+        }
+    }
+
     /// Every interface's global IPv6 addresses ([`named_ipv6_addresses`]), as
     /// `(interface name, address)` in the kernel's order.
     pub(crate) fn ipv6_addresses_by_interface(
@@ -742,6 +801,59 @@ pub(crate) fn named_ipv4_addresses(
             Some((name.clone(), v4(address_net(a)?)?.addr()))
         })
         .collect()
+}
+
+/// The index, name and IPv4 prefixes of the link among `links` that has the address `ip`.
+pub(crate) fn link_with_ipv4(
+    links: &[LinkMessage],
+    addresses: &[AddressMessage],
+    ip: Ipv4Addr,
+) -> Option<(u32, String, Vec<Ipv4Net>)> {
+    let index = addresses
+        .iter()
+        .filter(|a| a.header.family == AddressFamily::Inet)
+        .find(|a| address_net(a).and_then(v4).is_some_and(|n| n.addr() == ip))?
+        .header
+        .index;
+    let link = links.iter().find(|l| l.header.index == index)?;
+    Some((index, link_name(link)?, ipv4_addresses(addresses, index)))
+}
+
+/// The main table's unicast IPv4 routes in `routes`, as route planning sees them: whether each
+/// is weft's ([`ROUTE_PROTOCOL`]), its gateway, device and metric.
+pub(crate) fn seen_routes(routes: &[RouteMessage]) -> Vec<SeenRoute> {
+    routes
+        .iter()
+        .filter(|r| r.header.address_family == AddressFamily::Inet && is_main_unicast(r))
+        .filter_map(|r| {
+            let dst = v4(destination_of(r)?)?;
+            let gw = r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Gateway(RouteAddress::Inet(gw)) => Some(*gw),
+                _ => None,
+            });
+            let metric = r
+                .attributes
+                .iter()
+                .find_map(|a| match a {
+                    RouteAttribute::Priority(p) => Some(*p),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            let ours = r.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL);
+            Some(SeenRoute { dst, gw, oif: oif_of(r), metric, ours })
+        })
+        .collect()
+}
+
+/// The route [`Netlink::put_peer_route`] puts: `route.dst via route.gw dev <index>`, main
+/// table, universe scope, metric 0, weft's protocol.
+fn peer_route(route: PeerRoute, index: u32) -> RouteMessage {
+    RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(route.dst.network(), route.dst.prefix_len())
+        .gateway(route.gw)
+        .output_interface(index)
+        .protocol(RouteProtocol::Other(ROUTE_PROTOCOL))
+        .build()
 }
 
 /// The table a route is in (`RTA_TABLE` for ids above 255, else the header's).
@@ -1080,6 +1192,34 @@ mod tests {
         // What add_route sends is what the observation must find, or it would "repair" forever.
         let added = network_route(net("10.244.0.0/16"), WEFT0);
         assert_eq!(device_routes(&[added], WEFT0), vec![net("10.244.0.0/16")]);
+    }
+
+    /// A peer route weft puts is one it then sees as its own, exactly as planned; routes of
+    /// other protocols, tables and kinds are told apart.
+    #[test]
+    fn the_peer_route_weft_puts_is_seen_as_its_own() {
+        let want = PeerRoute { dst: net("10.244.2.0/24"), gw: Ipv4Addr::new(192, 0, 2, 2) };
+        let mut foreign = peer_route(want, 3);
+        foreign.header.protocol = RouteProtocol::Boot;
+        foreign.attributes.push(RouteAttribute::Priority(7));
+        let mut other_table = peer_route(want, 3);
+        other_table.header.table = 100;
+        let seen = seen_routes(&[peer_route(want, 3), foreign, other_table]);
+        assert_eq!(
+            seen,
+            [
+                SeenRoute { dst: want.dst, gw: Some(want.gw), oif: Some(3), metric: 0, ours: true },
+                SeenRoute {
+                    dst: want.dst,
+                    gw: Some(want.gw),
+                    oif: Some(3),
+                    metric: 7,
+                    ours: false
+                },
+            ]
+        );
+        let plan = super::super::route_plan::plan(&[want], &seen, 3, net("10.244.0.0/16"), true);
+        assert!(plan.is_empty(), "{plan:?}");
     }
 
     #[test]

@@ -463,7 +463,8 @@ impl Forwarder {
     pub fn headroom(&self) -> usize {
         match self.backend {
             BackendKind::Vxlan => HEADROOM,
-            BackendKind::Udp => 0,
+            // host-gw and alloc run no tunnel.
+            BackendKind::Udp | BackendKind::HostGw | BackendKind::Alloc => 0,
         }
     }
 
@@ -596,7 +597,7 @@ impl Forwarder {
                 Ok(_) => return Rx::Drop(DropReason::RxNotIpv4),
                 Err(reason) => return Rx::Drop(reason),
             },
-            BackendKind::Udp => 0..len,
+            BackendKind::Udp | BackendKind::HostGw | BackendKind::Alloc => 0..len,
         };
         let Ok(mut ip) = ipv4::Packet::new_checked(&mut datagram[inner.clone()]) else {
             return Rx::Drop(DropReason::RxMalformed);

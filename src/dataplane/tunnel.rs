@@ -83,8 +83,11 @@ pub(crate) struct Ipv6Dataplane {
 pub(crate) struct DataplaneConfig {
     /// TUN device name.
     pub(crate) tun_name: String,
-    /// vxlan or udp.
+    /// vxlan or udp (or host-gw: no tunnel, kernel routes only).
     pub(crate) backend: BackendKind,
+    /// vxlan's `DirectRouting`: peers on the underlay's link by kernel routes, beside the
+    /// tunnel.
+    pub(crate) direct_routing: bool,
     /// VNI (vxlan).
     pub(crate) vni: u32,
     /// The backend's UDP port.
@@ -163,6 +166,12 @@ pub(crate) enum DataplaneError {
     /// Neither family has a socket: a config with no IPv4 network and no IPv6 underlay.
     #[error("no underlay socket: the network has no IPv4 part and no IPv6 underlay was given")]
     NoSockets,
+    /// host-gw with a public IP that no interface of this host has (NAT).
+    #[error(
+        "the public IP {0} is no address of this host (NAT?): host-gw does not work behind NAT \
+         (flannel's refuses it too), as peers route to the public IP directly"
+    )]
+    HostGwNat(Ipv4Addr),
 }
 
 impl DataplaneError {
@@ -759,8 +768,12 @@ impl Tunnel {
     pub(crate) fn watch_link(
         &self,
     ) -> Result<(KernelWatch, tokio::sync::watch::Receiver<u64>), NetlinkError> {
-        let index = self.netlink.index_of(&self.cfg.tun_name)?;
-        KernelWatch::link(index)
+        KernelWatch::links(&[self.device_index()?])
+    }
+
+    /// The TUN device's interface index. Blocking (one netlink request).
+    pub(crate) fn device_index(&self) -> Result<u32, NetlinkError> {
+        self.netlink.index_of(&self.cfg.tun_name)
     }
 
     /// The TUN device's link state as weft set it up: the MTU of [`Tunnel::start`], and

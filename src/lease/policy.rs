@@ -346,7 +346,7 @@ mod tests {
                 subnet_max: Ipv4Addr::from(base + (1 << 16) - step),
             }),
             ipv6: None,
-            backend: Backend { kind: BackendKind::Vxlan, port: 8472, vni: 1 },
+            backend: Backend::new(BackendKind::Vxlan),
         }
     }
 

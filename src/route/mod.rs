@@ -25,6 +25,10 @@
 //!   unreachable it keeps the last published table indefinitely (the data plane never tears
 //!   down because the control plane is blind).
 //! - Published routes follow docs/lease-rules.md ("Loss and reclaim"): see [`set`].
+//! - Change notice: every [`Routes::store`] bumps a generation that [`Routes::subscribe`]
+//!   watches (a `tokio::sync::watch`, which only the writer and the watchers touch: loads stay
+//!   lock-free). A data plane that programs the kernel from the table (kernel routes) waits on
+//!   it; generation 0 is the table the daemon started with, before the watcher's first listing.
 
 pub(crate) mod set;
 pub(crate) mod table;
@@ -33,6 +37,7 @@ pub mod watcher;
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Guard};
+use tokio::sync::watch;
 
 pub use set::RouteSet;
 pub use table::{Peer, Peer6, Peer6Error, PeerBackend, PeerError, RouteTable};
@@ -42,6 +47,8 @@ pub use watcher::{RouteStats, run};
 /// without locks. See the module docs for the contract.
 pub struct Routes {
     table: ArcSwap<RouteTable>,
+    /// How many tables were stored since [`Routes::new`].
+    generation: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Routes {
@@ -53,7 +60,7 @@ impl std::fmt::Debug for Routes {
 impl Routes {
     /// Routes that start out as `table`.
     pub fn new(table: RouteTable) -> Self {
-        Self { table: ArcSwap::from_pointee(table) }
+        Self { table: ArcSwap::from_pointee(table), generation: watch::Sender::new(0) }
     }
 
     /// The current snapshot. Lock-free; load once per batch and drop the guard when the batch
@@ -67,6 +74,13 @@ impl Routes {
     /// snapshot keep it until they drop it.
     pub(crate) fn store(&self, table: RouteTable) {
         self.table.store(Arc::new(table));
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// A watch of the table's generation: it goes up with every [`Routes::store`] (a waiting
+    /// task sees one wake-up for a burst of them, then loads the table). 0 until the first.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
     }
 }
 
@@ -95,5 +109,19 @@ mod tests {
         assert!(before.is_empty());
         assert_eq!(routes.load().len(), 1);
         assert!(routes.load().lookup(Ipv4Addr::new(10, 244, 1, 1)).is_some());
+    }
+
+    /// A store is announced to every subscriber, and the generation counts the stores.
+    #[test]
+    fn a_store_bumps_the_generation_subscribers_see() {
+        let net = "10.244.0.0/16".parse().unwrap();
+        let routes = Routes::new(RouteTable::build(net, 24, []));
+        let mut rx = routes.subscribe();
+        assert_eq!(*rx.borrow_and_update(), 0);
+        assert!(!rx.has_changed().unwrap());
+        routes.store(RouteTable::build(net, 24, []));
+        routes.store(RouteTable::build(net, 24, []));
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow_and_update(), 2);
     }
 }

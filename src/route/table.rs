@@ -64,7 +64,9 @@ pub enum PeerBackend {
     /// No `BackendType` (flannel's udp backend writes none, docs/store-layout.md), or `"udp"`:
     /// the raw IP packet in UDP.
     Udp,
-    /// Any other backend (`host-gw`, ...): the peer cannot decapsulate what weft sends.
+    /// `"host-gw"`: reached by a kernel route via its `PublicIP`, never encapsulated.
+    HostGw,
+    /// Any other backend: the peer cannot decapsulate what weft sends.
     Other,
 }
 
@@ -196,6 +198,7 @@ impl Peer {
         let backend = match attrs.backend_type.as_deref() {
             None | Some("udp") => PeerBackend::Udp,
             Some("vxlan") => PeerBackend::Vxlan,
+            Some("host-gw") => PeerBackend::HostGw,
             Some(_) => PeerBackend::Other,
         };
         let (vtep_mac, vni) = match backend {
@@ -210,7 +213,7 @@ impl Peer {
                 };
                 (Some(mac), vni_of(data)?)
             }
-            PeerBackend::Udp | PeerBackend::Other => (None, None),
+            PeerBackend::Udp | PeerBackend::HostGw | PeerBackend::Other => (None, None),
         };
         Ok(Peer {
             subnet: l.subnet,
@@ -630,6 +633,9 @@ mod tests {
         assert_eq!(p.backend, PeerBackend::Udp);
         assert_eq!((p.vtep_mac, p.vni), (None, None));
         let p = Peer::from_lease(&lease(r#"{"PublicIP":"192.0.2.1","BackendType":"host-gw"}"#))
+            .unwrap();
+        assert_eq!(p.backend, PeerBackend::HostGw);
+        let p = Peer::from_lease(&lease(r#"{"PublicIP":"192.0.2.1","BackendType":"extension"}"#))
             .unwrap();
         assert_eq!(p.backend, PeerBackend::Other);
         let p = Peer::from_lease(&lease(
