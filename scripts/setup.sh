@@ -31,7 +31,7 @@ packages=(
     sockperf            # request/response round trips across the overlay (bench)
     openssl             # test CA and certificates for etcd over TLS
     procps              # sysctl (forwarding in namespace hosts), pgrep, ps
-    util-linux          # unshare, setpriv (the non-root test), mount namespaces, prlimit
+    util-linux          # unshare, setpriv (the non-root test), mount namespaces, prlimit, nsenter
     mount               # mount, for the non-root test's private /dev/net/tun
     python3             # bench.sh's result tables; the CNI delegate config (scripts/lib/cni.sh)
     containernetworking-plugins  # CNI bridge + host-local: pods in the demo, tests, chaos soak
