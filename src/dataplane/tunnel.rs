@@ -154,8 +154,8 @@ pub(crate) enum DataplaneError {
     /// Configuring the TUN device's link over netlink.
     #[error(transparent)]
     Link(#[from] NetlinkError),
-    /// A UDP socket.
-    #[error("UDP socket: {0}")]
+    /// A UDP socket (or, for ipip, a raw IP socket): its error says which.
+    #[error(transparent)]
     Socket(#[from] UdpError),
     /// A thread.
     #[error("starting a worker thread: {0}")]

@@ -240,6 +240,9 @@ pub enum UdpError {
     /// `socket()` failed.
     #[error("creating a UDP socket: {0}")]
     Socket(#[source] io::Error),
+    /// `socket()` of a raw IP socket (the ipip backend's) failed.
+    #[error("creating a raw IP socket for the ipip backend: {0}{hint}", hint = if .0.raw_os_error() == Some(libc::EPERM) { " (raw IP sockets need CAP_NET_RAW, beside CAP_NET_ADMIN: docs/install.md)" } else { "" })]
+    RawSocket(io::Error),
     /// A socket option could not be set.
     #[error("setting {option} on a UDP socket: {source}")]
     SetOption {

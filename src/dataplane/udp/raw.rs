@@ -134,20 +134,8 @@ fn raw_config(bind: Ipv4Addr) -> UdpConfig {
 
 /// A raw IPv4 socket of `protocol`, its buffers sized, bound on `bind`.
 fn open_raw(protocol: i32, bind: Ipv4Addr, buffer_bytes: usize) -> Result<Socket, UdpError> {
-    let socket =
-        Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::from(protocol))).map_err(|e| {
-            if e.raw_os_error() == Some(libc::EPERM) {
-                UdpError::Socket(io::Error::new(
-                    e.kind(),
-                    format!(
-                        "a raw IP socket needs CAP_NET_RAW, which the ipip backend needs beside \
-                         CAP_NET_ADMIN (docs/install.md): {e}"
-                    ),
-                ))
-            } else {
-                UdpError::Socket(e)
-            }
-        })?;
+    let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::from(protocol)))
+        .map_err(UdpError::RawSocket)?;
     size_buffers(&socket, buffer_bytes)?;
     let addr = SocketAddr::V4(SocketAddrV4::new(bind, 0));
     socket.bind(&SockAddr::from(addr)).map_err(|source| UdpError::Bind { addr, source })?;
