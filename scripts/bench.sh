@@ -17,6 +17,11 @@
 #              alone), forced by the hidden --gso-never-equal-tail: what the workaround costs
 #   weft-vxlan-nogso  weft-vxlan with --udp-gso off: what turning GSO off instead would cost
 #   weft-udp   weft run, flannel's udp backend
+#   weft-ipip  weft run, flannel's ipip backend: IP-in-IP (protocol 4) on raw IP sockets, no
+#              UDP GSO/GRO (raw IP has neither), TUN offloads on; the kernel ipip row beside it
+#              would need the kernel's ipip module (CONFIG_NET_IPIP), which this test machine
+#              lacks, so there is none: compare with weft-udp (the same one-packet-per-message
+#              path over UDP) and kernel
 #   kernel-hostgw  flannel's host-gw as its backend programs it: a route 10.244.N.0/24 via the
 #              peer's eth0 address on each host (flannel_route_peer), the destination on h2's lo
 #   weft-hostgw weft run, host-gw backend: the same routes, put by weft; traffic to h2's
@@ -66,8 +71,8 @@
 # Usage: scripts/bench.sh [--quick]      RUNS=3 DURATION=5 IDLE_PINGS=100 by default;
 #                                        --quick: RUNS=1 DURATION=2 IDLE_PINGS=40
 #   (DURATION is also each sockperf run's length, warm-up included)
-#   BENCH_PATHS="weft-vxlan"  only some paths (default: all eleven: raw kernel weft-vxlan
-#                             weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-base
+#   BENCH_PATHS="weft-vxlan"  only some paths (default: all twelve: raw kernel weft-vxlan
+#                             weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-ipip weft-base
 #                             kernel-hostgw weft-hostgw kernel6 weft-vxlan6)
 #   WEFT_BIN=/path/to/weft    bench that binary (e.g. another commit's build) instead of building
 #   BENCH_LOGS=DIR            keep each weft run's log there as <path>-h<N>.log (the WORK dir,
@@ -86,10 +91,10 @@ SOCKPERF_LOW_MPS=${SOCKPERF_LOW_MPS:-100}
 SOCKPERF_UDP_PORT=11111
 SOCKPERF_TCP_PORT=11112
 OUT=${BENCH_JSON:-bench-results.json}
-PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-base kernel-hostgw weft-hostgw kernel6 weft-vxlan6"}
+PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-ipip weft-base kernel-hostgw weft-hostgw kernel6 weft-vxlan6"}
 for path in $PATHS; do
     case $path in
-        raw | kernel | weft-vxlan | weft-vxlan-tailpad | weft-vxlan-nogso | weft-udp | weft-base | kernel-hostgw | weft-hostgw | kernel6 | weft-vxlan6) ;;
+        raw | kernel | weft-vxlan | weft-vxlan-tailpad | weft-vxlan-nogso | weft-udp | weft-ipip | weft-base | kernel-hostgw | weft-hostgw | kernel6 | weft-vxlan6) ;;
         *) echo "bench: unknown path $path in BENCH_PATHS (see the header of $0)" >&2; exit 1 ;;
     esac
 done
@@ -332,6 +337,7 @@ for path in $PATHS; do
             weft_up vxlan --udp-gso off
             measure weft-vxlan-nogso "$(weft_dst)"; weft_down weft-vxlan-nogso ;;
         weft-udp) weft_up udp; measure weft-udp "$(weft_dst)"; weft_down weft-udp ;;
+        weft-ipip) weft_up ipip; measure weft-ipip "$(weft_dst)"; weft_down weft-ipip ;;
         kernel-hostgw)
             flannel_route_peer "$H1" 10.244.2.0/24 "$(netns_ip 2)" eth0
             flannel_route_peer "$H2" 10.244.1.0/24 "$(netns_ip 1)" eth0

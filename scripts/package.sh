@@ -72,6 +72,7 @@ install -D -m 0644 "$WORK/files/completions/weft.bash" "$ROOT/usr/share/bash-com
 install -D -m 0644 "$WORK/files/completions/_weft" "$ROOT/usr/share/zsh/vendor-completions/_weft"
 install -D -m 0644 "$WORK/files/completions/weft.fish" "$ROOT/usr/share/fish/vendor_completions.d/weft.fish"
 install -d "$ROOT/usr/share/doc/weft"
+install -D -m 0644 packaging/weft-ipip.conf "$ROOT/usr/share/doc/weft/examples/ipip.conf"
 cat >"$ROOT/usr/share/doc/weft/copyright" <<'EOF'
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: weft

@@ -27,6 +27,7 @@ packages=(
     etcd-client         # etcdctl: tests and the demo inspect and change the store
     iproute2            # ip, bridge: network namespaces, veth, addresses, routes; ss
     iputils-ping        # ping across the overlay
+    tcpdump             # decodes the ipip backend's packets as the kernel's IP-in-IP (integration/e2e_ipip.rs)
     iperf3              # throughput across the overlay (tests, demo, bench)
     sockperf            # request/response round trips across the overlay (bench)
     openssl             # test CA and certificates for etcd over TLS
@@ -46,7 +47,7 @@ packages=(
 # command or file      must exist after install
 checks=(
     cc c++ protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ss ping iperf3
-    openssl sysctl unshare setpriv prlimit mount python3 /usr/lib/cni/bridge /usr/lib/cni/host-local
+    tcpdump openssl sysctl unshare setpriv prlimit mount python3 /usr/lib/cni/bridge /usr/lib/cni/host-local
     iptables sockperf dpkg-deb dpkg-shlibdeps strip podman runc systemd-analyze
 )
 

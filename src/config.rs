@@ -7,9 +7,9 @@
 //!   `CheckNetworkConfig` accepts, with the same defaults, except for options weft does not
 //!   implement. Those are refused with an error naming the option rather than silently ignored: a
 //!   config that asks for a backend or an option weft lacks must not come up as something else.
-//! - Backends: `vxlan` (with `DirectRouting`), `udp`, `host-gw` (IPv4) and `alloc` (a lease and
-//!   no data plane). host-gw and alloc take no options, and ignore every other field, as
-//!   flannel's do.
+//! - Backends: `vxlan` (with `DirectRouting`), `udp`, `host-gw` (IPv4), `ipip` (IPv4, with
+//!   `DirectRouting`) and `alloc` (a lease and no data plane). host-gw and alloc take no
+//!   options, and ipip only `DirectRouting`; each ignores every other field, as flannel's do.
 //! - IPv6-only (`"EnableIPv4": false` with `"EnableIPv6": true`): [`NetworkConfig::ipv4`] is
 //!   `None` and leases are IPv6 subnets. The backend must be vxlan (flannel's udp backend
 //!   carries no IPv6), and IPv4 fields are refused, as IPv6 fields are without `EnableIPv6`.
@@ -89,17 +89,21 @@ pub enum BackendKind {
     HostGw,
     /// flannel's `alloc`: the lease alone, no data plane.
     Alloc,
+    /// flannel's `ipip`: the IPv4 packet inside an outer IPv4 header of protocol 4 (RFC 2003),
+    /// which weft sends and receives on raw IP sockets instead of the kernel's `ipip` module.
+    Ipip,
 }
 
 impl BackendKind {
     /// The name as flannel spells it in `Backend.Type`: `"vxlan"`, `"udp"`, `"host-gw"`,
-    /// `"alloc"`.
+    /// `"alloc"`, `"ipip"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Vxlan => "vxlan",
             Self::Udp => "udp",
             Self::HostGw => "host-gw",
             Self::Alloc => "alloc",
+            Self::Ipip => "ipip",
         }
     }
 
@@ -108,7 +112,7 @@ impl BackendKind {
         match self {
             Self::Vxlan => DEFAULT_VXLAN_PORT,
             Self::Udp => DEFAULT_UDP_PORT,
-            Self::HostGw | Self::Alloc => 0,
+            Self::HostGw | Self::Alloc | Self::Ipip => 0,
         }
     }
 
@@ -117,15 +121,20 @@ impl BackendKind {
         matches!(self, Self::Vxlan | Self::Udp)
     }
 
-    /// Whether the backend forwards through weft's TUN device (vxlan, udp): host-gw programs
-    /// kernel routes instead, and alloc has no data plane.
+    /// Whether the backend forwards through weft's TUN device (vxlan, udp, ipip): host-gw
+    /// programs kernel routes instead, and alloc has no data plane.
     pub fn uses_tun(self) -> bool {
-        matches!(self, Self::Vxlan | Self::Udp)
+        matches!(self, Self::Vxlan | Self::Udp | Self::Ipip)
+    }
+
+    /// Whether the backend reads `Backend.DirectRouting` (vxlan and ipip, as flannel's).
+    pub fn has_direct_routing(self) -> bool {
+        matches!(self, Self::Vxlan | Self::Ipip)
     }
 
     /// Parses `Backend.Type`. flannel's backend manager lowercases the type, so any case works.
     fn from_type(name: &str) -> Option<Self> {
-        [Self::Vxlan, Self::Udp, Self::HostGw, Self::Alloc]
+        [Self::Vxlan, Self::Udp, Self::HostGw, Self::Alloc, Self::Ipip]
             .into_iter()
             .find(|k| name.eq_ignore_ascii_case(k.as_str()))
     }
@@ -147,8 +156,8 @@ pub struct Backend {
     /// The VXLAN network identifier (vxlan only; 1 by default). A parsed udp backend always
     /// carries [`DEFAULT_VNI`] here: flannel's udp backend has no VNI and ignores the field.
     pub(crate) vni: u32,
-    /// vxlan's `DirectRouting`: peers whose `PublicIP` is on the underlay's link are reached
-    /// by a kernel route via that address, without encapsulation.
+    /// `DirectRouting` (vxlan, ipip): peers whose `PublicIP` is on the underlay's link are
+    /// reached by a kernel route via that address, without encapsulation.
     pub(crate) direct_routing: bool,
 }
 
@@ -161,11 +170,13 @@ impl Backend {
 
     /// Bytes each packet grows by on the underlay, which the overlay MTU must leave room for:
     /// vxlan 50 (outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14), udp 28 (IPv4 20 + UDP 8),
-    /// host-gw and alloc none (flannel's MTU for both is the interface's).
+    /// ipip 20 (the outer IPv4 header: flannel sets `flannel.ipip`'s MTU to the interface's
+    /// minus 20), host-gw and alloc none (flannel's MTU for both is the interface's).
     pub fn encap_overhead(&self) -> u16 {
         match self.kind {
             BackendKind::Vxlan => 50,
             BackendKind::Udp => 28,
+            BackendKind::Ipip => 20,
             BackendKind::HostGw | BackendKind::Alloc => 0,
         }
     }
@@ -474,12 +485,13 @@ pub enum ConfigError {
     /// `Backend` has fields but no `Type`.
     #[error(
         "Backend.Type: missing (Backend has other fields, so name the backend: vxlan, udp, \
-         host-gw or alloc)"
+         host-gw, ipip or alloc)"
     )]
     MissingBackendType,
     /// `Backend.Type` names a backend weft does not implement.
     #[error(
-        "Backend.Type: {value:?} is not supported (weft supports vxlan, udp, host-gw and alloc)"
+        "Backend.Type: {value:?} is not supported (weft supports vxlan, udp, host-gw, ipip and \
+         alloc)"
     )]
     UnsupportedBackend {
         /// The type given.
@@ -494,6 +506,13 @@ pub enum ConfigError {
         /// The backend.
         backend: &'static str,
     },
+    /// ipip on a network with IPv6 enabled: IP-in-IP of protocol 4 carries IPv4 only, and
+    /// flannel's ipip backend programs no IPv6 route.
+    #[error(
+        "EnableIPv6: the ipip backend carries IPv4 only (IPv4 in IPv4, protocol 4; flannel's \
+         ipip backend programs no IPv6 route either); use vxlan for IPv6"
+    )]
+    Ipv6Ipip,
     /// A backend option weft does not implement is set to a non-default value.
     #[error("{field}: {value} is not supported yet")]
     UnsupportedOption {
@@ -566,8 +585,12 @@ impl NetworkConfig {
         let backend = parse_backend(field(obj, "Backend", "Backend")?)?;
         let mut config = Self::new(network, subnet_len, subnet_min, subnet_max, backend)?;
         if enable_ipv6 {
-            if backend.kind == BackendKind::HostGw {
-                return Err(ConfigError::Ipv6Unsupported { backend: backend.kind.as_str() });
+            match backend.kind {
+                BackendKind::HostGw => {
+                    return Err(ConfigError::Ipv6Unsupported { backend: backend.kind.as_str() });
+                }
+                BackendKind::Ipip => return Err(ConfigError::Ipv6Ipip),
+                _ => {}
             }
             config.ipv6 = Some(parse_ipv6(obj)?);
         }
@@ -613,6 +636,7 @@ impl NetworkConfig {
         match backend.kind {
             BackendKind::Vxlan => {}
             BackendKind::Udp => return Err(ConfigError::Ipv6OnlyUdp),
+            BackendKind::Ipip => return Err(ConfigError::Ipv6Ipip),
             other => return Err(ConfigError::Ipv6Unsupported { backend: other.as_str() }),
         }
         Ok(Self { ipv4: None, ipv6: Some(ipv6), backend })
@@ -635,6 +659,10 @@ impl NetworkConfig {
                 if self.backend.direct_routing { r#","DirectRouting":true"# } else { "" }
             ),
             BackendKind::Udp => format!(r#"{{"Type":"udp","Port":{}}}"#, self.backend.port),
+            BackendKind::Ipip => format!(
+                r#"{{"Type":"ipip"{}}}"#,
+                if self.backend.direct_routing { r#","DirectRouting":true"# } else { "" }
+            ),
             BackendKind::HostGw | BackendKind::Alloc => {
                 format!(r#"{{"Type":"{}"}}"#, self.backend.kind.as_str())
             }
@@ -1066,6 +1094,11 @@ fn parse_backend(value: Option<&Value>) -> Result<Backend, ConfigError> {
             .ok_or_else(|| ConfigError::UnsupportedBackend { value: name.to_owned() })?,
     };
     let mut backend = Backend::new(kind);
+    // flannel's ipip backend reads DirectRouting alone.
+    if kind == BackendKind::Ipip {
+        backend.direct_routing = direct_routing(obj)?;
+        return Ok(backend);
+    }
     // flannel's host-gw and alloc read no option at all.
     if !kind.has_port() {
         return Ok(backend);
@@ -1087,8 +1120,7 @@ fn parse_backend(value: Option<&Value>) -> Result<Backend, ConfigError> {
                 value: mtu.to_string(),
             });
         }
-        backend.direct_routing =
-            bool_field(obj, "DirectRouting", "Backend.DirectRouting")?.unwrap_or(false);
+        backend.direct_routing = direct_routing(obj)?;
         for (name, path) in [("GBP", "Backend.GBP"), ("Learning", "Backend.Learning")] {
             if bool_field(obj, name, path)? == Some(true) {
                 return Err(ConfigError::UnsupportedOption {
@@ -1099,6 +1131,11 @@ fn parse_backend(value: Option<&Value>) -> Result<Backend, ConfigError> {
         }
     }
     Ok(backend)
+}
+
+/// `Backend.DirectRouting` (vxlan, ipip): false unless given.
+fn direct_routing(obj: &Map<String, Value>) -> Result<bool, ConfigError> {
+    Ok(bool_field(obj, "DirectRouting", "Backend.DirectRouting")?.unwrap_or(false))
 }
 
 /// The IPv4 fields, which flannel reads only with `"EnableIPv4": true` (its default).
@@ -1370,7 +1407,7 @@ mod tests {
     #[test]
     #[rustfmt::skip]
     fn backend_defaults_follow_flannel_code() {
-        use BackendKind::{Alloc, HostGw, Udp, Vxlan};
+        use BackendKind::{Alloc, HostGw, Ipip, Udp, Vxlan};
         const NET: &str = r#""Network":"10.0.0.0/8""#;
         let cases = [
             (format!("{{{NET}}}"), Udp, 8285, 1),
@@ -1391,6 +1428,9 @@ mod tests {
             (format!(r#"{{{NET},"Backend":{{"Type":"host-gw"}}}}"#), HostGw, 0, 1),
             (format!(r#"{{{NET},"Backend":{{"Type":"Host-GW","Port":0,"VNI":"x","DirectRouting":true}}}}"#), HostGw, 0, 1),
             (format!(r#"{{{NET},"Backend":{{"Type":"alloc","Port":"x"}}}}"#), Alloc, 0, 1),
+            // ipip reads DirectRouting alone (below), as flannel's.
+            (format!(r#"{{{NET},"Backend":{{"Type":"ipip"}}}}"#), Ipip, 0, 1),
+            (format!(r#"{{{NET},"Backend":{{"Type":"IPIP","Port":"x","VNI":9,"MTU":1400,"DirectRouting":false}}}}"#), Ipip, 0, 1),
         ];
         for (json, kind, port, vni) in cases {
             let b = ok(&json).backend;
@@ -1401,6 +1441,13 @@ mod tests {
         assert!(direct.backend.direct_routing);
         assert!(direct.to_json().contains(r#""DirectRouting":true"#), "{}", direct.to_json());
         assert_eq!(ok(&direct.to_json()), direct);
+        let ipip = ok(&format!(r#"{{{NET},"Backend":{{"Type":"ipip","DirectRouting":true}}}}"#));
+        assert_eq!(ipip.backend.kind, Ipip);
+        assert!(ipip.backend.direct_routing);
+        assert_eq!(ipip.to_json().matches(r#""Backend":{"Type":"ipip","DirectRouting":true}"#).count(), 1, "{}", ipip.to_json());
+        assert_eq!(ok(&ipip.to_json()), ipip);
+        assert_eq!(ipip.backend.encap_overhead(), 20);
+        assert!(Ipip.uses_tun() && !Ipip.has_port());
         assert_eq!(Backend::default().kind, Udp);
     }
 
@@ -1515,12 +1562,19 @@ mod tests {
             (format!(r#"{{{NET},"Backend":{{"Type":""}}}}"#), "Backend.Type: missing"),
             (format!(r#"{{{NET},"Backend":{{"Type":7}}}}"#), "Backend.Type: expected a string, found 7"),
             (format!(r#"{{{NET},"Backend":{{"Type":"extension"}}}}"#),
-                r#"Backend.Type: "extension" is not supported (weft supports vxlan, udp, host-gw and alloc)"#),
+                r#"Backend.Type: "extension" is not supported (weft supports vxlan, udp, host-gw, ipip and alloc)"#),
             (format!(r#"{{{NET},"EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{{"Type":"host-gw"}}}}"#),
                 "EnableIPv6: the host-gw backend carries IPv4 only in weft"),
             (format!(r#"{{{NET},"Backend":{{"Type":"wireguard"}}}}"#),
                 r#"Backend.Type: "wireguard" is not supported"#),
-            (format!(r#"{{{NET},"Backend":{{"Type":"ipip"}}}}"#), r#"Backend.Type: "ipip" is not supported"#),
+            // IP-in-IP of protocol 4 carries IPv4 alone, dual stack or IPv6-only.
+            (format!(r#"{{{NET},"EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{{"Type":"ipip"}}}}"#),
+                "EnableIPv6: the ipip backend carries IPv4 only"),
+            (r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{"Type":"ipip"}}"#.to_owned(),
+                "EnableIPv6: the ipip backend carries IPv4 only"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"ipip","DirectRouting":"yes"}}}}"#),
+                "Backend.DirectRouting: expected true or false"),
+            (format!(r#"{{{NET},"Backend":{{"Type":"ipsec"}}}}"#), r#"Backend.Type: "ipsec" is not supported"#),
             (format!(r#"{{{NET},"Backend":{{"type":"vxlan","TYPE":"udp"}}}}"#), "Backend.Type: given twice"),
             (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","VNI":0}}}}"#),
                 "Backend.VNI: 0 is out of range 1..=16777215"),

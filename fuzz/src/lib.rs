@@ -210,9 +210,10 @@ impl ArbNetwork {
         Peer {
             subnet: self.subnet(p.index, len),
             public_ip: Ipv4Addr::new(192, 0, 2, p.public),
-            backend: match p.backend % 3 {
+            backend: match p.backend % 4 {
                 0 => PeerBackend::Vxlan,
                 1 => PeerBackend::Udp,
+                2 => PeerBackend::Ipip,
                 _ => PeerBackend::Other,
             },
             vtep_mac: p.mac.map(weft::dataplane::wire::ethernet::MacAddr),

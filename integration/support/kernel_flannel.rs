@@ -206,8 +206,11 @@ fn vtep_up(ns: &str, n: u8, subnet: &str) -> String {
     mac.trim().to_owned()
 }
 
-/// A host running flannel's host-gw backend: see the module docs.
+/// A host running flannel's host-gw backend (or, made by [`RoutedPeer::ipip`], its ipip
+/// backend): see the module docs.
 pub struct RoutedPeer {
+    /// The lease's `BackendType`: `host-gw`, or `ipip`.
+    pub backend: &'static str,
     /// The host number.
     pub n: u8,
     /// The host namespace.
@@ -226,6 +229,26 @@ impl RoutedPeer {
         let ns = lab.host(n);
         lib_run("flannel.sh", "flannel_forwarding", &[ns.as_str()]);
         let peer = Self {
+            backend: "host-gw",
+            n,
+            ns,
+            subnet: subnet.parse().expect("IPv4 subnet"),
+            public_ip: Ipv4Addr::new(192, 0, 2, n),
+        };
+        peer.announce(lab);
+        peer
+    }
+
+    /// Host `n` of `lab` as a flannel ipip node holding `subnet`: forwarding on, its
+    /// `flannel.ipip` device as flanneld makes it (`flannel_ipip_up`; needs the kernel's ipip
+    /// module), its lease (`{"PublicIP":"192.0.2.N","PublicIPv6":null,"BackendType":"ipip"}`,
+    /// ipip.go's attrs) put into etcd as a reservation.
+    pub fn ipip(lab: &Lab, n: u8, subnet: &str) -> Self {
+        let ns = lab.host(n);
+        lib_run("flannel.sh", "flannel_forwarding", &[ns.as_str()]);
+        lib_run("flannel.sh", "flannel_ipip_up", &[ns.as_str(), n.to_string().as_str(), subnet]);
+        let peer = Self {
+            backend: "ipip",
             n,
             ns,
             subnet: subnet.parse().expect("IPv4 subnet"),
@@ -245,7 +268,7 @@ impl RoutedPeer {
         let value = serde_json::json!({
             "PublicIP": self.public_ip.to_string(),
             "PublicIPv6": null,
-            "BackendType": "host-gw",
+            "BackendType": self.backend,
         });
         lab.etcdctl(&["put", &self.key(), &value.to_string()]);
     }
@@ -267,16 +290,20 @@ impl RoutedPeer {
     }
 
     /// Programs the route to another node's `subnet` via its `public_ip`, as host-gw's
-    /// `routeAdd` does on `EventAdded`.
+    /// `routeAdd` does on `EventAdded` (ipip: `via <public_ip> dev flannel.ipip onlink`).
     pub fn route(&self, subnet: &str, public_ip: Ipv4Addr) {
         let public = public_ip.to_string();
-        lib_run("flannel.sh", "flannel_route_peer", &[self.ns.as_str(), subnet, &public, "eth0"]);
+        let ns = self.ns.as_str();
+        match self.backend {
+            "ipip" => lib_run("flannel.sh", "flannel_ipip_peer", &[ns, subnet, &public]),
+            _ => lib_run("flannel.sh", "flannel_route_peer", &[ns, subnet, &public, "eth0"]),
+        };
     }
 
-    /// A pod behind this host (bridge at the subnet's `.1`, MTU 1500: host-gw's MTU is the
-    /// interface's), unmasqueraded ([`Lab::pod_with_ipmasq`]).
+    /// A pod behind this host (bridge at the subnet's `.1`; MTU 1500, host-gw's, the
+    /// interface's; 1480 for ipip, flannel.ipip's), unmasqueraded ([`Lab::pod_with_ipmasq`]).
     pub fn pod(&self, lab: &Lab) -> Pod {
         let cni = format!("{}/{}", first_host(self.subnet), self.subnet.prefix_len());
-        lab.pod_with_ipmasq(self.n, &cni, 1500)
+        lab.pod_with_ipmasq(self.n, &cni, if self.backend == "ipip" { 1480 } else { 1500 })
     }
 }

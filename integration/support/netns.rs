@@ -67,7 +67,7 @@ pub const TTL: &str = "4s";
 /// Tools the lab runs; each must be on `PATH`.
 pub const REQUIRED_TOOLS: &[&str] = &[
     "ip", "bridge", "ss", "ping", "iperf3", "etcd", "etcdctl", "setpriv", "unshare", "prlimit",
-    "mknod", "sh", "python3",
+    "mknod", "sh", "python3", "tcpdump",
 ];
 
 /// Host `n`'s IPv6 underlay address: `2001:db8::N`, N the last 16-bit group (so `{n:x}`), as
@@ -628,6 +628,7 @@ impl Lab {
             log: dir.join("weft.log"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             nonroot: nonroot.then_some(tun_node),
+            nonroot_caps: "+net_admin".to_owned(),
             health_port: HEALTH_PORT,
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             public_ip_flag,
@@ -638,6 +639,12 @@ impl Lab {
             wrapper: Vec::new(),
             process: Daemon::default(),
         }
+    }
+
+    /// Host `n`'s `weft run` as [`Lab::start_weft_nonroot`] would start it, not started yet
+    /// (a test sets [`Weft::nonroot_caps`], then calls [`Weft::start`]).
+    pub fn unstarted_weft_nonroot(&self, n: u8, extra: &[&str]) -> Weft {
+        self.weft_as(n, extra, true, &[], true, true)
     }
 
     /// Host `n`'s `weft run` as [`Lab::start_weft`] would start it, not started yet: a test
@@ -841,6 +848,9 @@ pub struct Weft {
     extra: Vec<String>,
     /// `Some(tun node)` when run as uid 65534 with only CAP_NET_ADMIN.
     nonroot: Option<PathBuf>,
+    /// The capabilities a non-root weft gets, in setpriv's form (`+net_admin` unless a test
+    /// adds `+net_raw`, which the ipip backend needs).
+    pub nonroot_caps: String,
     /// `--healthz-port` ([`HEALTH_PORT`] but for a [`Weft::twin`]).
     health_port: u16,
     /// Extra environment for the next [`Weft::start`] (fault injection).
@@ -913,12 +923,13 @@ impl Weft {
                 // unshare -m without --fork execs; sh execs setpriv, which execs weft: the
                 // child's PID is weft's, so signals reach it directly.
                 cmd.args(["unshare", "-m", "--propagation", "private", "--", "sh", "-c"])
-                    .arg(
+                    .arg(format!(
                         "mount --bind \"$0\" /dev/net/tun && exec setpriv --reuid 65534 \
-                         --regid 65534 --clear-groups --inh-caps -all,+net_admin \
-                         --ambient-caps -all,+net_admin --bounding-set -all,+net_admin \
+                         --regid 65534 --clear-groups --inh-caps -all,{caps} \
+                         --ambient-caps -all,{caps} --bounding-set -all,{caps} \
                          --pdeathsig KILL -- \"$@\"",
-                    )
+                        caps = self.nonroot_caps
+                    ))
                     .arg(tun)
                     .args(&weft);
             }
@@ -1003,6 +1014,7 @@ impl Weft {
             dir,
             extra: self.extra.clone(),
             nonroot: self.nonroot.clone(),
+            nonroot_caps: self.nonroot_caps.clone(),
             health_port,
             env: Vec::new(),
             public_ip_flag: self.public_ip_flag,

@@ -2,7 +2,7 @@
 # A kernel flannel node on the lab's underlay (scripts/lib/netns.sh): a host whose VXLAN
 # devices, neighbours, FDB entries and routes are set up exactly as flannel's vxlan backend sets
 # them up (flannel-io/flannel, pkg/backend/vxlan: vxlan.go RegisterNetwork, device.go,
-# vxlan_network.go handleSubnetEvents). The one home of that recipe: the bench's kernel rows and
+# vxlan_network.go handleSubnetEvents); host-gw's routes; ipip's device and routes. The one home of that recipe: the bench's kernel rows and
 # the Rust harness's kernel flannel peer (integration/support/kernel_flannel.rs) both use it.
 # Source it; call it with errexit on, as netns.sh's functions.
 #
@@ -74,6 +74,30 @@ flannel_route_peer() {
 # removal, host-gw's RouteDel; one already gone is fine).
 flannel_unroute_peer() {
     ip -n "$1" route del "$2" 2>/dev/null || true
+}
+
+# flannel_ipip_up NS N SUBNET: in host namespace NS (the lab's node N), the device of flannel's
+# ipip backend (pkg/backend/ipip: ipip.go configureIPIPDevice) as flanneld makes it over
+# netlink: flannel.ipip, type ipip, local 192.0.2.N and every other tunnel parameter at its Go
+# zero value as vishvananda/netlink passes it (ttl 0: inherit; tos 0; pmtudisc 0: nopmtudisc),
+# MTU eth0's 1500 less the outer header's 20, <base>/32, up. Needs the kernel's ipip module
+# (CONFIG_NET_IPIP): without it `ip link add` fails with "Unknown device type", loudly.
+flannel_ipip_up() {
+    local ns=$1 n=$2 base=${3%/*}
+    ip -n "$ns" -batch - <<EOF
+link add flannel.ipip type ipip local $(netns_ip "$n") ttl inherit tos 0 nopmtudisc
+link set flannel.ipip mtu 1480
+addr add $base/32 dev flannel.ipip
+link set flannel.ipip up
+EOF
+}
+
+# flannel_ipip_peer NS SUBNET PUBLIC_IP [DEV]: in NS, the route to another node's subnet as
+# flannel's ipip backend programs it (ipip.go GetRoute, route_network.go routeAdd): SUBNET via
+# PUBLIC_IP dev flannel.ipip onlink; with DirectRouting, a peer on the link gets the external
+# interface DEV instead, still onlink.
+flannel_ipip_peer() {
+    ip -n "$1" route replace "$2" via "$3" dev "${4:-flannel.ipip}" onlink
 }
 
 # flannel_forwarding NS: IPv4 forwarding on, as on every flannel node (the kernel routes pods'

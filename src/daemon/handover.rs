@@ -141,6 +141,7 @@ impl HandedRoute {
                 PeerBackend::Vxlan => "vxlan",
                 PeerBackend::Udp => "udp",
                 PeerBackend::HostGw => "host-gw",
+                PeerBackend::Ipip => "ipip",
                 PeerBackend::Other => "other",
             }
             .to_owned(),
@@ -169,6 +170,7 @@ impl HandedRoute {
                 "vxlan" => PeerBackend::Vxlan,
                 "udp" => PeerBackend::Udp,
                 "host-gw" => PeerBackend::HostGw,
+                "ipip" => PeerBackend::Ipip,
                 _ => PeerBackend::Other,
             },
             vtep_mac: match &self.vtep_mac {

@@ -220,6 +220,8 @@ pub fn lease_attrs(
         BackendKind::Udp => (None, None),
         // flannel's host-gw: its type and no data.
         BackendKind::HostGw => (Some("host-gw".to_string()), None),
+        // flannel's ipip: its type and no data (the peer is its PublicIP alone).
+        BackendKind::Ipip => (Some("ipip".to_string()), None),
         // flannel's alloc backend writes neither (its value is PublicIP alone, like udp's).
         BackendKind::Alloc => (None, None),
     };

@@ -149,6 +149,7 @@ fn kernel_routes_config(cfg: &DataplaneConfig) -> Option<KernelRoutesConfig> {
     let reach = match cfg.backend {
         BackendKind::HostGw => Reach::HostGw,
         BackendKind::Vxlan if cfg.direct_routing => Reach::Direct(PeerBackend::Vxlan),
+        BackendKind::Ipip if cfg.direct_routing => Reach::Direct(PeerBackend::Ipip),
         _ => return None,
     };
     Some(KernelRoutesConfig { reach, network: cfg.network?, public_ip: cfg.public_ip })

@@ -26,6 +26,12 @@
 //!   destination-unreachable (net unreachable) written back to the TUN device, at most as
 //!   often as the [`IcmpLimit`] token bucket allows (a pod flooding unleased addresses gets
 //!   a burst of replies, then a steady trickle; the rest are counted, not answered).
+//! - ipip (flannel's ipip backend, [`wire::ipip`]): the outer IPv4 header goes in front of the
+//!   packet, in the headroom, with a zero source address that the raw socket's kernel fills in
+//!   from the socket's binding (the public IP) as it fills a UDP datagram's source. A received
+//!   datagram is the whole outer packet as the raw socket delivers it: its outer source must
+//!   be a known peer's `PublicIP`, the inner packet IPv4 from inside that peer's subnet to
+//!   ours, and ECN is decapsulated as RFC 6040 says (as Linux's `ip_tunnel_rcv`).
 //! - No clock is read here: the caller passes `now` to [`Forwarder::encap`] and
 //!   [`Forwarder::route`].
 
@@ -41,7 +47,7 @@ use arc_swap::ArcSwapOption;
 use super::gso_tail;
 use super::malformed_peers::MalformedLog;
 use super::wire::ethernet::MacAddr;
-use super::wire::{self, ethernet, icmpv4, icmpv6, ipv4, ipv6, vxlan};
+use super::wire::{self, ethernet, icmpv4, icmpv6, ipip, ipv4, ipv6, vxlan};
 use crate::config::BackendKind;
 use crate::lease::record::{Ipv6Subnet, Subnet};
 use crate::route::{PeerBackend, RouteTable};
@@ -96,11 +102,14 @@ pub enum DropReason {
     /// RX: the pad a weft peer ends a GSO message with, so that none ends on a full segment
     /// (`super::gso_tail`): filler, not a packet.
     RxGsoPad,
+    /// RX (ipip): the outer header says congestion experienced (CE) over an inner packet that
+    /// is not ECN-capable, which RFC 6040 (and the kernel's ipip device) drops.
+    RxEcnNotEct,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub(crate) const ALL: [DropReason; 19] = [
+    pub(crate) const ALL: [DropReason; 20] = [
         DropReason::TxMalformed,
         DropReason::TxIpv6,
         DropReason::TxNoRoute,
@@ -120,6 +129,7 @@ impl DropReason {
         DropReason::RxTtlExpired,
         DropReason::RxNotIpv6,
         DropReason::RxGsoPad,
+        DropReason::RxEcnNotEct,
     ];
 
     /// Whether it is one a mangling sender leaves: a VXLAN header cut short or full of garbage,
@@ -152,6 +162,7 @@ impl DropReason {
             DropReason::RxTtlExpired => ("rx", "ttl_expired"),
             DropReason::RxNotIpv6 => ("rx", "not_ipv6"),
             DropReason::RxGsoPad => ("rx", "gso_tail_pad"),
+            DropReason::RxEcnNotEct => ("rx", "ecn_ce_not_ect"),
         }
     }
 }
@@ -454,15 +465,17 @@ impl Forwarder {
             Err(refusal) => return refusal.into(),
         };
         let start = HEADROOM - self.headroom();
-        self.emit_encap(&route, &mut buf[start..HEADROOM]);
+        self.emit_encap(&route, &mut buf[start..end]);
         Tx::Send { peer: route.to, range: start..end, flow: route.flow }
     }
 
     /// The bytes of encapsulation in front of each packet in a datagram: [`HEADROOM`] for
-    /// vxlan, none for udp (flannel's udp backend sends the bare IP packet).
+    /// vxlan, the outer IPv4 header for ipip, none for udp (flannel's udp backend sends the
+    /// bare IP packet).
     pub fn headroom(&self) -> usize {
         match self.backend {
             BackendKind::Vxlan => HEADROOM,
+            BackendKind::Ipip => ipip::OVERHEAD,
             // host-gw and alloc run no tunnel.
             BackendKind::Udp | BackendKind::HostGw | BackendKind::Alloc => 0,
         }
@@ -503,7 +516,9 @@ impl Forwarder {
         let flow = wire::flow_hash(packet);
         let to = SocketAddr::V4(SocketAddrV4::new(peer.public_ip, self.port));
         let peer_mac = match (self.backend, peer.backend, peer.vtep_mac) {
-            (BackendKind::Udp, PeerBackend::Udp, _) => None,
+            (BackendKind::Udp, PeerBackend::Udp, _) | (BackendKind::Ipip, PeerBackend::Ipip, _) => {
+                None
+            }
             (BackendKind::Vxlan, PeerBackend::Vxlan, Some(mac)) => Some(mac),
             _ => return Err(Refusal::Drop(DropReason::TxBackendMismatch)),
         };
@@ -560,9 +575,21 @@ impl Forwarder {
         })
     }
 
-    /// Writes the encapsulation for `route` into `head`, which is [`Self::headroom`] bytes
-    /// long (nothing for udp; the VXLAN and inner Ethernet headers for vxlan).
-    pub(crate) fn emit_encap(&self, route: &TxRoute, head: &mut [u8]) {
+    /// Writes the encapsulation for `route` into the first [`Self::headroom`] bytes of
+    /// `datagram`, in front of the packet that follows them (nothing for udp; the VXLAN and
+    /// inner Ethernet headers for vxlan; the outer IPv4 header for ipip, which reads the
+    /// packet's TTL, DF and ECN).
+    pub(crate) fn emit_encap(&self, route: &TxRoute, datagram: &mut [u8]) {
+        if self.backend == BackendKind::Ipip {
+            if let (Some((head, packet)), SocketAddr::V4(to)) =
+                (datagram.split_at_mut_checked(ipip::OVERHEAD), route.to)
+            {
+                // The packet was validated by `route`; the source is the socket's to fill.
+                let _ = ipip::emit_outer(head, packet, Ipv4Addr::UNSPECIFIED, *to.ip());
+            }
+            return;
+        }
+        let head = datagram;
         let (Some(peer_mac), Some((vx, eth))) =
             (route.peer_mac, head.split_at_mut_checked(vxlan::HEADER_LEN))
         else {
@@ -588,6 +615,9 @@ impl Forwarder {
         let Some(datagram) = buf.get_mut(..len) else {
             return Rx::Drop(DropReason::RxMalformed);
         };
+        if self.backend == BackendKind::Ipip {
+            return self.decap_ipip(routes, datagram);
+        }
         if gso_tail::is_pad(datagram) {
             return Rx::Drop(DropReason::RxGsoPad);
         }
@@ -597,7 +627,9 @@ impl Forwarder {
                 Ok(_) => return Rx::Drop(DropReason::RxNotIpv4),
                 Err(reason) => return Rx::Drop(reason),
             },
-            BackendKind::Udp | BackendKind::HostGw | BackendKind::Alloc => 0..len,
+            BackendKind::Udp | BackendKind::HostGw | BackendKind::Alloc | BackendKind::Ipip => {
+                0..len
+            }
         };
         let Ok(mut ip) = ipv4::Packet::new_checked(&mut datagram[inner.clone()]) else {
             return Rx::Drop(DropReason::RxMalformed);
@@ -621,6 +653,41 @@ impl Forwarder {
         // Only the IP packet's own length is delivered, never trailing bytes.
         let total = usize::from(ip.total_len());
         Rx::Deliver { range: inner.start..inner.start + total, checksums_trusted }
+    }
+
+    /// [`Self::decap`] for ipip: `datagram` is the whole outer IPv4 packet (a raw socket of
+    /// protocol 4 delivers it so), from a known peer's `PublicIP`.
+    fn decap_ipip(&self, routes: &RouteTable, datagram: &mut [u8]) -> Rx {
+        let Ok(outer) = ipip::parse_outer(datagram) else {
+            return Rx::Drop(DropReason::RxMalformed);
+        };
+        let Some(inner) = datagram.get_mut(outer.inner.clone()) else {
+            return Rx::Drop(DropReason::RxMalformed);
+        };
+        let ip = match ipv4::Packet::new_checked(&*inner) {
+            Ok(ip) => ip,
+            Err(wire::Error::BadVersion) => return Rx::Drop(DropReason::RxNotIpv4),
+            Err(_) => return Rx::Drop(DropReason::RxMalformed),
+        };
+        let (src, dst, tos, total) = (ip.src_addr(), ip.dst_addr(), ip.dscp_ecn(), ip.total_len());
+        match routes.lookup(src) {
+            Some(peer) if peer.public_ip == outer.src => {}
+            _ if routes.is_known_peer(outer.src) => return Rx::Drop(DropReason::RxSpoofedSource),
+            _ => return Rx::Drop(DropReason::RxUnknownSender),
+        }
+        if !self.own.contains(dst) {
+            return Rx::Drop(DropReason::RxNotForUs);
+        }
+        match ipip::ecn_decapsulate(outer.tos, tos) {
+            ipip::EcnDecap::Keep => {}
+            // The inner packet was checked above: marking it cannot fail.
+            ipip::EcnDecap::MarkCe => drop(ipip::mark_ce(inner)),
+            ipip::EcnDecap::Drop => return Rx::Drop(DropReason::RxEcnNotEct),
+        }
+        let start = outer.inner.start;
+        // No checksum covers the inner packet on the way (the outer header's covers only
+        // itself): its own checksums are the kernel's to verify.
+        Rx::Deliver { range: start..start + usize::from(total), checksums_trusted: false }
     }
 
     /// The VXLAN checks of every received datagram, whichever family it came over: a VXLAN

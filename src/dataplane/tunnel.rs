@@ -1,5 +1,5 @@
 //! The tunnel data plane: a TUN device whose packets travel to peers inside UDP datagrams
-//! (vxlan, udp). It owns the file descriptors and threads: one TUN queue, one receiving UDP
+//! (vxlan, udp), or behind an outer IPv4 header on raw IP sockets (ipip). It owns the file descriptors and threads: one TUN queue, one receiving UDP
 //! socket and a small pool of sending sockets per worker, each worker on one thread for both
 //! directions, or one per direction ([`super::worker`]). The daemon reaches it only through
 //! the data plane's front door ([`super::Dataplane`]).
@@ -154,8 +154,8 @@ pub(crate) enum DataplaneError {
     /// Configuring the TUN device's link over netlink.
     #[error(transparent)]
     Link(#[from] NetlinkError),
-    /// A UDP socket.
-    #[error("UDP socket: {0}")]
+    /// A UDP socket (or, for ipip, a raw IP socket): its error says which.
+    #[error(transparent)]
     Socket(#[from] UdpError),
     /// A thread.
     #[error("starting a worker thread: {0}")]
@@ -886,10 +886,10 @@ fn open_sockets(
     let v4 = cfg.network.map(|_| bind_address(cfg, IpAddr::V4(public_ip)));
     let v6 = cfg.ipv6.map(|v6| bind_address(cfg, IpAddr::V6(v6.public_ip)));
     let sockets = (0..workers)
-        .map(|_| {
+        .map(|i| {
             Ok(WorkerSockets {
-                v4: v4.map(|a| open_family(cfg, a, workers)).transpose()?,
-                v6: v6.map(|a| open_family(cfg, a, workers)).transpose()?,
+                v4: v4.map(|a| open_family(cfg, a, i, workers)).transpose()?,
+                v6: v6.map(|a| open_family(cfg, a, i, workers)).transpose()?,
             })
         })
         .collect::<Result<Vec<_>, UdpError>>()?;
@@ -946,12 +946,28 @@ fn adopted_configs(cfg: &DataplaneConfig, workers: usize) -> (UdpConfig, UdpConf
     family_configs(cfg, IpAddr::V4(Ipv4Addr::UNSPECIFIED), workers)
 }
 
-/// One worker's sockets bound on `bind_on`: the backend port's and the sending pool.
+/// Worker `worker`'s sockets (of `workers`) bound on `bind_on`: the backend port's and the
+/// sending pool. For ipip, raw IP sockets: one receiving (protocol 4, spread over the workers
+/// by a BPF filter, see [`BatchSocket::open_ipip_rx`]) and one sending, as raw IP has no
+/// source port to spread flows by.
 fn open_family(
     cfg: &DataplaneConfig,
     bind_on: IpAddr,
+    worker: usize,
     workers: usize,
 ) -> Result<FamilySet, UdpError> {
+    if cfg.backend == BackendKind::Ipip {
+        let IpAddr::V4(bind) = bind_on else {
+            return Err(UdpError::Socket(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the ipip backend carries IPv4 only",
+            )));
+        };
+        return Ok(FamilySet {
+            rx: BatchSocket::open_ipip_rx(bind, worker, workers, SOCKET_BUFFER)?,
+            tx_pool: vec![BatchSocket::open_ipip_tx(bind, SOCKET_BUFFER)?],
+        });
+    }
     let (rx_cfg, tx_cfg) = family_configs(cfg, bind_on, workers);
     Ok(FamilySet {
         rx: BatchSocket::open(rx_cfg)?,

@@ -1,6 +1,6 @@
 //! Batched UDP sockets for the data plane: `sendmmsg`/`recvmmsg`, with UDP GSO (`UDP_SEGMENT`) and
 //! UDP GRO (`UDP_GRO`) when the kernel has them. This is the only data-plane code that makes UDP
-//! syscalls.
+//! syscalls; [`raw`] opens the same socket over raw IP for the ipip backend (no GSO, no GRO).
 //!
 //! # Contract
 //! - **Blocking, poll-based.** The file descriptor is `O_NONBLOCK`, but the API blocks:
@@ -60,6 +60,7 @@ pub(crate) use super::gso_tail::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 use crate::time::Instant;
 
 mod msghdr;
+mod raw;
 
 /// The most messages one `sendmmsg`/`recvmmsg` call carries; the socket's scratch is this big.
 pub(crate) const MAX_BATCH: usize = 64;
@@ -239,6 +240,9 @@ pub enum UdpError {
     /// `socket()` failed.
     #[error("creating a UDP socket: {0}")]
     Socket(#[source] io::Error),
+    /// `socket()` of a raw IP socket (the ipip backend's) failed.
+    #[error("creating a raw IP socket for the ipip backend: {0}{hint}", hint = if .0.raw_os_error() == Some(libc::EPERM) { " (raw IP sockets need CAP_NET_RAW, beside CAP_NET_ADMIN: docs/install.md)" } else { "" })]
+    RawSocket(io::Error),
     /// A socket option could not be set.
     #[error("setting {option} on a UDP socket: {source}")]
     SetOption {
@@ -372,6 +376,8 @@ pub(crate) struct BatchSocket {
     gso_tail: TailRule,
     stats: UdpStats,
     scratch: Scratch,
+    /// A raw IP socket ([`raw`], the ipip backend's): no ports.
+    raw: bool,
     /// Test hook: this many GSO sends fail with `fail_gso_errno` without reaching the kernel.
     #[cfg(test)]
     fail_gso_sends: u32,
@@ -393,22 +399,7 @@ impl BatchSocket {
         if cfg.reuse_port {
             socket.set_reuse_port(true).map_err(opt("SO_REUSEPORT"))?;
         }
-        if cfg.buffer_bytes > 0 {
-            socket.set_recv_buffer_size(cfg.buffer_bytes).map_err(opt("SO_RCVBUF"))?;
-            socket.set_send_buffer_size(cfg.buffer_bytes).map_err(opt("SO_SNDBUF"))?;
-            // Past net.core.{r,w}mem_max; needs CAP_NET_ADMIN, so EPERM only means "as above".
-            let size = libc::c_int::try_from(cfg.buffer_bytes).unwrap_or(libc::c_int::MAX);
-            for (option, name) in
-                [(SO_RCVBUFFORCE, "SO_RCVBUFFORCE"), (SO_SNDBUFFORCE, "SO_SNDBUFFORCE")]
-            {
-                match setsockopt_int(&socket, libc::SOL_SOCKET, option, size) {
-                    Err(e) if e.raw_os_error() != Some(libc::EPERM) => {
-                        return Err(opt(name)(e));
-                    }
-                    _ => {}
-                }
-            }
-        }
+        size_buffers(&socket, cfg.buffer_bytes)?;
         if cfg.bind.is_ipv6() {
             // An IPv6 socket carries IPv6 only: the IPv4 sockets keep the port to themselves.
             socket.set_only_v6(true).map_err(opt("IPV6_V6ONLY"))?;
@@ -428,7 +419,11 @@ impl BatchSocket {
         };
         match (socket.r#type(), socket.protocol()) {
             (Ok(Type::DGRAM), Ok(Some(Protocol::UDP))) => {}
-            _ => return Err(bad("a UDP socket")),
+            // The ipip backend's: no GSO or GRO to probe (raw IP has neither).
+            _ if Self::is_raw(&socket) => {
+                return Self::ready(socket, UdpConfig { gso: false, gro: false, ..cfg });
+            }
+            _ => return Err(bad("a UDP socket or an ipip raw socket")),
         }
         Self::ready(socket, cfg)
     }
@@ -450,6 +445,7 @@ impl BatchSocket {
             })
             .map_err(UdpError::LocalAddr)?;
 
+        let raw = Self::is_raw(&socket);
         let gso = cfg.gso && getsockopt_int(&socket, libc::SOL_UDP, libc::UDP_SEGMENT).is_ok();
         let gro = cfg.gro && setsockopt_int(&socket, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         let caps = Capabilities {
@@ -468,6 +464,7 @@ impl BatchSocket {
             gso_tail: cfg.gso_tail,
             stats: UdpStats::default(),
             scratch: Scratch::new(),
+            raw,
             #[cfg(test)]
             fail_gso_sends: 0,
             #[cfg(test)]
@@ -493,7 +490,7 @@ impl BatchSocket {
         now: Instant,
     ) -> Result<usize, UdpError> {
         for (index, t) in msgs.iter().enumerate() {
-            t.check().map_err(|reason| UdpError::InvalidTransmit { index, reason })?;
+            t.check(self.raw).map_err(|reason| UdpError::InvalidTransmit { index, reason })?;
         }
         if self.gso_wanted && self.gso_retry.poll(now) {
             self.stats.gso_retries += 1;
@@ -818,8 +815,9 @@ impl AsRawFd for BatchSocket {
 }
 
 impl Transmit<'_> {
-    fn check(&self) -> Result<(), TransmitError> {
-        if self.dst.port() == 0 {
+    /// Whether the kernel can send it; `raw`: on a raw IP socket, which has no ports.
+    fn check(&self, raw: bool) -> Result<(), TransmitError> {
+        if self.dst.port() == 0 && !raw {
             return Err(TransmitError::ZeroPort);
         }
         let Some(seg) = self.segment_size else { return Ok(()) };
@@ -906,6 +904,25 @@ fn wait(fd: RawFd, events: libc::c_short, timeout: Duration) -> Result<bool, Udp
         };
     }
     Ok(n > 0)
+}
+
+/// `SO_RCVBUF`/`SO_SNDBUF` of `bytes` (0: the kernel's defaults), then the `*FORCE` options past
+/// `net.core.{r,w}mem_max`, which need `CAP_NET_ADMIN`: EPERM there only means "as above".
+fn size_buffers(socket: &Socket, bytes: usize) -> Result<(), UdpError> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let opt = |option: &'static str| move |source| UdpError::SetOption { option, source };
+    socket.set_recv_buffer_size(bytes).map_err(opt("SO_RCVBUF"))?;
+    socket.set_send_buffer_size(bytes).map_err(opt("SO_SNDBUF"))?;
+    let size = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    for (option, name) in [(SO_RCVBUFFORCE, "SO_RCVBUFFORCE"), (SO_SNDBUFFORCE, "SO_SNDBUFFORCE")] {
+        match setsockopt_int(socket, libc::SOL_SOCKET, option, size) {
+            Err(e) if e.raw_os_error() != Some(libc::EPERM) => return Err(opt(name)(e)),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The `UDP_GRO` segment size among a received message's control messages.

@@ -66,6 +66,9 @@ pub enum PeerBackend {
     Udp,
     /// `"host-gw"`: reached by a kernel route via its `PublicIP`, never encapsulated.
     HostGw,
+    /// `"ipip"`: the IPv4 packet behind an outer IPv4 header of protocol 4, to its `PublicIP`
+    /// (flannel's ipip backend writes no `BackendData`).
+    Ipip,
     /// Any other backend: the peer cannot decapsulate what weft sends.
     Other,
 }
@@ -199,6 +202,7 @@ impl Peer {
             None | Some("udp") => PeerBackend::Udp,
             Some("vxlan") => PeerBackend::Vxlan,
             Some("host-gw") => PeerBackend::HostGw,
+            Some("ipip") => PeerBackend::Ipip,
             Some(_) => PeerBackend::Other,
         };
         let (vtep_mac, vni) = match backend {
@@ -213,7 +217,9 @@ impl Peer {
                 };
                 (Some(mac), vni_of(data)?)
             }
-            PeerBackend::Udp | PeerBackend::HostGw | PeerBackend::Other => (None, None),
+            PeerBackend::Udp | PeerBackend::HostGw | PeerBackend::Ipip | PeerBackend::Other => {
+                (None, None)
+            }
         };
         Ok(Peer {
             subnet: l.subnet,
@@ -635,6 +641,12 @@ mod tests {
         let p = Peer::from_lease(&lease(r#"{"PublicIP":"192.0.2.1","BackendType":"host-gw"}"#))
             .unwrap();
         assert_eq!(p.backend, PeerBackend::HostGw);
+        // flannel's ipip lease: its type, no BackendData.
+        let p = Peer::from_lease(&lease(
+            r#"{"PublicIP":"192.0.2.1","PublicIPv6":null,"BackendType":"ipip"}"#,
+        ))
+        .unwrap();
+        assert_eq!((p.backend, p.vtep_mac, p.vni), (PeerBackend::Ipip, None, None));
         let p = Peer::from_lease(&lease(r#"{"PublicIP":"192.0.2.1","BackendType":"extension"}"#))
             .unwrap();
         assert_eq!(p.backend, PeerBackend::Other);

@@ -37,6 +37,7 @@ pub mod ethernet;
 pub mod icmpv4;
 pub mod icmpv6;
 pub mod ip;
+pub mod ipip;
 pub mod ipv4;
 pub mod ipv6;
 pub mod tcp;

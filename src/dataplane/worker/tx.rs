@@ -343,7 +343,7 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
     };
     for i in 0..segs.count() {
         let slot = segs.slot(i);
-        fwd.emit_encap(&route, &mut out[slot.start..slot.start + headroom]);
+        fwd.emit_encap(&route, &mut out[slot]);
     }
     // The datagrams are back to back, each `stride` long but the last: GSO messages of as
     // many as the socket takes.
