@@ -22,7 +22,6 @@
 //!
 //! Both need `CAP_NET_RAW`, which weft's other backends do not (docs/install.md).
 
-use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
