@@ -32,6 +32,11 @@
 #              does (flannel-v6.1 over 2001:db8::N, nolearning, <v6 base>/128, permanent neigh +
 #              fdb entries, route via the peer's v6 base onlink; MTU the kernel's 1430), traffic
 #              between the hosts' overlay IPv6 addresses (fd00:10:244:1:: -> fd00:10:244:2::)
+#   flanneld-udp  flanneld v0.19.0 itself (FLANNELD=<path>), udp backend: its user-space proxy,
+#              one thread poll()ing flannel0 (a TUN device) and a UDP socket on port 8285,
+#              one packet per call: the incumbent user-space data plane
+#   flanneld-vxlan flanneld v0.19.0 (FLANNELD), vxlan backend: the kernel path as flanneld
+#              itself programs it (flannel.1, neighbours, FDB entries, routes)
 #   weft-vxlan6 weft run on the dual-stack vxlan network (EnableIPv6, fd00:10:244::/56), all
 #              batching and offloads on as for weft-vxlan; IPv6 in VXLAN over the IPv6 underlay
 #              (PublicIPv6 2001:db8::N from --iface), traffic between the hosts' weft0 IPv6
@@ -77,6 +82,11 @@
 #   WEFT_BIN=/path/to/weft    bench that binary (e.g. another commit's build) instead of building
 #   BENCH_LOGS=DIR            keep each weft run's log there as <path>-h<N>.log (the WORK dir,
 #                             where weft logs, is removed on exit)
+#   TRACE_IDLE=DIR            for each user-space row, one more idle ping traced with bpftrace
+#                             and cut into its steps (scripts/lib/idle_trace.py) into DIR
+#   FLANNELD=/path/flanneld   flanneld v0.19.0 (../shared/tools/build-flanneld): adds the rows
+#                             flanneld-udp and flanneld-vxlan to the default paths (they may be
+#                             named in BENCH_PATHS only with it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/netns.sh
@@ -91,10 +101,16 @@ SOCKPERF_LOW_MPS=${SOCKPERF_LOW_MPS:-100}
 SOCKPERF_UDP_PORT=11111
 SOCKPERF_TCP_PORT=11112
 OUT=${BENCH_JSON:-bench-results.json}
-PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-ipip weft-base kernel-hostgw weft-hostgw kernel6 weft-vxlan6"}
+PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-ipip weft-base kernel-hostgw weft-hostgw kernel6 weft-vxlan6${FLANNELD:+ flanneld-udp flanneld-vxlan}"}
+if [ -n "${FLANNELD:-}" ]; then
+    FLANNELD=$(realpath "$FLANNELD")
+    [ -x "$FLANNELD" ] || { echo "bench: FLANNELD=$FLANNELD is not an executable" >&2; exit 1; }
+fi
 for path in $PATHS; do
     case $path in
         raw | kernel | weft-vxlan | weft-vxlan-tailpad | weft-vxlan-nogso | weft-udp | weft-ipip | weft-base | kernel-hostgw | weft-hostgw | kernel6 | weft-vxlan6) ;;
+        flanneld-udp | flanneld-vxlan)
+            [ -n "${FLANNELD:-}" ] || { echo "bench: path $path needs FLANNELD=<flanneld v0.19.0 binary>" >&2; exit 1; } ;;
         *) echo "bench: unknown path $path in BENCH_PATHS (see the header of $0)" >&2; exit 1 ;;
     esac
 done
@@ -230,20 +246,26 @@ print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "udp" 
             >>"$WORK/raw.jsonl" || true
         # idle ping: a packet every 50 ms, after a second of quiet: average and minimum RTT.
         sleep 1
-        local woke=$(( $(wakeups 1) + $(wakeups 2) ))
+        local woke=$(( $(wakeups 1) + $(wakeups 2) )) oncpu=$(( $(fwd_cpu_ns 1) + $(fwd_cpu_ns 2) ))
         ip netns exec "$H1" ping "$fam" -q -c "$IDLE_PINGS" -i 0.05 -W 1 "$dst" 2>/dev/null |
             awk -F'[/ ]' -v n="$name" -v r="$r" '/^rtt/ {
                 printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"idle_ping_avg_us\",\"value\":%f}\n", n, r, $8*1000
                 printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"idle_ping_min_us\",\"value\":%f}\n", n, r, $7*1000 }' \
             >>"$WORK/raw.jsonl" || true
+        if [ -n "${TRACE_IDLE:-}" ] && [ "$r" = 1 ] && [[ $name == weft-* || $name == flanneld-udp ]]; then
+            trace_idle "$name" "$dst"
+        fi
         # weft's forwarding threads' wake-ups per idle round trip, both hosts together (issue 12:
         # where a round trip's time goes). Three is the least: the request wakes h1's thread
         # and h2's, and the reply h1's again (h2's reply is generated inside its TUN write and
         # read by the same thread without sleeping).
-        if [[ $name == weft-* ]]; then
+        if [[ $name == weft-* || $name == flanneld-udp ]]; then
             woke=$(( $(wakeups 1) + $(wakeups 2) - woke ))
+            oncpu=$(( $(fwd_cpu_ns 1) + $(fwd_cpu_ns 2) - oncpu ))
             printf '{"path":"%s","run":%d,"metric":"idle_wakeups_per_ping","value":%s}\n' "$name" "$r" \
                 "$(python3 -c "print($woke / $IDLE_PINGS)")" >>"$WORK/raw.jsonl"
+            printf '{"path":"%s","run":%d,"metric":"idle_fwd_cpu_us_per_ping","value":%s}\n' "$name" "$r" \
+                "$(python3 -c "print($oncpu / 1000 / $IDLE_PINGS)")" >>"$WORK/raw.jsonl"
         fi
         # request/response: sockperf ping-pong, UDP and TCP, at a low rate and back to back.
         if [ "$sp" = 1 ]; then
@@ -256,6 +278,31 @@ print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "udp" 
     sleep 0.3
 }
 
+# trace_idle NAME DST: TRACE_IDLE=DIR: another IDLE_PINGS idle pings, traced (bpftrace,
+# scripts/lib/idle_trace.bt) into DIR/NAME.trace, the threads named in DIR/NAME.tids, cut into
+# the round trip's steps by scripts/lib/idle_trace.py (DIR/NAME.steps, and .json). Not part of
+# the figures: the tracing itself slows every step it sees.
+trace_idle() {
+    local name=$1 dst=$2 dir=$TRACE_IDLE n pid t bt
+    mkdir -p "$dir"
+    : >"$dir/$name.tids"
+    for n in 1 2; do
+        for t in $(fwd_tasks "$n"); do echo "${t##*/} h$n" >>"$dir/$name.tids"; done
+    done
+    bpftrace scripts/lib/idle_trace.bt >"$dir/$name.trace" 2>"$dir/$name.bpftrace.log" &
+    bt=$!
+    sleep 3 # bpftrace attaches
+    ip netns exec "$H1" ping -q -c "$IDLE_PINGS" -i 0.05 -W 1 "$dst" >/dev/null 2>&1 &
+    pid=$!
+    echo "$pid ping" >>"$dir/$name.tids"
+    wait "$pid" || true
+    kill -INT "$bt"; wait "$bt" || true
+    python3 scripts/lib/idle_trace.py "$dir/$name.trace" "$dir/$name.tids" --json "$dir/$name.json" \
+        >"$dir/$name.steps" 2>&1 || true
+    echo "== $name: idle round trip, step by step (TRACE_IDLE)" >&2
+    cat "$dir/$name.steps" >&2
+}
+
 kernel_up() { # SUBNET1 SUBNET2: h1 and h2 as kernel flannel nodes holding SUBNET1 and SUBNET2
     # (one family: the VTEPs run over the underlay of that family), each routing to the other
     local mac1 mac2 at=netns_ip
@@ -266,9 +313,40 @@ kernel_up() { # SUBNET1 SUBNET2: h1 and h2 as kernel flannel nodes holding SUBNE
     flannel_vtep_peer "$H2" "$1" "$mac1" "$($at 1)"
 }
 
-wakeups() { # N: weft_dataplane_wakeups_total on host N (0 if weft does not answer)
+wakeups() { # N: weft_dataplane_wakeups_total on host N (0 if weft does not answer); with a
+    # flanneld running there, its proxy thread's voluntary context switches instead (the thread
+    # asleep in poll(2), syscall 7 on x86-64: each is one wake-up; Go's own threads sleep in
+    # futex or epoll and are not counted)
+    if [ -f "$WORK/f$1/pid" ] && kill -0 "$(cat "$WORK/f$1/pid")" 2>/dev/null; then
+        local t v=0
+        for t in /proc/"$(cat "$WORK/f$1/pid")"/task/*; do
+            [ "$(cut -d' ' -f1 "$t/syscall" 2>/dev/null)" = 7 ] &&
+                v=$((v + $(awk '/^voluntary_ctxt_switches/ { print $2 }' "$t/status")))
+        done
+        echo "$v"
+        return
+    fi
     { netns_http "${P}h$1" 9797 /metrics || true; } |
         awk '/^weft_dataplane_wakeups_total / { v = $2 } END { print v + 0 }'
+}
+
+# fwd_tasks N: the forwarding threads of the data plane on host N, as /proc/<pid>/task/<tid>
+# paths: weft's weft-q*, or flanneld's proxy thread (the one asleep in poll(2)); none if neither
+# runs there.
+fwd_tasks() {
+    local pid t
+    if [ -f "$WORK/f$1/pid" ]; then pid=$(cat "$WORK/f$1/pid"); elif [ -f "$WORK/w$1/pid" ]; then pid=$(cat "$WORK/w$1/pid"); else return 0; fi
+    for t in /proc/"$pid"/task/*; do
+        case $(cat "$t/comm" 2>/dev/null),$(cut -d' ' -f1 "$t/syscall" 2>/dev/null) in
+            weft-q*,* | flanneld,7) echo "$t" ;;
+        esac
+    done
+}
+# fwd_cpu_ns N: the CPU time (ns, /proc/.../schedstat) the forwarding threads on host N used.
+fwd_cpu_ns() {
+    local t v=0
+    for t in $(fwd_tasks "$1"); do v=$((v + $(cut -d' ' -f1 "$t/schedstat" 2>/dev/null || echo 0))); done
+    echo "$v"
 }
 
 weft_up() { # BACKEND [ipv6] FLAGS...: ipv6, the dual-stack network (fd00:10:244::/56 beside
@@ -308,7 +386,45 @@ weft_down() { # PATH: its name, for BENCH_LOGS
         for n in 1 2; do cp "$WORK/w$n/log" "$BENCH_LOGS/$1-h$n.log"; done
     fi
 }
-weft_dst() { sed -n 's/^FLANNEL_SUBNET=\(.*\)\.1\/.*/\1.0/p' "$WORK/w2/subnet.env"; }
+weft_dst() { subnet_base "$WORK/w2/subnet.env"; }
+subnet_base() { sed -n 's/^FLANNEL_SUBNET=\(.*\)\.1\/.*/\1.0/p' "$1"; } # SUBNET_ENV: its subnet's .0
+
+flanneld_up() { # BACKEND (udp or vxlan): flanneld on h1 and h2 (scripts/lib/flannel.sh), and
+    # a route both ways before measuring (a first ping answered within 20 s)
+    printf '{"Network":"10.244.0.0/16","SubnetLen":24,"SubnetMin":"10.244.1.0","SubnetMax":"10.244.2.0","Backend":{"Type":"%s"}}' "$1" >"$WORK/net.json"
+    admin network set "$WORK/net.json" >/dev/null 2>&1
+    local n
+    # One after the other: two flanneld picking at once can pick the same subnet, and the one
+    # that loses the race exits ("subnet already exists").
+    for n in 1 2; do
+        rm -rf "$WORK/f$n"
+        flannel_flanneld_up "$FLANNELD" "${P}h$n" "$n" "$WORK/f$n"
+        flannel_flanneld_wait "$WORK/f$n"
+    done
+    local dst _
+    dst=$(subnet_base "$WORK/f2/subnet.env")
+    for _ in $(seq 20); do
+        ip netns exec "$H1" ping -q -c 1 -W 1 "$dst" >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    echo "flanneld-$1: no route from h1 to h2 in 30 s" >&2
+    tail -20 "$WORK/f1/log" "$WORK/f2/log" >&2
+    return 1
+}
+flanneld_down() { # PATH: its name, for BENCH_LOGS. flanneld keeps its lease and, for vxlan,
+    # its device on exit: both go here, so that the next path starts from a clean lab.
+    local n
+    for n in 1 2; do flannel_flanneld_down "$WORK/f$n"; done
+    if [ -n "${BENCH_LOGS:-}" ]; then
+        mkdir -p "$BENCH_LOGS"
+        for n in 1 2; do cp "$WORK/f$n/log" "$BENCH_LOGS/$1-h$n.log"; done
+    fi
+    for n in 1 2; do
+        rm -f "$WORK/f$n/pid"
+        ip -n "${P}h$n" link del flannel.1 2>/dev/null || true
+    done
+    ip netns exec "${P}hub" etcdctl --endpoints "$NETNS_ETCD" del --prefix /coreos.com/network/subnets >/dev/null
+}
 # h2's weft0 IPv6 address: the base of subnet.env's FLANNEL_IPV6_SUBNET (fd00:10:244:2::1/64 ->
 # fd00:10:244:2::), checked against weft0's addresses.
 weft_dst6() {
@@ -361,6 +477,9 @@ for path in $PATHS; do
             kernel_up fd00:10:244:1::/64 fd00:10:244:2::/64
             measure kernel6 fd00:10:244:2::
             ip -n "$H1" link del flannel-v6.1; ip -n "$H2" link del flannel-v6.1 ;;
+        flanneld-udp | flanneld-vxlan)
+            flanneld_up "${path#flanneld-}"
+            measure "$path" "$(subnet_base "$WORK/f2/subnet.env")"; flanneld_down "$path" ;;
         weft-vxlan6)
             weft_up vxlan ipv6
             dst6=$(weft_dst6)
@@ -376,7 +495,7 @@ IPV6_PATHS = ("kernel6", "weft-vxlan6")  # over the IPv6 underlay: ratios to ker
 def baseline(p): return "kernel6" if p in IPV6_PATHS else "kernel"
 throughput = ["tcp1_gbps", "tcp4_gbps", "udp1400_kpps", "udp64_kpps", "cpu_s_per_gb", "tcp1_retr"]
 sockperf = [f"sp_{proto}_{rate}_{q}_us" for proto in ("udp", "tcp") for rate in ("low", "max") for q in ("p50", "p99")]
-latency = ["ping_us", "idle_ping_avg_us", "idle_ping_min_us", "idle_wakeups_per_ping"] + sockperf
+latency = ["ping_us", "idle_ping_avg_us", "idle_ping_min_us", "idle_wakeups_per_ping", "idle_fwd_cpu_us_per_ping"] + sockperf
 metrics = throughput + latency
 paths = []
 for r in rows:
@@ -391,7 +510,7 @@ def fmt(v, m, p):
     if v is None:
         # sockperf that refuses IPv6 addresses: not measured, rather than failed.
         return "n/a" if p in IPV6_PATHS and m.startswith("sp_") and not sp_v6 else "-"
-    if m == "idle_wakeups_per_ping": return f"{v:.1f}"
+    if m in ("idle_wakeups_per_ping", "idle_fwd_cpu_us_per_ping"): return f"{v:.1f}"
     return f"{v:.2f}" if m in ("tcp1_gbps", "tcp4_gbps", "cpu_s_per_gb") else f"{v:.0f}"
 def cell(p, m):
     """The median, and its ratio to kernel VXLAN's over the same family (kernel, or kernel6 for
@@ -420,9 +539,9 @@ for ps, title in sections:
 low = f"{sp_low}/s"
 for ps, title in sections:
     print(f"Latency, {title}")
-    table(ps, ["path", "ping 5 ms avg", "idle ping avg", "idle ping min", "wake-ups / idle ping",
+    table(ps, ["path", "ping 5 ms avg", "idle ping avg", "idle ping min", "wake-ups / idle ping", "fwd CPU µs / idle ping",
                f"UDP {low} p50 / p99", "UDP max p50 / p99", f"TCP {low} p50 / p99", "TCP max p50 / p99"],
-          [["ping_us"], ["idle_ping_avg_us"], ["idle_ping_min_us"], ["idle_wakeups_per_ping"]] +
+          [["ping_us"], ["idle_ping_avg_us"], ["idle_ping_min_us"], ["idle_wakeups_per_ping"], ["idle_fwd_cpu_us_per_ping"]] +
           [[f"sp_{proto}_{rate}_p50_us", f"sp_{proto}_{rate}_p99_us"] for proto in ("udp", "tcp") for rate in ("low", "max")])
 print(f"latency: round-trip times in microseconds. ping 5 ms: ping -i 0.005 (200 pings); idle ping: ping -i 0.05 "
       f"({idle_pings} pings); UDP/TCP: sockperf ping-pong --full-rtt, {sp_msg} B messages, --mps {sp_low} and --mps max")

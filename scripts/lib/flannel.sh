@@ -105,3 +105,42 @@ flannel_ipip_peer() {
 flannel_forwarding() {
     ip netns exec "$1" sh -c 'echo 1 >/proc/sys/net/ipv4/ip_forward'
 }
+
+# flannel_flanneld_up BIN NS N DIR [FLANNELD FLAG...]: a real flanneld (BIN, v0.19.0 built by
+# ../shared/tools/build-flanneld) in host namespace NS (the lab's node N), leasing from the lab's
+# etcd under flannel's prefix, with the network config already there (its Backend.Type picks
+# udp, flanneld's user-space TUN proxy, or vxlan, which programs flannel.1 itself). Its
+# subnet.env, log and pid go in DIR. No iptables rules (--iptables-forward-rules=false, no
+# --ip-masq): the lab's namespaces forward without them. Returns at once; flannel_flanneld_wait
+# waits for the lease.
+flannel_flanneld_up() {
+    local bin=$1 ns=$2 n=$3 dir=$4
+    shift 4
+    mkdir -p "$dir"
+    ip netns exec "$ns" "$bin" --etcd-endpoints "$NETNS_ETCD" --etcd-prefix /coreos.com/network \
+        --iface eth0 --public-ip "$(netns_ip "$n")" --subnet-file "$dir/subnet.env" \
+        --iptables-forward-rules=false "$@" >"$dir/log" 2>&1 &
+    echo $! >"$dir/pid"
+}
+
+# flannel_flanneld_wait DIR: waits (up to 20 s) until that flanneld wrote its subnet.env.
+flannel_flanneld_wait() {
+    for _ in $(seq 200); do
+        [ -s "$1/subnet.env" ] && return 0
+        kill -0 "$(cat "$1/pid")" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "flanneld ($1) wrote no subnet.env:" >&2
+    tail -20 "$1/log" >&2
+    return 1
+}
+
+# flannel_flanneld_down DIR: stops that flanneld (SIGTERM; it keeps its lease, as flanneld does)
+# and waits until it has gone. What it made stays (flannel0 or flannel.1, routes): the caller's.
+flannel_flanneld_down() {
+    local pid
+    pid=$(cat "$1/pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+}
