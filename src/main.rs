@@ -272,8 +272,9 @@ struct RunArgs {
     /// The scheduler slice each forwarding thread asks for (Linux 6.12+; 0 leaves the kernel's
     /// default): a woken thread with a shorter slice than the one running preempts it, so a
     /// packet does not wait behind other work on a busy CPU. The thread's share of the CPU
-    /// is unchanged (docs/benchmarks.md, "Where an idle round trip goes").
-    #[arg(long, env = "WEFT_WORKER_SLICE", default_value = "100us", value_parser = parse_slice)]
+    /// is unchanged. Off (0) by default: its gain was not shown on the shared test bed
+    /// (docs/benchmarks.md, "Weft beside flanneld, step by step"). 100us is the shortest.
+    #[arg(long, env = "WEFT_WORKER_SLICE", default_value = "0", value_parser = parse_slice)]
     worker_slice: Duration,
     /// weft repairs drift of its TUN device as the kernel reports it (netlink notifications);
     /// it also reads the device's state this often in case a notification was lost. Hidden:
