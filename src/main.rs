@@ -269,6 +269,13 @@ struct RunArgs {
     /// two cores it gained nothing measurable (README, "Spinning instead of sleeping").
     #[arg(long, env = "WEFT_SPIN", default_value = "0", value_parser = parse_spin)]
     spin: Duration,
+    /// The scheduler slice each forwarding thread asks for (Linux 6.12+; 0 leaves the kernel's
+    /// default): a woken thread with a shorter slice than the one running preempts it, so a
+    /// packet does not wait behind other work on a busy CPU. The thread's share of the CPU
+    /// is unchanged. Off (0) by default: its gain was not shown on the shared test bed
+    /// (docs/benchmarks.md, "Weft beside flanneld, step by step"). 100us is the shortest.
+    #[arg(long, env = "WEFT_WORKER_SLICE", default_value = "0", value_parser = parse_slice)]
+    worker_slice: Duration,
     /// weft repairs drift of its TUN device as the kernel reports it (netlink notifications);
     /// it also reads the device's state this often in case a notification was lost. Hidden:
     /// the default suits every use but tests, which turn it off (an hour) to see the
@@ -306,6 +313,18 @@ fn parse_spin(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 0, 20us, 50us)"))?;
     if d > Duration::from_millis(1) {
         return Err("at most 1ms: a longer spin keeps a core busy instead of waiting".into());
+    }
+    Ok(d)
+}
+
+/// `--worker-slice`: 0 (the kernel's default), or 100us to 100ms (what the kernel takes).
+fn parse_slice(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 0, 100us, 1ms)"))?;
+    if d < Duration::from_micros(100) || d > Duration::from_millis(100) {
+        return Err("0, or from 100us to 100ms (the kernel's bounds)".into());
     }
     Ok(d)
 }
@@ -527,6 +546,7 @@ fn run_options(args: &RunArgs, iface: Option<String>) -> RunOptions {
         batching: !args.no_batching,
         one_thread: args.worker_threads == 1,
         spin: args.spin,
+        worker_slice: args.worker_slice,
         netlink_resync: args.netlink_resync,
         stale_route_ttl: args.stale_route_ttl,
         takeover: args.takeover,

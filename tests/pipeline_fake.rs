@@ -91,6 +91,7 @@ fn start(
         gro_udp: false,
         one_thread,
         spin,
+        slice: Duration::ZERO,
     };
     worker::Worker {
         tun: tun.clone(),

@@ -123,6 +123,9 @@ pub struct RunOptions {
     pub one_thread: bool,
     /// `--spin`: the longest a one-thread worker keeps looking after a small step.
     pub spin: Duration,
+    /// `--worker-slice`: the scheduler slice each forwarding thread asks for (zero: the
+    /// kernel's default).
+    pub worker_slice: Duration,
     /// `--stale-route-ttl`: how long a peer's route is trusted after its key is gone.
     pub stale_route_ttl: Duration,
     /// `--netlink-resync`: how often the TUN device's link state is read for drift when no

@@ -119,6 +119,7 @@ pub(super) fn dataplane_config(
         batching: opts.batching,
         one_thread: opts.one_thread,
         spin: opts.spin,
+        worker_slice: opts.worker_slice,
     }
 }
 

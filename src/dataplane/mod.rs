@@ -69,6 +69,8 @@ mod netlink;
 pub mod offload;
 pub mod pipeline;
 mod route_plan;
+#[allow(unsafe_code)]
+mod sched;
 mod supervise;
 #[allow(unsafe_code)]
 mod tun;

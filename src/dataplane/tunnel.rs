@@ -120,6 +120,8 @@ pub(crate) struct DataplaneConfig {
     pub(crate) one_thread: bool,
     /// The longest a one-thread worker keeps looking after a small step (`WorkerConfig::spin`).
     pub(crate) spin: Duration,
+    /// The scheduler slice each forwarding thread asks for (`WorkerConfig::slice`).
+    pub(crate) worker_slice: Duration,
 }
 
 /// UDP GSO: whether to use it, how soon to try it again after a GSO send failed, and whether
@@ -554,6 +556,7 @@ impl Tunnel {
             gro_udp: cfg.tun_offload && offloads.uso,
             one_thread: cfg.one_thread,
             spin: cfg.spin,
+            slice: cfg.worker_slice,
         };
         let counters = Arc::new(Counters::default());
         if let Some(WorkerSockets { v4, v6 }) = sockets.first()

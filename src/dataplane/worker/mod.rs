@@ -40,6 +40,7 @@ use std::time::Duration;
 
 use super::counters::{Counters, PacketCounters};
 use super::pipeline::Forwarder;
+use super::sched;
 use super::supervise::{self, RestartPolicy, WorkerStates, supervise};
 use crate::route::Routes;
 use crate::time::Clock;
@@ -58,7 +59,7 @@ pub use io::{TunIo, UdpIo};
 pub use rx::RxPath;
 use spin::Next;
 pub use tx::TxPath;
-pub use wait::{Idle, StopSignal};
+pub use wait::{Idle, StopSignal, Woken};
 
 /// How one worker runs.
 #[derive(Clone, Copy, Debug)]
@@ -78,6 +79,9 @@ pub struct WorkerConfig {
     /// ([`spin`]: request/response traffic only, backing off, within a CPU budget); zero: it
     /// sleeps at once. The two-thread loops never spin.
     pub spin: Duration,
+    /// The scheduler slice each thread asks for as it starts ([`sched::shorten_slice`]: a woken
+    /// thread preempts longer-sliced work at once); zero leaves the kernel's default.
+    pub slice: Duration,
 }
 
 /// What a forwarding loop works with besides its own buffers and sockets: the TUN queue, the
@@ -109,7 +113,7 @@ pub(crate) fn run_tx<T: TunIo, U: UdpIo>(
         if tx.step(cx, pool) > 0 {
             supervise::injected_fault();
         } else {
-            idle.wait(cx.tun);
+            let _ = idle.wait(cx.tun);
             cx.counters.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -131,7 +135,7 @@ pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
         if rx.step(cx, sock) > 0 {
             supervise::injected_fault();
         } else {
-            idle.wait(cx.tun);
+            let _ = idle.wait(cx.tun);
             cx.counters.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -143,6 +147,11 @@ pub(crate) fn run_rx<T: TunIo, U: UdpIo>(
 /// wake-up, which on a VM costs tens of microseconds. After a small step the loop may keep
 /// looking a little longer before it sleeps ([`spin::SpinPolicy`], at most `cfg.spin`), so
 /// that a reply coming back soon is picked up without a wake-up either.
+///
+/// A wake-up by the socket alone runs the RX step first: the datagram that woke the thread is
+/// delivered before the TUN queue is looked at, and the TX step right after it picks up what the
+/// kernel answered inside that TUN write (a reply, an ACK) in the same round, without reading
+/// the empty TUN queue once before each. Otherwise TX runs first.
 pub(crate) fn run_both<T: TunIo, U: UdpIo>(
     cx: &Context<'_, T>,
     pool: &mut [U],
@@ -157,9 +166,16 @@ pub(crate) fn run_both<T: TunIo, U: UdpIo>(
     let mut spin = spin::SpinPolicy::new(cfg.spin, clock.now());
     // Reading the clock costs a few tens of nanoseconds (vDSO); only a spinning loop needs it.
     let spins = !cfg.spin.is_zero();
+    let mut rx_first = false;
     while !stop.is_stopped() {
         supervise::beat();
-        let moved = tx.step(cx, pool) + rx.step(cx, sock);
+        let moved = if rx_first {
+            let received = rx.step(cx, sock);
+            received + tx.step(cx, pool)
+        } else {
+            tx.step(cx, pool) + rx.step(cx, sock)
+        };
+        rx_first = false;
         if moved > 0 {
             if spins && let Some(end) = spin.worked(moved, clock.now()) {
                 cx.counters.count_spin(end);
@@ -174,7 +190,8 @@ pub(crate) fn run_both<T: TunIo, U: UdpIo>(
                 if let Some(end) = ended {
                     cx.counters.count_spin(end);
                 }
-                idle.wait(cx.tun);
+                let woken = idle.wait(cx.tun);
+                rx_first = woken.rest && !woken.first;
                 cx.counters.wakeups.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -223,6 +240,7 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
             let fds = [tun.poll_fd(), rx.poll_fd()];
             let mut idle = Idle::new(&with_second(&fds, &rx), &stop, cfg.wake)?;
             let t = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+                ask_for_slice(&thread, cfg.slice);
                 let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
                 supervise(&thread, &states, policy, &*clock, stop.flag(), || {
                     run_both(&cx, &mut tx_pool, &mut rx, cfg, clock.clone(), &mut idle, &stop)
@@ -243,6 +261,7 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
                 clock.clone(),
             );
             std::thread::Builder::new().name(thread.clone()).spawn(move || {
+                ask_for_slice(&thread, cfg.slice);
                 let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
                 supervise(&thread, &states, policy, &*clock, stop.flag(), || {
                     run_tx(&cx, &mut tx_pool, cfg, clock.clone(), &mut idle, &stop)
@@ -253,12 +272,25 @@ impl<T: TunIo + 'static, U: UdpIo + 'static> Worker<T, U> {
         let counters = counters.thread(&thread);
         let mut idle = Idle::new(&with_second(&[rx.poll_fd()], &rx), &stop, cfg.wake)?;
         let rx = std::thread::Builder::new().name(thread.clone()).spawn(move || {
+            ask_for_slice(&thread, cfg.slice);
             let cx = Context { tun: &*tun, fwd: &fwd, routes: &routes, counters: &counters };
             supervise(&thread, &states, policy, &*clock, stop.flag(), || {
                 run_rx(&cx, &mut rx, cfg, clock.clone(), &mut idle, &stop)
             })
         })?;
         Ok(vec![tx, rx])
+    }
+}
+
+/// Asks the scheduler for `slice` for the calling forwarding thread ([`sched::shorten_slice`]);
+/// zero asks nothing. A kernel without per-thread slices (before 6.12) is said at debug: the
+/// thread forwards as before.
+fn ask_for_slice(thread: &str, slice: Duration) {
+    if slice.is_zero() {
+        return;
+    }
+    if let Err(e) = sched::shorten_slice(slice) {
+        tracing::debug!(thread, error = %e, "the forwarding thread keeps the scheduler's default slice");
     }
 }
 
@@ -449,6 +481,7 @@ mod tests {
         gro_udp: false,
         one_thread: true,
         spin: Duration::ZERO,
+        slice: Duration::ZERO,
     };
 
     /// The virtio header of a TCPv4 TSO super-packet of 1000-byte segments.

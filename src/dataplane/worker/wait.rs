@@ -67,6 +67,17 @@ impl StopSignal {
     }
 }
 
+/// What ended an [`Idle::wait`]: which of the registered descriptors epoll reported readable.
+/// A loop reads the one that woke it first: on a socket's wake-up, the datagram is received
+/// and its inner packet written before the TUN queue (found empty, most of the time) is read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Woken {
+    /// The first descriptor (`fds[0]`: the TUN queue, for a one-thread loop).
+    pub first: bool,
+    /// Any other descriptor (the socket, and its IPv6 twin).
+    pub rest: bool,
+}
+
 /// One forwarding thread's place to sleep; see the module docs.
 pub struct Idle {
     poll: Option<(Poll, Events)>,
@@ -90,17 +101,30 @@ impl Idle {
     }
 
     /// Sleeps until a registered descriptor becomes readable, the stop signal is given, or the
-    /// ceiling passes; without descriptors, until `tun` has a packet or 1 ms passes. An error
-    /// or a signal just ends the wait early: the caller looks at everything again.
-    pub fn wait<T: TunIo>(&mut self, tun: &T) {
+    /// ceiling passes; without descriptors, until `tun` has a packet or 1 ms passes. Says which
+    /// descriptors were reported (without descriptors: `first` when `tun` has a packet). An
+    /// error or a signal just ends the wait early, with nothing reported: the caller looks at
+    /// everything again.
+    pub fn wait<T: TunIo>(&mut self, tun: &T) -> Woken {
+        let mut woken = Woken::default();
         match &mut self.poll {
             Some((poll, events)) => {
-                let _ = poll.poll(events, Some(self.ceiling));
+                if poll.poll(events, Some(self.ceiling)).is_ok() {
+                    for e in events.iter() {
+                        match e.token() {
+                            Token(0) => woken.first = true,
+                            WAKER => {}
+                            _ => woken.rest = true,
+                        }
+                    }
+                }
             }
             None => {
-                let _ = tun.wait_readable(self.ceiling.min(Duration::from_millis(1)));
+                woken.first =
+                    tun.wait_readable(self.ceiling.min(Duration::from_millis(1))).unwrap_or(false);
             }
         }
+        woken
     }
 }
 
@@ -158,6 +182,19 @@ mod tests {
         let t = Instant::now();
         idle.wait(&*tun);
         assert!(t.elapsed() >= Duration::from_millis(250), "woke with nothing to do");
+    }
+
+    /// The wait says which descriptor woke it: a loop then reads that one first.
+    #[test]
+    fn the_wait_says_which_descriptor_woke_it() {
+        let (first, second, stop, tun) = (socket(), socket(), StopSignal::new(), FakeTun::new());
+        let fds = [Some(first.as_raw_fd()), Some(second.as_raw_fd())];
+        let mut idle = Idle::new(&fds, &stop, CEILING).unwrap();
+        let peer = socket();
+        peer.send_to(b"x", second.local_addr().unwrap()).unwrap();
+        assert_eq!(idle.wait(&*tun), Woken { first: false, rest: true });
+        peer.send_to(b"x", first.local_addr().unwrap()).unwrap();
+        assert_eq!(idle.wait(&*tun), Woken { first: true, rest: false });
     }
 
     #[test]
