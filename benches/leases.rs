@@ -104,6 +104,16 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if args.iter().any(|a| a == "--floor-worker") {
+        let endpoints: Vec<String> =
+            get("--endpoints").expect("--endpoints").split(',').map(String::from).collect();
+        let first: u32 = get("--first").expect("--first").parse().expect("--first");
+        let count: u32 = get("--count").expect("--count").parse().expect("--count");
+        let total: u32 = get("--hosts").expect("--hosts").parse().expect("--hosts");
+        let ttl: u64 = get("--ttl").expect("--ttl").parse().expect("--ttl");
+        floor_worker(endpoints, first, count, total, ttl);
+        return;
+    }
     if args.iter().any(|a| a == "--worker") {
         let endpoints: Vec<String> =
             get("--endpoints").expect("--endpoints").split(',').map(String::from).collect();
@@ -390,6 +400,111 @@ fn worker(
     let mut line = String::new();
     let _ = std::io::stdin().read_line(&mut line);
     rt.block_on(run_hosts(stores, putters, network, first, ttl, dir));
+}
+
+/// etcd's own floor under the join (the RATIO line), in one worker process: `count` plain etcd
+/// clients (hosts `first..first + count` of `total`), each watching the subnets prefix and, on
+/// "go" (a stdin line), creating one subnet key: a store lease of the TTL and a
+/// create-if-absent transaction of a lease-sized value, as weft's create is, less its history
+/// record. Each host has a subnet of its own (no race is lost), lists nothing and claims no
+/// presence: the least work that leaves every host with a live key and every watcher with
+/// every key. Reports `floor_done` when all of its watchers have seen all `total` keys; on
+/// the next stdin line revokes its store leases (which deletes the keys) and exits.
+fn floor_worker(endpoints: Vec<String>, first: u32, count: u32, total: u32, ttl: u64) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let network = NetworkConfig::parse(NETWORK_JSON.as_bytes()).expect("valid config");
+    let subnets: Vec<Subnet> =
+        network.subnets().skip(first as usize).take(count as usize).collect();
+    let dir = format!("{PREFIX}/subnets/");
+    rt.block_on(async {
+        let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+        let mut clients = Vec::new();
+        for _ in 0..count {
+            let mut c = flannel_client(&endpoints).await.expect("etcd client");
+            let opts = etcd_client::WatchOptions::new().with_prefix();
+            let mut stream = c.watch(dir.clone(), Some(opts)).await.expect("watch");
+            // The first reply says the watch is in place: only then is the host ready.
+            let created = stream.message().await.expect("watch reply").expect("watch reply");
+            assert!(created.created(), "the first watch reply creates the watch");
+            let tx = seen_tx.clone();
+            let total = total as usize;
+            tokio::spawn(async move {
+                let mut keys = HashSet::new();
+                while let Ok(Some(resp)) = stream.message().await {
+                    for ev in resp.events() {
+                        if ev.event_type() == etcd_client::EventType::Put
+                            && let Some(kv) = ev.kv()
+                        {
+                            keys.insert(kv.key().to_vec());
+                        }
+                    }
+                    if keys.len() >= total {
+                        let _ = tx.send(mono_ns());
+                        break;
+                    }
+                }
+            });
+            clients.push(c);
+        }
+        drop(seen_tx);
+        emit(json!({"ev": "ready", "pid": std::process::id(), "rss_kb": rss_kb()}));
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        let ttl_secs = i64::try_from(ttl).unwrap_or(i64::MAX).max(1);
+        let mut creates = Vec::new();
+        for (c, s) in clients.iter().cloned().zip(&subnets) {
+            let key = subnet_key(*s);
+            let mac = weft::dataplane::wire::ethernet::MacAddr([0x02, 0, 0, 0, 0, 1]);
+            let value = weft::daemon::lease_attrs(&network, host_ip(0), None, mac).to_json();
+            creates.push(tokio::spawn(async move {
+                let mut c = c;
+                loop {
+                    let r = async {
+                        let lease = etcd_call(c.lease_grant(ttl_secs, None)).await?;
+                        let put = etcd_client::PutOptions::new().with_lease(lease.id());
+                        let txn = etcd_client::Txn::new()
+                            .when([etcd_client::Compare::version(
+                                key.clone(),
+                                etcd_client::CompareOp::Equal,
+                                0,
+                            )])
+                            .and_then([etcd_client::TxnOp::put(
+                                key.clone(),
+                                value.clone(),
+                                Some(put),
+                            )]);
+                        etcd_call(c.txn(txn)).await?;
+                        Ok::<i64, StoreError>(lease.id())
+                    }
+                    .await;
+                    match r {
+                        Ok(lease) => return (c, lease),
+                        Err(e) => eprintln!("floor: create of {key} failed, again: {e}"),
+                    }
+                }
+            }));
+        }
+        let mut leases = Vec::new();
+        for f in creates {
+            leases.push(f.await.expect("create task"));
+        }
+        let mut last = 0;
+        for _ in 0..count {
+            last = last.max(seen_rx.recv().await.expect("every watcher reports"));
+        }
+        let cpu_s = cpu_ticks("self") as f64 / clk_tck();
+        emit(json!({"ev": "floor_done", "t": last, "cpu_s": cpu_s}));
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        for (mut c, lease) in leases {
+            let _ = etcd_call(c.lease_revoke(lease)).await;
+        }
+        emit(json!({"ev": "exit", "t": mono_ns()}));
+    });
 }
 
 /// Runs this worker's hosts until SIGTERM: weft's driver per host, or flanneld's logic per host
@@ -1401,6 +1516,23 @@ impl Coord {
         .collect()
     }
 
+    /// When every live watcher routed every live host's lease (the last worker's report of
+    /// the last one), or `None` while some host holds none or some worker has yet to report.
+    fn all_routed(&self) -> Option<u64> {
+        let mut last = 0;
+        for (h, st) in self.live_hosts() {
+            let key = (st.subnet.clone()?, host_ip(*h).to_string(), false);
+            let reports = self.props.get(&key)?;
+            for (w, wk) in self.workers.iter().enumerate() {
+                if wk.terminated {
+                    continue;
+                }
+                last = last.max(*reports.get(&w)?);
+            }
+        }
+        Some(last)
+    }
+
     /// Per host RSS: each live worker's RSS over its host count; median and max.
     fn memory_per_host_kb(&self) -> (f64, f64) {
         let mut v: Vec<f64> = self
@@ -1634,6 +1766,108 @@ fn print_row(r: &PhaseRow, policy: Policy) {
     }
 }
 
+/// etcd's floor for the join's work (see [`floor_worker`]): `n` hosts in `nworkers` worker
+/// processes at the weft workers' priority, on the bench's etcd before the join. Returns the
+/// seconds from "go" until every watcher has seen every key, etcd's CPU seconds in them and
+/// the clients' (the worker processes', from their start).
+/// The floor's keys are gone again (their store leases revoked, the history compacted) when
+/// it returns.
+fn measure_floor(
+    exe: &Path,
+    endpoints: &[String],
+    n: u32,
+    nworkers: u32,
+    ttl: u64,
+    pids: &[String],
+    rt: &tokio::runtime::Runtime,
+) -> (f64, f64, f64) {
+    let store_endpoints = endpoints;
+    let endpoints = &endpoints.join(",");
+    let nice = std::env::var("WEFT_BENCH_NICE").unwrap_or_else(|_| "10".into());
+    let per = n.div_ceil(nworkers);
+    let (tx, rx) = mpsc::channel::<(usize, String)>();
+    let mut children = Vec::new();
+    let mut first = 0;
+    while first < n {
+        let count = per.min(n - first);
+        let mut child = Command::new("nice")
+            .args(["-n", &nice])
+            .arg(exe)
+            .args(["--floor-worker", "--endpoints", endpoints])
+            .args(["--first", &first.to_string(), "--count", &count.to_string()])
+            .args(["--hosts", &n.to_string(), "--ttl", &ttl.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn a floor worker");
+        let stdout = child.stdout.take().expect("stdout");
+        let stdin = child.stdin.take().expect("stdin");
+        let tx = tx.clone();
+        let w = children.len();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send((w, line)).is_err() {
+                    break;
+                }
+            }
+        });
+        children.push((child, stdin));
+        first += count;
+    }
+    drop(tx);
+    let nw = children.len();
+    let wait_for = |ev: &str, limit: Duration| -> Vec<Value> {
+        let mut got: HashMap<usize, Value> = HashMap::new();
+        let deadline = std::time::Instant::now() + limit;
+        while got.len() < nw {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((w, line)) => {
+                    let v: Value = serde_json::from_str(&line).unwrap_or_default();
+                    if v["ev"] == ev {
+                        got.insert(w, v);
+                    }
+                }
+                Err(_) => panic!("floor workers: {} of {nw} said {ev:?}", got.len()),
+            }
+        }
+        got.into_values().collect()
+    };
+    let go = |children: &mut Vec<(Child, ChildStdin)>| {
+        for (_, stdin) in children.iter_mut() {
+            let _ = stdin.write_all(b"go\n");
+            let _ = stdin.flush();
+        }
+    };
+    wait_for("ready", Duration::from_secs(120));
+    let cpu0 = etcd_cpu_s(pids);
+    let t0 = mono_ns();
+    go(&mut children);
+    let done = wait_for("floor_done", Duration::from_secs(300));
+    let last = done.iter().filter_map(|v| v["t"].as_u64()).max().unwrap_or(t0);
+    let secs = last.saturating_sub(t0) as f64 / 1e9;
+    let cpu = etcd_cpu_s(pids) - cpu0;
+    let clients_cpu: f64 = done.iter().filter_map(|v| v["cpu_s"].as_f64()).sum();
+    go(&mut children);
+    wait_for("exit", Duration::from_secs(120));
+    for (mut child, _) in children {
+        let _ = child.wait();
+    }
+    // Leave the join a store as fresh as the floor found it: no keys, no history to keep.
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect(store_endpoints, None).await.expect("etcd client");
+        let dir = format!("{PREFIX}/subnets/");
+        let opts = etcd_client::DeleteOptions::new().with_prefix();
+        let del = c.delete(dir, Some(opts)).await.expect("delete the floor's keys");
+        let rev = del.header().map_or(0, |h| h.revision());
+        c.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical()))
+            .await
+            .expect("compact");
+    });
+    (secs, cpu, clients_cpu)
+}
+
 fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
@@ -1667,6 +1901,12 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
         }))
         .expect("etcd client");
     rt.block_on(store.set_config(NETWORK_JSON.as_bytes())).expect("set config");
+    let exe = std::env::current_exe().expect("own path");
+    let (floor_s, floor_cpu, floor_clients_cpu) =
+        measure_floor(&exe, &endpoints, n, nworkers, ttl, &pids, &rt);
+    println!(
+        "[floor] etcd alone: {n} plain clients each create one key while {n} plain watchers watch: every watcher has every key after {floor_s:.2} s; CPU s: etcd {floor_cpu:.1}, clients {floor_clients_cpu:.1}"
+    );
 
     let dir =
         tempfile::Builder::new().prefix("weft-bench-leases-").tempdir_in("/dev/shm").expect("dir");
@@ -1682,7 +1922,7 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
         reholds: HashMap::new(),
         phase: "join",
         dup_candidates: Vec::new(),
-        exe: std::env::current_exe().expect("own path"),
+        exe,
         endpoints: endpoints.join(","),
         ttl,
         dir: dir.path().to_path_buf(),
@@ -1741,6 +1981,26 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
     }
     // Let propagation of the last creates finish before measuring.
     c.pump(mono_ns() + 30_000_000_000, |c| c.propagation("join").1 == 0);
+    let routed = c.all_routed();
+    match routed.filter(|_| ok) {
+        Some(t) => {
+            let weft_s = t.max(t0 + settle).saturating_sub(t0) as f64 / 1e9;
+            let hosts_cpu: f64 = c.workers.iter().filter_map(|w| w.stats["cpu_s"].as_f64()).sum();
+            println!(
+                "[join] every host holds a distinct lease that every watcher routes after {weft_s:.2} s; CPU s: etcd {:.1}, hosts {hosts_cpu:.1} (the floor's: {floor_cpu:.1}, {floor_clients_cpu:.1})",
+                etcd_cpu_s(&pids) - cpu0
+            );
+            println!(
+                "RATIO N={n}: {} {weft_s:.2} s, etcd floor {floor_s:.2} s, ratio {:.2}",
+                policy.name(),
+                weft_s / floor_s
+            );
+        }
+        None => println!(
+            "RATIO N={n}: {} did not settle (not every host held a distinct lease routed by every watcher), etcd floor {floor_s:.2} s",
+            policy.name()
+        ),
+    }
     c.sleep(Duration::from_millis(1200));
     let start = PhaseStart { before: BTreeMap::new(), cpu0, t0 };
     let (row, _) = phase_row(&c, "join", settle as f64 / 1e9, &start, &pids, &rt, &store);

@@ -9,6 +9,14 @@
 # them the store calls: the lease drivers' listings and creates, the route watchers' listings
 # and re-lists) and a SUMMARY line. Needs etcd (scripts/setup.sh) and /dev/shm.
 #
+# Before the join, on the same fresh etcd, it measures etcd's own floor for the join's work: N
+# plain etcd clients in as many worker processes, each creating one subnet key (a store lease
+# and a create-if-absent, no race, no listing) at once while N plain watchers watch the subnets
+# prefix, until every watcher has every key. The line
+#   RATIO N=<n>: weft <a> s, etcd floor <b> s, ratio <a/b>
+# compares the two: <a> from the start of the join until every host holds a distinct lease and
+# every live watcher routes every lease. Measured side by side in one run, it tolerates load.
+#
 # POLICY=flannel runs flanneld's lease logic (as tests/sim/mod.rs models it) in every host
 # instead of weft's driver and keeper, for a side-by-side row: same etcd, same clients, same
 # route watchers (weft's), same phases; only the lease policy differs.
