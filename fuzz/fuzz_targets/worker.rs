@@ -84,6 +84,7 @@ fuzz_target!(|data: &[u8]| {
         gro_udp: input.gro_udp,
         one_thread: true,
         spin: std::time::Duration::ZERO,
+        slice: std::time::Duration::ZERO,
     };
     let tun = if input.vnet { FakeTun::with_vnet_hdr() } else { FakeTun::new() };
     let fake = FakeNet::new();
