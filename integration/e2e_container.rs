@@ -31,6 +31,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use support::netns::{Families, Lab, Pod, in_netns, output, ping_all_pairs, run};
+use support::process::run_command;
 use support::weft::http_get;
 
 const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
@@ -123,35 +124,32 @@ impl Podman {
 
     /// `sh -c SCRIPT` inside the running container NAME, which must succeed; its stdout.
     fn sh(&self, name: &str, script: &str) -> String {
-        let out = self.enter(name, &["sh", "-c", script]);
-        assert!(
-            out.status.success(),
-            "{script:?} in {name} failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        run_command(&mut self.enter_command(name, &["sh", "-c", script]))
     }
 
-    /// ARGS run inside the running container NAME: in every namespace of its first process and
+    /// ARGS run inside the running container NAME; see [`Podman::enter_command`].
+    fn enter(&self, name: &str, args: &[&str]) -> Output {
+        let mut cmd = self.enter_command(name, args);
+        cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+    }
+
+    /// ARGS inside the running container NAME: in every namespace of its first process and
     /// under its root directory, with a clean environment. Not `podman exec`: under a chroot (a
     /// fresh Debian root, as CI and a new machine have) runc's exec enters the container's mount
     /// namespace but lands at that namespace's root, which is the machine's, not the container's,
     /// because a pivot_root below a chroot leaves the namespace's root where it was.
-    fn enter(&self, name: &str, args: &[&str]) -> Output {
+    fn enter_command(&self, name: &str, args: &[&str]) -> Command {
         let pid = self.inspect(name, "{{.State.Pid}}");
-        Command::new("nsenter")
-            .args(["--target", &pid, "--all", "--root", "--wd", "--"])
+        let mut cmd = Command::new("nsenter");
+        cmd.args(["--target", &pid, "--all", "--root", "--wd", "--"])
             .args([
                 "env",
                 "-i",
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             ])
             .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("nsenter into {name} (pid {pid}): {e}"))
+            .stdin(Stdio::null());
+        cmd
     }
 
     fn logs(&self, name: &str) -> String {
