@@ -1,6 +1,6 @@
 //! Counting packets from two forwarding threads at once: every thread adding to one shared
-//! `PacketCounters` block (as before issue 10) against each adding to its own `CachePadded`
-//! block (`Counters::thread`, as the workers do now). One count is what `account_sent` does per
+//! `PacketCounters` block against each adding to its own `CachePadded` block
+//! (`Counters::thread`, as the workers do). One count is what `account_sent` does per
 //! sendmmsg: a relaxed `fetch_add` to `tx_packets` and one to `tx_bytes`. The time reported is
 //! per count per thread; one thread alone is the floor.
 //!

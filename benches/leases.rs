@@ -1,4 +1,4 @@
-//! "1,000 hosts on one etcd cluster": a benchmark, not a test (issue 8 §3). Run it with
+//! "1,000 hosts on one etcd cluster": a benchmark, not a test. Run it with
 //! `scripts/bench-leases.sh [N]`; `cargo bench` skips it unless given `--hosts`.
 //!
 //! The coordinator (this binary without `--worker`) starts a real 3-member etcd on loopback

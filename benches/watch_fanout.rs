@@ -1,4 +1,4 @@
-//! etcd's watch fan-out alone, the floor under the 1,000-host join (issue 8): N clients each
+//! etcd's watch fan-out alone, the floor under the 1,000-host join: N clients each
 //! watch the subnets prefix, as N route watchers do, and one client puts N lease-sized keys,
 //! one after another, as N joining hosts' creates would with no race lost, no listing and no
 //! history. Prints the time until every watcher has every event and etcd's CPU seconds.

@@ -29,6 +29,21 @@ scripts/package.sh
 echo "== cargo test"
 # Benches are built by clippy above; criterion binaries take no test-runner flags.
 cargo test --features "$FEATURES" --lib --bins --tests -- --test-threads 2
+echo "== the default tests as an unprivileged user (uid 65534)"
+# A plain `cargo test` (the library's, the binary's and tests/' tests) must pass for anyone: run
+# the binaries built above as nobody, without capabilities, from the package root as cargo does.
+cargo test --features "$FEATURES" --lib --bins --tests --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"] \
+            and "/integration/" not in m["target"]["src_path"]:
+        print(m["executable"])' |
+    while read -r bin; do
+        setpriv --reuid 65534 --regid 65534 --clear-groups --inh-caps=-all \
+            "$bin" -q --test-threads 2 </dev/null
+    done
 echo "== chaos soak (short): namespace hosts, a 3-member etcd, random faults, invariants"
 # The long soak (minutes) is `scripts/chaos.sh`; CI runs the short one (about 90 s + a build).
 scripts/chaos.sh --short

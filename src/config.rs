@@ -37,8 +37,10 @@
 //!   `IPv6SubnetMin > IPv6SubnetMax`.
 //! - An `IPv6Network` with host bits set (`"fd00::1/64"`) is refused with a suggestion (flannel's
 //!   parser clears them silently).
-//! - Two keys that differ only in case (`"Network"` and `"network"`) are refused. Go keeps the
-//!   one that comes last in the text, which serde_json's map does not remember.
+//! - Two keys that differ only in case (`"Network"` and `"network"`) are refused, and so is one
+//!   key given twice in one object (`"Network"` and `"Network"`), at any depth. Go keeps the
+//!   one that comes last in the text, silently: a config edited by hand with a field added
+//!   instead of changed would otherwise mean something its reader does not see.
 //! - A `Backend` object with fields but no `Type` is refused (flannel fails later, asking for
 //!   backend type `""`); only a missing, `null` or empty `Backend` means udp.
 //! - `Backend.Port` and `Backend.VNI` of 0 are refused rather than meaning "kernel default".
@@ -258,6 +260,12 @@ pub enum ConfigError {
         expected: &'static str,
         /// The value found, as (shortened) JSON text.
         found: String,
+    },
+    /// One key given twice in one object (any key, at any depth).
+    #[error("{key:?}: given twice in one object")]
+    RepeatedKey {
+        /// The key, as written (shortened).
+        key: String,
     },
     /// Two keys name the same field, differing only in case.
     #[error("{field}: given twice, as {first:?} and {second:?}")]
@@ -536,6 +544,7 @@ impl NetworkConfig {
     /// [`ConfigError`], naming the field and the problem.
     pub fn parse(json: &[u8]) -> Result<Self, ConfigError> {
         let value: Value = serde_json::from_slice(json).map_err(ConfigError::NotJson)?;
+        no_repeated_key(json)?;
         let Value::Object(obj) = &value else {
             return Err(ConfigError::NotObject);
         };
@@ -1223,6 +1232,75 @@ fn parse_network6(text: &str) -> Result<Ipv6Net, ConfigError> {
     Ok(net)
 }
 
+/// Fails on an object of `json` (valid JSON) that has one key twice: serde_json's [`Value`]
+/// keeps the last silently.
+fn no_repeated_key(json: &[u8]) -> Result<(), ConfigError> {
+    use serde::de::{self, Deserializer as _};
+    /// A visitor that walks a whole JSON value and keeps nothing but the first repeated key.
+    struct Walk;
+    impl<'de> de::DeserializeSeed<'de> for Walk {
+        type Value = ();
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> de::Visitor<'de> for Walk {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while seq.next_element_seed(Walk)?.is_some() {}
+            Ok(())
+        }
+        fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let mut seen = std::collections::BTreeSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if !seen.insert(key.clone()) {
+                    return Err(de::Error::custom(RepeatedKey(key)));
+                }
+                map.next_value_seed(Walk)?;
+            }
+            Ok(())
+        }
+    }
+    /// The repeated key, carried through serde_json's error as its message.
+    struct RepeatedKey(String);
+    impl fmt::Display for RepeatedKey {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+    let mut d = serde_json::Deserializer::from_slice(json);
+    match d.deserialize_any(Walk) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            // Only a repeated key fails here: the text parsed as a Value before.
+            let text = e.to_string();
+            let key = text.split(" at line ").next().unwrap_or(&text);
+            Err(ConfigError::RepeatedKey { key: key.chars().take(64).collect() })
+        }
+    }
+}
+
 /// The value of field `name` in `obj`, matched ASCII-case-insensitively; `null` counts as absent,
 /// as it leaves a Go struct field untouched. `path` names the field in errors.
 fn field<'a>(
@@ -1557,6 +1635,9 @@ mod tests {
                 r#"EnableIPv4: false needs "EnableIPv6": true and an IPv6Network"#),
             (format!(r#"{{{NET},"EnableIPv4":1}}"#), "EnableIPv4: expected true or false"),
             (format!(r#"{{{NET},"network":"10.6.0.0/16"}}"#), "Network: given twice"),
+            (format!(r#"{{{NET},"Network":"10.6.0.0/16"}}"#), r#""Network": given twice"#),
+            (format!(r#"{{{NET},"Backend":{{"Type":"vxlan","Type":"udp"}}}}"#), r#""Type": given twice"#),
+            (format!(r#"{{{NET},"Foo":[{{"a":1,"a":1}}]}}"#), r#""a": given twice"#),
             (format!(r#"{{{NET},"Backend":"vxlan"}}"#), r#"Backend: expected an object, found "vxlan""#),
             (format!(r#"{{{NET},"Backend":{{"Port":8472}}}}"#), "Backend.Type: missing"),
             (format!(r#"{{{NET},"Backend":{{"Type":""}}}}"#), "Backend.Type: missing"),

@@ -162,6 +162,12 @@ mod tests {
 
     fn file_of(dir: &Path, bytes: &[u8], mode: u32) -> PathBuf {
         let path = dir.join("secret");
+        // A new file each time: the last one may be read-only (0o400), which only root could
+        // write again, and the default `cargo test` runs unprivileged.
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => panic!("{e}"),
+            _ => {}
+        }
         std::fs::write(&path, bytes).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
         path

@@ -183,7 +183,7 @@ fn one_thread_workers_carry_packets_both_ways() {
     stop.stop();
 }
 
-/// Issue 12, item 3: after a small step a one-thread worker keeps looking instead of sleeping,
+/// After a small step a one-thread worker keeps looking instead of sleeping,
 /// so a reply that comes back soon is forwarded without a wake-up; once the spin is over it
 /// sleeps. Host 1's clock stands still until the test moves it, so "soon" lasts as long as the
 /// test needs, whatever the machine's load: the reply is sent 30 ms later.

@@ -16,7 +16,9 @@
 //!   and that was put back, at WARN, counted in `weft_dataplane_kernel_route_repairs_total`; a
 //!   host-gw peer off the underlay's link, at ERROR once per peer, naming it (its subnet and
 //!   `PublicIP`) and the underlay, with the gauge `weft_dataplane_off_link_peers`; a peer of
-//!   another backend on a host-gw network, at WARN once (flannel ignores it too); a request the
+//!   another backend on a host-gw network, at WARN once (flannel ignores it too); a lease of
+//!   another subnet naming this host's `PublicIP`, at WARN once, with the gauge
+//!   `weft_dataplane_own_public_ip_leases`; a request the
 //!   kernel refuses, at ERROR once until it works again (retried every second).
 //! - Ownership: weft's routes carry [`route_plan::ROUTE_PROTOCOL`]. The routes are left in
 //!   place when weft stops (as flannel leaves them), so a restart or a takeover
@@ -62,6 +64,7 @@ pub(crate) struct KernelRouteStats {
     routes: AtomicU64,
     repairs: AtomicU64,
     off_link: AtomicU64,
+    own_public_ip: AtomicU64,
 }
 
 impl Collector for KernelRouteStats {
@@ -83,6 +86,12 @@ impl Collector for KernelRouteStats {
             "weft_dataplane_off_link_peers",
             "host-gw peers whose PublicIP is not on the underlay's link: they get no route.",
             self.off_link.load(Ordering::Relaxed),
+        )?;
+        metrics::gauge(
+            &mut e,
+            "weft_dataplane_own_public_ip_leases",
+            "Leases of another subnet whose PublicIP is this host's: never a peer, no route.",
+            self.own_public_ip.load(Ordering::Relaxed),
         )
     }
 }
@@ -97,6 +106,8 @@ struct State {
     off_link_told: BTreeSet<PeerRoute>,
     /// Other backends' peers already warned about.
     ignored_told: BTreeSet<Ipv4Net>,
+    /// Leases naming this host's PublicIP already warned about.
+    own_public_ip_told: BTreeSet<Ipv4Net>,
     /// Destinations whose change the kernel refused, already said at ERROR.
     failing: BTreeSet<Ipv4Net>,
     /// Reading the underlay or the routes fails, already said.
@@ -168,6 +179,7 @@ impl KernelRoutes {
                 installed: BTreeSet::new(),
                 off_link_told: BTreeSet::new(),
                 ignored_told: BTreeSet::new(),
+                own_public_ip_told: BTreeSet::new(),
                 failing: BTreeSet::new(),
                 read_failing: false,
             }),
@@ -326,6 +338,18 @@ impl KernelRoutes {
         for subnet in &want.ignored {
             if st.ignored_told.insert(*subnet) {
                 warn!(%subnet, "ignoring a peer of another backend on a host-gw network: no route to it");
+            }
+        }
+        self.stats.own_public_ip.store(want.own_public_ip.len() as u64, Ordering::Relaxed);
+        st.own_public_ip_told.retain(|s| want.own_public_ip.contains(s));
+        for subnet in &want.own_public_ip {
+            if st.own_public_ip_told.insert(*subnet) {
+                warn!(
+                    %subnet,
+                    public_ip = %st.me.public_ip,
+                    "the lease of {subnet} names this host's PublicIP {}: an old lease of this host's not yet expired, or another host misconfigured with this address; it is no peer and gets no route",
+                    st.me.public_ip
+                );
             }
         }
     }

@@ -17,7 +17,7 @@
 //! - What the kernel answers is turned into weft's types by pure functions ([`tun_status_of`],
 //!   [`device_routes`], [`ipv4_addresses`], [`default_route_oif`]), which never panic on any
 //!   message and are tested on messages built here.
-//! - The writes mirror what the interface ioctls did before: [`Netlink::set_ipv4`] replaces the
+//! - The writes: [`Netlink::set_ipv4`] replaces the
 //!   device's primary IPv4 address (the new one is added before the old one is removed, so the
 //!   device never has none and keeps its routes); [`Netlink::add_route`] adds a gatewayless,
 //!   link-scope route to the main table; a route to the Network that is there already and is

@@ -62,7 +62,8 @@ pub const HEADROOM: usize = vxlan::HEADER_LEN + ethernet::HEADER_LEN;
 pub enum DropReason {
     /// TX: not a valid IPv4 packet.
     TxMalformed,
-    /// TX: IPv6 is not carried yet.
+    /// TX: an IPv6 packet where IPv6 is not carried: an IPv4-only network, or the udp
+    /// backend (flannel's carries IPv4 only).
     TxIpv6,
     /// TX: the destination is in no lease (answered with ICMP net unreachable when allowed).
     TxNoRoute,

@@ -18,7 +18,8 @@
 //!   ([`Wanted::off_link`]): the kernel would refuse the route (`ENETUNREACH`, which flannel
 //!   logs); a direct-routing peer off the link simply stays on the tunnel. A lease of this
 //!   host's own `PublicIP` is this host's (an old lease of its, not yet replaced by the new
-//!   one: flannel reuses a lease by `PublicIP`), never a peer.
+//!   one: flannel reuses a lease by `PublicIP`), never a peer: it gets no route, and is named
+//!   ([`Wanted::own_public_ip`]) so the driver can say so.
 //! - [`plan`]: a wanted route the kernel has exactly (ours, via that gateway, through the
 //!   underlay, metric 0) needs nothing; any other is [`Change::Put`] (add, or replace a route
 //!   to the same destination of metric 0, which is how flannel's `routeAdd` replaces a route
@@ -107,6 +108,9 @@ pub(crate) struct Wanted {
     /// Peers of another backend, which host-gw ignores (flannel: "Ignoring non-host-gw
     /// subnet"): their subnets.
     pub(crate) ignored: Vec<Ipv4Net>,
+    /// Leases of another subnet than this host's whose `PublicIP` is this host's: never a
+    /// peer, no route; their subnets.
+    pub(crate) own_public_ip: Vec<Ipv4Net>,
 }
 
 /// Whether `ip` is on the link whose addresses have the prefixes `prefixes`.
@@ -129,7 +133,11 @@ pub(crate) fn wanted(peers: &[Peer], me: Me, reach: Reach, prefixes: &[Ipv4Net])
     let mut out = Wanted::default();
     for peer in peers {
         let Some(dst) = peer.subnet.v4() else { continue };
-        if me.subnet.and_then(Subnet::v4) == Some(dst) || peer.public_ip == me.public_ip {
+        if me.subnet.and_then(Subnet::v4) == Some(dst) {
+            continue;
+        }
+        if peer.public_ip == me.public_ip {
+            out.own_public_ip.push(dst);
             continue;
         }
         let route = PeerRoute { dst, gw: peer.public_ip };
@@ -145,6 +153,7 @@ pub(crate) fn wanted(peers: &[Peer], me: Me, reach: Reach, prefixes: &[Ipv4Net])
     out.routes.dedup_by_key(|r| r.dst);
     out.off_link.sort_unstable();
     out.ignored.sort_unstable();
+    out.own_public_ip.sort_unstable();
     out
 }
 
@@ -275,6 +284,7 @@ mod tests {
         );
         assert_eq!(w.off_link, [route("10.244.9.0/24", "203.0.113.9")]);
         assert_eq!(w.ignored, [net("10.244.5.0/24")]);
+        assert_eq!(w.own_public_ip, [net("10.244.7.0/24")], "the old lease is named");
     }
 
     /// Direct routing wants the tunnel backend's peers on the link only; the rest stay on the

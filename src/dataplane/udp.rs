@@ -636,8 +636,8 @@ impl BatchSocket {
         Ok(got)
     }
 
-    /// Turns GSO on or off for later sends (an operator's switch); it stays off if the kernel
-    /// does not support it. Turning it on forgets earlier failures and their backoff. Returns
+    /// Turns GSO on or off for later sends (tests drive the fallback with it); it stays off if
+    /// the kernel does not support it. Turning it on forgets earlier failures and their backoff. Returns
     /// whether GSO is now on.
     #[cfg(test)]
     pub(crate) fn set_gso(&mut self, on: bool) -> bool {

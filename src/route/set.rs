@@ -668,7 +668,7 @@ fn name_key(lease: &StoredLease) -> String {
 mod tests {
     use std::net::Ipv4Addr;
 
-    use crate::dataplane::wire::ethernet::MacAddr;
+    use crate::vocab::MacAddr;
 
     use super::*;
     use crate::lease::record::{

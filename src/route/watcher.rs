@@ -576,7 +576,6 @@ mod tests {
     use tokio::task::JoinHandle;
 
     use super::*;
-    use crate::dataplane::wire::ethernet::MacAddr;
     use crate::lease::memory::{MemoryClient, MemoryStore};
     use crate::lease::record::Subnet;
     use crate::lease::record::{Incarnation, LeaseAttrs, LeaseName, NodeId, Revision, StoredLease};
@@ -586,6 +585,7 @@ mod tests {
     };
     use crate::route::RouteTable;
     use crate::time::ManualClock;
+    use crate::vocab::MacAddr;
 
     const PREFIX: &str = "/coreos.com/network";
     const TTL: Duration = Duration::from_secs(10);

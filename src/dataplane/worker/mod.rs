@@ -1,6 +1,6 @@
 //! The forwarding loops, generic over their two I/O edges so the whole path runs in tests with
 //! in-memory fakes (`super::fake`, `test-util` feature) and in the daemon with the TUN device
-//! and batched UDP sockets ([`super::driver`]).
+//! and batched UDP sockets ([`super::tunnel`]).
 //!
 //! # TX: TUN → peers
 //! Read up to a batch of packets from one TUN queue. A TSO/USO super-packet (behind a

@@ -235,7 +235,7 @@ fn send_messages<U: UdpIo>(
 /// the batch sent again, so that one bad destination costs only its own datagrams and not those
 /// queued behind it to other peers. An error of the socket itself drops the rest of the batch.
 /// A send that gave up on a full send buffer (a short count) drops the rest too, each message
-/// counted as [`DropReason::TxSendBufferFull`]: before, those went uncounted.
+/// counted as [`DropReason::TxSendBufferFull`].
 pub(super) fn send_skipping<U: UdpIo>(
     sock: &mut U,
     txs: &[Transmit<'_>],

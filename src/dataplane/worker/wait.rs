@@ -2,8 +2,7 @@
 //!
 //! Each thread owns one [`Idle`]: a `mio::Poll` (epoll) with the thread's TUN queue and/or
 //! socket registered for reading, and a `mio::Waker` that [`StopSignal::stop`] fires, so a
-//! thread asleep wakes at once when told to stop (before: a 200 ms loop that looked at a flag,
-//! which also held up every re-bind of the sockets by up to that long).
+//! thread asleep wakes at once when told to stop (a re-bind of the sockets waits for no timer).
 //!
 //! # Contract
 //! mio registers descriptors edge-triggered: a descriptor is reported when it *becomes*
