@@ -421,3 +421,112 @@ fn a_bridge_that_exits_at_once_is_given_up_at_once_with_its_status() {
     assert!(log.contains("exit status: 1"), "no exit status logged:\n{}", w.log_tail(20));
     assert!(w.running() && w.ready(), "weft stopped:\n{}", w.log_tail(20));
 }
+
+/// Points the symlink `link` at `target` in one rename, as `ln -sfn` on a new name would.
+fn repoint(link: &Path, target: &Path) {
+    let tmp = link.with_extension("new");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).expect("symlink");
+    std::fs::rename(&tmp, link).expect("rename the link into place");
+}
+
+/// Waits until weft runs `want` (by `/proc/<pid>/exe`) after an upgrade in place.
+fn wait_running_binary(w: &mut Weft, before: usize, want: &Path) {
+    let pid = w.pid();
+    let deadline = Instant::now() + READY;
+    loop {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        if exe.as_deref() == Some(want)
+            && w.log().matches("handed over: the next weft").count() > before
+        {
+            return;
+        }
+        assert!(w.running(), "weft exited:\n{}", w.log_tail(40));
+        assert!(
+            Instant::now() < deadline,
+            "weft runs {exe:?}, not {}:\n{}",
+            want.display(),
+            w.log_tail(40)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Started through `bin/current -> v1/weft`, with the link moved to `v2/weft`, SIGHUP runs v2
+/// (the start path, not the binary's resolved one); with v1 deleted, it still upgrades.
+#[test]
+fn sighup_runs_what_the_start_path_links_to_now() {
+    let lab = Lab::new(VXLAN);
+    let root = lab.dir().join("bin");
+    for v in ["v1", "v2"] {
+        std::fs::create_dir_all(root.join(v)).unwrap();
+    }
+    let v1 = binary_copy(&root.join("v1"), "weft", Some("v1"));
+    let v2 = binary_copy(&root.join("v2"), "weft", Some("v2"));
+    let current = root.join("current");
+    std::os::unix::fs::symlink(&v1, &current).unwrap();
+    let mut w = lab.unstarted_weft(1, &[]);
+    w.exe = Some(current.clone());
+    w.start();
+    let subnet = w.wait_ready(READY);
+    repoint(&current, &v2);
+    let before = w.log().matches("handed over: the next weft").count();
+    w.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_running_binary(&mut w, before, &v2);
+    assert_eq!(w.wait_ready(READY), subnet);
+    assert!(w.log().contains(&current.display().to_string()), "the path is not logged");
+    std::fs::remove_dir_all(root.join("v1")).unwrap();
+    let before = w.log().matches("handed over: the next weft").count();
+    w.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_running_binary(&mut w, before, &v2);
+    assert_eq!(w.wait_ready(READY), subnet);
+}
+
+/// A same-user client trickling a byte a second on the takeover socket holds neither SIGHUP
+/// nor the stop: the upgrade happens within a few seconds, and SIGTERM stops weft promptly.
+#[test]
+fn a_trickling_client_delays_neither_sighup_nor_the_stop() {
+    let lab = Lab::new(VXLAN);
+    let mut w = lab.start_weft(1, &[]);
+    w.wait_ready(READY);
+    let sock = w.dir().join("state").join("takeover.sock");
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_rx = stop.clone();
+    let trickler = std::thread::spawn(move || {
+        let request = b"\0\0\0\x22{\"message\":\"Request\",\"version\":1}";
+        while !stop_rx.load(Ordering::SeqCst) {
+            let Ok(mut conn) = std::os::unix::net::UnixStream::connect(&sock) else {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            for b in request {
+                if stop_rx.load(Ordering::SeqCst) || conn.write_all(&[*b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = w.log().matches("handed over: the next weft").count();
+    let started = Instant::now();
+    w.signal(nix::sys::signal::Signal::SIGHUP);
+    while w.log().matches("handed over: the next weft").count() <= before {
+        assert!(w.running(), "weft exited:\n{}", w.log_tail(30));
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "no upgrade within 8 s of SIGHUP beside a trickling client:\n{}",
+            w.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    w.wait_ready(READY);
+    std::thread::sleep(Duration::from_millis(1500));
+    let started = Instant::now();
+    let code = w.stop();
+    let took = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let _ = trickler.join();
+    assert_eq!(code, Some(0), "{}", w.log_tail(30));
+    assert!(took < Duration::from_secs(3), "SIGTERM took {took:?}:\n{}", w.log_tail(30));
+}
