@@ -309,3 +309,224 @@ fn a_takeover_by_another_user_is_refused_and_the_running_weft_goes_on() {
     assert_eq!(w2.subnet().as_deref(), Some(subnet.as_str()));
     support::netns::ping_ok(&pods[0].ns, pods[1].ip, 3);
 }
+
+/// A field of `/proc/<pid>/status`, if the process is there.
+fn status_field(pid: i32, field: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines().find_map(|l| l.strip_prefix(field)).map(|v| v.trim().to_owned())
+}
+
+/// The last `bridge_pid=` weft logged.
+fn last_bridge_pid(w: &Weft) -> Option<i32> {
+    let log = w.log();
+    let at = log.rfind("bridge_pid=")?;
+    log[at + "bridge_pid=".len()..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// SIGHUP, then `signal` as soon as the re-executed image runs with one thread (before its
+/// signal thread exists), again and again until that window is hit. Returns once it was.
+fn signal_in_the_reexec_window(w: &mut Weft, signal: nix::sys::signal::Signal) {
+    use nix::sys::signal::Signal::SIGHUP;
+    let pid = w.pid();
+    for round in 0..40 {
+        let before = w.log().matches("handed over: the next weft").count();
+        w.signal(SIGHUP);
+        let deadline = Instant::now() + READY;
+        loop {
+            if status_field(pid, "Threads:").as_deref() == Some("1") {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+                eprintln!("{signal:?} sent in the re-exec window at round {round}");
+                return;
+            }
+            if w.log().matches("handed over: the next weft").count() > before {
+                break;
+            }
+            assert!(w.running(), "weft exited at round {round}:\n{}", w.log_tail(40));
+            assert!(Instant::now() < deadline, "no in-place upgrade:\n{}", w.log_tail(40));
+        }
+        assert!(w.wait_ready(READY).contains('/'));
+    }
+    panic!("the re-exec window was never hit in 40 rounds");
+}
+
+/// A SIGHUP and a SIGTERM sent while weft's image is being replaced (the re-executed image
+/// still single-threaded) neither kill it nor leave the bridge running alone: after the
+/// SIGHUP it still upgrades and forwards; after the SIGTERM it takes everything back from the
+/// bridge and stops cleanly, and the bridge is gone.
+#[test]
+fn a_signal_during_the_reexec_neither_kills_weft_nor_orphans_the_bridge() {
+    use nix::sys::signal::Signal::{SIGHUP, SIGTERM};
+    let lab = Lab::new(VXLAN);
+    let (mut wefts, pods) = lab.up(&[1, 2], &[]);
+    let mut w = wefts.pop().expect("host 2's weft");
+    let subnet = w.subnet().expect("host 2's subnet");
+    let before = w.log().matches("handed over: the next weft").count();
+    signal_in_the_reexec_window(&mut w, SIGHUP);
+    let deadline = Instant::now() + READY;
+    while w.log().matches("handed over: the next weft").count() <= before {
+        assert!(w.running(), "weft was killed by a SIGHUP in the re-exec:\n{}", w.log_tail(40));
+        assert!(Instant::now() < deadline, "the upgrade did not end:\n{}", w.log_tail(40));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(w.wait_ready(READY), subnet);
+    support::netns::ping_ok(&pods[0].ns, pods[1].ip, 3);
+
+    signal_in_the_reexec_window(&mut w, SIGTERM);
+    let bridge = last_bridge_pid(&w).expect("the bridge's pid in the log");
+    let deadline = Instant::now() + READY;
+    while w.running() {
+        assert!(Instant::now() < deadline, "weft did not stop:\n{}", w.log_tail(40));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let code = w.stop();
+    assert_eq!(
+        code,
+        Some(0),
+        "weft was killed or failed after a SIGTERM in the re-exec:\n{}",
+        w.log_tail(40)
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status_field(bridge, "State:").is_some_and(|s| !s.starts_with('Z')) {
+        assert!(
+            Instant::now() < deadline,
+            "the bridge (pid {bridge}) still runs after weft stopped:\n{}",
+            w.log_tail(40)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A binary at the start path that exits at once: SIGHUP gives up in well under the 10 s
+/// step bound, logs the bridge's exit status, and weft goes on forwarding.
+#[test]
+fn a_bridge_that_exits_at_once_is_given_up_at_once_with_its_status() {
+    let lab = Lab::new(VXLAN);
+    let bin = lab.dir().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let exe = binary_copy(&bin, "weft", None);
+    let mut w = lab.unstarted_weft(1, &[]);
+    w.exe = Some(exe.clone());
+    w.start();
+    w.wait_ready(READY);
+    let broken = bin.join("broken");
+    std::fs::write(&broken, "#!/bin/sh\nexit 1\n").unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    install(&broken, &exe);
+    let started = Instant::now();
+    w.signal(nix::sys::signal::Signal::SIGHUP);
+    w.wait_log("no in-place upgrade", Duration::from_secs(12));
+    let took = started.elapsed();
+    let log = w.log();
+    assert!(took < Duration::from_secs(4), "SIGHUP took {took:?} to give up:\n{}", w.log_tail(20));
+    assert!(log.contains("exit status: 1"), "no exit status logged:\n{}", w.log_tail(20));
+    assert!(w.running() && w.ready(), "weft stopped:\n{}", w.log_tail(20));
+}
+
+/// Points the symlink `link` at `target` in one rename, as `ln -sfn` on a new name would.
+fn repoint(link: &Path, target: &Path) {
+    let tmp = link.with_extension("new");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).expect("symlink");
+    std::fs::rename(&tmp, link).expect("rename the link into place");
+}
+
+/// Waits until weft runs `want` (by `/proc/<pid>/exe`) after an upgrade in place.
+fn wait_running_binary(w: &mut Weft, before: usize, want: &Path) {
+    let pid = w.pid();
+    let deadline = Instant::now() + READY;
+    loop {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        if exe.as_deref() == Some(want)
+            && w.log().matches("handed over: the next weft").count() > before
+        {
+            return;
+        }
+        assert!(w.running(), "weft exited:\n{}", w.log_tail(40));
+        assert!(
+            Instant::now() < deadline,
+            "weft runs {exe:?}, not {}:\n{}",
+            want.display(),
+            w.log_tail(40)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Started through `bin/current -> v1/weft`, with the link moved to `v2/weft`, SIGHUP runs v2
+/// (the start path, not the binary's resolved one); with v1 deleted, it still upgrades.
+#[test]
+fn sighup_runs_what_the_start_path_links_to_now() {
+    let lab = Lab::new(VXLAN);
+    let root = lab.dir().join("bin");
+    for v in ["v1", "v2"] {
+        std::fs::create_dir_all(root.join(v)).unwrap();
+    }
+    let v1 = binary_copy(&root.join("v1"), "weft", Some("v1"));
+    let v2 = binary_copy(&root.join("v2"), "weft", Some("v2"));
+    let current = root.join("current");
+    std::os::unix::fs::symlink(&v1, &current).unwrap();
+    let mut w = lab.unstarted_weft(1, &[]);
+    w.exe = Some(current.clone());
+    w.start();
+    let subnet = w.wait_ready(READY);
+    repoint(&current, &v2);
+    let before = w.log().matches("handed over: the next weft").count();
+    w.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_running_binary(&mut w, before, &v2);
+    assert_eq!(w.wait_ready(READY), subnet);
+    assert!(w.log().contains(&current.display().to_string()), "the path is not logged");
+    std::fs::remove_dir_all(root.join("v1")).unwrap();
+    let before = w.log().matches("handed over: the next weft").count();
+    w.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_running_binary(&mut w, before, &v2);
+    assert_eq!(w.wait_ready(READY), subnet);
+}
+
+/// A same-user client trickling a byte a second on the takeover socket holds neither SIGHUP
+/// nor the stop: the upgrade happens within a few seconds, and SIGTERM stops weft promptly.
+#[test]
+fn a_trickling_client_delays_neither_sighup_nor_the_stop() {
+    let lab = Lab::new(VXLAN);
+    let mut w = lab.start_weft(1, &[]);
+    w.wait_ready(READY);
+    let sock = w.dir().join("state").join("takeover.sock");
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_rx = stop.clone();
+    let trickler = std::thread::spawn(move || {
+        let request = b"\0\0\0\x22{\"message\":\"Request\",\"version\":1}";
+        while !stop_rx.load(Ordering::SeqCst) {
+            let Ok(mut conn) = std::os::unix::net::UnixStream::connect(&sock) else {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            for b in request {
+                if stop_rx.load(Ordering::SeqCst) || conn.write_all(&[*b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = w.log().matches("handed over: the next weft").count();
+    let started = Instant::now();
+    w.signal(nix::sys::signal::Signal::SIGHUP);
+    while w.log().matches("handed over: the next weft").count() <= before {
+        assert!(w.running(), "weft exited:\n{}", w.log_tail(30));
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "no upgrade within 8 s of SIGHUP beside a trickling client:\n{}",
+            w.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    w.wait_ready(READY);
+    std::thread::sleep(Duration::from_millis(1500));
+    let started = Instant::now();
+    let code = w.stop();
+    let took = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let _ = trickler.join();
+    assert_eq!(code, Some(0), "{}", w.log_tail(30));
+    assert!(took < Duration::from_secs(3), "SIGTERM took {took:?}:\n{}", w.log_tail(30));
+}

@@ -107,7 +107,12 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 wait "$PING" || true
-grep -E "upgrading in place|the bridge forwards|holding the lease the previous" "$WORK/h2/weft.log" | sed 's/^/  h2| /' | tail -4
+# The bridge and the re-executed image share the log and each take the lease over (from weft,
+# then from the bridge): the re-executed image's line, after "re-executing", is the one shown.
+awk '/re-executing/ { reexec = 1 }
+     /upgrading in place|the bridge forwards/ { print; next }
+     reexec && /holding the lease the previous/ { print; exit }' "$WORK/h2/weft.log" | sed 's/^/  h2| /'
+
 grep -E "packets transmitted" "$WORK/upgrade-ping.txt" | sed 's/^/  pings across the upgrade: /'
 echo "  host 2 is still pid ${PIDS[2]}: $(tr '\0' ' ' </proc/"${PIDS[2]}"/cmdline | cut -c1-60)..."
 

@@ -58,9 +58,22 @@ pub fn send(sock: &UnixStream, message: &[u8], fds: &[BorrowedFd<'_>]) -> io::Re
 /// `UnexpectedEof` when the stream ends before a whole message; `InvalidData` for a message
 /// longer than [`MAX_MESSAGE`] or descriptors cut short (those that arrived are closed).
 pub fn recv(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    recv_by(sock, None)
+}
+
+/// [`recv`], with the whole message due by `deadline` (not each read: a peer that sends a
+/// byte at a time cannot stretch it). Sets the socket's read timeout.
+///
+/// # Errors
+/// As [`recv`]; `TimedOut` once `deadline` passed, or `WouldBlock` when a read timed out.
+pub fn recv_by(
+    sock: &UnixStream,
+    deadline: Option<std::time::Instant>,
+) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut first = vec![0u8; 64 * 1024];
     let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
     let (got, fds, cut) = loop {
+        time_left(sock, deadline)?;
         let mut iov = [IoSliceMut::new(&mut first)];
         let msg = match recvmsg::<()>(
             sock.as_raw_fd(),
@@ -94,6 +107,7 @@ pub fn recv(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut stream = sock;
     while message.len() < 4 {
         let want = 4 - message.len();
+        time_left(sock, deadline)?;
         read_more(&mut stream, &mut message, want)?;
     }
     let len = u32::from_be_bytes([message[0], message[1], message[2], message[3]]) as usize;
@@ -102,12 +116,23 @@ pub fn recv(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     }
     while message.len() < 4 + len {
         let want = 4 + len - message.len();
+        time_left(sock, deadline)?;
         read_more(&mut stream, &mut message, want)?;
     }
     if message.len() > 4 + len {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "more than one message at once"));
     }
     Ok((message.split_off(4), fds))
+}
+
+/// Sets `sock`'s read timeout to what is left until `deadline`; `TimedOut` when nothing is.
+fn time_left(sock: &UnixStream, deadline: Option<std::time::Instant>) -> io::Result<()> {
+    let Some(deadline) = deadline else { return Ok(()) };
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
+        return Err(io::ErrorKind::TimedOut.into());
+    }
+    sock.set_read_timeout(Some(left))
 }
 
 fn read_more(stream: &mut &UnixStream, into: &mut Vec<u8>, want: usize) -> io::Result<()> {

@@ -443,6 +443,10 @@ fn fail(e: &anyhow::Error) -> ExitCode {
 /// `weft run`: logs through the log queue, signals on their own thread, every panic a stop
 /// (see [`weft::stop`]); exits 0 after a clean stop, non-zero after an error or a panic.
 fn run_daemon(args: RunArgs, notices: &[Notice]) -> ExitCode {
+    // Before the first thread (the log queue's) starts: every thread inherits the mask.
+    if let Err(e) = weft::stop::block_signals() {
+        return fail(&anyhow::Error::from(e).context("blocking the signals weft takes"));
+    }
     let default_filter = if args.verbosity >= 1 { "weft=debug,info" } else { "info" };
     logging::init_with_default(args.log_format == "json", default_filter);
     for notice in notices {
@@ -550,9 +554,7 @@ fn run_options(args: &RunArgs, iface: Option<String>) -> RunOptions {
         netlink_resync: args.netlink_resync,
         stale_route_ttl: args.stale_route_ttl,
         takeover: args.takeover,
-        exec: std::env::current_exe()
-            .ok()
-            .map(|exe| daemon::ExecSelf { exe, args: std::env::args_os().collect() }),
+        exec: daemon::ExecSelf::of_this_process(),
     }
 }
 

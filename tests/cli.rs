@@ -107,7 +107,7 @@ fn sighup_before_a_lease_is_logged_and_ignored_and_sigterm_still_stops_cleanly()
     for _ in 0..2 {
         weft.signal(Signal::SIGHUP);
     }
-    weft.wait_log("before, it is ignored", Duration::from_secs(5));
+    weft.wait_log("ignored: weft is starting or taking over", Duration::from_secs(5));
     assert_eq!(
         weft.exit_within(Duration::from_millis(500)),
         None,

@@ -53,8 +53,12 @@ use crate::vocab::MacAddr;
 pub(crate) const SOCKET_FILE: &str = "takeover.sock";
 /// The handover message's format. A process refuses one of another version.
 pub(crate) const VERSION: u32 = 1;
-/// The longest either side waits for the other's next message.
+/// The longest either side waits for the other's next message, from the wait's start to the
+/// message's last byte.
 pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest the running process waits for a request, from the accept to its last byte: a
+/// request is a few bytes, sent at once by a process that just connected.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One message of the takeover protocol (see the module docs).
 #[derive(Debug, Serialize, Deserialize)]
@@ -71,6 +75,10 @@ pub(crate) enum Message {
     Refused {
         /// Why.
         why: String,
+        /// The running process's PID (`SO_PEERCRED` on the takeover socket names whoever
+        /// bound it, a process long gone after a handover).
+        #[serde(default)]
+        pid: Option<u32>,
     },
     /// From the new process: forwarding on the descriptors; stop.
     Forwarding,
@@ -255,7 +263,7 @@ impl Incoming {
 pub(crate) fn forwarding(from: Option<UnixStream>) -> anyhow::Result<()> {
     let Some(conn) = from else { return Ok(()) };
     send(&conn, &Message::Forwarding, &[])?;
-    match receive(&conn)?.0 {
+    match receive(&conn, STEP_TIMEOUT)?.0 {
         Message::Released => Ok(()),
         other => bail!("the running weft answered {other:?} to Forwarding"),
     }
@@ -281,12 +289,15 @@ pub(crate) fn send(
     fds::send(conn, &bytes, fds).context("sending a takeover message")
 }
 
-/// Receives one message (and its descriptors), waiting at most [`STEP_TIMEOUT`].
-pub(crate) fn receive(conn: &UnixStream) -> anyhow::Result<(Message, Vec<OwnedFd>)> {
-    conn.set_read_timeout(Some(STEP_TIMEOUT)).context("setting the takeover socket's timeout")?;
-    let (bytes, fds) = fds::recv(conn).map_err(|e| match e.kind() {
+/// Receives one message (and its descriptors), whole within `within`.
+pub(crate) fn receive(
+    conn: &UnixStream,
+    within: Duration,
+) -> anyhow::Result<(Message, Vec<OwnedFd>)> {
+    let deadline = std::time::Instant::now() + within;
+    let (bytes, fds) = fds::recv_by(conn, Some(deadline)).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            anyhow!("no answer within {STEP_TIMEOUT:?}")
+            anyhow!("no whole message within {within:?}")
         }
         std::io::ErrorKind::UnexpectedEof => anyhow!("the other process closed the connection"),
         _ => anyhow::Error::from(e).context("receiving a takeover message"),
@@ -319,17 +330,18 @@ pub(crate) fn request(state_dir: &Path) -> anyhow::Result<Option<Incoming>> {
         Err(e) => return Err(e).with_context(|| format!("connecting to {}", path.display())),
     };
     let me = nix::unistd::geteuid().as_raw();
+    // The listener's credentials are those of the process that bound it, which may be long
+    // gone (the socket is handed over): its user is the one that matters, not its PID.
     let peer = fds::peer(&conn).context("asking who listens on the takeover socket")?;
     if peer.uid != me {
         bail!(
-            "{} is held by pid {} of uid {}, not this user's ({me}): not taking over from it",
+            "{} was bound by uid {}, not this user's ({me}): not taking over from it",
             path.display(),
-            peer.pid,
             peer.uid
         );
     }
     send(&conn, &Message::Request { version: VERSION }, &[])?;
-    let (message, fds) = receive(&conn)?;
+    let (message, fds) = receive(&conn, STEP_TIMEOUT)?;
     match message {
         Message::Handover(handover) => {
             let mut conn = Some(conn);
@@ -346,7 +358,10 @@ pub(crate) fn request(state_dir: &Path) -> anyhow::Result<Option<Incoming>> {
                 }
             }
         }
-        Message::Refused { why } => bail!("the running weft (pid {}) refused: {why}", peer.pid),
+        Message::Refused { why, pid: Some(pid) } => {
+            bail!("the running weft (pid {pid}) refused: {why}")
+        }
+        Message::Refused { why, pid: None } => bail!("the running weft refused: {why}"),
         other => bail!("the running weft answered {other:?} to a takeover request"),
     }
 }

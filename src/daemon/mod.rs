@@ -349,7 +349,11 @@ pub async fn run(opts: RunOptions, connect: StoreConnect, stop: Arc<Stop>) -> an
     }
     match incoming {
         Some(mut incoming) => match start_handed(&opts, &mut incoming, connect, &stop).await {
-            Ok(started) => serve(opts, started, stop).await,
+            Ok(started) => {
+                // The bridge of this PID's in-place upgrade is this image's child: reaped.
+                upgrade::reap_if_child(incoming.handover.pid);
+                serve(opts, started, stop).await
+            }
             Err(e) => {
                 incoming.failed(&format!("{e:#}"));
                 Err(e)
