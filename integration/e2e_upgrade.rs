@@ -430,13 +430,18 @@ fn repoint(link: &Path, target: &Path) {
     std::fs::rename(&tmp, link).expect("rename the link into place");
 }
 
-/// Waits until weft runs `want` (by `/proc/<pid>/exe`) after an upgrade in place.
+/// Waits until weft runs `want` after an upgrade in place. The running binary is told by
+/// its inode (`/proc/<pid>/exe` opened), not the link's text: in a chroot the kernel names the
+/// file by its path outside it.
 fn wait_running_binary(w: &mut Weft, before: usize, want: &Path) {
+    use std::os::unix::fs::MetadataExt;
     let pid = w.pid();
+    let want_id = std::fs::metadata(want).map(|m| (m.dev(), m.ino())).expect("stat the binary");
     let deadline = Instant::now() + READY;
     loop {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-        if exe.as_deref() == Some(want)
+        let running = std::fs::metadata(format!("/proc/{pid}/exe")).map(|m| (m.dev(), m.ino()));
+        if running.ok() == Some(want_id)
             && w.log().matches("handed over: the next weft").count() > before
         {
             return;
