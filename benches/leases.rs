@@ -197,6 +197,9 @@ impl Store for Counting {
     async fn set_config(&self, value: &[u8]) -> Result<(), StoreError> {
         self.inner.set_config(value).await
     }
+    async fn watch_config(&self) -> Result<weft::lease::store::ConfigWatchStream, StoreError> {
+        self.inner.watch_config().await
+    }
     async fn list(&self) -> Result<Listing, StoreError> {
         self.calls.lists.fetch_add(1, Ordering::Relaxed);
         let r = self.inner.list().await;

@@ -10,6 +10,9 @@
 //!   routes, the kernel flannel peer is on another link (the hub routes between) and is reached
 //!   through weft's VXLAN; then it moves onto the weft hosts' link and is routed directly.
 //! - alloc: a lease and subnet.env, no data plane.
+//! - A changed backend: two vxlan hosts while the network config is put again with host-gw;
+//!   each says so once and keeps forwarding on vxlan, and once one is restarted on host-gw the
+//!   other names it as a peer it cannot reach, staying ready.
 //!
 //! Needs root and the tools listed in `support::netns::REQUIRED_TOOLS`.
 
@@ -19,13 +22,16 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use support::kernel_flannel::{KernelFlannelPeer, RoutedPeer};
-use support::netns::{Families, Lab, Pod, ns_output, ns_run, ping_all_pairs, ping_ok};
+use support::netns::{
+    Families, Lab, PREFIX, Pod, READY_WITHIN, ns_output, ns_run, ping_all_pairs, ping_ok,
+};
 use support::process::lib_run;
 
 const HOST_GW: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"host-gw"}}"#;
 const DIRECT: &str =
     r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan","DirectRouting":true}}"#;
 const ALLOC: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"alloc"}}"#;
+const VXLAN: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
 const SOON: Duration = Duration::from_secs(5);
 
 /// `ip route show <dst>` in `ns` (the main table's routes to exactly `dst`), one line.
@@ -253,4 +259,123 @@ fn first_host(subnet: &str) -> String {
 fn subnet_contains(subnet: &str, ip: Ipv4Addr) -> bool {
     let net: ipnet::Ipv4Net = subnet.parse().expect("subnet");
     net.contains(&ip)
+}
+
+/// How many times `needle` is in weft `w`'s log.
+fn logged(w: &support::netns::Weft, needle: &str) -> usize {
+    w.log().matches(needle).count()
+}
+
+/// The network config put again with another backend while two vxlan hosts run (issue 37):
+/// each weft says so once in a WARN naming the difference and what it does (keeps vxlan
+/// until a restart), counts it, says nothing for the same config put again, says at INFO when
+/// the store holds its own config again, and keeps forwarding. A host restarted cold comes up
+/// host-gw; the other then names it (subnet, PublicIP, its backend and its own) in one WARN
+/// and in `/readyz`'s 200 body, and stays ready, and so does the restarted one about it.
+#[test]
+fn a_backend_changed_in_the_store_is_told_once_and_a_host_restarted_on_it_is_named() {
+    const DIFFERS: &str = "Backend.Type vxlan -> host-gw";
+    const KEEPS: &str = "weft keeps running the config it started with until it is restarted";
+    const AGAIN: &str = "the network config in the store is the one weft runs again";
+    const CHANGES: &str = "weft_network_config_changes_total";
+    let lab = Lab::new(VXLAN);
+    let (mut wefts, pods) = lab.up(&[1, 2], &[]);
+    let config_key = format!("{PREFIX}/config");
+
+    let host_gw = lab.dir().join("host-gw.json");
+    std::fs::write(&host_gw, HOST_GW).expect("write the config");
+    lab.admin(&["network", "set", &host_gw.to_string_lossy()]);
+    for w in &wefts {
+        w.wait_log(DIFFERS, SOON);
+        assert!(w.log().contains(KEEPS), "weft {}: {}", w.n, w.log_tail(20));
+        w.wait_metric(CHANGES, SOON, |v| v == 1.0);
+        assert_eq!(w.metric("weft_network_config_differs"), Some(1.0));
+        let (status, body) = w.get("/readyz");
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains(DIFFERS), "{body}");
+    }
+    // The same config again, as etcdctl writes it, then the running one: only the return is
+    // told, and the watch sees writes in order, so the re-put was seen and said nothing.
+    lab.etcdctl(&["put", &config_key, HOST_GW]);
+    lab.etcdctl(&["put", &config_key, VXLAN]);
+    for w in &wefts {
+        w.wait_log(AGAIN, SOON);
+        assert_eq!(logged(w, DIFFERS), 1, "weft {}: {}", w.n, w.log_tail(20));
+        assert_eq!(w.metric(CHANGES), Some(1.0));
+        assert_eq!(w.metric("weft_network_config_differs"), Some(0.0));
+    }
+    // host-gw again: a change of its own, told once more.
+    lab.etcdctl(&["put", &config_key, HOST_GW]);
+    for w in &wefts {
+        w.wait_metric(CHANGES, SOON, |v| v == 2.0);
+        assert_eq!(logged(w, DIFFERS), 2, "weft {}: {}", w.n, w.log_tail(20));
+    }
+    // Both still run vxlan, and forward.
+    ping_ok(&pods[0].ns, pods[1].ip, 3);
+    ping_ok(&pods[1].ns, pods[0].ip, 3);
+
+    // An in-place upgrade of host 1 keeps its config, and the new image says at once that the
+    // store's differs (the bridge, a process of its own, may say so too while it holds on).
+    let handed_back =
+        |w: &support::netns::Weft| w.log().matches("handed over: the next weft").count();
+    let before = (handed_back(&wefts[0]), logged(&wefts[0], DIFFERS));
+    wefts[0].signal(nix::sys::signal::Signal::SIGHUP);
+    let deadline = Instant::now() + READY_WITHIN;
+    while handed_back(&wefts[0]) == before.0 {
+        assert!(Instant::now() < deadline, "no in-place upgrade:\n{}", wefts[0].log_tail(40));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let deadline = Instant::now() + SOON;
+    while logged(&wefts[0], DIFFERS) == before.1 {
+        assert!(Instant::now() < deadline, "not said after SIGHUP:\n{}", wefts[0].log_tail(40));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wefts[0].wait_ready(READY_WITHIN);
+    wefts[0].wait_metric(CHANGES, SOON, |v| v == 1.0);
+    let subnet1 = wefts[0].subnet().expect("host 1's subnet");
+    assert_eq!(lab.lease_value(&subnet1).expect("host 1's lease")["BackendType"], "vxlan");
+    ping_ok(&pods[0].ns, pods[1].ip, 3);
+
+    // Host 2 restarted cold: it comes up on the store's config, host-gw.
+    wefts[1].stop();
+    wefts[1].start();
+    let subnet2 = wefts[1].wait_ready(READY_WITHIN);
+    let lease = lab.lease_value(&subnet2).expect("host 2's lease");
+    assert_eq!(lease["BackendType"], "host-gw", "{lease}");
+
+    let named = format!(
+        "cannot reach the peer holding {subnet2} at 192.0.2.2: its lease says backend host-gw, \
+         this host runs vxlan"
+    );
+    wefts[0].wait_log(&named, SOON);
+    wefts[0].wait_metric("weft_route_backend_mismatched_peers", SOON, |v| v == 1.0);
+    let (status, body) = wefts[0].get("/readyz");
+    assert_eq!(status, 200, "one bad peer leaves the host ready: {body}");
+    assert!(body.contains(&format!("{subnet2} at 192.0.2.2 (host-gw)")), "{body}");
+    assert!(body.contains("this host's vxlan"), "{body}");
+    // The restarted host names the vxlan one too, and runs the store's config: nothing differs.
+    let back = format!(
+        "cannot reach the peer holding {subnet1} at 192.0.2.1: its lease says backend vxlan, \
+         this host runs host-gw"
+    );
+    wefts[1].wait_log(&back, SOON);
+    let (status, body) = wefts[1].get("/readyz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("{subnet1} at 192.0.2.1 (vxlan)")), "{body}");
+    assert_eq!(wefts[1].metric("weft_network_config_differs"), Some(0.0));
+    // Told once, however many tables the route watcher publishes meanwhile.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(logged(&wefts[0], &named), 1, "{}", wefts[0].log_tail(20));
+
+    // Host 2 back on vxlan: host 1 says the peer is no longer one of another backend.
+    lab.etcdctl(&["put", &config_key, VXLAN]);
+    wefts[1].stop();
+    wefts[1].start();
+    wefts[1].wait_ready(READY_WITHIN);
+    wefts[0].wait_log(
+        &format!("the peer holding {subnet2} at 192.0.2.2 is no longer one of another backend"),
+        SOON,
+    );
+    wefts[0].wait_metric("weft_route_backend_mismatched_peers", SOON, |v| v == 0.0);
+    ping_ok(&pods[0].ns, pods[1].ip, 3);
 }

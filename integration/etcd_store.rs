@@ -1026,3 +1026,47 @@ async fn the_memory_store_reads_every_key_as_etcd_does() {
         .collect();
     assert_eq!(real_events, sim_events);
 }
+
+/// The next item of a config watch, within 5 s.
+async fn next(
+    w: &mut weft::lease::store::ConfigWatchStream,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .expect("a value in time")
+        .expect("the watch goes on")
+}
+
+/// The config watch on etcd: the value when it starts, then the value after each put (an
+/// unchanged one too) and `None` after a delete; subnet keys are not the config. A stopped
+/// etcd ends it with a transient error.
+#[tokio::test]
+async fn the_config_watch_gives_the_value_then_each_write() {
+    let mut etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let s = store(&etcd, &prefix).await;
+    let mut w = s.watch_config().await.expect("watch");
+    assert_eq!(next(&mut w).await.expect("absent"), None);
+    s.set_config(b"one").await.expect("write");
+    assert_eq!(next(&mut w).await.expect("put"), Some(b"one".to_vec()));
+    s.set_config(b"one").await.expect("write");
+    assert_eq!(next(&mut w).await.expect("same put"), Some(b"one".to_vec()));
+    created(
+        s.create(
+            subnet("10.244.1.0/24"),
+            &attrs("node-aaaa", "inc-00000001", [192, 0, 2, 1]),
+            LONG_TTL,
+        )
+        .await
+        .expect("create"),
+    );
+    let mut client = etcd.client().await;
+    client.delete(format!("{prefix}/config"), None).await.expect("delete");
+    assert_eq!(next(&mut w).await.expect("delete"), None, "the lease was not the config");
+    // A new watch starts from the value now.
+    let mut again = s.watch_config().await.expect("watch");
+    assert_eq!(next(&mut again).await.expect("absent"), None);
+    etcd.kill();
+    let err = next(&mut w).await.expect_err("etcd gone");
+    assert!(err.is_transient(), "{err}");
+}

@@ -1059,6 +1059,53 @@ impl NetworkConfig {
     }
 }
 
+impl NetworkConfig {
+    /// What differs from `self` in `other`, one `<field> <ours> -> <theirs>` each, in flannel's
+    /// field names (`Backend.Type vxlan -> host-gw`, `Network 10.244.0.0/16 -> 10.8.0.0/16`);
+    /// empty when the two are equal. A backend's options are compared only when both name the
+    /// same backend: across backends they mean different things, and the type says it all.
+    pub fn differences(&self, other: &Self) -> Vec<String> {
+        fn put<T: PartialEq + fmt::Display>(out: &mut Vec<String>, field: &str, a: T, b: T) {
+            if a != b {
+                out.push(format!("{field} {a} -> {b}"));
+            }
+        }
+        /// An optional value as weft says it in a difference: `none` when absent.
+        fn shown<T: fmt::Display>(v: Option<T>) -> String {
+            v.map_or_else(|| "none".to_owned(), |v| v.to_string())
+        }
+        let mut out = Vec::new();
+        let (a4, b4) = (self.ipv4.as_ref(), other.ipv4.as_ref());
+        put(&mut out, "Network", shown(a4.map(|c| c.network)), shown(b4.map(|c| c.network)));
+        if let (Some(a), Some(b)) = (a4, b4) {
+            put(&mut out, "SubnetLen", a.subnet_len, b.subnet_len);
+            put(&mut out, "SubnetMin", a.subnet_min, b.subnet_min);
+            put(&mut out, "SubnetMax", a.subnet_max, b.subnet_max);
+        }
+        let (a6, b6) = (self.ipv6.as_ref(), other.ipv6.as_ref());
+        put(&mut out, "IPv6Network", shown(a6.map(|c| c.network)), shown(b6.map(|c| c.network)));
+        if let (Some(a), Some(b)) = (a6, b6) {
+            put(&mut out, "IPv6SubnetLen", a.subnet_len, b.subnet_len);
+            put(&mut out, "IPv6SubnetMin", a.subnet_min, b.subnet_min);
+            put(&mut out, "IPv6SubnetMax", a.subnet_max, b.subnet_max);
+        }
+        let (a, b) = (&self.backend, &other.backend);
+        put(&mut out, "Backend.Type", a.kind, b.kind);
+        if a.kind == b.kind {
+            if a.kind.has_port() {
+                put(&mut out, "Backend.Port", a.port, b.port);
+            }
+            if a.kind == BackendKind::Vxlan {
+                put(&mut out, "Backend.VNI", a.vni, b.vni);
+            }
+            if a.kind.has_direct_routing() {
+                put(&mut out, "Backend.DirectRouting", a.direct_routing, b.direct_routing);
+            }
+        }
+        out
+    }
+}
+
 /// The IPv4 address of an etcd endpoint URL (`http://10.0.0.5:2379`, `10.0.0.5:2379`), if it
 /// names one literally (a host name is resolved by the client, not checked here).
 pub(crate) fn endpoint_ipv4(endpoint: &str) -> Option<Ipv4Addr> {
@@ -1449,6 +1496,38 @@ mod tests {
 
     fn ip(s: &str) -> Ipv4Addr {
         s.parse().unwrap()
+    }
+
+    /// Differences name each field that differs, in flannel's spelling, ours first; a
+    /// backend's options only beside an unchanged type; none between equal configs.
+    #[test]
+    fn differences_name_each_field_that_differs() {
+        let vxlan = ok(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":4}}"#);
+        assert_eq!(vxlan.differences(&vxlan.clone()), Vec::<String>::new());
+        let spelled = ok(r#"{"network":"10.244.0.0/16","backend":{"type":"VXLAN","vni":4}}"#);
+        assert_eq!(vxlan.differences(&spelled), Vec::<String>::new());
+        let host_gw = ok(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}"#);
+        assert_eq!(vxlan.differences(&host_gw), ["Backend.Type vxlan -> host-gw"]);
+        assert_eq!(host_gw.differences(&vxlan), ["Backend.Type host-gw -> vxlan"]);
+        let moved = ok(
+            r#"{"Network":"10.8.0.0/16","SubnetLen":26,"Backend":{"Type":"vxlan","VNI":5,"Port":4789,"DirectRouting":true}}"#,
+        );
+        assert_eq!(
+            vxlan.differences(&moved),
+            [
+                "Network 10.244.0.0/16 -> 10.8.0.0/16",
+                "SubnetLen 24 -> 26",
+                "SubnetMin 10.244.1.0 -> 10.8.0.64",
+                "SubnetMax 10.244.255.0 -> 10.8.255.192",
+                "Backend.Port 8472 -> 4789",
+                "Backend.VNI 4 -> 5",
+                "Backend.DirectRouting false -> true",
+            ]
+        );
+        let dual = ok(
+            r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","VNI":4}}"#,
+        );
+        assert_eq!(vxlan.differences(&dual), ["IPv6Network none -> fd00:10:244::/56"]);
     }
 
     fn net(s: &str) -> Ipv4Net {

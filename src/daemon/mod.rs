@@ -10,7 +10,9 @@
 //!
 //! This file wires; the parts live beside it: [`underlay`] (which address to publish, found at
 //! start and followed while running), [`tun`] (the data plane's start and the TUN device's
-//! addresser) and [`netlink_watch`] (the kernel's change notifications both tasks wait on).
+//! addresser), [`netlink_watch`] (the kernel's change notifications both tasks wait on) and
+//! [`config_follow`] (the store's network config against the running one: weft keeps its own
+//! until a restart, and says so).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -34,12 +36,14 @@ use crate::lease::status::LeaseHealth;
 use crate::lease::store::Store;
 use crate::lease::subnet_env::{self, ReadOutcome};
 use crate::logging::LogOnce;
+use crate::route::backends::BackendMismatches;
 use crate::route::watcher::RouteStats;
 use crate::route::{RouteTable, Routes};
 use crate::stop::Stop;
 use crate::time::{BootClock, Clock};
 use crate::vocab::MacAddr;
 
+mod config_follow;
 mod handover;
 mod netlink_watch;
 mod systemd;
@@ -868,6 +872,9 @@ async fn serve(opts: RunOptions, started: Started, stop: Arc<Stop>) -> anyhow::R
         underlay_status,
         shutdown_rx.clone(),
     ));
+    let config_follower = follow_config(&store, &network, &health, &shutdown_rx);
+    let backend_watch =
+        dataplane.as_ref().map(|_| watch_backends(&routes, &network, &health, &shutdown_rx));
     let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
     let mut driver = LeaseDriver::new(
         store,
@@ -925,6 +932,10 @@ async fn serve(opts: RunOptions, started: Started, stop: Arc<Stop>) -> anyhow::R
     let _ = tokio::time::timeout(Duration::from_secs(3), follower).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), notifier).await;
     let _ = tokio::time::timeout(Duration::from_secs(3), route_watcher).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), config_follower).await;
+    if let Some(task) = backend_watch {
+        let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
+    }
     let mut given_up = false;
     if let Some((dp, tasks)) = dataplane {
         for t in tasks {
@@ -944,6 +955,38 @@ async fn serve(opts: RunOptions, started: Started, stop: Arc<Stop>) -> anyhow::R
         bail!(why);
     }
     result
+}
+
+/// Starts following the store's network config against the running one
+/// ([`config_follow`]), with its metrics and its note on `/readyz`.
+fn follow_config(
+    store: &Arc<dyn Store>,
+    network: &NetworkConfig,
+    health: &Arc<Health>,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let status = Arc::new(config_follow::ConfigStatus::default());
+    health.add_collector(status.clone());
+    let note = status.clone();
+    health.add_check(Box::new(move || Ok(note.note())));
+    tokio::spawn(config_follow::follow(store.clone(), network.clone(), status, shutdown_rx.clone()))
+}
+
+/// Starts telling about the peers this host cannot reach because their lease announces
+/// another backend ([`crate::route::backends`]), with its gauge and its note on `/readyz`:
+/// such peers leave this host ready (see there why).
+fn watch_backends(
+    routes: &Arc<Routes>,
+    network: &NetworkConfig,
+    health: &Arc<Health>,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let local = network.backend.kind;
+    let status = Arc::new(BackendMismatches::new(local));
+    health.add_collector(status.clone());
+    let note = status.clone();
+    health.add_check(Box::new(move || Ok(note.note())));
+    tokio::spawn(crate::route::backends::watch(routes.clone(), local, status, shutdown_rx.clone()))
 }
 
 /// Waits (briefly) for the health server to stop, and says so.

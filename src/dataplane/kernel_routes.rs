@@ -15,11 +15,11 @@
 //!   "Subnet added"/"Subnet removed"); a route weft had put that someone else removed or changed
 //!   and that was put back, at WARN, counted in `weft_dataplane_kernel_route_repairs_total`; a
 //!   host-gw peer off the underlay's link, at ERROR once per peer, naming it (its subnet and
-//!   `PublicIP`) and the underlay, with the gauge `weft_dataplane_off_link_peers`; a peer of
-//!   another backend on a host-gw network, at WARN once (flannel ignores it too); a lease of
+//!   `PublicIP`) and the underlay, with the gauge `weft_dataplane_off_link_peers`; a lease of
 //!   another subnet naming this host's `PublicIP`, at WARN once, with the gauge
-//!   `weft_dataplane_own_public_ip_leases`; a request the
-//!   kernel refuses, at ERROR once until it works again (retried every second).
+//!   `weft_dataplane_own_public_ip_leases`; a request the kernel refuses, at ERROR once until
+//!   it works again (retried every second). A peer of another backend gets no route (flannel
+//!   ignores it too) and is told about where every backend's are, [`crate::route::backends`].
 //! - Ownership: weft's routes carry [`route_plan::ROUTE_PROTOCOL`]. The routes are left in
 //!   place when weft stops (as flannel leaves them), so a restart or a takeover
 //!   ([`KernelRoutes::adopt`]) finds them as they are and changes only what the route table
@@ -104,8 +104,6 @@ struct State {
     installed: BTreeSet<PeerRoute>,
     /// Off-link peers already named at ERROR.
     off_link_told: BTreeSet<PeerRoute>,
-    /// Other backends' peers already warned about.
-    ignored_told: BTreeSet<Ipv4Net>,
     /// Leases naming this host's PublicIP already warned about.
     own_public_ip_told: BTreeSet<Ipv4Net>,
     /// Destinations whose change the kernel refused, already said at ERROR.
@@ -178,7 +176,6 @@ impl KernelRoutes {
                 me: Me { subnet: lease.map(|l| l.subnet), public_ip: cfg.public_ip },
                 installed: BTreeSet::new(),
                 off_link_told: BTreeSet::new(),
-                ignored_told: BTreeSet::new(),
                 own_public_ip_told: BTreeSet::new(),
                 failing: BTreeSet::new(),
                 read_failing: false,
@@ -310,7 +307,7 @@ impl KernelRoutes {
     }
 
     /// Says, once each, which host-gw peers get no route because they are off the underlay's
-    /// link, and which peers host-gw ignores.
+    /// link.
     fn tell_unroutable(
         &self,
         st: &mut State,
@@ -332,12 +329,6 @@ impl KernelRoutes {
                     r.gw,
                     link.join(", ")
                 );
-            }
-        }
-        st.ignored_told.retain(|s| want.ignored.contains(s));
-        for subnet in &want.ignored {
-            if st.ignored_told.insert(*subnet) {
-                warn!(%subnet, "ignoring a peer of another backend on a host-gw network: no route to it");
             }
         }
         self.stats.own_public_ip.store(want.own_public_ip.len() as u64, Ordering::Relaxed);

@@ -50,7 +50,7 @@ use super::wire::ethernet::MacAddr;
 use super::wire::{self, ethernet, icmpv4, icmpv6, ipip, ipv4, ipv6, vxlan};
 use crate::config::BackendKind;
 use crate::lease::record::{Ipv6Subnet, Subnet};
-use crate::route::{PeerBackend, RouteTable};
+use crate::route::{RouteTable, backends};
 use crate::time::Instant;
 
 /// Bytes reserved in front of a TUN packet for the VXLAN header and the inner Ethernet header.
@@ -69,7 +69,8 @@ pub enum DropReason {
     TxNoRoute,
     /// TX: the destination is in our own subnet: it should never have reached the TUN device.
     TxOwnSubnet,
-    /// TX: the peer's lease is of another backend (or a vxlan lease without a VtepMAC).
+    /// TX: the peer's lease is of another backend ([`backends::reaches`]; each such peer is
+    /// named in a WARN there), or a vxlan lease without a VtepMAC.
     TxBackendMismatch,
     /// TX: this host holds no subnet yet.
     TxNoSubnet,
@@ -516,12 +517,14 @@ impl Forwarder {
         };
         let flow = wire::flow_hash(packet);
         let to = SocketAddr::V4(SocketAddrV4::new(peer.public_ip, self.port));
-        let peer_mac = match (self.backend, peer.backend, peer.vtep_mac) {
-            (BackendKind::Udp, PeerBackend::Udp, _) | (BackendKind::Ipip, PeerBackend::Ipip, _) => {
-                None
-            }
-            (BackendKind::Vxlan, PeerBackend::Vxlan, Some(mac)) => Some(mac),
-            _ => return Err(Refusal::Drop(DropReason::TxBackendMismatch)),
+        let mismatch = Refusal::Drop(DropReason::TxBackendMismatch);
+        if !backends::reaches(self.backend, peer.backend) {
+            return Err(mismatch);
+        }
+        // A vxlan peer has a VTEP MAC unless its lease is IPv6-only (no IPv4 route to it).
+        let peer_mac = match self.backend {
+            BackendKind::Vxlan => Some(peer.vtep_mac.ok_or(mismatch)?),
+            _ => None,
         };
         Ok(TxRoute { to, flow, peer_mac, ethertype: ethernet::EtherType::IPV4 })
     }
@@ -565,7 +568,7 @@ impl Forwarder {
                 icmpv6::emit_dest_unreachable(packet, 0, self.ipv6.icmp_source, reply)
             }));
         };
-        if peer.backend != PeerBackend::Vxlan {
+        if !backends::reaches(self.backend, peer.backend) {
             return Err(Refusal::Drop(DropReason::TxBackendMismatch));
         }
         Ok(TxRoute {
@@ -748,6 +751,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::route::PeerBackend;
 
     #[test]
     fn only_what_a_mangling_sender_leaves_is_suspect() {

@@ -11,7 +11,8 @@
 //!   protocol ([`ROUTE_PROTOCOL`]): that is how weft knows its routes again after a restart or
 //!   a takeover, and how it tells them from everyone else's.
 //! - [`wanted`]: one route per peer of the backend's type (host-gw: leases of `BackendType
-//!   "host-gw"`, the others are ignored as flannel ignores them; direct routing: vxlan leases)
+//!   "host-gw"`, the others get none, as flannel ignores them, and are told about by
+//!   [`crate::route::backends`]; direct routing: vxlan leases)
 //!   whose `PublicIP` lies inside one of the underlay's address prefixes (on its link). This
 //!   host's own subnet is never routed. Stale peers keep their routes, as the tunnel keeps
 //!   forwarding to them. A host-gw peer off the underlay's link gets no route, and is named
@@ -36,7 +37,8 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-use crate::route::{Peer, PeerBackend};
+use crate::config::BackendKind;
+use crate::route::{Peer, PeerBackend, backends};
 use crate::vocab::Subnet;
 
 /// The route protocol (`rtm_protocol`) of the routes weft adds to peers: `ip route show proto
@@ -105,9 +107,6 @@ pub(crate) struct Wanted {
     pub(crate) routes: Vec<PeerRoute>,
     /// host-gw peers whose `PublicIP` is on no prefix of the underlay: no route, an error.
     pub(crate) off_link: Vec<PeerRoute>,
-    /// Peers of another backend, which host-gw ignores (flannel: "Ignoring non-host-gw
-    /// subnet"): their subnets.
-    pub(crate) ignored: Vec<Ipv4Net>,
     /// Leases of another subnet than this host's whose `PublicIP` is this host's: never a
     /// peer, no route; their subnets.
     pub(crate) own_public_ip: Vec<Ipv4Net>,
@@ -143,7 +142,8 @@ pub(crate) fn wanted(peers: &[Peer], me: Me, reach: Reach, prefixes: &[Ipv4Net])
         let route = PeerRoute { dst, gw: peer.public_ip };
         let linked = on_link(peer.public_ip, prefixes);
         match reach {
-            Reach::HostGw if peer.backend != PeerBackend::HostGw => out.ignored.push(dst),
+            // Told about where every backend's are ([`crate::route::backends`]).
+            Reach::HostGw if !backends::reaches(BackendKind::HostGw, peer.backend) => {}
             Reach::HostGw if !linked => out.off_link.push(route),
             Reach::Direct(kind) if peer.backend != kind || !linked => {}
             _ => out.routes.push(route),
@@ -152,7 +152,6 @@ pub(crate) fn wanted(peers: &[Peer], me: Me, reach: Reach, prefixes: &[Ipv4Net])
     out.routes.sort_unstable();
     out.routes.dedup_by_key(|r| r.dst);
     out.off_link.sort_unstable();
-    out.ignored.sort_unstable();
     out.own_public_ip.sort_unstable();
     out
 }
@@ -283,7 +282,6 @@ mod tests {
             [route("10.244.2.0/24", "192.0.2.2"), route("10.244.3.0/24", "192.0.2.3")]
         );
         assert_eq!(w.off_link, [route("10.244.9.0/24", "203.0.113.9")]);
-        assert_eq!(w.ignored, [net("10.244.5.0/24")]);
         assert_eq!(w.own_public_ip, [net("10.244.7.0/24")], "the old lease is named");
     }
 
@@ -299,7 +297,7 @@ mod tests {
         let me = Me { subnet: None, public_ip: ip("192.0.2.1") };
         let w = wanted(&peers, me, Reach::Direct(PeerBackend::Vxlan), &prefixes());
         assert_eq!(w.routes, [route("10.244.2.0/24", "192.0.2.2")]);
-        assert!(w.off_link.is_empty() && w.ignored.is_empty(), "{w:?}");
+        assert!(w.off_link.is_empty(), "{w:?}");
     }
 
     const UNDERLAY: u32 = 2;

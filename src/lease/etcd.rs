@@ -12,6 +12,7 @@
 //! | operation | etcd calls |
 //! |---|---|
 //! | [`Store::config`] / [`Store::set_config`] | `Range` / `Put` of `<prefix>/config` |
+//! | [`Store::watch_config`] | `Range` of `<prefix>/config`, then `Watch` of it from the next revision |
 //! | [`Store::list`] | paged `Range`s of the subnets, then the history prefix, every page after the first pinned to the first one's revision: one consistent view of any size |
 //! | [`Store::get`] | `Range` of one key |
 //! | [`Store::create`] | `LeaseGrant`; `Txn(version == 0 ? put key + history, delete departure marker, + a nested `Txn(mod_revision == listed ? delete record + its marker)` per superseded history record : get key)`; on a failed compare `LeaseRevoke` of the new lease |
@@ -52,9 +53,9 @@ use super::record::{
     StoreLeaseId, StoredLease, Subnet,
 };
 use super::store::{
-    BadEntry, BoxError, CreateOutcome, HeldLease, HistoryPrune, Listing, PresenceOutcome,
-    PresenceRecord, ReleaseOutcome, RenewOutcome, Store, StoreError, WatchBatch, WatchEvent,
-    WatchStream,
+    BadEntry, BoxError, ConfigWatchStream, CreateOutcome, HeldLease, HistoryPrune, Listing,
+    PresenceOutcome, PresenceRecord, ReleaseOutcome, RenewOutcome, Store, StoreError, WatchBatch,
+    WatchEvent, WatchStream,
 };
 
 /// How to reach etcd and where weft's keys live.
@@ -659,6 +660,20 @@ impl Store for EtcdStore {
         Ok(())
     }
 
+    async fn watch_config(&self) -> Result<ConfigWatchStream, StoreError> {
+        let mut c = self.client().await?;
+        let key = self.keys().config();
+        let resp = self.call(c.get(key.clone(), None)).await?;
+        let now = resp.kvs().first().map(|kv| kv.value().to_vec());
+        let read_at = resp.header().map_or(0, |h| h.revision());
+        let options = WatchOptions::new().with_start_revision(read_at.saturating_add(1));
+        let stream = self.call(c.watch(key, Some(options))).await?;
+        let state = ConfigWatch { stream: Some(stream), timeout: self.inner.call_timeout };
+        let first = futures::stream::once(std::future::ready(Ok(now)));
+        let rest = futures::stream::unfold(state, ConfigWatch::next);
+        Ok(Box::pin(futures::StreamExt::chain(first, rest)))
+    }
+
     async fn list(&self) -> Result<Listing, StoreError> {
         let mut c = self.client().await?;
         // Both prefixes at one revision: no torn view between a subnet key and its history.
@@ -1102,6 +1117,49 @@ impl WatchState {
                 self.requested = Revision(batch.revision.0.saturating_add(1));
             } else {
                 // One error, then the end: the caller re-lists or re-watches.
+                self.stream = None;
+            }
+            return Some((item, self));
+        }
+    }
+}
+
+/// A running watch of the network config key; `None` once it has failed.
+struct ConfigWatch {
+    stream: Option<etcd_client::WatchStream>,
+    timeout: Duration,
+}
+
+impl ConfigWatch {
+    async fn next(mut self) -> Option<(Result<Option<Vec<u8>>, StoreError>, Self)> {
+        let stream = self.stream.as_mut()?;
+        loop {
+            let item = match stream.message().await {
+                Ok(Some(resp)) if resp.compact_revision() > 0 => Err(StoreError::Unavailable(
+                    boxed("the config watch is behind the compaction horizon"),
+                )),
+                Ok(Some(resp)) if resp.canceled() => {
+                    let reason = resp.cancel_reason().to_owned();
+                    let text = boxed(format!("config watch canceled: {reason}"));
+                    if is_auth_text(&reason) {
+                        Err(StoreError::Auth(text))
+                    } else {
+                        Err(StoreError::Unavailable(text))
+                    }
+                }
+                // The latest write of the batch is the value now.
+                Ok(Some(resp)) => match resp.events().iter().rev().find(|e| e.kv().is_some()) {
+                    Some(event) => Ok(match event.event_type() {
+                        EventType::Put => event.kv().map(|kv| kv.value().to_vec()),
+                        EventType::Delete => None,
+                    }),
+                    // The creation answer, or progress: nothing written.
+                    None => continue,
+                },
+                Ok(None) => Err(StoreError::Unavailable(boxed("config watch closed by etcd"))),
+                Err(e) => Err(map_err(e, self.timeout)),
+            };
+            if item.is_err() {
                 self.stream = None;
             }
             return Some((item, self));

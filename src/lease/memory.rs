@@ -23,6 +23,8 @@
 //!   from below the horizon yields [`StoreError::Compacted`] and ends; otherwise it replays the
 //!   log from `from`, then delivers live events, one [`WatchBatch`] per transaction. A `from` of
 //!   zero or below means "from the next revision", as in etcd.
+//! - Watches of the network config: its value at once, then its value after each transaction
+//!   that writes it.
 //! - Faults: a client partitioned from the store ([`MemoryStore::partition`]), a whole-store
 //!   outage ([`MemoryStore::set_down`]), and a lost reply ([`MemoryStore::fail_next_after_commit`]):
 //!   the write is applied, the caller sees [`StoreError::Timeout`].
@@ -56,8 +58,9 @@ use super::record::{
     StoreLeaseId, StoredLease, Subnet,
 };
 use super::store::{
-    BadEntry, CreateOutcome, HeldLease, HistoryPrune, Listing, PresenceOutcome, PresenceRecord,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, WatchBatch, WatchEvent, WatchStream,
+    BadEntry, ConfigWatchStream, CreateOutcome, HeldLease, HistoryPrune, Listing, PresenceOutcome,
+    PresenceRecord, ReleaseOutcome, RenewOutcome, Store, StoreError, WatchBatch, WatchEvent,
+    WatchStream,
 };
 use crate::time::{Clock, Instant};
 
@@ -157,6 +160,9 @@ struct Watcher {
     tx: mpsc::UnboundedSender<Result<WatchBatch, StoreError>>,
 }
 
+/// Where a config watch's values go.
+type ConfigSender = mpsc::UnboundedSender<Result<Option<Vec<u8>>, StoreError>>;
+
 impl Watcher {
     fn wants(&self, key: &str) -> bool {
         self.only.as_deref().is_none_or(|only| only == key)
@@ -184,6 +190,8 @@ struct World {
     /// The compaction horizon: the oldest revision a watch may start from.
     compacted: i64,
     watchers: Vec<Watcher>,
+    /// Watches of the network config: the client and its stream.
+    config_watchers: Vec<(String, ConfigSender)>,
     partitioned: BTreeSet<String>,
     down: bool,
     /// Clients whose next committed write loses its reply.
@@ -246,6 +254,11 @@ impl World {
         }
         self.revision += 1;
         let rev = self.revision;
+        let config = self.keys.config();
+        let config_written = ops.iter().any(|op| match op {
+            Op::Put { key, .. } => *key == config,
+            Op::Delete { key } => *key == config && self.kv.contains_key(key),
+        });
         let mut batch: Vec<(String, WatchEvent)> = Vec::new();
         for op in ops {
             match op {
@@ -316,6 +329,10 @@ impl World {
         }
         if !batch.is_empty() {
             self.publish(rev, batch);
+        }
+        if config_written {
+            let now = self.kv.get(&self.keys.config()).map(|kv| kv.value.clone());
+            self.config_watchers.retain(|(_, tx)| tx.unbounded_send(Ok(now.clone())).is_ok());
         }
         Some(Revision(rev))
     }
@@ -388,6 +405,14 @@ impl World {
             if cut(&w.client) {
                 // The receiver may be gone already; the watcher is dropped either way.
                 let _ = w.tx.unbounded_send(Err(why()));
+                false
+            } else {
+                true
+            }
+        });
+        self.config_watchers.retain(|(client, tx)| {
+            if cut(client) {
+                let _ = tx.unbounded_send(Err(why()));
                 false
             } else {
                 true
@@ -502,6 +527,7 @@ impl MemoryStore {
             event_capacity: DEFAULT_EVENT_LOG_CAPACITY,
             compacted: 0,
             watchers: Vec::new(),
+            config_watchers: Vec::new(),
             partitioned: BTreeSet::new(),
             down: false,
             lose_reply: BTreeSet::new(),
@@ -696,6 +722,17 @@ impl Store for MemoryClient {
             // Not a subnet key: the kind goes nowhere.
             w.client_commit(client, WriteKind::Raw, vec![op])?;
             Ok(())
+        })
+    }
+
+    async fn watch_config(&self) -> Result<ConfigWatchStream, StoreError> {
+        self.call(|w, client| {
+            let (tx, rx) = mpsc::unbounded();
+            let now = w.kv.get(&w.keys.config()).map(|kv| kv.value.clone());
+            // `rx` is alive: the send cannot fail.
+            let _ = tx.unbounded_send(Ok(now));
+            w.config_watchers.push((client.to_owned(), tx));
+            Ok(Box::pin(rx) as ConfigWatchStream)
         })
     }
 
@@ -1798,6 +1835,36 @@ mod tests {
         clock.advance(TTL * 10);
         let left: Vec<Subnet> = store.subnet_keys().iter().map(|l| l.subnet).collect();
         assert_eq!(left, vec![subnet("10.244.2.0/24")]);
+    }
+
+    /// A config watch gives the value at once, then the value after each write of the key (an
+    /// unchanged put too, a delete as `None`), and nothing for other keys; a partition ends it.
+    #[test]
+    fn config_watch_gives_the_value_then_each_write() {
+        let (_, store) = setup();
+        let a = store.client("a");
+        block_on(a.set_config(b"one")).unwrap();
+        let mut w = block_on(a.watch_config()).unwrap();
+        let mut next = || w.next().now_or_never().flatten().map(|r| r.unwrap());
+        assert_eq!(next(), Some(Some(b"one".to_vec())));
+        assert_eq!(next(), None, "nothing written yet");
+        block_on(a.set_config(b"two")).unwrap();
+        block_on(a.set_config(b"two")).unwrap();
+        created(block_on(a.create(subnet("10.244.1.0/24"), &attrs("node-aaaa", 1), TTL)).unwrap());
+        assert_eq!(next(), Some(Some(b"two".to_vec())));
+        assert_eq!(next(), Some(Some(b"two".to_vec())));
+        assert_eq!(next(), None, "a lease is not the config");
+        store.world().commit(
+            "a",
+            WriteKind::Raw,
+            vec![Op::Delete { key: format!("{PREFIX}/config") }],
+        );
+        assert_eq!(next(), Some(None));
+        let mut gone = block_on(store.client("b").watch_config()).unwrap();
+        assert!(matches!(gone.next().now_or_never(), Some(Some(Ok(None)))), "absent at first");
+        store.partition("b", true);
+        assert!(matches!(gone.next().now_or_never(), Some(Some(Err(StoreError::Unavailable(_))))));
+        assert!(matches!(gone.next().now_or_never(), Some(None)));
     }
 
     #[test]

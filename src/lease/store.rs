@@ -26,6 +26,8 @@
 //! - Values that do not parse are never an error of the whole call: listings skip them and
 //!   report them in [`Listing::skipped`]; watches deliver [`WatchEvent::Bad`], and a delete of a
 //!   key under `subnets/` whose name does not parse as [`WatchEvent::DeleteUnparsed`].
+//! - The network config is raw bytes to the store ([`Store::config`], [`Store::watch_config`]):
+//!   parsing it, and saying what an invalid one means, is the reader's.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::pin::Pin;
@@ -255,6 +257,12 @@ pub struct WatchBatch {
 /// A watch: batches until the store fails. [`StoreError::Compacted`] means "re-list".
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchBatch, StoreError>> + Send>>;
 
+/// A watch of the network config ([`Store::watch_config`]): the raw value (`None`: the key is
+/// absent), first as it was when the watch started, then after each write of it; one error
+/// ends it (watch again, which reads the value afresh).
+pub type ConfigWatchStream =
+    Pin<Box<dyn Stream<Item = Result<Option<Vec<u8>>, StoreError>> + Send>>;
+
 /// What the control plane needs from the store. See the module docs for the contract.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync {
@@ -263,6 +271,13 @@ pub trait Store: Send + Sync {
 
     /// Writes the network config. The caller validates it first.
     async fn set_config(&self, value: &[u8]) -> Result<(), StoreError>;
+
+    /// Watches the network config: its value now, then its value after every put or delete
+    /// of the key (a put of an unchanged value included: telling what changed is the reader's;
+    /// writes the store reports together may come as one item, the latest value). Nothing
+    /// written between the first read and the watch is missed: the watch starts at the read's
+    /// revision.
+    async fn watch_config(&self) -> Result<ConfigWatchStream, StoreError>;
 
     /// All subnet leases and history at one revision.
     async fn list(&self) -> Result<Listing, StoreError>;

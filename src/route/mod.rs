@@ -7,6 +7,8 @@
 //!   tables out (pure).
 //! - [`watcher`]: the driver that lists and watches the store, feeds a [`RouteSet`] and
 //!   publishes its tables into [`Routes`] (the only I/O here).
+//! - [`backends`]: which peers this host cannot reach because their lease announces another
+//!   backend, and telling about them (pure, and a driver that follows the published tables).
 //!
 //! # Contract
 //! - Readers (the data plane's workers) call [`Routes::load`] once per batch of packets and do
@@ -30,6 +32,7 @@
 //!   lock-free). A data plane that programs the kernel from the table (kernel routes) waits on
 //!   it; generation 0 is the table the daemon started with, before the watcher's first listing.
 
+pub mod backends;
 pub(crate) mod set;
 pub(crate) mod table;
 pub mod watcher;

@@ -57,7 +57,7 @@ pub(crate) const DENSE_MAX_SLOTS: u64 = 1 << 24;
 pub(crate) const DENSE_SLOTS_PER_PEER: u64 = 64;
 
 /// How packets reach a peer, from its lease's `BackendType`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PeerBackend {
     /// `"vxlan"`: VXLAN to the peer's `VtepMAC` (docs/store-layout.md, "Values").
     Vxlan,
@@ -71,6 +71,19 @@ pub enum PeerBackend {
     Ipip,
     /// Any other backend: the peer cannot decapsulate what weft sends.
     Other,
+}
+
+impl fmt::Display for PeerBackend {
+    /// flannel's `BackendType` (`udp` for none); `another` for a type weft does not know.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Vxlan => "vxlan",
+            Self::Udp => "udp",
+            Self::HostGw => "host-gw",
+            Self::Ipip => "ipip",
+            Self::Other => "another",
+        })
+    }
 }
 
 /// One remote host's route: where packets for its subnet go.

@@ -1266,6 +1266,9 @@ mod tests {
         async fn set_config(&self, value: &[u8]) -> Result<(), StoreError> {
             self.inner.set_config(value).await
         }
+        async fn watch_config(&self) -> Result<crate::lease::store::ConfigWatchStream, StoreError> {
+            self.inner.watch_config().await
+        }
         async fn list(&self) -> Result<Listing, StoreError> {
             self.inner.list().await
         }
