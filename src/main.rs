@@ -602,11 +602,16 @@ async fn real_main(command: Command) -> anyhow::Result<()> {
         }
         Command::Lease { command: LeaseCommand::List { json, etcd } } => {
             let store = etcd.connect().await?;
-            lease_list(&store, json).await
+            lease_list(&store, json).await.with_context(|| {
+                format!("listing the leases in etcd at {}", etcd.etcd_endpoints.join(","))
+            })
         }
         Command::Lease { command: LeaseCommand::Revoke { subnet, etcd } } => {
             let store = etcd.connect().await?;
-            if store.revoke(subnet).await? {
+            let revoked = store.revoke(subnet).await.with_context(|| {
+                format!("revoking {subnet} in etcd at {}", etcd.etcd_endpoints.join(","))
+            })?;
+            if revoked {
                 tell!("revoked the lease on {subnet}");
                 Ok(())
             } else {

@@ -120,3 +120,22 @@ fn sighup_before_a_lease_is_logged_and_ignored_and_sigterm_still_stops_cleanly()
     let status = weft.exit_within(Duration::from_secs(10)).expect("no exit 10 s after SIGTERM");
     assert_eq!(status.code(), Some(0), "{status:?}\n{}", weft.log());
 }
+
+/// `weft lease list` against a port nothing listens on fails with one line that names the
+/// endpoint and the cause once (not the client's debug chain, twice).
+#[test]
+fn an_admin_command_against_no_etcd_says_where_and_why_once() {
+    let closed = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a port");
+    let endpoint = format!("http://{}", closed.local_addr().expect("port"));
+    drop(closed);
+    let out = weft()
+        .args(["lease", "list", "--etcd-endpoints", &endpoint])
+        .output()
+        .expect("run weft lease list");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&endpoint), "the endpoint is not named: {stderr}");
+    assert_eq!(stderr.matches("Connection refused").count(), 1, "{stderr}");
+    assert!(!stderr.contains("tonic::"), "the client's debug form leaks: {stderr}");
+}

@@ -162,6 +162,33 @@ impl KeepAlives {
     }
 }
 
+/// Why etcd could not be reached, in one line: the gRPC status's message (or the client's
+/// error) and the innermost cause, as "tcp connect error: Connection refused (os error 111)".
+/// The client's own rendering repeats its whole chain in debug form.
+fn unreachable_text(e: &etcd_client::Error) -> String {
+    // The client's error gives no source; a status does (the transport's error, down to the
+    // socket's).
+    let (head, mut innermost): (String, &dyn std::error::Error) = match e {
+        etcd_client::Error::GRpcStatus(status) => (status.message().to_string(), status),
+        other => (other.to_string(), other),
+    };
+    let mut deeper = false;
+    while let Some(next) = innermost.source() {
+        innermost = next;
+        deeper = true;
+    }
+    let cause = innermost.to_string();
+    if !deeper {
+        if head.is_empty() { e.to_string() } else { head }
+    } else if head.contains(&cause) {
+        head
+    } else if head.is_empty() {
+        cause
+    } else {
+        format!("{head}: {cause}")
+    }
+}
+
 /// A plain-text error, boxed as the source of a [`StoreError`].
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -233,14 +260,14 @@ fn map_err(e: etcd_client::Error, timeout: Duration) -> StoreError {
             | code::UNKNOWN
             | code::CANCELLED
             | code::ABORTED
-            | code::RESOURCE_EXHAUSTED => StoreError::Unavailable(Box::new(e)),
+            | code::RESOURCE_EXHAUSTED => StoreError::Unavailable(boxed(unreachable_text(&e))),
             _ => StoreError::Protocol(Box::new(e)),
         },
         E::TransportError(_)
         | E::IoError(_)
         | E::WatchError(_)
         | E::LeaseKeepAliveError(_)
-        | E::Internal(_) => StoreError::Unavailable(Box::new(e)),
+        | E::Internal(_) => StoreError::Unavailable(boxed(unreachable_text(&e))),
         E::InvalidArgs(_)
         | E::InvalidUri(_)
         | E::EndpointError(_)

@@ -46,12 +46,13 @@ use super::record::{
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a store call failed. Every variant is about reaching or talking to the store; a compare
-/// that fails is not an error but an outcome ([`CreateOutcome`], [`RenewOutcome`]).
+/// that fails is not an error but an outcome ([`CreateOutcome`], [`RenewOutcome`]). The boxed
+/// causes are in the message and not also given as `source`, so an error chain says each once.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached or did not answer in time. Transient: retry.
     #[error("store unavailable: {0}")]
-    Unavailable(#[source] BoxError),
+    Unavailable(BoxError),
     /// The call took longer than its deadline. Transient: retry. The outcome is unknown.
     #[error("store call timed out after {0:?}")]
     Timeout(Duration),
@@ -77,13 +78,13 @@ pub enum StoreError {
     },
     /// The store refused the credentials. Not transient.
     #[error("store refused the credentials: {0}")]
-    Auth(#[source] BoxError),
+    Auth(BoxError),
     /// The client could not be set up (bad endpoint, unreadable TLS file). Not transient.
     #[error("store client set-up failed: {0}")]
-    Setup(#[source] BoxError),
+    Setup(BoxError),
     /// The store answered with something the protocol does not allow. Not transient.
     #[error("store protocol error: {0}")]
-    Protocol(#[source] BoxError),
+    Protocol(BoxError),
 }
 
 impl StoreError {
