@@ -521,6 +521,9 @@ fn etcd_partition_of_three_ttls_keeps_traffic_and_the_subnet() {
         r.loss() * 100.0
     );
     assert!(r.loss() < 0.1, "ping lost {:.1}% across the partition:\n{}", r.loss() * 100.0, r.text);
+    // Three TTLs cut off: host 1's key expired, and host 2 routes to it on, as a stale route.
+    assert!(key_gone, "host 1's key outlived three TTLs without renewal");
+    assert_eq!(stale, Some(1.0), "host 2 does not keep host 1's route as stale");
     wefts[0].wait_log("recovered", Duration::from_secs(20));
     let ready_deadline = Instant::now() + Duration::from_secs(10);
     while !wefts[0].ready() {

@@ -342,6 +342,7 @@ pub fn iperf3_bps(client_ns: &str, server_ip: impl Into<IpAddr>, secs: u32) -> f
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
         if let Some(bps) = json["end"]["sum_received"]["bits_per_second"].as_f64() {
+            check_iperf3_stream(&json, &format!("iperf3 {client_ns} -> {server_ip}"));
             return bps;
         }
         let err = json["error"].as_str().unwrap_or("").to_owned();
@@ -356,6 +357,27 @@ pub fn iperf3_bps(client_ns: &str, server_ip: impl Into<IpAddr>, secs: u32) -> f
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// What a working overlay gives an iperf3 TCP stream beyond "some bits arrived": every
+/// interval of the run carried data (no stall, as a route flapping or a worker wedged would
+/// make), something arrived in every one, and the receiver got nearly all the sender wrote
+/// (the rest in flight when the sender stopped).
+fn check_iperf3_stream(json: &serde_json::Value, label: &str) {
+    let intervals = json["intervals"].as_array().map(Vec::as_slice).unwrap_or_default();
+    assert!(!intervals.is_empty(), "{label}: no intervals in iperf3's report");
+    let per_interval: Vec<u64> =
+        intervals.iter().map(|i| i["sum"]["bytes"].as_u64().unwrap_or(0)).collect();
+    assert!(
+        per_interval.iter().all(|b| *b > 0),
+        "{label}: an interval carried nothing: {per_interval:?}"
+    );
+    let sent = json["end"]["sum_sent"]["bytes"].as_f64().unwrap_or(0.0);
+    let received = json["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
+    assert!(
+        sent > 0.0 && received >= 0.9 * sent,
+        "{label}: the receiver got {received} of the {sent} bytes sent"
+    );
 }
 
 /// A pod: a namespace behind the host's `cni0` bridge.

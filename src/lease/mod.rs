@@ -8,6 +8,7 @@
 //! - [`keeper`]: the lease lifecycle state machine (pure; `handle_*`/`poll_*`).
 //! - [`subnet_env`]: flannel's `subnet.env`, read and written atomically.
 //! - [`driver`]: runs the keeper against a store, a clock, hooks and health.
+//! - [`kube`]: the Kubernetes subnet manager: leases on Node objects.
 //! - [`hooks`]: runs the hooks (scrubbed environment, timeout, bounded output) and keeps the
 //!   journal of hooks owed across a crash.
 
@@ -16,6 +17,7 @@ pub mod etcd;
 pub(crate) mod hooks;
 pub mod keeper;
 pub mod keys;
+pub mod kube;
 #[cfg(any(test, feature = "test-util"))]
 pub mod memory;
 pub mod policy;
