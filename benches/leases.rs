@@ -60,7 +60,7 @@ use weft::lease::record::{
 };
 use weft::lease::status::LeaseHealth;
 use weft::lease::store::{
-    CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
+    CreateOutcome, HeldLease, LeaseFeed, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
     RenewOutcome, Store, StoreError, WatchEvent, WatchStream,
 };
 use weft::route::{RouteStats, RouteTable, Routes};
@@ -200,11 +200,6 @@ impl Store for Counting {
     async fn watch_config(&self) -> Result<weft::lease::store::ConfigWatchStream, StoreError> {
         self.inner.watch_config().await
     }
-    async fn list(&self) -> Result<Listing, StoreError> {
-        self.calls.lists.fetch_add(1, Ordering::Relaxed);
-        let r = self.inner.list().await;
-        self.err(r)
-    }
     async fn get(
         &self,
         subnet: Subnet,
@@ -294,15 +289,25 @@ impl Store for Counting {
     async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError> {
         self.inner.drop_presence(node, lease).await
     }
+    fn reconnect(&self) {
+        self.inner.reconnect()
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseFeed for Counting {
+    async fn list(&self) -> Result<Listing, StoreError> {
+        self.calls.lists.fetch_add(1, Ordering::Relaxed);
+        let r = self.inner.list().await;
+        self.err(r)
+    }
+
     async fn watch(
         &self,
         from: Revision,
         only: Option<LeaseName>,
     ) -> Result<WatchStream, StoreError> {
         self.inner.watch(from, only).await
-    }
-    fn reconnect(&self) {
-        self.inner.reconnect()
     }
 }
 

@@ -268,8 +268,11 @@ fn takeovers_and_in_place_upgrades_lose_no_ping_and_keep_the_lease() {
     let when: Vec<String> = gaps.iter().map(|(at, g)| format!("{g:?} at {:?}", *at - t0)).collect();
     let phases: Vec<String> =
         marks.iter().map(|(w, at)| format!("{w} at {:?}", *at - t0)).collect();
+    // Below TCP's least retransmission timeout (200 ms): a segment lost anywhere shows as a
+    // longer gap. A stall of the forwarder shorter than that is the scheduler's on a loaded
+    // two-core machine (123 ms seen with a compile beside the test), not a loss.
     assert!(
-        longest < Duration::from_millis(100),
+        longest < Duration::from_millis(200),
         "the TCP stream stalled for {longest:?}: gaps {when:?}; {phases:?}"
     );
 }

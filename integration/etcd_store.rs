@@ -21,7 +21,7 @@ use weft::lease::record::{
     StoredLease, Subnet,
 };
 use weft::lease::store::{
-    BadEntry, CreateOutcome, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
+    BadEntry, CreateOutcome, LeaseFeed, Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome,
     RenewOutcome, Store, StoreError, WatchEvent, WatchStream,
 };
 use weft::time::ManualClock;

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use weft::config::NetworkConfig;
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::record::{HistoryState, Incarnation, LeaseAttrs, NodeId, Revision, Subnet};
-use weft::lease::store::{CreateOutcome, HeldLease, ReleaseOutcome, Store, WatchEvent};
+use weft::lease::store::{CreateOutcome, HeldLease, LeaseFeed, ReleaseOutcome, Store, WatchEvent};
 use weft::route::{RouteStats, RouteTable, Routes};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);

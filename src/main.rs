@@ -21,7 +21,7 @@ use weft::dataplane::kernel_bugs::OffloadMode;
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::keys::{self, KeyLayout};
 use weft::lease::record::{HistoryState, Subnet};
-use weft::lease::store::Store;
+use weft::lease::store::{LeaseFeed, Store};
 use weft::logging;
 use weft::secret_file::{self, Secret};
 use weft::stop::Stop;

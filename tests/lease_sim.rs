@@ -19,8 +19,8 @@ use weft::lease::memory::WriteKind;
 use weft::lease::policy::CreateReason;
 use weft::lease::record::{HistoryRecord, HistoryState, LeaseAttrs, Subnet};
 use weft::lease::record::{Incarnation, NodeId, Revision, StoreLeaseId};
-use weft::lease::store::Store;
 use weft::lease::store::{CreateOutcome, HeldLease, Listing, PresenceOutcome, RenewOutcome};
+use weft::lease::store::{LeaseFeed, Store};
 use weft::time::Instant;
 
 use sim::*;

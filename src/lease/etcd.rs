@@ -53,9 +53,9 @@ use super::record::{
     StoreLeaseId, StoredLease, Subnet,
 };
 use super::store::{
-    BadEntry, BoxError, ConfigWatchStream, CreateOutcome, HeldLease, HistoryPrune, Listing,
-    PresenceOutcome, PresenceRecord, ReleaseOutcome, RenewOutcome, Store, StoreError, WatchBatch,
-    WatchEvent, WatchStream,
+    BadEntry, BoxError, ConfigWatchStream, CreateOutcome, HeldLease, HistoryPrune, LeaseFeed,
+    Listing, PresenceOutcome, PresenceRecord, ReleaseOutcome, RenewOutcome, Store, StoreError,
+    WatchBatch, WatchEvent, WatchStream,
 };
 
 /// How to reach etcd and where weft's keys live.
@@ -701,30 +701,6 @@ impl Store for EtcdStore {
         Ok(Box::pin(futures::StreamExt::chain(first, rest)))
     }
 
-    async fn list(&self) -> Result<Listing, StoreError> {
-        let mut c = self.client().await?;
-        // Both prefixes at one revision: no torn view between a subnet key and its history.
-        let mut pages = PagedRange::default();
-        let subnets = pages.read(self, &mut c, self.keys().subnets_dir()).await?;
-        let history = pages.read(self, &mut c, self.keys().history_dir()).await?;
-        let mut listing =
-            Listing { revision: Revision(pages.revision.unwrap_or(0)), ..Listing::default() };
-        listing.skipped = pages.unreadable;
-        for kv in &subnets {
-            match self.parse_subnet_kv(kv) {
-                Ok(lease) => listing.leases.push(lease),
-                Err(bad) => listing.skipped.push(bad),
-            }
-        }
-        for kv in &history {
-            match self.parse_history_kv(kv) {
-                Ok(entry) => listing.history.push(entry),
-                Err(bad) => listing.skipped.push(bad),
-            }
-        }
-        Ok(listing)
-    }
-
     async fn get(
         &self,
         subnet: Subnet,
@@ -1060,6 +1036,37 @@ impl Store for EtcdStore {
         Ok(())
     }
 
+    fn reconnect(&self) {
+        self.inner.stale.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseFeed for EtcdStore {
+    async fn list(&self) -> Result<Listing, StoreError> {
+        let mut c = self.client().await?;
+        // Both prefixes at one revision: no torn view between a subnet key and its history.
+        let mut pages = PagedRange::default();
+        let subnets = pages.read(self, &mut c, self.keys().subnets_dir()).await?;
+        let history = pages.read(self, &mut c, self.keys().history_dir()).await?;
+        let mut listing =
+            Listing { revision: Revision(pages.revision.unwrap_or(0)), ..Listing::default() };
+        listing.skipped = pages.unreadable;
+        for kv in &subnets {
+            match self.parse_subnet_kv(kv) {
+                Ok(lease) => listing.leases.push(lease),
+                Err(bad) => listing.skipped.push(bad),
+            }
+        }
+        for kv in &history {
+            match self.parse_history_kv(kv) {
+                Ok(entry) => listing.history.push(entry),
+                Err(bad) => listing.skipped.push(bad),
+            }
+        }
+        Ok(listing)
+    }
+
     async fn watch(
         &self,
         from: Revision,
@@ -1078,9 +1085,6 @@ impl Store for EtcdStore {
         let stream = self.call(c.watch(key, Some(options))).await?;
         let state = WatchState { stream: Some(stream), store: self.clone(), requested: from };
         Ok(Box::pin(futures::stream::unfold(state, WatchState::next)))
-    }
-    fn reconnect(&self) {
-        self.inner.stale.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -58,9 +58,9 @@ use super::record::{
     StoreLeaseId, StoredLease, Subnet,
 };
 use super::store::{
-    BadEntry, ConfigWatchStream, CreateOutcome, HeldLease, HistoryPrune, Listing, PresenceOutcome,
-    PresenceRecord, ReleaseOutcome, RenewOutcome, Store, StoreError, WatchBatch, WatchEvent,
-    WatchStream,
+    BadEntry, ConfigWatchStream, CreateOutcome, HeldLease, HistoryPrune, LeaseFeed, Listing,
+    PresenceOutcome, PresenceRecord, ReleaseOutcome, RenewOutcome, Store, StoreError, WatchBatch,
+    WatchEvent, WatchStream,
 };
 use crate::time::{Clock, Instant};
 
@@ -736,10 +736,6 @@ impl Store for MemoryClient {
         })
     }
 
-    async fn list(&self) -> Result<Listing, StoreError> {
-        self.call(|w, _| Ok(w.list()))
-    }
-
     async fn get(
         &self,
         subnet: Subnet,
@@ -1032,6 +1028,13 @@ impl Store for MemoryClient {
             w.revoke_lease(lease.0, client, WriteKind::Raw);
             Ok(())
         })
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseFeed for MemoryClient {
+    async fn list(&self) -> Result<Listing, StoreError> {
+        self.call(|w, _| Ok(w.list()))
     }
 
     async fn watch(

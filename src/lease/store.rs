@@ -264,9 +264,26 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchBatch, StoreError>>
 pub type ConfigWatchStream =
     Pin<Box<dyn Stream<Item = Result<Option<Vec<u8>>, StoreError>> + Send>>;
 
+/// Every subnet lease, listed and watched: what the route watcher reads. A [`Store`] is one;
+/// so is the Kubernetes subnet manager's view of the Nodes ([`super::kube`]).
+#[async_trait::async_trait]
+pub trait LeaseFeed: Send + Sync {
+    /// All subnet leases and history at one revision.
+    async fn list(&self) -> Result<Listing, StoreError>;
+
+    /// Watches subnet keys and departure markers from `from` (inclusive; `0` or less means
+    /// "from the next revision", as in etcd). `only` narrows it to one lease's exact key (and
+    /// no markers).
+    async fn watch(
+        &self,
+        from: Revision,
+        only: Option<LeaseName>,
+    ) -> Result<WatchStream, StoreError>;
+}
+
 /// What the control plane needs from the store. See the module docs for the contract.
 #[async_trait::async_trait]
-pub trait Store: Send + Sync {
+pub trait Store: LeaseFeed {
     /// The raw network config (`<prefix>/config`), if set.
     async fn config(&self) -> Result<Option<Vec<u8>>, StoreError>;
 
@@ -279,9 +296,6 @@ pub trait Store: Send + Sync {
     /// written between the first read and the watch is missed: the watch starts at the read's
     /// revision.
     async fn watch_config(&self) -> Result<ConfigWatchStream, StoreError>;
-
-    /// All subnet leases and history at one revision.
-    async fn list(&self) -> Result<Listing, StoreError>;
 
     /// The subnet's key, in either form (`X` or `X&…`). `Ok(None)` if absent; `Ok(Some(Err(..)))`
     /// if its value does not parse.
@@ -373,15 +387,6 @@ pub trait Store: Send + Sync {
 
     /// Deletes our presence (clean shutdown), so a restart need not wait for it to expire.
     async fn drop_presence(&self, node: &NodeId, lease: StoreLeaseId) -> Result<(), StoreError>;
-
-    /// Watches subnet keys and departure markers from `from` (inclusive; `0` or less means
-    /// "from the next revision", as in etcd). `only` narrows it to one lease's exact key (and
-    /// no markers).
-    async fn watch(
-        &self,
-        from: Revision,
-        only: Option<LeaseName>,
-    ) -> Result<WatchStream, StoreError>;
 
     /// This host's address changed: connections from the old one are dead though nothing
     /// says so yet (no RST comes for an address that is gone), so the next call should open

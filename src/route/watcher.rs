@@ -48,7 +48,7 @@ use super::set::{OwnHalfConflict, RouteSet};
 use crate::config::{BackendKind, NetworkConfig};
 use crate::lease::keys;
 use crate::lease::record::{LeaseName, Subnet};
-use crate::lease::store::{Store, StoreError, WatchStream};
+use crate::lease::store::{LeaseFeed, StoreError, WatchStream};
 use crate::metrics;
 
 /// The least time between two re-lists asked for by compaction or a rewound store.
@@ -380,7 +380,7 @@ fn longest_retry_wait() -> Duration {
 
 /// Runs the route watcher until `shutdown`. See the module docs for the contract.
 pub async fn run(
-    store: Arc<dyn Store>,
+    store: Arc<dyn LeaseFeed>,
     routes: Arc<Routes>,
     network: NetworkConfig,
     mut own: watch::Receiver<Option<LeaseName>>,
@@ -581,7 +581,7 @@ mod tests {
     use crate::lease::record::{Incarnation, LeaseAttrs, LeaseName, NodeId, Revision, StoredLease};
     use crate::lease::store::{
         BadEntry, CreateOutcome, HeldLease, Listing, PresenceOutcome, PresenceRecord,
-        ReleaseOutcome, RenewOutcome, WatchBatch, WatchEvent,
+        ReleaseOutcome, RenewOutcome, Store, WatchBatch, WatchEvent,
     };
     use crate::route::RouteTable;
     use crate::time::ManualClock;
@@ -1269,9 +1269,6 @@ mod tests {
         async fn watch_config(&self) -> Result<crate::lease::store::ConfigWatchStream, StoreError> {
             self.inner.watch_config().await
         }
-        async fn list(&self) -> Result<Listing, StoreError> {
-            self.inner.list().await
-        }
         async fn get(
             &self,
             subnet: Subnet,
@@ -1335,6 +1332,14 @@ mod tests {
         ) -> Result<(), StoreError> {
             self.inner.drop_presence(node, lease).await
         }
+    }
+
+    #[async_trait::async_trait]
+    impl LeaseFeed for RacingStore {
+        async fn list(&self) -> Result<Listing, StoreError> {
+            self.inner.list().await
+        }
+
         async fn watch(
             &self,
             from: Revision,

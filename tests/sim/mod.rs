@@ -35,7 +35,9 @@ use weft::lease::memory::{
 use weft::lease::record::{
     Incarnation, LeaseAttrs, LeaseName, NodeId, Revision, StoredLease, Subnet,
 };
-use weft::lease::store::{CreateOutcome, Store, StoreError, WatchBatch, WatchEvent, WatchStream};
+use weft::lease::store::{
+    CreateOutcome, LeaseFeed, Store, StoreError, WatchBatch, WatchEvent, WatchStream,
+};
 use weft::time::{Clock, Instant, ManualClock};
 
 /// The etcd prefix every simulated host uses.
