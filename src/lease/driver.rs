@@ -29,7 +29,7 @@ use super::keeper::{
     AcquireKind, Action, ActionResult, Keeper, KeeperEvent, KeeperHandover, LossReason,
     NotHandable, Readiness,
 };
-use super::record::{LeaseName, NodeId, Revision, Subnet};
+use super::record::{Ipv6Subnet, LeaseName, NodeId, Revision, Subnet};
 use super::status::{LeaseCounters, LeaseHealth, LeaseStatus};
 use super::store::{Store, WatchEvent, WatchStream};
 use super::subnet_env::{self, SubnetEnv, SubnetEnv4, SubnetEnv6};
@@ -129,14 +129,10 @@ pub struct LeaseDriver {
     node: NodeId,
     clock: Arc<dyn Clock>,
     health: Arc<LeaseHealth>,
-    cfg: DriverConfig,
-    subnet_tx: watch::Sender<Option<LeaseName>>,
+    /// `subnet.env`, the data plane's subnet and the hooks.
+    out: SubnetOutputs,
     own_watch: Option<(Subnet, WatchStream)>,
     watch_retry_at: Instant,
-    hooks: HookRunner,
-    env_retry: Option<EnvRetry>,
-    /// Subnet-change hooks waiting for `subnet.env` to be written.
-    hooks_after_env: Vec<HookRun>,
     /// This host's underlay address, as the daemon's underlay follower sees it.
     public_ip_rx: Option<watch::Receiver<Ipv4Addr>>,
     /// Handover requests ([`HandoverControl`]).
@@ -157,28 +153,16 @@ impl LeaseDriver {
         subnet_tx: watch::Sender<Option<LeaseName>>,
     ) -> Self {
         let now = clock.now();
-        let hooks = HookRunner::start(
-            HookConfig {
-                on_subnet_change: cfg.on_subnet_change.clone(),
-                on_lease_lost: cfg.on_lease_lost.clone(),
-                timeout: cfg.hook_timeout,
-                journal: cfg.state_dir.join(super::hooks::PENDING_FILE),
-            },
-            health.clone(),
-        );
+        let out = SubnetOutputs::new(cfg, clock.clone(), health.clone(), subnet_tx);
         Self {
             store,
             keeper,
             node,
             clock,
             health,
-            cfg,
-            subnet_tx,
+            out,
             own_watch: None,
             watch_retry_at: now,
-            hooks,
-            env_retry: None,
-            hooks_after_env: Vec::new(),
             public_ip_rx: None,
             control: None,
         }
@@ -207,7 +191,7 @@ impl LeaseDriver {
                 break;
             }
             let now = self.clock.now();
-            self.retry_subnet_env(now);
+            self.out.retry_subnet_env(now);
             if let Some(action) = self.keeper.poll_action(now) {
                 debug!(?action, "store call");
                 let budget = self.keeper.call_budget(now);
@@ -298,8 +282,8 @@ impl LeaseDriver {
     }
 
     fn begin_shutdown(&mut self) {
-        info!(relinquish = self.cfg.relinquish_on_exit, "shutting down the lease keeper");
-        self.keeper.handle_shutdown(self.cfg.relinquish_on_exit);
+        info!(relinquish = self.out.cfg.relinquish_on_exit, "shutting down the lease keeper");
+        self.keeper.handle_shutdown(self.out.cfg.relinquish_on_exit);
     }
 
     fn publish_status(&self, now: Instant) {
@@ -379,7 +363,7 @@ impl LeaseDriver {
         // hook is recorded first, so that no crash leaves a new subnet.env without it.
         for ev in &events {
             if let KeeperEvent::SubnetChanged { old, new } = ev {
-                self.hooks.record(&subnet_change(*old, *new));
+                self.out.record_change(*old, *new);
             }
         }
         for ev in events {
@@ -405,23 +389,14 @@ impl LeaseDriver {
                 }
                 // A handover changes nothing a reader of subnet.env sees: the file is left as
                 // it is when it already says what this process would write.
-                let unchanged = kind == AcquireKind::HandedOver
-                    && matches!(subnet_env::read(&self.cfg.subnet_file), subnet_env::ReadOutcome::Valid(env) if env == self.subnet_env(subnet));
-                if !unchanged {
-                    self.write_subnet_env(subnet);
-                }
-                self.subnet_tx.send_replace(Some(LeaseName { subnet, ipv6: self.keeper.ipv6() }));
+                let name = LeaseName { subnet, ipv6: self.keeper.ipv6() };
+                self.out.show(name, kind == AcquireKind::HandedOver);
             }
             KeeperEvent::SubnetChanged { old, new } => {
                 LeaseCounters::inc(&c.subnet_changes);
                 warn!(%old, %new, "this node's subnet changed; pods on the old subnet need new addresses");
                 // Recorded in drain_events; started once subnet.env names the new subnet.
-                let run = subnet_change(old, new);
-                if self.env_retry.is_some() {
-                    self.hooks_after_env.push(run);
-                } else {
-                    self.hooks.start_run(run);
-                }
+                self.out.start_change_hook(old, new);
             }
             KeeperEvent::Renewed { subnet } => {
                 LeaseCounters::inc(&c.renewals);
@@ -430,8 +405,7 @@ impl LeaseDriver {
             KeeperEvent::Recovered { subnet } => {
                 LeaseCounters::inc(&c.recoveries);
                 info!(%subnet, "recovered: the lease had vanished and was reclaimed; same subnet");
-                self.write_subnet_env(subnet);
-                self.subnet_tx.send_replace(Some(LeaseName { subnet, ipv6: self.keeper.ipv6() }));
+                self.out.show(LeaseName { subnet, ipv6: self.keeper.ipv6() }, false);
             }
             KeeperEvent::Lost { subnet, reason, holder, holder_node } => {
                 LeaseCounters::inc(&c.losses);
@@ -447,7 +421,7 @@ impl LeaseDriver {
                     LossReason::TakenByAnotherNode => "taken-by-another-node",
                     LossReason::UnreadableValue => "unreadable-value",
                 };
-                self.hooks.run(HookRun {
+                self.out.hooks.run(HookRun {
                     kind: HookKind::LeaseLost,
                     old: Some(subnet),
                     new: None,
@@ -473,9 +447,9 @@ impl LeaseDriver {
                     other_ip = other_ip.map(|i| i.to_string()).unwrap_or_default(),
                     "IDENTITY CLASH: {reason}"
                 );
-                let old = self.subnet_tx.borrow().map(|l| l.subnet);
-                self.withdraw("identity clash: another live process carries this node ID");
-                self.hooks.run(HookRun {
+                let old = self.out.subnet_tx.borrow().map(|l| l.subnet);
+                self.out.withdraw("identity clash: another live process carries this node ID");
+                self.out.hooks.run(HookRun {
                     kind: HookKind::LeaseLost,
                     old,
                     new: None,
@@ -507,12 +481,80 @@ impl LeaseDriver {
             }
         }
     }
+}
+
+/// What holding a subnet shows the rest of the host: `subnet.env` (written atomically,
+/// retried until it can be), the subnet the data plane forwards for, the hooks, and the lease
+/// plane's readiness about them. Both lease drivers (etcd's keeper and the Kubernetes subnet
+/// manager) show a subnet through it.
+pub(crate) struct SubnetOutputs {
+    pub(crate) cfg: DriverConfig,
+    clock: Arc<dyn Clock>,
+    health: Arc<LeaseHealth>,
+    pub(crate) subnet_tx: watch::Sender<Option<LeaseName>>,
+    pub(crate) hooks: HookRunner,
+    env_retry: Option<EnvRetry>,
+    /// Subnet-change hooks waiting for `subnet.env` to be written.
+    hooks_after_env: Vec<HookRun>,
+}
+
+impl SubnetOutputs {
+    /// Outputs for `cfg`. Starts the hook runner, which re-runs the hooks the journal lists,
+    /// so it must be called inside a tokio runtime.
+    pub(crate) fn new(
+        cfg: DriverConfig,
+        clock: Arc<dyn Clock>,
+        health: Arc<LeaseHealth>,
+        subnet_tx: watch::Sender<Option<LeaseName>>,
+    ) -> Self {
+        let hooks = HookRunner::start(
+            HookConfig {
+                on_subnet_change: cfg.on_subnet_change.clone(),
+                on_lease_lost: cfg.on_lease_lost.clone(),
+                timeout: cfg.hook_timeout,
+                journal: cfg.state_dir.join(super::hooks::PENDING_FILE),
+            },
+            health.clone(),
+        );
+        Self { cfg, clock, health, subnet_tx, hooks, env_retry: None, hooks_after_env: Vec::new() }
+    }
+
+    /// Shows `name` as the subnet in use: `subnet.env` (unless `keep_file` and the file
+    /// already says so) and the data plane.
+    pub(crate) fn show(&mut self, name: LeaseName, keep_file: bool) {
+        let unchanged = keep_file
+            && matches!(subnet_env::read(&self.cfg.subnet_file), subnet_env::ReadOutcome::Valid(env) if env == self.subnet_env(name.subnet, name.ipv6));
+        if !unchanged {
+            self.write_subnet_env(name.subnet, name.ipv6);
+        }
+        self.subnet_tx.send_replace(Some(name));
+    }
+
+    /// Whether a `subnet.env` write waits for its retry.
+    pub(crate) fn retry_pending(&self) -> bool {
+        self.env_retry.is_some()
+    }
+
+    /// Records the subnet-change hook in the journal (before `subnet.env` is rewritten).
+    pub(crate) fn record_change(&self, old: Subnet, new: Subnet) {
+        self.hooks.record(&subnet_change(old, new));
+    }
+
+    /// Starts the subnet-change hook, once `subnet.env` names the new subnet.
+    pub(crate) fn start_change_hook(&mut self, old: Subnet, new: Subnet) {
+        let run = subnet_change(old, new);
+        if self.env_retry.is_some() {
+            self.hooks_after_env.push(run);
+        } else {
+            self.hooks.start_run(run);
+        }
+    }
 
     /// This process holds no subnet any more and another holds its identity: the data plane
     /// withdraws weft0's address and route, and `subnet.env` is removed (a pending write of it
     /// dropped), so that neither the kernel nor the CNI plugin goes on using a subnet this
     /// process does not hold. The next subnet acquired puts both back.
-    fn withdraw(&mut self, why: &str) {
+    pub(crate) fn withdraw(&mut self, why: &str) {
         let Some(lease) = self.subnet_tx.send_replace(None) else { return };
         self.env_retry = None;
         self.health.set_subnet_file_problem(None);
@@ -532,17 +574,17 @@ impl LeaseDriver {
         );
     }
 
-    fn write_subnet_env(&mut self, subnet: Subnet) {
-        let env = self.subnet_env(subnet);
+    pub(crate) fn write_subnet_env(&mut self, subnet: Subnet, ipv6: Option<Ipv6Subnet>) {
+        let env = self.subnet_env(subnet, ipv6);
         let retry = self.env_retry.take();
         let delay = retry.as_ref().map_or(ENV_RETRY_MIN, |r| r.delay);
         self.try_write_subnet_env(env, delay, retry.map(|r| r.said).unwrap_or_default());
     }
 
     /// What `subnet.env` says while `subnet` is held.
-    fn subnet_env(&self, subnet: Subnet) -> SubnetEnv {
-        // The IPv6 half moves with the subnet: the keeper holds both under one key.
-        let ipv6 = match (&self.cfg.network.ipv6, self.keeper.ipv6()) {
+    pub(crate) fn subnet_env(&self, subnet: Subnet, ipv6: Option<Ipv6Subnet>) -> SubnetEnv {
+        // The IPv6 half moves with the subnet: one lease holds both.
+        let ipv6 = match (&self.cfg.network.ipv6, ipv6) {
             (Some(v6), Some(half)) => Some(SubnetEnv6 { network: v6.network, subnet: half }),
             _ => None,
         };
@@ -555,7 +597,7 @@ impl LeaseDriver {
     }
 
     /// Retries a failed `subnet.env` write when it is due.
-    fn retry_subnet_env(&mut self, now: Instant) {
+    pub(crate) fn retry_subnet_env(&mut self, now: Instant) {
         if self.env_retry.as_ref().is_some_and(|r| now >= r.at)
             && let Some(r) = self.env_retry.take()
         {

@@ -16,6 +16,10 @@ use crate::metrics;
 use crate::time::{Clock, Instant};
 use crate::vocab::Subnet;
 
+/// The state of a subnet the Kubernetes subnet manager holds: assigned to the Node (its
+/// podCIDR) and announced on it; it never expires.
+pub const ASSIGNED: &str = "assigned";
+
 /// The lease as the driver last saw it.
 #[derive(Clone, Debug, Default)]
 pub struct LeaseStatus {
@@ -141,6 +145,8 @@ impl LeaseHealth {
                  of this host may hold lease {s} by now"
             )),
             (None, Some(s), Some(exp)) if now < exp => Ok(s),
+            // The Kubernetes subnet manager's subnet is assigned, not leased: no expiry.
+            (None, Some(s), None) if l.state == ASSIGNED => Ok(s),
             (None, Some(s), Some(_)) => Err(format!("lease {s} is past its local expiry")),
             (None, _, _) => Err(format!("no lease held ({})", l.state)),
         };

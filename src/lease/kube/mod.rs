@@ -10,4 +10,6 @@
 //!   the route watcher (pure).
 
 pub mod annotations;
+pub mod api;
 pub mod nodes;
+pub mod own;
