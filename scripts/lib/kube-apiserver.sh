@@ -61,8 +61,10 @@ _kube_apiserver_build_locked() {
         command -v "$c" >/dev/null || { echo "kube-apiserver: needs $c (run scripts/setup.sh)" >&2; return 1; }
     done
     work=$(mktemp -d /tmp/weft-kube-build.XXXXXX)
-    # Go makes its module and build caches read-only; the subshell's trap removes them anyway.
-    trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+    # Removed when the build's subshell exits, failed or not (a global: the trap runs after
+    # this function's locals are gone). Go makes parts of its caches read-only.
+    _KUBE_BUILD_WORK=$work
+    trap 'chmod -R u+w "$_KUBE_BUILD_WORK" 2>/dev/null; rm -rf "$_KUBE_BUILD_WORK"' EXIT
     echo "kube-apiserver: building $KUBE_APISERVER_VERSION from Debian's kubernetes $KUBE_DEB_VERSION (a few minutes, once)" >&2
 
     # The private apt state: every Debian archive the system uses, as deb and deb-src.
