@@ -18,10 +18,11 @@ const NETWORK: &str = r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"
 fn get_from(lab: &Lab, ns: &str, kubeconfig: &std::path::Path, path: &str) -> u16 {
     // The kubeconfig holds what a client has: the server, its certificate, the token. kubectl
     // reads it from the host namespace, as weft will.
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
     let out = lab.exec(
         ns,
         &[
-            "kubectl",
+            &kubectl,
             "--kubeconfig",
             kubeconfig.to_str().expect("utf-8 path"),
             "get",

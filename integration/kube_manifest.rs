@@ -48,11 +48,16 @@ fn dry_run_namespace(kube: &KubeApi) {
 fn objects(kube: &KubeApi) -> Vec<Value> {
     dry_run_namespace(kube);
     let out = kubectl_ok(kube, &["apply", "--dry-run=server", "-o", "json", "-f", MANIFEST]);
-    let v: Value = serde_json::from_str(&out).expect("kubectl -o json");
-    match v["kind"].as_str() {
-        Some("List") => v["items"].as_array().expect("items").clone(),
-        _ => vec![v],
+    // A List (kubectl 1.32), or one object after another (Debian's 1.20).
+    let mut objects = Vec::new();
+    for v in serde_json::Deserializer::from_str(&out).into_iter::<Value>() {
+        let v = v.expect("kubectl -o json");
+        match v["kind"].as_str() {
+            Some("List") => objects.extend(v["items"].as_array().expect("items").iter().cloned()),
+            _ => objects.push(v),
+        }
     }
+    objects
 }
 
 fn find<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
