@@ -11,13 +11,9 @@ mod support;
 use std::collections::BTreeSet;
 
 use serde_json::Value;
-use support::kube::KubeApi;
-
-const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kube-weft.yml");
-
-/// The namespace and service account weft runs as.
-const NAMESPACE: &str = "kube-weft";
-const SERVICE_ACCOUNT: &str = "weft";
+use support::kube::{
+    KubeApi, MANIFEST, MANIFEST_NAMESPACE as NAMESPACE, MANIFEST_SERVICE_ACCOUNT as SERVICE_ACCOUNT,
+};
 
 /// flannel's rules (kube-flannel.yml), as (resource, verbs), all in the core API group: what
 /// weft's Kubernetes subnet manager uses and all it may.
@@ -216,7 +212,7 @@ fn the_cluster_role_is_exactly_flannels_and_bound_to_the_daemonsets_account() {
 fn the_authorizer_grants_weft_flannels_rules_and_nothing_more() {
     let kube = KubeApi::on_loopback();
     // For real this time: the RBAC objects (and the rest; no controller runs the DaemonSet).
-    kubectl_ok(&kube, &["apply", "-f", MANIFEST]);
+    kube.apply_manifest();
     let user = format!("system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}");
     for (resource, verbs) in FLANNEL_RULES {
         for verb in *verbs {
@@ -246,7 +242,7 @@ fn the_authorizer_grants_weft_flannels_rules_and_nothing_more() {
     // The calls themselves, with the service account's own token, as weft makes them.
     kube.create_node("node-a", &["10.244.1.0/24"]);
     let kubeconfig = kube.dir().join("weft.kubeconfig");
-    kube.write_service_account_kubeconfig(NAMESPACE, SERVICE_ACCOUNT, &kubeconfig);
+    kube.manifest_kubeconfig(&kubeconfig, nix::unistd::getuid().as_raw());
     let as_weft = |args: &[&str]| {
         let mut all = vec!["--kubeconfig", kubeconfig.to_str().expect("utf-8 path")];
         all.extend_from_slice(args);

@@ -49,6 +49,13 @@ pub const TEST_USER: &str = "weft-test";
 /// flanneld's default annotation prefix (`--kube-annotation-prefix`).
 pub const ANNOTATION_PREFIX: &str = "flannel.alpha.coreos.com";
 
+/// weft's Kubernetes manifest.
+pub const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kube-weft.yml");
+/// The namespace and service account the manifest runs weft as.
+pub const MANIFEST_NAMESPACE: &str = "kube-weft";
+/// See [`MANIFEST_NAMESPACE`].
+pub const MANIFEST_SERVICE_ACCOUNT: &str = "weft";
+
 /// The API server's address and port inside a lab's hub.
 pub const LAB_APISERVER: (Ipv4Addr, u16) = (Ipv4Addr::new(192, 0, 2, 254), 6443);
 
@@ -318,6 +325,28 @@ impl KubeApi {
             &token_file,
             out,
         );
+    }
+
+    /// Applies `deploy/kube-weft.yml` for real (its Namespace, ServiceAccount, ClusterRole and
+    /// binding, ConfigMap and DaemonSet; no controller runs the DaemonSet here).
+    pub fn apply_manifest(&self) {
+        let out = self.kubectl(&["apply", "-f", MANIFEST]);
+        assert!(
+            out.status.success(),
+            "kubectl apply -f {MANIFEST}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The credentials the manifest gives weft: applies it ([`KubeApi::apply_manifest`]) and
+    /// writes at `out` a kubeconfig of its service account (`kube-weft/weft`, bound to the
+    /// manifest's ClusterRole and nothing else), mode 0600 and owned by `uid` (65534 for a
+    /// non-root weft). What a weft pod's in-cluster credentials allow, for a weft in a lab host.
+    pub fn manifest_kubeconfig(&self, out: &Path, uid: u32) {
+        self.apply_manifest();
+        self.write_service_account_kubeconfig(MANIFEST_NAMESPACE, MANIFEST_SERVICE_ACCOUNT, out);
+        std::os::unix::fs::chown(out, Some(uid), Some(uid)).expect("chown the kubeconfig");
     }
 
     /// `cmd` run in the hub namespace for a lab's control plane, else as is.
