@@ -56,6 +56,14 @@ pub const MANIFEST_NAMESPACE: &str = "kube-weft";
 /// See [`MANIFEST_NAMESPACE`].
 pub const MANIFEST_SERVICE_ACCOUNT: &str = "weft";
 
+/// The annotations a kubelet puts on the Node it registers (v1.20). Every real Node has some:
+/// flanneld v0.19 assumes so and panics on a Node without any ("assignment to entry in nil
+/// map", kube.go AcquireLease), so [`KubeApi::create_node`] adds these.
+pub const KUBELET_ANNOTATIONS: &[(&str, &str)] = &[
+    ("node.alpha.kubernetes.io/ttl", "0"),
+    ("volumes.kubernetes.io/controller-managed-attach-detach", "true"),
+];
+
 /// The API server's address and port inside a lab's hub.
 pub const LAB_APISERVER: (Ipv4Addr, u16) = (Ipv4Addr::new(192, 0, 2, 254), 6443);
 
@@ -421,10 +429,27 @@ impl KubeApi {
             .unwrap_or_else(|e| panic!("{kubectl} not runnable ({e}): run scripts/setup.sh"))
     }
 
-    /// Creates Node `name` with `spec.podCIDRs` = `pod_cidrs` (and `spec.podCIDR` the first),
-    /// or with neither when empty: what the controller manager's node IPAM assigns.
+    /// Creates Node `name` as a kubelet registers one and the controller manager's node IPAM
+    /// completes it: the kubelet's two annotations ([`KUBELET_ANNOTATIONS`]) and
+    /// `spec.podCIDRs` = `pod_cidrs` (`spec.podCIDR` the first; neither when empty).
     pub fn create_node(&self, name: &str, pod_cidrs: &[&str]) -> Value {
+        self.create_node_with(name, pod_cidrs, KUBELET_ANNOTATIONS)
+    }
+
+    /// [`KubeApi::create_node`] with `annotations` instead of the kubelet's (none at all: a
+    /// Node no kubelet registered, whose `metadata.annotations` is absent).
+    pub fn create_node_with(
+        &self,
+        name: &str,
+        pod_cidrs: &[&str],
+        annotations: &[(&str, &str)],
+    ) -> Value {
         let mut node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
+        if !annotations.is_empty() {
+            let map: serde_json::Map<String, Value> =
+                annotations.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
+            node["metadata"]["annotations"] = Value::Object(map);
+        }
         if let Some(first) = pod_cidrs.first() {
             node["spec"] = json!({"podCIDR": first, "podCIDRs": pod_cidrs});
         }
@@ -630,5 +655,80 @@ impl Drop for KubeApi {
         if panicking && let Some(dir) = self.own_dir.take() {
             eprintln!("kube control plane: logs kept in {}", dir.keep().display());
         }
+    }
+}
+
+/// A real flanneld (v0.19, `FLANNELD`: `../shared/tools/build-flanneld`) in `--kube-subnet-mgr`
+/// mode in a lab host (`flannel_flanneld_kube_up`, scripts/lib/flannel.sh), as kube-flannel's
+/// DaemonSet runs it: its subnet from its Node's podCIDR, its lease published as the Node's
+/// annotations. Dropping it stops it (SIGTERM; what it programmed stays, as flanneld leaves it).
+pub struct KubeFlanneld {
+    /// Its dir: `subnet.env`, `log`, `pid`, `net-conf.json`.
+    pub dir: PathBuf,
+}
+
+/// `FLANNELD`, a flanneld v0.19 binary; panics when it is unset or not executable.
+pub fn flanneld_binary() -> PathBuf {
+    let path = std::env::var_os("FLANNELD").map(PathBuf::from).unwrap_or_default();
+    assert!(
+        path.is_file(),
+        "FLANNELD={} is not a flanneld binary: build one with ../shared/tools/build-flanneld",
+        path.display()
+    );
+    path
+}
+
+impl KubeFlanneld {
+    /// Starts flanneld in `lab`'s host `n` as Node `node`, with `kubeconfig`'s credentials and
+    /// `net_conf` as its network config, and waits (20 s) for its subnet.env.
+    ///
+    /// # Panics
+    /// If it writes no subnet.env: with its log's tail.
+    pub fn start(lab: &Lab, n: u8, node: &str, kubeconfig: &Path, net_conf: &str) -> Self {
+        let host = lab.host(n);
+        let dir = lab.dir().join(format!("flanneld-{n}"));
+        std::fs::create_dir_all(&dir).expect("flanneld dir");
+        std::fs::write(dir.join("net-conf.json"), net_conf).expect("net-conf.json");
+        let bin = flanneld_binary();
+        let n = n.to_string();
+        let args: [&std::ffi::OsStr; 6] = [
+            bin.as_os_str(),
+            host.as_ref(),
+            n.as_ref(),
+            dir.as_os_str(),
+            kubeconfig.as_os_str(),
+            node.as_ref(),
+        ];
+        lib_run("flannel.sh", "flannel_flanneld_kube_up", &args);
+        let flanneld = Self { dir };
+        lib_run("flannel.sh", "flannel_flanneld_wait", &[&flanneld.dir]);
+        flanneld
+    }
+
+    /// Its subnet.env.
+    pub fn subnet_env(&self) -> String {
+        std::fs::read_to_string(self.dir.join("subnet.env")).unwrap_or_default()
+    }
+
+    /// What it logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for KubeFlanneld {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log();
+            let lines: Vec<&str> = log.lines().collect();
+            eprintln!(
+                "--- flanneld log ({}), last lines ---\n{}",
+                self.dir.display(),
+                lines[lines.len().saturating_sub(20)..].join("\n")
+            );
+        }
+        let _ = lib_command("flannel.sh", "flannel_flanneld_down", &[&self.dir])
+            .stdin(Stdio::null())
+            .output();
     }
 }
