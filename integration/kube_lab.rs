@@ -29,6 +29,8 @@ fn get_from(lab: &Lab, ns: &str, kubeconfig: &std::path::Path, path: &str) -> u1
             "--raw",
             path,
             "--request-timeout=5s",
+            // Not root's ~/.kube: nothing of a test's outlives the lab.
+            &format!("--cache-dir={}", lab.dir().join("kube").join("cache").display()),
         ],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);

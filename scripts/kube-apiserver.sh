@@ -67,6 +67,9 @@ case "${1:-}" in
         kube_kubeconfig "$dir/secrets" 127.0.0.1 weft-test "$dir/secrets/user.token" "$dir/user.kubeconfig"
         export KUBECONFIG=$dir/admin.kubeconfig WEFT_KUBE_USER_KUBECONFIG=$dir/user.kubeconfig
         export WEFT_KUBE_URL=https://127.0.0.1:$KUBE_APISERVER_PORT
+        # kubectl's discovery cache goes with the run (kubectl >= 1.26 reads it; older ones
+        # take --cache-dir).
+        export KUBECACHEDIR=$dir/cache
         echo "kube-apiserver: ready at $WEFT_KUBE_URL (logs in $dir)" >&2
         if [ $# -gt 0 ]; then
             set +e
