@@ -190,9 +190,9 @@ kube_apiserver() {
         --service-cluster-ip-range=10.96.0.0/24 --endpoint-reconciler-type=none
         --enable-priority-and-fairness=false --profiling=false
     )
-    case "$addr" in
-        127.0.0.1 | 192.0.2.254) ;;
-        *) echo "kube_apiserver: refusing to listen on $addr (loopback or the lab's hub only)" >&2; return 2 ;;
+    case "$addr/${ns:+ns}" in
+        127.0.0.1/* | 192.0.2.254/ns) ;;
+        *) echo "kube_apiserver: refusing to listen on $addr (loopback, or the hub's address inside its namespace)" >&2; return 2 ;;
     esac
     [ -x "$KUBE_APISERVER_BIN" ] ||
         { echo "kube_apiserver: no $KUBE_APISERVER_BIN (scripts/kube-apiserver.sh build)" >&2; return 2; }
