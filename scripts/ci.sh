@@ -15,7 +15,8 @@
 #    and network namespace the run makes dies with it, and nothing leaks into the host.
 # 3. Bind-mounts what is shared between runs: the Rust toolchain (~/.rustup, ~/.cargo, which also
 #    caches downloaded crates), apt's downloaded .debs and package lists (so a run fetches from
-#    the archive only what is new). Nothing *installed* survives a run.
+#    the archive only what is new), and the test kube-apiserver's cache (/var/cache/weft-test:
+#    built once, minutes). Nothing *installed* survives a run.
 # 4. Copies the project's tracked and unignored files (in CI, a clean checkout of main) into the
 #    root and runs COMMAND there with a scrubbed environment.
 set -euo pipefail
@@ -44,11 +45,14 @@ if [ "${1:-}" = "--inside" ]; then
     mount --rbind /dev "$root/dev"
     mount --make-rslave "$root/dev"
     mount -t tmpfs tmpfs "$root/run"
-    mkdir -p "$root/root/.cargo" "$root/root/.rustup" "$cache/debs" "$cache/lists"
+    mkdir -p "$root/root/.cargo" "$root/root/.rustup" "$cache/debs" "$cache/lists" "$cache/weft-test" \
+        "$root/var/cache/weft-test"
     mount --bind "${CARGO_HOME:-$HOME/.cargo}" "$root/root/.cargo"
     mount --bind "${RUSTUP_HOME:-$HOME/.rustup}" "$root/root/.rustup"
     mount --bind "$cache/debs" "$root/var/cache/apt/archives"
     mount --bind "$cache/lists" "$root/var/lib/apt/lists"
+    # The test kube-apiserver (scripts/kube-apiserver.sh build): minutes to build, so built once.
+    mount --bind "$cache/weft-test" "$root/var/cache/weft-test"
     mkdir -p "$root/build"
     git -C "$top" ls-files -z --cached --others --exclude-standard |
         tar -C "$top" --null -T - -cf - | tar -xf - -C "$root/build"

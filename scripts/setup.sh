@@ -42,13 +42,23 @@ packages=(
     podman              # the container test runs the OCI image (integration/e2e_container.rs)
     runc                # podman's runtime there: crun fails on hybrid cgroup hosts
     systemd             # systemd-analyze verify: the packaged unit (integration/e2e_container.rs)
+    curl                # requests to the test kube-apiserver (integration/support/kube.rs)
+    golang-go           # Debian's Go: builds the test kube-apiserver (scripts/kube-apiserver.sh build)
+    kubernetes-client   # kubectl: the manifest's server-side dry run (integration/kube_manifest.rs)
+)
+
+# A package another one may stand in for: kubernetes-client is not installed where a kubectl of
+# another package already owns /usr/bin/kubectl (both ship that path; dpkg would refuse).
+optional_if_command=(
+    kubernetes-client=kubectl
 )
 
 # command or file      must exist after install
 checks=(
     cc c++ protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ss ping iperf3
     tcpdump openssl sysctl unshare setpriv prlimit mount python3 /usr/lib/cni/bridge /usr/lib/cni/host-local
-    iptables sockperf dpkg-deb dpkg-shlibdeps strip podman runc systemd-analyze
+    iptables sockperf dpkg-deb dpkg-shlibdeps strip podman runc systemd-analyze curl go kubectl
+    dpkg-source flock base64
 )
 
 missing_checks() {
@@ -68,7 +78,11 @@ if command -v dpkg-query >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
         awk '$2 == "installed" { print $1 }')
     need=()
     for p in "${packages[@]}"; do
-        grep -qx "$p" <<<"$installed" || need+=("$p")
+        grep -qx "$p" <<<"$installed" && continue
+        for o in "${optional_if_command[@]}"; do
+            [ "${o%%=*}" = "$p" ] && command -v "${o#*=}" >/dev/null 2>&1 && continue 2
+        done
+        need+=("$p")
     done
     if [ ${#need[@]} -gt 0 ]; then
         echo "setup: installing ${need[*]}"

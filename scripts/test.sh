@@ -21,11 +21,16 @@ echo "== cargo clippy"
 # `etcd` and `netns` turn on the suites under integration/ (real etcd; network namespaces): a
 # plain `cargo test` runs only tests/, which needs no root and no etcd. `container` (which
 # implies `netns`) turns on integration/e2e_container.rs: the image and the package below, run.
-FEATURES=fault-injection,etcd,netns,container
+# `kube` turns on the suites against a real kube-apiserver (integration/kube_*.rs), built below.
+FEATURES=fault-injection,etcd,netns,container,kube
 cargo clippy --all-targets --features "$FEATURES" --quiet -- -D warnings
 echo "== the Debian package and the OCI image (scripts/package.sh)"
 # The release build it makes is the one the chaos soak below runs (cargo's no-op there).
 scripts/package.sh
+echo "== the test kube-apiserver (scripts/kube-apiserver.sh build: once per machine)"
+# Built from Debian's kubernetes source package with Debian's Go, cached in /var/cache/weft-test;
+# the first build takes minutes, every later run finds it.
+scripts/kube-apiserver.sh build
 echo "== cargo test"
 # Benches are built by clippy above; criterion binaries take no test-runner flags.
 cargo test --features "$FEATURES" --lib --bins --tests -- --test-threads 2

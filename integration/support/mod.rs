@@ -9,16 +9,21 @@
 //! - [`netns`]: hosts in network namespaces with the TUN data plane, pods, a hub with etcd.
 //! - [`kernel_flannel`]: a [`netns`] host set up and programmed as flannel's kernel vxlan
 //!   backend does (IPv4 and IPv6), for interop tests.
+//! - [`kube`]: a real kube-apiserver with its own etcd, in a [`netns`] lab's hub or on
+//!   loopback (`scripts/lib/kube-apiserver.sh`), and the Node, RBAC and token helpers the
+//!   Kubernetes suites use.
 //! - [`process`]: every child dies with its test (`PR_SET_PDEATHSIG`); the door to the
 //!   scripts' shell libraries (`scripts/lib/`), where the lab is defined once for the tests,
 //!   the demo, the bench and the chaos soak.
 //!
-//! Which suites need what is in Cargo.toml's features: `etcd` (the etcd suites) and `netns`
-//! (root, namespaces, TUN, iperf3); scripts/test.sh turns both on.
+//! Which suites need what is in Cargo.toml's features: `etcd` (the etcd suites), `netns`
+//! (root, namespaces, TUN, iperf3) and `kube` (the built kube-apiserver, kubectl, curl);
+//! scripts/test.sh turns them on.
 #![allow(dead_code)]
 
 pub mod etcd;
 pub mod kernel_flannel;
+pub mod kube;
 pub mod netns;
 pub mod process;
 pub mod weft;

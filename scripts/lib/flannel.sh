@@ -123,6 +123,22 @@ flannel_flanneld_up() {
     echo $! >"$dir/pid"
 }
 
+# flannel_flanneld_kube_up BIN NS N DIR KUBECONFIG NODE [FLANNELD FLAG...]: a real flanneld (as
+# flannel_flanneld_up) in --kube-subnet-mgr mode, as kube-flannel's DaemonSet runs it: Node NODE
+# (NODE_NAME) of the API server KUBECONFIG names (support/kube.rs's, in the lab's hub) gives its
+# subnet (spec.podCIDR) and carries its lease as annotations; the network config is the file
+# DIR/net-conf.json (the ConfigMap's, which the caller writes). Its subnet.env, log and pid go in
+# DIR, as flannel_flanneld_up's, so flannel_flanneld_wait and flannel_flanneld_down serve it.
+flannel_flanneld_kube_up() {
+    local bin=$1 ns=$2 n=$3 dir=$4 kubeconfig=$5 node=$6
+    shift 6
+    mkdir -p "$dir"
+    ip netns exec "$ns" env NODE_NAME="$node" "$bin" --kube-subnet-mgr --kubeconfig-file "$kubeconfig" \
+        --net-config-path "$dir/net-conf.json" --iface eth0 --public-ip "$(netns_ip "$n")" \
+        --subnet-file "$dir/subnet.env" --iptables-forward-rules=false "$@" >"$dir/log" 2>&1 &
+    echo $! >"$dir/pid"
+}
+
 # flannel_flanneld_wait DIR: waits (up to 20 s) until that flanneld wrote its subnet.env.
 flannel_flanneld_wait() {
     for _ in $(seq 200); do
