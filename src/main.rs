@@ -216,6 +216,24 @@ struct RunArgs {
     /// Written to subnet.env as FLANNEL_IPMASQ; weft itself installs no iptables rules.
     #[arg(long, env = "WEFT_IP_MASQ")]
     ip_masq: bool,
+    /// Lease from Kubernetes, as flanneld's kube subnet manager: this node's subnet is its
+    /// Node's podCIDR, every node announces its lease in its Node's annotations, and the
+    /// network config is read from --net-config-path (docs/kubernetes.md).
+    #[arg(long, env = "WEFT_KUBE_SUBNET_MGR")]
+    kube_subnet_mgr: bool,
+    /// With --kube-subnet-mgr: the kubeconfig to reach the API server with (default: the
+    /// pod's service account).
+    #[arg(long, env = "WEFT_KUBECONFIG_FILE")]
+    kubeconfig_file: Option<PathBuf>,
+    /// With --kube-subnet-mgr: the API server's URL (overrides the kubeconfig's).
+    #[arg(long, env = "WEFT_KUBE_API_URL")]
+    kube_api_url: Option<String>,
+    /// With --kube-subnet-mgr: the prefix of the Node annotations (flannel's).
+    #[arg(long, env = "WEFT_KUBE_ANNOTATION_PREFIX", default_value = weft::lease::kube::annotations::DEFAULT_PREFIX)]
+    kube_annotation_prefix: String,
+    /// With --kube-subnet-mgr: the network config file (kube-flannel's ConfigMap).
+    #[arg(long, env = "WEFT_NET_CONFIG_PATH", default_value = "/etc/kube-flannel/net-conf.json")]
+    net_config_path: PathBuf,
     /// Data plane: `tun` forwards traffic; `none` runs the control plane only (leases,
     /// subnet.env, hooks, health) and needs no privilege.
     #[arg(long, env = "WEFT_DATAPLANE", value_enum, default_value_t = DataplaneMode::Tun)]
@@ -508,7 +526,20 @@ fn run_with(args: RunArgs, stop: &Arc<Stop>) -> anyhow::Result<()> {
             Ok(Arc::new(etcd.connect_with(etcd_options).await?)
                 as Arc<dyn weft::lease::store::Store>)
         });
-        match tokio::spawn(daemon::run(opts, connect, stop2)).await {
+        let daemon = if args.kube_subnet_mgr {
+            let kube = daemon::kube::KubeMode {
+                api: weft::lease::kube::api::KubeSettings {
+                    kubeconfig: args.kubeconfig_file.clone(),
+                    api_url: args.kube_api_url.clone().filter(|u| !u.is_empty()),
+                },
+                annotation_prefix: args.kube_annotation_prefix.clone(),
+                net_config_path: args.net_config_path.clone(),
+            };
+            tokio::spawn(daemon::kube::run(opts, kube, stop2))
+        } else {
+            tokio::spawn(daemon::run(opts, connect, stop2))
+        };
+        match daemon.await {
             Ok(result) => result,
             Err(e) => Err(anyhow::anyhow!("the daemon task ended: {e}")),
         }
@@ -1025,9 +1056,11 @@ mod tests {
         let Command::Run(run) = cli.command else { panic!("not weft run") };
         assert_eq!(run.tun_name, "w1");
         assert!(run.relinquish_on_exit);
-        let e =
-            parse_as_weft(&["weft", "-kube-subnet-mgr", "-kube-api-url=https://k"]).unwrap_err();
-        assert!(e.contains("Kubernetes"), "{e}");
+        // kube-flannel's command line: the Kubernetes subnet manager.
+        let cli = parse_as_weft(&["weft", "-kube-subnet-mgr", "-kube-api-url=https://k"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("not weft run") };
+        assert!(run.kube_subnet_mgr);
+        assert_eq!(run.kube_api_url.as_deref(), Some("https://k"));
     }
 
     /// The environment file lists every shown `weft run` flag's variable once, commented out,

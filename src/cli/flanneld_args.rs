@@ -13,10 +13,9 @@
 //!   repeated single-valued flag winning, `-h`/`-help` for help. Where Go would stop reading
 //!   flags (at `--` or at the first argument that is not a flag) and silently ignore the rest,
 //!   weft refuses, naming the argument.
-//! - Every flag of flanneld's etcd mode ([`FLANNELD_FLAGS`]) becomes weft's flag of the same
-//!   meaning, or is accepted and ignored with a [`Notice`] saying why (iptables tuning, kube
-//!   mode's settings), or is refused with what to do instead (`--kube-subnet-mgr`,
-//!   `--ip-blackhole-route`). weft's own flags are accepted with one dash too.
+//! - Every flag of flanneld's ([`FLANNELD_FLAGS`]) becomes weft's flag of the same meaning, or
+//!   is accepted and ignored with a [`Notice`] saying why (iptables tuning), or is refused with
+//!   what to do instead (`--ip-blackhole-route`). weft's own flags are accepted with one dash too.
 //! - A flanneld flag not on the command line is read from `FLANNELD_<NAME>` as flanneld does
 //!   (its `flagutil.SetFlagsFromEnv`), unless weft's own variable for it (`WEFT_<NAME>`) is set.
 //! - Error messages and notices name flags, never a flag's value (an etcd password).
@@ -75,7 +74,6 @@ const fn flag_default_empty(name: &'static str, kind: Kind, becomes: Becomes) ->
 }
 
 const NO_IPTABLES: &str = "weft installs no iptables rules";
-const KUBE_ONLY: &str = "flanneld reads it only with --kube-subnet-mgr, which weft does not have";
 
 /// Every flag flanneld defines (v0.19 to v0.28), in `main.go`'s order, then klog's three.
 pub const FLANNELD_FLAGS: &[FlanneldFlag] = &[
@@ -96,17 +94,10 @@ pub const FLANNELD_FLAGS: &[FlanneldFlag] = &[
     flag("subnet-lease-renew-margin", Kind::Value, Becomes::Weft("subnet-lease-renew-margin")),
     flag("ip-masq", Kind::Bool, Becomes::Weft("ip-masq")),
     flag("ip-masq-fully-random-disable", Kind::Bool, Becomes::Ignored(NO_IPTABLES)),
-    flag(
-        "kube-subnet-mgr",
-        Kind::Bool,
-        Becomes::RefusedIfTrue(
-            "weft has no Kubernetes subnet manager: it leases from etcd (--etcd-endpoints) \
-             only; run flanneld for kube mode",
-        ),
-    ),
-    flag_default_empty("kube-api-url", Kind::Value, Becomes::Ignored(KUBE_ONLY)),
-    flag("kube-annotation-prefix", Kind::Value, Becomes::Ignored(KUBE_ONLY)),
-    flag_default_empty("kubeconfig-file", Kind::Value, Becomes::Ignored(KUBE_ONLY)),
+    flag("kube-subnet-mgr", Kind::Bool, Becomes::Weft("kube-subnet-mgr")),
+    flag_default_empty("kube-api-url", Kind::Value, Becomes::Weft("kube-api-url")),
+    flag("kube-annotation-prefix", Kind::Value, Becomes::Weft("kube-annotation-prefix")),
+    flag_default_empty("kubeconfig-file", Kind::Value, Becomes::Weft("kubeconfig-file")),
     flag("version", Kind::Bool, Becomes::Version),
     flag("healthz-ip", Kind::Value, Becomes::Weft("healthz-ip")),
     flag("healthz-port", Kind::Value, Becomes::Weft("healthz-port")),
@@ -127,8 +118,15 @@ pub const FLANNELD_FLAGS: &[FlanneldFlag] = &[
              (ip route replace blackhole \"$2\"), or leave the flag out",
         ),
     ),
-    flag("net-config-path", Kind::Value, Becomes::Ignored(KUBE_ONLY)),
-    flag("set-node-network-unavailable", Kind::Bool, Becomes::Ignored(KUBE_ONLY)),
+    flag("net-config-path", Kind::Value, Becomes::Weft("net-config-path")),
+    flag(
+        "set-node-network-unavailable",
+        Kind::Bool,
+        Becomes::Ignored(
+            "weft sets the Node's NetworkUnavailable condition to False once it forwards, as \
+             flanneld does by default",
+        ),
+    ),
     // klog's verbosity: weft's `--verbosity` (1 or more turns on weft's debug lines).
     flag("v", Kind::Value, Becomes::Weft("verbosity")),
     flag_default_empty(
@@ -650,9 +648,11 @@ mod tests {
     }
 
     #[test]
-    fn kube_mode_and_the_blackhole_route_are_refused_and_iptables_tuning_ignored_with_a_notice() {
-        let e = norm(&["weft", "-kube-subnet-mgr"]).unwrap_err();
-        assert!(e.contains("-kube-subnet-mgr: weft has no Kubernetes subnet manager"), "{e}");
+    fn kube_mode_is_taken_the_blackhole_route_refused_and_iptables_tuning_ignored_with_a_notice() {
+        assert_eq!(
+            norm(&["weft", "-kube-subnet-mgr", "-kube-annotation-prefix=example.com/x"]).unwrap(),
+            v(&["weft", "run", "--kube-subnet-mgr", "--kube-annotation-prefix=example.com/x"])
+        );
         assert_eq!(norm(&["weft", "-kube-subnet-mgr=false"]).unwrap(), v(&["weft", "run"]));
         let e = norm(&["weft", "-ip-blackhole-route"]).unwrap_err();
         assert!(e.contains("--on-subnet-change"), "{e}");
@@ -694,7 +694,7 @@ mod tests {
     fn messages_never_show_a_password() {
         let e = norm(&["weft", "-etcd-password", "hunter2", "stray"]).unwrap_err();
         assert!(!e.contains("hunter2"), "{e}");
-        let e = norm(&["weft", "-etcd-password=hunter2", "-kube-subnet-mgr"]).unwrap_err();
+        let e = norm(&["weft", "-etcd-password=hunter2", "-ip-blackhole-route"]).unwrap_err();
         assert!(!e.contains("hunter2"), "{e}");
     }
 

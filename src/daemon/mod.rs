@@ -33,7 +33,7 @@ use crate::lease::driver::{DriverConfig, LeaseDriver};
 use crate::lease::keeper::{Keeper, KeeperConfig};
 use crate::lease::record::{Incarnation, LeaseAttrs, LeaseName, NodeId, Subnet};
 use crate::lease::status::LeaseHealth;
-use crate::lease::store::Store;
+use crate::lease::store::{LeaseFeed, Store};
 use crate::lease::subnet_env::{self, ReadOutcome};
 use crate::logging::LogOnce;
 use crate::route::backends::BackendMismatches;
@@ -45,6 +45,7 @@ use crate::vocab::MacAddr;
 
 mod config_follow;
 mod handover;
+pub mod kube;
 mod netlink_watch;
 mod systemd;
 mod tun;
@@ -502,7 +503,7 @@ async fn start_fresh(
     }));
     let route_watcher = start_route_watcher(
         &network,
-        &store,
+        &(store.clone() as Arc<dyn LeaseFeed>),
         &health,
         &routes,
         subnet_rx.clone(),
@@ -696,7 +697,7 @@ async fn start_handed(
     let store = connect.await?;
     let route_watcher = start_route_watcher(
         &network,
-        &store,
+        &(store.clone() as Arc<dyn LeaseFeed>),
         &health,
         &routes,
         subnet_rx,
@@ -1011,7 +1012,7 @@ fn is_tun_in_use(e: &anyhow::Error) -> bool {
 /// (`weft_route_ignored_keys`), and `/metrics` shows the routes a data plane would use.
 fn start_route_watcher(
     network: &NetworkConfig,
-    store: &Arc<dyn Store>,
+    store: &Arc<dyn LeaseFeed>,
     health: &Arc<Health>,
     routes: &Arc<Routes>,
     subnet_rx: watch::Receiver<Option<LeaseName>>,
