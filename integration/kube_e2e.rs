@@ -84,3 +84,157 @@ fn two_nodes_lease_their_podcidrs_announce_them_and_ping_each_other() {
         assert!(!w.log().contains("ERROR"), "weft {} logged an error:\n{}", w.n, w.log_tail(40));
     }
 }
+
+/// Both hosts up on their podCIDRs, their pods pinging each other: the start of every story.
+fn two_up(lab: &Lab, kube: &KubeApi) -> ([Weft; 2], Vec<Pod>) {
+    kube.create_node("node-1", &["10.244.1.0/24"]);
+    kube.create_node("node-2", &["10.244.2.0/24"]);
+    let files = kube_files(lab, kube);
+    let mut wefts = [kube_weft(lab, 1, &files), kube_weft(lab, 2, &files)];
+    for w in &mut wefts {
+        w.wait_ready(READY);
+        w.wait_metric("weft_routes", Duration::from_secs(10), |v| v >= 1.0);
+    }
+    let pods: Vec<Pod> = wefts.iter().map(|w| lab.pod(w.n, &w.subnet_file())).collect();
+    ping_ok(&pods[0].ns, pods[1].ip, 2);
+    (wefts, pods)
+}
+
+/// The Node deleted under a running weft: a lost lease, loud and counted, not ready, forwarding
+/// on. Re-created with another podCIDR (as the controller manager would give it): a subnet
+/// change, `subnet.env` rewritten, the hook run, the other host routing to the new subnet and
+/// no longer to the old one.
+#[test]
+fn a_deleted_node_is_a_lost_lease_and_its_new_podcidr_a_subnet_change() {
+    let lab = Lab::new(NETWORK);
+    let kube = KubeApi::in_lab(&lab);
+    kube.create_node("node-1", &["10.244.1.0/24"]);
+    kube.create_node("node-2", &["10.244.2.0/24"]);
+    let files = kube_files(&lab, &kube);
+    let hooks = lab.dir().join("hooks.log");
+    let hook = format!("echo \"$0 $1 $2\" >> {}", hooks.display());
+    let w1 = {
+        let mut w = kube_weft(&lab, 1, &files);
+        w.wait_ready(READY);
+        w
+    };
+    let mut w2 = {
+        let (kubeconfig, net_conf) = (files.0.to_str().unwrap(), files.1.to_str().unwrap());
+        let args = [
+            "--kube-subnet-mgr",
+            "--kubeconfig-file",
+            kubeconfig,
+            "--net-config-path",
+            net_conf,
+            "--on-subnet-change",
+            &hook,
+            "--on-lease-lost",
+            &hook,
+        ];
+        let mut w = lab.unstarted_weft(2, &args);
+        w.env.push(("NODE_NAME".into(), "node-2".into()));
+        w.start();
+        w
+    };
+    assert_eq!(w2.wait_ready(READY), "10.244.2.0/24");
+    w1.wait_metric("weft_routes", Duration::from_secs(10), |v| v >= 1.0);
+    let pods: Vec<Pod> = [&w1, &w2].iter().map(|w| lab.pod(w.n, &w.subnet_file())).collect();
+    ping_ok(&pods[0].ns, pods[1].ip, 2);
+
+    kube.delete_node("node-2");
+    w2.wait_log("LEASE LOST: the Node node-2 was deleted", READY);
+    wait_until("host 2 unready without its Node", READY, || !w2.ready());
+    let (code, body) = w2.get("/readyz");
+    assert!(code == 503 && body.contains("node-2 does not exist"), "{code} {body}");
+    assert_eq!(w2.metric("weft_lease_losses_total"), Some(1.0));
+
+    kube.create_node("node-2", &["10.244.9.0/24"]);
+    assert_eq!(w2.wait_ready(READY), "10.244.9.0/24", "{}", w2.log_tail(30));
+    w2.wait_log("this node's podCIDR changed", READY);
+    wait_until("the hooks ran", READY, || {
+        let text = std::fs::read_to_string(&hooks).unwrap_or_default();
+        text.contains("10.244.2.0/24") && text.lines().count() >= 2
+    });
+    let text = std::fs::read_to_string(&hooks).unwrap_or_default();
+    assert!(text.contains("10.244.2.0/24 10.244.9.0/24"), "no subnet-change hook: {text}");
+    assert_eq!(kube.flannel_annotation("node-2", "public-ip").as_deref(), Some("192.0.2.2"));
+    // A pod on the new subnet (cni0 still has the old gateway address: the bridge plugin
+    // refuses to add another, as on any flannel node whose subnet changed).
+    let ns2 = lab.host(2);
+    lab.exec(&ns2, &["ip", "link", "del", "cni0"]);
+    let _ = std::process::Command::new("ip").args(["netns", "del", &pods[1].ns]).status();
+    let moved = lab.pod(2, &w2.subnet_file());
+    assert!(moved.ip.to_string().starts_with("10.244.9."), "{}", moved.ip);
+    wait_until("host 1 routes to the new subnet", READY, || {
+        support::netns::ping_lossy(&pods[0].ns, moved.ip, 1, 0.2).received == 1
+    });
+    ping_ok(&moved.ns, pods[0].ip, 2);
+    let route_count = w1.metric("weft_routes");
+    assert_eq!(route_count, Some(1.0), "host 1 still routes to the old subnet");
+}
+
+/// The API server gone for a while: pods keep pinging on the last routes, weft says why it is
+/// not ready, and is ready again once the server is back.
+#[test]
+fn an_api_server_outage_keeps_traffic_and_says_why() {
+    let lab = Lab::new(NETWORK);
+    let mut kube = KubeApi::in_lab(&lab);
+    let (mut wefts, pods) = two_up(&lab, &kube);
+    let ping = support::netns::spawn_ping(&pods[0].ns, pods[1].ip, 100, 0.1);
+    std::thread::sleep(Duration::from_secs(1));
+    kube.kill_apiserver();
+    wait_until("host 1 says the API server is gone", READY, || {
+        let (code, body) = wefts[0].get("/readyz");
+        code == 503 && body.contains("cannot read the Node node-1")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    kube.start_apiserver();
+    let r = support::netns::finish_ping(ping);
+    assert!(r.loss() < 0.05, "pings lost across the outage: {}", r.text);
+    for w in &mut wefts {
+        wait_until("ready again after the outage", READY, || w.ready());
+        assert!(w.running());
+    }
+    ping_ok(&pods[1].ns, pods[0].ip, 2);
+}
+
+/// A third Node announcing host 1's subnet is named, counted and never routed to; the
+/// credentials' rights revoked (the binding deleted) make weft unready with the server's
+/// refusal, forwarding on; the token never shows in the log.
+#[test]
+fn a_node_claiming_anothers_subnet_is_ignored_and_a_revoked_binding_is_told() {
+    let lab = Lab::new(NETWORK);
+    let kube = KubeApi::in_lab(&lab);
+    let (wefts, pods) = two_up(&lab, &kube);
+    let p = support::kube::ANNOTATION_PREFIX;
+    kube.create_node_with(
+        "node-3",
+        &["10.244.1.0/24"],
+        &[
+            (&format!("{p}/kube-subnet-manager"), "true"),
+            (&format!("{p}/backend-type"), "vxlan"),
+            (&format!("{p}/backend-data"), r#"{"VNI":1,"VtepMAC":"8e:00:00:00:00:03"}"#),
+            (&format!("{p}/public-ip"), "192.0.2.3"),
+        ],
+    );
+    wefts[1].wait_log("the Node node-3 announces the subnet 10.244.1.0/24", READY);
+    assert_eq!(wefts[1].metric("weft_kube_node_subnet_conflicts"), Some(1.0));
+    ping_ok(&pods[1].ns, pods[0].ip, 3);
+
+    let out = kube.kubectl(&["delete", "clusterrolebinding", "--all"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The next look at the Node (the watch is re-made, or the resync) is refused.
+    kube.annotate_node("node-1", &[("example.com/poke", "1")]);
+    wait_until("host 1 says its rights are gone", Duration::from_secs(60), || {
+        let (code, body) = wefts[0].get("/readyz");
+        code == 503
+            && (body.contains("403") || body.contains("forbidden") || body.contains("credentials"))
+    });
+    ping_ok(&pods[0].ns, pods[1].ip, 3);
+    let token = std::fs::read_to_string(lab.dir().join("kube-weft").join("kubeconfig")).unwrap();
+    let token =
+        token.lines().find_map(|l| l.trim().strip_prefix("token:")).unwrap().trim().to_owned();
+    for w in &wefts {
+        assert!(!w.log().contains(&token), "the token is in weft {}'s log", w.n);
+    }
+}

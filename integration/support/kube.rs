@@ -275,6 +275,11 @@ impl KubeApi {
         self.apiserver.stop(|| tail);
     }
 
+    /// Kills the API server (SIGKILL): gone at once, as a crashed or unplugged one.
+    pub fn kill_apiserver(&mut self) {
+        self.apiserver.kill();
+    }
+
     /// SIGSTOPs the API server (`true`) or SIGCONTs it: its socket stays open and nothing
     /// answers.
     pub fn pause_apiserver(&self, pause: bool) {

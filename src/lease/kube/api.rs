@@ -46,6 +46,20 @@ pub struct KubeSettings {
     pub api_url: Option<String>,
 }
 
+/// The longest one call to the API server may take (a watch: its set-up); an API server that
+/// hangs is one that cannot be reached.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `call`, bounded by [`CALL_TIMEOUT`], its error mapped.
+async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(r) => r.map_err(map_err),
+        Err(_) => Err(StoreError::Timeout(CALL_TIMEOUT)),
+    }
+}
+
 /// A plain-text error, boxed as the source of a [`StoreError`].
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -98,7 +112,7 @@ pub async fn node_name(client: &Client) -> Result<String, StoreError> {
             "set NODE_NAME (the downward API's spec.nodeName), or POD_NAME and POD_NAMESPACE",
         )));
     };
-    let got = Api::<Pod>::namespaced(client.clone(), &ns).get(&pod).await.map_err(map_err)?;
+    let got = bounded(Api::<Pod>::namespaced(client.clone(), &ns).get(&pod)).await?;
     got.spec.and_then(|s| s.node_name).filter(|n| !n.is_empty()).ok_or_else(|| {
         StoreError::Setup(boxed(format!("the pod {ns}/{pod} names no node (spec.nodeName)")))
     })
@@ -286,7 +300,7 @@ impl NodeFeed {
 #[async_trait::async_trait]
 impl LeaseFeed for NodeFeed {
     async fn list(&self) -> Result<Listing, StoreError> {
-        let list = self.nodes.list(&ListParams::default()).await.map_err(map_err)?;
+        let list = bounded(self.nodes.list(&ListParams::default())).await?;
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         st.resume = list.metadata.resource_version.clone().unwrap_or_default();
         let listing = st.set.replace_all(list.items.iter().map(view));
@@ -305,7 +319,7 @@ impl LeaseFeed for NodeFeed {
             )));
         }
         let resume = self.state.lock().unwrap_or_else(PoisonError::into_inner).resume.clone();
-        let stream = self.nodes.watch(&WatchParams::default(), &resume).await.map_err(map_err)?;
+        let stream = bounded(self.nodes.watch(&WatchParams::default(), &resume)).await?;
         let feed = self.clone();
         Ok(Box::pin(stream.filter_map(move |item| {
             let out = match item {
@@ -333,20 +347,19 @@ impl OwnNode {
 
     /// The Node now; `Ok(None)` when there is none of that name.
     pub async fn get(&self) -> Result<Option<NodeView>, StoreError> {
-        match self.nodes.get_opt(&self.name).await {
-            Ok(n) => Ok(n.as_ref().map(view)),
-            Err(e) => Err(map_err(e)),
-        }
+        bounded(self.nodes.get_opt(&self.name)).await.map(|n| n.as_ref().map(view))
     }
 
     /// Applies a strategic-merge patch to the Node's status subresource (annotations and
     /// conditions both go there, as flannel writes them: RBAC `nodes/status: patch`).
     pub async fn patch_status(&self, patch: &serde_json::Value) -> Result<(), StoreError> {
-        self.nodes
-            .patch_status(&self.name, &PatchParams::default(), &Patch::Strategic(patch))
-            .await
-            .map(|_| ())
-            .map_err(map_err)
+        bounded(self.nodes.patch_status(
+            &self.name,
+            &PatchParams::default(),
+            &Patch::Strategic(patch),
+        ))
+        .await
+        .map(|_| ())
     }
 }
 
@@ -355,7 +368,7 @@ impl OwnNode {
     /// once; it ends when the server ends the watch.
     pub async fn changes(&self) -> Result<futures::stream::BoxStream<'static, ()>, StoreError> {
         let wp = WatchParams::default().fields(&format!("metadata.name={}", self.name));
-        let stream = self.nodes.watch(&wp, "0").await.map_err(map_err)?;
+        let stream = bounded(self.nodes.watch(&wp, "0")).await?;
         Ok(stream.map(|_| ()).boxed())
     }
 }
