@@ -8,37 +8,13 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use support::kube::KubeApi;
+use support::kube::{KubeApi, kube_files, kube_weft};
 use support::netns::{Lab, Pod, Weft, ping_ok};
 
 const NETWORK: &str = r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#;
 const READY: Duration = Duration::from_secs(30);
-
-/// The files every kube-mode weft of a lab reads: the manifest's service-account kubeconfig
-/// and kube-flannel's net-conf.json.
-fn kube_files(lab: &Lab, kube: &KubeApi) -> (PathBuf, PathBuf) {
-    let dir = lab.dir().join("kube-weft");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let kubeconfig = dir.join("kubeconfig");
-    kube.manifest_kubeconfig(&kubeconfig, 0);
-    let net_conf = dir.join("net-conf.json");
-    std::fs::write(&net_conf, NETWORK).expect("net-conf.json");
-    (kubeconfig, net_conf)
-}
-
-/// Host `n`'s weft on the subnet manager, as Node `node-<n>`.
-fn kube_weft(lab: &Lab, n: u8, files: &(PathBuf, PathBuf)) -> Weft {
-    let (kubeconfig, net_conf) = (files.0.to_str().unwrap(), files.1.to_str().unwrap());
-    let args =
-        ["--kube-subnet-mgr", "--kubeconfig-file", kubeconfig, "--net-config-path", net_conf];
-    let mut w = lab.unstarted_weft(n, &args);
-    w.env.push(("NODE_NAME".into(), format!("node-{n}")));
-    w.start();
-    w
-}
 
 fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
@@ -54,7 +30,7 @@ fn two_nodes_lease_their_podcidrs_announce_them_and_ping_each_other() {
     let kube = KubeApi::in_lab(&lab);
     kube.create_node("node-1", &["10.244.1.0/24"]);
     kube.create_node("node-2", &["10.244.2.0/24"]);
-    let files = kube_files(&lab, &kube);
+    let files = kube_files(&lab, &kube, NETWORK);
     let mut wefts = [kube_weft(&lab, 1, &files), kube_weft(&lab, 2, &files)];
     for (w, want) in wefts.iter_mut().zip(["10.244.1.0/24", "10.244.2.0/24"]) {
         assert_eq!(w.wait_ready(READY), want, "the subnet is not the podCIDR:\n{}", w.log_tail(30));
@@ -89,7 +65,7 @@ fn two_nodes_lease_their_podcidrs_announce_them_and_ping_each_other() {
 fn two_up(lab: &Lab, kube: &KubeApi) -> ([Weft; 2], Vec<Pod>) {
     kube.create_node("node-1", &["10.244.1.0/24"]);
     kube.create_node("node-2", &["10.244.2.0/24"]);
-    let files = kube_files(lab, kube);
+    let files = kube_files(lab, kube, NETWORK);
     let mut wefts = [kube_weft(lab, 1, &files), kube_weft(lab, 2, &files)];
     for w in &mut wefts {
         w.wait_ready(READY);
@@ -110,7 +86,7 @@ fn a_deleted_node_is_a_lost_lease_and_its_new_podcidr_a_subnet_change() {
     let kube = KubeApi::in_lab(&lab);
     kube.create_node("node-1", &["10.244.1.0/24"]);
     kube.create_node("node-2", &["10.244.2.0/24"]);
-    let files = kube_files(&lab, &kube);
+    let files = kube_files(&lab, &kube, NETWORK);
     let hooks = lab.dir().join("hooks.log");
     let hook = format!("echo \"$0 $1 $2\" >> {}", hooks.display());
     let w1 = {
@@ -119,22 +95,12 @@ fn a_deleted_node_is_a_lost_lease_and_its_new_podcidr_a_subnet_change() {
         w
     };
     let mut w2 = {
-        let (kubeconfig, net_conf) = (files.0.to_str().unwrap(), files.1.to_str().unwrap());
-        let args = [
-            "--kube-subnet-mgr",
-            "--kubeconfig-file",
-            kubeconfig,
-            "--net-config-path",
-            net_conf,
-            "--on-subnet-change",
-            &hook,
-            "--on-lease-lost",
-            &hook,
-        ];
-        let mut w = lab.unstarted_weft(2, &args);
-        w.env.push(("NODE_NAME".into(), "node-2".into()));
-        w.start();
-        w
+        support::kube::kube_weft_with(
+            &lab,
+            2,
+            &files,
+            &["--on-subnet-change", &hook, "--on-lease-lost", &hook],
+        )
     };
     assert_eq!(w2.wait_ready(READY), "10.244.2.0/24");
     w1.wait_metric("weft_routes", Duration::from_secs(10), |v| v >= 1.0);

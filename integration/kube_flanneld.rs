@@ -59,3 +59,32 @@ fn flanneld_in_kube_mode_leases_its_podcidr_and_publishes_it_on_the_manifests_rb
         "a call the manifest's RBAC refused:\n{log}"
     );
 }
+
+/// Two weft nodes and a flanneld v0.19 node in one Kubernetes-managed network: each reads the
+/// others' leases from their Nodes, and pods behind all three ping every way.
+#[test]
+fn two_weft_nodes_and_a_flanneld_node_share_one_network_and_ping_every_way() {
+    let lab = Lab::new(NETWORK);
+    let kube = KubeApi::in_lab(&lab);
+    for (n, cidr) in [(1, "10.244.1.0/24"), (2, "10.244.2.0/24"), (3, "10.244.3.0/24")] {
+        kube.create_node(&format!("node-{n}"), &[cidr]);
+    }
+    let files = support::kube::kube_files(&lab, &kube, NETWORK);
+    let flanneld = KubeFlanneld::start(&lab, 3, "node-3", &files.0, NETWORK);
+    let mut wefts =
+        [support::kube::kube_weft(&lab, 1, &files), support::kube::kube_weft(&lab, 2, &files)];
+    for w in &mut wefts {
+        w.wait_ready(std::time::Duration::from_secs(30));
+        w.wait_metric("weft_routes", std::time::Duration::from_secs(20), |v| v >= 2.0);
+    }
+    let mut pods: Vec<support::netns::Pod> =
+        wefts.iter().map(|w| lab.pod(w.n, &w.subnet_file())).collect();
+    pods.push(lab.pod(3, &flanneld.dir.join("subnet.env")));
+    for a in &pods {
+        for b in &pods {
+            if a.ns != b.ns {
+                support::netns::ping_ok(&a.ns, b.ip, 2);
+            }
+        }
+    }
+}

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::netns::Lab;
+use super::netns::{Lab, Weft};
 use super::process::{Daemon, lib_command, lib_run};
 
 /// The unprivileged user of every control plane (the static token file's second line).
@@ -736,4 +736,34 @@ impl Drop for KubeFlanneld {
             .stdin(Stdio::null())
             .output();
     }
+}
+
+/// The files every kube-mode weft of a lab reads: the manifest's service-account kubeconfig
+/// (so weft has that manifest's RBAC and no more) and kube-flannel's `net-conf.json`.
+pub fn kube_files(lab: &Lab, kube: &KubeApi, network: &str) -> (PathBuf, PathBuf) {
+    let dir = lab.dir().join("kube-weft");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let kubeconfig = dir.join("kubeconfig");
+    kube.manifest_kubeconfig(&kubeconfig, 0);
+    let net_conf = dir.join("net-conf.json");
+    std::fs::write(&net_conf, network).expect("net-conf.json");
+    (kubeconfig, net_conf)
+}
+
+/// Host `n`'s `weft run --kube-subnet-mgr` with `files`, as Node `node-<n>`, started.
+pub fn kube_weft(lab: &Lab, n: u8, files: &(PathBuf, PathBuf)) -> Weft {
+    kube_weft_with(lab, n, files, &[])
+}
+
+/// [`kube_weft`] with more flags.
+pub fn kube_weft_with(lab: &Lab, n: u8, files: &(PathBuf, PathBuf), extra: &[&str]) -> Weft {
+    let (kubeconfig, net_conf) =
+        (files.0.to_str().expect("utf-8"), files.1.to_str().expect("utf-8"));
+    let mut args =
+        vec!["--kube-subnet-mgr", "--kubeconfig-file", kubeconfig, "--net-config-path", net_conf];
+    args.extend_from_slice(extra);
+    let mut w = lab.unstarted_weft(n, &args);
+    w.env.push(("NODE_NAME".into(), format!("node-{n}")));
+    w.start();
+    w
 }
