@@ -330,6 +330,39 @@ fn nonroot_weft_with_only_cap_net_admin_forwards() {
     ping_ok(&p2.ns, p1.ip, 3);
 }
 
+/// As in a Kubernetes container: uid 65534, NET_ADMIN in the bounding set only (no ambient
+/// capabilities), the binary carrying it as a permitted file capability (the image's,
+/// scripts/package.sh). weft raises it at start and forwards.
+#[test]
+fn nonroot_weft_takes_cap_net_admin_from_its_binary_without_ambient_capabilities() {
+    let lab = Lab::new(VXLAN);
+    let bin = lab.dir().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let exe = bin.join("weft");
+    std::fs::copy(env!("CARGO_BIN_EXE_weft"), &exe).expect("copy weft");
+    run(&["setcap", "cap_net_admin,cap_net_raw+p", exe.to_str().unwrap()]);
+    let mut w1 = lab.start_weft(1, &[]);
+    let mut w2 = lab.unstarted_weft_nonroot(2, &[]);
+    w2.exe = Some(exe);
+    w2.nonroot_ambient = false;
+    w2.start();
+    w1.wait_ready(READY);
+    w2.wait_ready(READY);
+    assert!(w2.log().contains("raised the capabilities the binary permits"), "{}", w2.log_tail(20));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", w2.pid())).expect("status");
+    let field = |k: &str| {
+        status.lines().find_map(|l| l.strip_prefix(k)).map(str::trim).unwrap_or("?").to_owned()
+    };
+    assert_eq!(field("CapAmb:"), "0000000000000000", "ambient capabilities");
+    assert_eq!(field("CapEff:"), "0000000000001000", "effective: NET_ADMIN alone (the bound)");
+    let p1 = lab.pod(1, &w1.subnet_file());
+    let p2 = lab.pod(2, &w2.subnet_file());
+    w2.wait_metric("weft_routes", Duration::from_secs(5), |v| v >= 1.0);
+    ping_ok(&p1.ns, p2.ip, 3);
+    ping_ok(&p2.ns, p1.ip, 3);
+}
+
 // --- 8: garbage at the UDP port while traffic flows ----------------------------------------
 
 fn checksum(bytes: &[u8]) -> u16 {

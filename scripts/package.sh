@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for c in dpkg-deb dpkg-shlibdeps strip ldd gzip tar sha256sum; do
+for c in dpkg-deb dpkg-shlibdeps strip ldd gzip tar sha256sum setcap; do
     command -v "$c" >/dev/null 2>&1 || need+=("$c")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -141,6 +141,11 @@ mv "$DEB.part" "$DEB"
 # ---- the OCI image ----------------------------------------------------------------------------
 ROOTFS="$WORK/rootfs"
 install -D -m 0755 "$WORK/weft" "$ROOTFS/usr/bin/weft"
+# Permitted, not effective: a non-root container (a Kubernetes DaemonSet's: no ambient
+# capabilities) gets NET_ADMIN and NET_RAW at exec where the runtime's bounding set has them,
+# and weft raises them itself (crate::capabilities); where the bounding set lacks them, exec
+# still works (`podman run weft --version`), as it would not with the effective bit.
+setcap cap_net_admin,cap_net_raw+p "$ROOTFS/usr/bin/weft"
 # The libraries at the paths the loader looks them up by (ldd's), as regular files.
 ldd "$WORK/weft" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' |
     while read -r lib; do
@@ -155,6 +160,7 @@ OCI="$WORK/oci"
 mkdir -p "$OCI/blobs/sha256"
 LAYER="$WORK/layer.tar"
 tar --sort=name --owner=0 --group=0 --numeric-owner --format=posix \
+    --xattrs --xattrs-include=security.capability \
     --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
     -C "$ROOTFS" -cf "$LAYER" etc lib lib64 run tmp usr var
 DIFF_ID=$(sha256sum "$LAYER" | cut -d' ' -f1)

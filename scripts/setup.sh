@@ -45,6 +45,7 @@ packages=(
     curl                # requests to the test kube-apiserver (integration/support/kube.rs)
     golang-go           # Debian's Go: builds the test kube-apiserver (scripts/kube-apiserver.sh build)
     kubernetes-client   # kubectl: the manifest's server-side dry run (integration/kube_manifest.rs)
+    libcap2-bin         # setcap: the image's binary carries its capabilities (scripts/package.sh)
 )
 
 # A package another one may stand in for: kubernetes-client is not installed where a kubectl of
@@ -57,7 +58,7 @@ optional_if_command=(
 checks=(
     cc c++ protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ss ping iperf3
     tcpdump openssl sysctl unshare setpriv prlimit mount python3 /usr/lib/cni/bridge /usr/lib/cni/host-local
-    iptables sockperf dpkg-deb dpkg-shlibdeps strip podman runc systemd-analyze curl go kubectl
+    iptables sockperf dpkg-deb dpkg-shlibdeps strip podman runc systemd-analyze curl go kubectl setcap
     dpkg-source flock base64
 )
 

@@ -23,8 +23,9 @@
 //!
 //! The process's edges: [`logging`] (log lines through a queue that never blocks or panics),
 //! [`stop`] (signals on a thread of their own; every panic a clean, non-zero stop),
-//! [`panics`] (which panics a supervisor catches) and [`rlimit`] (the soft open file limit
-//! raised to the hard one at start).
+//! [`panics`] (which panics a supervisor catches), [`rlimit`] (the soft open file limit
+//! raised to the hard one at start) and [`capabilities`] (the permitted network capabilities
+//! raised into the effective set at start).
 //!
 //! Time comes from [`time`]: a boot-time clock for drivers, a manual clock for tests.
 
@@ -36,6 +37,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod atomic_file;
+pub mod capabilities;
 pub mod cli;
 pub mod config;
 pub mod daemon;

@@ -473,6 +473,16 @@ fn run_daemon(args: RunArgs, notices: &[Notice]) -> ExitCode {
             Level::Warn => tracing::warn!("{}", notice.text),
         }
     }
+    match weft::capabilities::raise_permitted() {
+        Ok(raised) if !raised.is_empty() => {
+            tracing::info!(
+                ?raised,
+                "raised the capabilities the binary permits (file capabilities)"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not raise the permitted capabilities"),
+    }
     if args.ip_masq {
         tracing::warn!(
             "--ip-masq is written to subnet.env as FLANNEL_IPMASQ=true, which tells flannel's CNI \

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "panics",
             "logging",
             "rlimit",
+            "capabilities",
             "secret_file",
             "fds",
             "health",

@@ -651,6 +651,7 @@ impl Lab {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             nonroot: nonroot.then_some(tun_node),
             nonroot_caps: "+net_admin".to_owned(),
+            nonroot_ambient: true,
             health_port: HEALTH_PORT,
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             public_ip_flag,
@@ -873,6 +874,10 @@ pub struct Weft {
     /// The capabilities a non-root weft gets, in setpriv's form (`+net_admin` unless a test
     /// adds `+net_raw`, which the ipip backend needs).
     pub nonroot_caps: String,
+    /// Whether a non-root weft gets [`Weft::nonroot_caps`] as ambient capabilities (as podman
+    /// gives them); else only in its bounding set (as a Kubernetes container), so that it has
+    /// them only from its binary's file capabilities.
+    pub nonroot_ambient: bool,
     /// `--healthz-port` ([`HEALTH_PORT`] but for a [`Weft::twin`]).
     health_port: u16,
     /// Extra environment for the next [`Weft::start`] (fault injection).
@@ -947,10 +952,15 @@ impl Weft {
                 cmd.args(["unshare", "-m", "--propagation", "private", "--", "sh", "-c"])
                     .arg(format!(
                         "mount --bind \"$0\" /dev/net/tun && exec setpriv --reuid 65534 \
-                         --regid 65534 --clear-groups --inh-caps -all,{caps} \
-                         --ambient-caps -all,{caps} --bounding-set -all,{caps} \
+                         --regid 65534 --clear-groups --inh-caps -all{ambient} \
+                         --ambient-caps -all{ambient} --bounding-set -all,{caps} \
                          --pdeathsig KILL -- \"$@\"",
-                        caps = self.nonroot_caps
+                        caps = self.nonroot_caps,
+                        ambient = if self.nonroot_ambient {
+                            format!(",{}", self.nonroot_caps)
+                        } else {
+                            String::new()
+                        },
                     ))
                     .arg(tun)
                     .args(&weft);
@@ -1037,6 +1047,7 @@ impl Weft {
             extra: self.extra.clone(),
             nonroot: self.nonroot.clone(),
             nonroot_caps: self.nonroot_caps.clone(),
+            nonroot_ambient: self.nonroot_ambient,
             health_port,
             env: Vec::new(),
             public_ip_flag: self.public_ip_flag,
