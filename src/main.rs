@@ -225,8 +225,9 @@ struct RunArgs {
     /// With --ip-masq: accept the Network's forwarded traffic in weft's table (`=false`: not).
     #[arg(long, env = "WEFT_IPTABLES_FORWARD_RULES", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     iptables_forward_rules: bool,
-    /// With --ip-masq: how often weft's tables are checked and repaired, in seconds.
-    #[arg(long, env = "WEFT_IPTABLES_RESYNC", default_value_t = 5, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86400))]
+    /// With --ip-masq: how often weft's tables are checked and repaired, in seconds (0: every
+    /// second).
+    #[arg(long, env = "WEFT_IPTABLES_RESYNC", default_value_t = 5, value_name = "SECONDS")]
     iptables_resync: u64,
     /// Data plane: `tun` forwards traffic; `none` runs the control plane only (leases,
     /// subnet.env, hooks, health) and needs no privilege.
@@ -987,11 +988,16 @@ mod tests {
         use flanneld_args::{Becomes, FLANNELD_FLAGS, Kind};
         let flags = weft_flags(&run_command());
         for f in FLANNELD_FLAGS {
-            let Becomes::Weft(name) = f.becomes else { continue };
+            let (name, valued) = match f.becomes {
+                Becomes::Weft(name) => (name, f.kind != Kind::Bool),
+                // A bool given as a value: `--name=true|false`.
+                Becomes::WeftBool(name) | Becomes::WeftNot(name) => (name, true),
+                _ => continue,
+            };
             let Some((_, takes_value)) = flags.iter().find(|(l, _)| l == name) else {
                 panic!("flanneld's -{} becomes --{name}, which weft run does not have", f.name)
             };
-            assert_eq!(*takes_value, f.kind != Kind::Bool, "-{} vs --{name}", f.name);
+            assert_eq!(*takes_value, valued, "-{} vs --{name}", f.name);
         }
     }
 

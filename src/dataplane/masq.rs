@@ -320,6 +320,11 @@ impl Masquerade {
 
     fn open(what: &'static str) -> Result<Socket, NftError> {
         let io = |source| NftError::Io { what, source };
+        // A kernel without nf_tables, for the end-to-end tests (the `fault-injection` feature).
+        #[cfg(feature = "fault-injection")]
+        if std::env::var_os("WEFT_FAULT_NO_NFTABLES").is_some() {
+            return Err(io(io::Error::from_raw_os_error(libc::EPROTONOSUPPORT)));
+        }
         let mut s = Socket::new(NETLINK_NETFILTER).map_err(io)?;
         s.bind_auto().map_err(io)?;
         socket2::SockRef::from(&s).set_read_timeout(Some(REPLY_TIMEOUT)).map_err(io)?;

@@ -9,7 +9,7 @@
 //!   no table), its owner comment, its chains and rules; and a delete of each table of weft's
 //!   no longer wanted. [`remove`] deletes tables. Every message asks for an ack.
 //! - Rules are encoded as `nft` encodes them (a prefix match loads the prefix's bytes and
-//!   masks only a partial byte), so `nft list` shows them as written; [`decode_rule`] reads
+//!   masks the whole address for any other prefix), so `nft list` shows them as written; [`decode_rule`] reads
 //!   back exactly what [`install`] writes, and anything else as `None`.
 //! - Decoding never panics: a short or malformed message is an error or is skipped.
 
@@ -357,8 +357,9 @@ fn encode_rule(list: &mut Attrs, rule: &Rule) {
                 let source = matches!(m, Match::Saddr { .. });
                 let (offset, full) = addr_field(net.addr().is_ipv4(), source);
                 let prefix = usize::from(net.prefix_len());
-                // The prefix's bytes (all of the address for a /0, masked to nothing).
-                let len = if prefix == 0 { full } else { prefix.div_ceil(8) };
+                // As nft: a prefix of whole bytes loads those bytes; any other the whole
+                // address, masked.
+                let len = if prefix % 8 == 0 && prefix > 0 { prefix / 8 } else { full };
                 expr(list, "payload", |d| {
                     d.be32(NFTA_PAYLOAD_DREG, NFT_REG_1)
                         .be32(NFTA_PAYLOAD_BASE, NFT_PAYLOAD_NETWORK_HEADER)
@@ -647,10 +648,6 @@ fn read_prefix(v4: bool, len: usize, mask: Option<Vec<u8>>, value: &[u8]) -> Opt
         b == (0xffu16 << (8 - want)) as u8
     });
     if !contiguous || value.iter().zip(&mask).any(|(v, m)| v & !m != 0) {
-        return None;
-    }
-    // A partial load's prefix must end in its last byte, as nft and weft write it.
-    if bits > 0 && (bits as usize).div_ceil(8) != len {
         return None;
     }
     let full = if v4 { 4 } else { 16 };
