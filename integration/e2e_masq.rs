@@ -182,3 +182,31 @@ fn without_nf_tables_weft_forwards_and_says_so_once() {
     assert_eq!(tables(&lab.host(1)), Vec::<String>::new());
     assert_eq!(w1.stop(), Some(0));
 }
+
+/// With `CAP_NET_ADMIN` alone (uid 65534, no root), beside a table of another weft's (another
+/// node ID in its comment: a second weft on this host): that table is left alone, said once,
+/// `/readyz` names it; once it is gone, this weft installs its own.
+#[test]
+fn cap_net_admin_is_enough_and_another_weft_s_table_is_left_alone() {
+    let lab = Lab::new(DUAL_VXLAN);
+    let h1 = lab.host(1);
+    ns_run(&h1, &["nft", "add", "table", "ip", "weft", "{ comment \"weft node someone-else\"; }"]);
+    let mut w1 = lab.start_weft_nonroot(1, &["--ip-masq", "--iptables-resync", "1"]);
+    wait_until("w1 has no subnet", &w1, || w1.subnet().is_some());
+    w1.wait_metric("weft_masq_failures_total", SOON, |v| v >= 3.0);
+    let (status, body) = w1.get("/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("another weft's masquerade table is in place"), "{body}");
+    assert_eq!(w1.log().matches("another weft's masquerade table").count(), 1, "said once");
+    let theirs = ns_run(&h1, &["nft", "list", "table", "ip", "weft"]);
+    assert!(theirs.contains("someone-else") && !theirs.contains("chain"), "{theirs}");
+    assert_eq!(tables(&h1), ["table ip weft"], "not even this host's ip6 table");
+
+    ns_run(&h1, &["nft", "delete", "table", "ip", "weft"]);
+    w1.wait_metric("weft_masq_installed", SOON, |v| v == 1.0);
+    w1.wait_ready(READY_WITHIN);
+    assert_eq!(tables(&h1), ["table ip weft", "table ip6 weft"]);
+    assert!(w1.log().contains("after_failing=true"), "{}", w1.log_tail(20));
+    assert_eq!(w1.stop(), Some(0));
+    assert_eq!(tables(&h1), Vec::<String>::new());
+}
