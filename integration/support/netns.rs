@@ -67,7 +67,7 @@ pub const TTL: &str = "4s";
 /// Tools the lab runs; each must be on `PATH`.
 pub const REQUIRED_TOOLS: &[&str] = &[
     "ip", "bridge", "ss", "ping", "iperf3", "etcd", "etcdctl", "setpriv", "unshare", "prlimit",
-    "mknod", "sh", "python3", "tcpdump",
+    "mknod", "sh", "python3", "tcpdump", "nft",
 ];
 
 /// Host `n`'s IPv6 underlay address: `2001:db8::N`, N the last 16-bit group (so `{n:x}`), as
@@ -96,7 +96,7 @@ pub fn require_root_and_tools() {
     assert!(
         missing.is_empty(),
         "tools missing for the end-to-end tests: {missing:?} (Debian: iproute2 iputils-ping \
-         iperf3 util-linux etcd-server etcd-client; or run scripts/setup.sh)"
+         iperf3 util-linux etcd-server etcd-client nftables; or run scripts/setup.sh)"
     );
 }
 
