@@ -210,3 +210,62 @@ fn cap_net_admin_is_enough_and_another_weft_s_table_is_left_alone() {
     assert_eq!(w1.stop(), Some(0));
     assert_eq!(tables(&h1), Vec::<String>::new());
 }
+
+/// A subnet change (the lease taken by another node: weft moves to another subnet) rewrites the
+/// rules for the new subnet in one transaction: sampled all along, the table is always there
+/// with its six masquerade rules, first for the old subnet, then for the new one.
+#[test]
+fn a_subnet_change_rewrites_the_rules_without_a_gap() {
+    let lab = Lab::new(DUAL_VXLAN);
+    let h1 = lab.host(1);
+    let mut w1 = lab.start_weft(1, &["--ip-masq", "--iptables-resync", "1"]);
+    let old = w1.wait_ready(READY_WITHIN);
+    w1.wait_metric("weft_masq_installed", SOON, |v| v == 1.0);
+    let (key, _) = lab.lease_entry(&old).expect("host 1's lease");
+    // Sample the table every few milliseconds while another node takes the lease.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (stop, h1) = (stop.clone(), h1.clone());
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let out = ns_output(&h1, &["nft", "list", "chain", "ip", "weft", "postrouting"]);
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                let rules = text
+                    .lines()
+                    .filter(|l| l.contains("return") || l.contains("masquerade"))
+                    .count();
+                seen.push((out.status.success(), rules, text));
+            }
+            seen
+        })
+    };
+    let theirs = r#"{"PublicIP":"192.0.2.9","PublicIPv6":"2001:db8::9","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"02:00:00:00:00:09"},"BackendV6Data":{"VNI":1,"VtepMAC":"02:00:00:00:00:09"}}"#;
+    lab.etcdctl(&["put", &key, theirs]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let new = loop {
+        if let Some(s) = w1.subnet().filter(|s| *s != old) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no new subnet:\n{}", w1.log_tail(40));
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let want = format!("ip saddr {new} ip daddr 10.244.0.0/16 return");
+    wait_until("the rules do not name the new subnet", &w1, || {
+        ns_run(&h1, &["nft", "list", "table", "ip", "weft"]).contains(&want)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = sampler.join().expect("sampler");
+    assert!(seen.len() > 10, "too few samples: {}", seen.len());
+    for (ok, rules, text) in &seen {
+        assert!(*ok && *rules == 6, "a moment without the rules:\n{text}");
+    }
+    let named = |s: &str| seen.iter().any(|(_, _, t)| t.contains(&format!("ip saddr {s} ")));
+    assert!(named(&old) && named(&new), "both subnets' rules were sampled");
+    let ruleset = ns_run(&h1, &["nft", "list", "ruleset"]);
+    assert!(!ruleset.contains(&old), "the old subnet is gone:\n{ruleset}");
+    let new6 = w1.subnet6().expect("the new IPv6 subnet");
+    assert!(ruleset.contains(&format!("ip6 saddr {new6} ")), "{ruleset}");
+    assert_eq!(w1.stop(), Some(0));
+}
