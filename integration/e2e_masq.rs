@@ -252,7 +252,8 @@ fn a_subnet_change_rewrites_the_rules_without_a_gap() {
     };
     let want = format!("ip saddr {new} ip daddr 10.244.0.0/16 return");
     wait_until("the rules do not name the new subnet", &w1, || {
-        ns_run(&h1, &["nft", "list", "table", "ip", "weft"]).contains(&want)
+        let out = ns_output(&h1, &["nft", "list", "table", "ip", "weft"]);
+        String::from_utf8_lossy(&out.stdout).contains(&want)
     });
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -20,7 +20,8 @@
 //!   a takeover, an in-place upgrade) adopts its table as it is; a table of another node's (a
 //!   second weft beside this one, on another state dir) is left alone, said once at ERROR; a
 //!   table without the comment (made by hand) is replaced. [`Masquerade::remove`] (a clean
-//!   exit that hands nothing over) deletes this node's tables only.
+//!   exit that hands nothing over) deletes this node's tables and any without the comment (a
+//!   kernel before 5.13 keeps no table comment), never another node's.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
