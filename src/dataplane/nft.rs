@@ -739,6 +739,33 @@ mod tests {
         }
     }
 
+    /// Prefixes load as nft loads them, so `nft list` prints them as prefixes: a whole-byte
+    /// prefix its bytes, any other the whole address, masked.
+    #[test]
+    fn prefixes_load_as_nft_loads_them() {
+        for (net, len, masked) in
+            [("10.244.0.0/16", 2, false), ("224.0.0.0/4", 4, true), ("ff00::/8", 1, false)]
+        {
+            let rule = Rule {
+                matches: vec![Match::Daddr { net: net.parse().unwrap(), negated: true }],
+                action: Action::Return,
+            };
+            let mut list = Attrs::default();
+            encode_rule(&mut list, &rule);
+            let exprs: Vec<(String, AttrList<'_>)> = attrs(&list.0)
+                .into_iter()
+                .map(|(_, e)| {
+                    let e = attrs(e);
+                    let name = attr_str(&e, NFTA_EXPR_NAME).unwrap();
+                    (name, attrs(attr(&e, NFTA_EXPR_DATA).unwrap_or(&[])))
+                })
+                .collect();
+            let payload = &exprs.iter().find(|(n, _)| n == "payload").unwrap().1;
+            assert_eq!(attr_be32(payload, NFTA_PAYLOAD_LEN), Some(len), "{net}");
+            assert_eq!(exprs.iter().any(|(n, _)| n == "bitwise"), masked, "{net}");
+        }
+    }
+
     /// A rule weft does not write (another expression, a verdict it does not use, an address
     /// read in the other family's place) is `None`, never a wanted rule.
     #[test]
