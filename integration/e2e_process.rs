@@ -192,7 +192,8 @@ fn expand_exec_start(unit: &str, env: &[(&str, String)]) -> Vec<String> {
 /// A flanneld unit's ExecStart line, its first word changed to weft: weft tries the `-iface`
 /// candidates in order (the first is absent), leases a subnet of the lab's network, writes
 /// `subnet.env` where `-subnet-file` says, serves health where `-healthz-*` say, logs its debug
-/// lines for `-v=1` and that `-iptables-resync` does nothing; SIGTERM ends it with 0.
+/// lines for `-v=1`, takes `-iptables-resync` as its own (with `-ip-masq=false` no nftables
+/// table is made); SIGTERM ends it with 0.
 #[test]
 fn a_flanneld_unit_exec_start_line_runs_weft_with_the_binary_renamed() {
     let lab = Lab::new(VXLAN);
@@ -249,7 +250,9 @@ fn a_flanneld_unit_exec_start_line_runs_weft_with_the_binary_renamed() {
     let lease = lab.lease_value(&leased).unwrap_or_else(|| panic!("no lease {leased}"));
     assert_eq!(lease["PublicIP"], "192.0.2.1", "eth0's address: {lease}");
     let text = read_log();
-    assert!(text.contains("-iptables-resync is ignored"), "{text}");
+    assert!(!text.contains("is ignored"), "{text}");
+    let tables = lab.exec(&host, &["nft", "list", "tables"]);
+    assert_eq!(String::from_utf8_lossy(&tables.stdout), "", "no table without -ip-masq");
     assert!(text.contains(" DEBUG "), "-v=1 shows no debug lines:\n{text}");
     assert_eq!(weft.stop(read_log), Some(0));
 }

@@ -31,7 +31,11 @@ fn two_nodes_lease_their_podcidrs_announce_them_and_ping_each_other() {
     kube.create_node("node-1", &["10.244.1.0/24"]);
     kube.create_node("node-2", &["10.244.2.0/24"]);
     let files = kube_files(&lab, &kube, NETWORK);
-    let mut wefts = [kube_weft(&lab, 1, &files), kube_weft(&lab, 2, &files)];
+    // As kube-flannel's DaemonSet runs: with --ip-masq.
+    let mut wefts = [
+        support::kube::kube_weft_with(&lab, 1, &files, &["--ip-masq"]),
+        support::kube::kube_weft_with(&lab, 2, &files, &["--ip-masq"]),
+    ];
     for (w, want) in wefts.iter_mut().zip(["10.244.1.0/24", "10.244.2.0/24"]) {
         assert_eq!(w.wait_ready(READY), want, "the subnet is not the podCIDR:\n{}", w.log_tail(30));
     }
@@ -55,6 +59,11 @@ fn two_nodes_lease_their_podcidrs_announce_them_and_ping_each_other() {
     let pods: Vec<Pod> = wefts.iter().map(|w| lab.pod(w.n, &w.subnet_file())).collect();
     ping_ok(&pods[0].ns, pods[1].ip, 3);
     ping_ok(&pods[1].ns, pods[0].ip, 3);
+    for w in &wefts {
+        let nft = lab.exec(&w.ns, &["nft", "list", "table", "ip", "weft"]);
+        let rules = String::from_utf8_lossy(&nft.stdout);
+        assert!(rules.contains("masquerade"), "no masquerade rules on host {}: {rules}", w.n);
+    }
     for w in &mut wefts {
         assert!(w.running(), "{}", w.log_tail(20));
         assert!(!w.log().contains("ERROR"), "weft {} logged an error:\n{}", w.n, w.log_tail(40));

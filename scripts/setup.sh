@@ -37,6 +37,7 @@ packages=(
     python3             # bench.sh's result tables; the CNI delegate config (scripts/lib/cni.sh)
     containernetworking-plugins  # CNI bridge + host-local: pods in the demo, tests, chaos soak
     iptables            # the bridge plugin's ipMasq rules (inside namespace hosts)
+    nftables            # nft: the masquerade tests read weft's tables (integration/e2e_masq.rs)
     dpkg-dev            # dpkg-shlibdeps: the .deb's Depends (scripts/package.sh)
     binutils            # strip: the packaged binary (scripts/package.sh)
     podman              # the container test runs the OCI image (integration/e2e_container.rs)
@@ -58,7 +59,7 @@ optional_if_command=(
 checks=(
     cc c++ protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ss ping iperf3
     tcpdump openssl sysctl unshare setpriv prlimit mount python3 /usr/lib/cni/bridge /usr/lib/cni/host-local
-    iptables sockperf dpkg-deb dpkg-shlibdeps strip podman runc systemd-analyze curl go kubectl setcap
+    iptables nft sockperf dpkg-deb dpkg-shlibdeps strip podman runc systemd-analyze curl go kubectl setcap
     dpkg-source flock base64
 )
 

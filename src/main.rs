@@ -213,7 +213,9 @@ struct RunArgs {
     /// other stops. Without a running weft, start as usual.
     #[arg(long, env = "WEFT_TAKEOVER")]
     takeover: bool,
-    /// Written to subnet.env as FLANNEL_IPMASQ; weft itself installs no iptables rules.
+    /// Masquerade traffic leaving the Network, as flanneld's --ip-masq: weft's own nftables
+    /// tables (`table ip weft`, `table ip6 weft`), kept for this host's subnet; also written
+    /// to subnet.env as FLANNEL_IPMASQ.
     #[arg(long, env = "WEFT_IP_MASQ")]
     ip_masq: bool,
     /// Lease from Kubernetes, as flanneld's kube subnet manager: this node's subnet is its
@@ -234,6 +236,17 @@ struct RunArgs {
     /// With --kube-subnet-mgr: the network config file (kube-flannel's ConfigMap).
     #[arg(long, env = "WEFT_NET_CONFIG_PATH", default_value = "/etc/kube-flannel/net-conf.json")]
     net_config_path: PathBuf,
+    /// With --ip-masq: masquerade `fully-random` (`=false`: plain; flanneld's
+    /// -ip-masq-fully-random-disable).
+    #[arg(long, env = "WEFT_IP_MASQ_RANDOM_FULLY", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    ip_masq_random_fully: bool,
+    /// With --ip-masq: accept the Network's forwarded traffic in weft's table (`=false`: not).
+    #[arg(long, env = "WEFT_IPTABLES_FORWARD_RULES", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    iptables_forward_rules: bool,
+    /// With --ip-masq: how often weft's tables are checked and repaired, in seconds (0: every
+    /// second).
+    #[arg(long, env = "WEFT_IPTABLES_RESYNC", default_value_t = 5, value_name = "SECONDS")]
+    iptables_resync: u64,
     /// Data plane: `tun` forwards traffic; `none` runs the control plane only (leases,
     /// subnet.env, hooks, health) and needs no privilege.
     #[arg(long, env = "WEFT_DATAPLANE", value_enum, default_value_t = DataplaneMode::Tun)]
@@ -483,13 +496,6 @@ fn run_daemon(args: RunArgs, notices: &[Notice]) -> ExitCode {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "could not raise the permitted capabilities"),
     }
-    if args.ip_masq {
-        tracing::warn!(
-            "--ip-masq is written to subnet.env as FLANNEL_IPMASQ=true, which tells flannel's CNI \
-             plugin not to masquerade; weft installs no masquerade rule itself, so traffic from \
-             pods to outside the Network leaves unmasqueraded unless the host has one"
-        );
-    }
     weft::rlimit::raise_nofile_limit();
     let stop = Stop::new();
     stop.install_panic_hook();
@@ -578,6 +584,9 @@ fn run_options(args: &RunArgs, iface: Option<String>) -> RunOptions {
         hook_timeout: args.hook_timeout,
         relinquish_on_exit: args.relinquish_on_exit,
         ip_masq: args.ip_masq,
+        ip_masq_random_fully: args.ip_masq_random_fully,
+        iptables_forward_rules: args.iptables_forward_rules,
+        iptables_resync: Duration::from_secs(args.iptables_resync),
         dataplane: args.dataplane,
         tun_name: args.tun_name.clone(),
         workers: args.workers.unwrap_or_else(|| {
@@ -1020,11 +1029,16 @@ mod tests {
         use flanneld_args::{Becomes, FLANNELD_FLAGS, Kind};
         let flags = weft_flags(&run_command());
         for f in FLANNELD_FLAGS {
-            let Becomes::Weft(name) = f.becomes else { continue };
+            let (name, valued) = match f.becomes {
+                Becomes::Weft(name) => (name, f.kind != Kind::Bool),
+                // A bool given as a value: `--name=true|false`.
+                Becomes::WeftBool(name) | Becomes::WeftNot(name) => (name, true),
+                _ => continue,
+            };
             let Some((_, takes_value)) = flags.iter().find(|(l, _)| l == name) else {
                 panic!("flanneld's -{} becomes --{name}, which weft run does not have", f.name)
             };
-            assert_eq!(*takes_value, f.kind != Kind::Bool, "-{} vs --{name}", f.name);
+            assert_eq!(*takes_value, valued, "-{} vs --{name}", f.name);
         }
     }
 

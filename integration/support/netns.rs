@@ -67,7 +67,7 @@ pub const TTL: &str = "4s";
 /// Tools the lab runs; each must be on `PATH`.
 pub const REQUIRED_TOOLS: &[&str] = &[
     "ip", "bridge", "ss", "ping", "iperf3", "etcd", "etcdctl", "setpriv", "unshare", "prlimit",
-    "mknod", "sh", "python3", "tcpdump",
+    "mknod", "sh", "python3", "tcpdump", "nft",
 ];
 
 /// Host `n`'s IPv6 underlay address: `2001:db8::N`, N the last 16-bit group (so `{n:x}`), as
@@ -96,7 +96,7 @@ pub fn require_root_and_tools() {
     assert!(
         missing.is_empty(),
         "tools missing for the end-to-end tests: {missing:?} (Debian: iproute2 iputils-ping \
-         iperf3 util-linux etcd-server etcd-client; or run scripts/setup.sh)"
+         iperf3 util-linux etcd-server etcd-client nftables; or run scripts/setup.sh)"
     );
 }
 
@@ -591,6 +591,43 @@ impl Lab {
         self.add_ns(&host);
         lib_run("netns.sh", "netns_host_up", &[&self.prefix, &n.to_string()]);
         host
+    }
+
+    /// A node `<p>out<n>` on the underlay outside the Network: 192.0.2.n/24 and
+    /// [`host_ipv6`]`(n)`/64 on the hub's bridge, no route to the overlay (its default route is
+    /// the hub, which has none either): a pod's packet that reaches it with the pod's address
+    /// gets no answer back.
+    pub fn outside(&self, n: u8) -> String {
+        let name = format!("out{n}");
+        let ns = self.ns(&name);
+        self.add_ns(&ns);
+        lib_run("netns.sh", "netns_node_up", &[&self.prefix, &name, &n.to_string()]);
+        ns
+    }
+
+    /// [`Lab::pod`] from a copy of `subnet_env` with `FLANNEL_IPMASQ=true`: the bridge does not
+    /// masquerade, so the pod's traffic leaves with its own address unless the host (weft's
+    /// `--ip-masq`) masquerades it.
+    pub fn pod_unmasqueraded(&self, n: u8, subnet_env: &Path) -> Pod {
+        let text = std::fs::read_to_string(subnet_env).expect("read subnet.env");
+        let text: String = text
+            .lines()
+            .filter(|l| !l.starts_with("FLANNEL_IPMASQ="))
+            .map(|l| format!("{l}\n"))
+            .chain(["FLANNEL_IPMASQ=true\n".to_owned()])
+            .collect();
+        let env = self.dir().join(format!("h{n}-unmasqueraded.env"));
+        std::fs::write(&env, &text).expect("write the pod's subnet.env");
+        let pod = self.pod(n, &env);
+        // kube-flannel's CNI conf delegates with isDefaultGateway: the bridge is the pod's
+        // default route, so traffic to outside the Network leaves through the host.
+        for (var, flag) in [("FLANNEL_SUBNET=", "-4"), ("FLANNEL_IPV6_SUBNET=", "-6")] {
+            if let Some(gw) = text.lines().find_map(|l| l.strip_prefix(var)) {
+                let gw = gw.split('/').next().unwrap_or(gw);
+                ns_run(&pod.ns, &["ip", flag, "route", "add", "default", "via", gw]);
+            }
+        }
+        pod
     }
 
     /// Starts `weft run` (TUN data plane) in host `n`'s namespace, with a fresh state dir.

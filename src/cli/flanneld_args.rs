@@ -41,6 +41,10 @@ pub enum Becomes {
     /// weft's `run` flag of this name, with the same meaning. A bool is weft's switch (given
     /// when true); an empty value of a flag whose flanneld default is empty means "not given".
     Weft(&'static str),
+    /// A bool given to weft's flag of this name as its value (`--name=true|false`).
+    WeftBool(&'static str),
+    /// A bool given to weft's flag of this name negated (`-x-disable` -> `--x=false`).
+    WeftNot(&'static str),
     /// Print the version and exit.
     Version,
     /// Accepted and ignored, with this reason as a notice.
@@ -73,8 +77,6 @@ const fn flag_default_empty(name: &'static str, kind: Kind, becomes: Becomes) ->
     FlanneldFlag { name, kind, becomes, empty_is_unset: true }
 }
 
-const NO_IPTABLES: &str = "weft installs no iptables rules";
-
 /// Every flag flanneld defines (v0.19 to v0.28), in `main.go`'s order, then klog's three.
 pub const FLANNELD_FLAGS: &[FlanneldFlag] = &[
     flag("etcd-endpoints", Kind::Value, Becomes::Weft("etcd-endpoints")),
@@ -93,7 +95,7 @@ pub const FLANNELD_FLAGS: &[FlanneldFlag] = &[
     // weft's own parser takes flanneld's bare minutes and a duration (`30s`).
     flag("subnet-lease-renew-margin", Kind::Value, Becomes::Weft("subnet-lease-renew-margin")),
     flag("ip-masq", Kind::Bool, Becomes::Weft("ip-masq")),
-    flag("ip-masq-fully-random-disable", Kind::Bool, Becomes::Ignored(NO_IPTABLES)),
+    flag("ip-masq-fully-random-disable", Kind::Bool, Becomes::WeftNot("ip-masq-random-fully")),
     flag("kube-subnet-mgr", Kind::Bool, Becomes::Weft("kube-subnet-mgr")),
     flag_default_empty("kube-api-url", Kind::Value, Becomes::Weft("kube-api-url")),
     flag("kube-annotation-prefix", Kind::Value, Becomes::Weft("kube-annotation-prefix")),
@@ -101,15 +103,8 @@ pub const FLANNELD_FLAGS: &[FlanneldFlag] = &[
     flag("version", Kind::Bool, Becomes::Version),
     flag("healthz-ip", Kind::Value, Becomes::Weft("healthz-ip")),
     flag("healthz-port", Kind::Value, Becomes::Weft("healthz-port")),
-    flag("iptables-resync", Kind::Int, Becomes::Ignored(NO_IPTABLES)),
-    flag(
-        "iptables-forward-rules",
-        Kind::Bool,
-        Becomes::IgnoredIfTrue(
-            "weft installs no iptables rules: where the FORWARD chain's policy is DROP, accept \
-             the Network's traffic yourself (docs/configuration.md, \"Coming from flannel\")",
-        ),
-    ),
+    flag("iptables-resync", Kind::Int, Becomes::Weft("iptables-resync")),
+    flag("iptables-forward-rules", Kind::Bool, Becomes::WeftBool("iptables-forward-rules")),
     flag(
         "ip-blackhole-route",
         Kind::Bool,
@@ -464,6 +459,16 @@ fn read_run_flags(
                 }
             }
             Becomes::Weft(_) if value.is_empty() && f.empty_is_unset => {}
+            Becomes::WeftBool(w) => args.push(OsString::from(format!("--{w}={on}"))),
+            Becomes::WeftNot(w) => args.push(OsString::from(format!("--{w}={}", !on))),
+            // Go's integer spellings (0x10, 0o20, 1_000) as the decimal weft's parser reads.
+            Becomes::Weft(w) if f.kind == Kind::Int => {
+                let n =
+                    value.to_str().and_then(go_int).map_or(value.clone(), |n| n.to_string().into());
+                let mut a = OsString::from(format!("--{w}="));
+                a.push(&n);
+                args.push(a);
+            }
             Becomes::Weft(w) => {
                 let mut a = OsString::from(format!("--{w}="));
                 a.push(&value);
@@ -648,7 +653,7 @@ mod tests {
     }
 
     #[test]
-    fn kube_mode_is_taken_the_blackhole_route_refused_and_iptables_tuning_ignored_with_a_notice() {
+    fn kube_mode_and_the_iptables_flags_are_taken_and_the_blackhole_route_refused() {
         assert_eq!(
             norm(&["weft", "-kube-subnet-mgr", "-kube-annotation-prefix=example.com/x"]).unwrap(),
             v(&["weft", "run", "--kube-subnet-mgr", "--kube-annotation-prefix=example.com/x"])
@@ -656,16 +661,20 @@ mod tests {
         assert_eq!(norm(&["weft", "-kube-subnet-mgr=false"]).unwrap(), v(&["weft", "run"]));
         let e = norm(&["weft", "-ip-blackhole-route"]).unwrap_err();
         assert!(e.contains("--on-subnet-change"), "{e}");
+        // The iptables flags are weft's masquerading flags (--ip-masq).
         let args = ["weft", "-iptables-resync=0x10", "-iptables-forward-rules", "-vmodule=x=2"];
         let n = normalize(args.iter().map(OsString::from).collect(), WEFT, &no_env).unwrap();
-        assert_eq!(n.args, v(&["weft", "run"]).into_iter().map(OsString::from).collect::<Vec<_>>());
+        let want = v(&["weft", "run", "--iptables-resync=16", "--iptables-forward-rules=true"]);
+        assert_eq!(n.args, want.into_iter().map(OsString::from).collect::<Vec<_>>());
         let texts: Vec<&str> = n.notices.iter().map(|n| n.text.as_str()).collect();
-        assert_eq!(n.notices.len(), 3, "{texts:?}");
-        assert!(texts[0].contains("-iptables-resync is ignored: weft installs no iptables rules"));
-        assert!(texts[1].contains("FORWARD chain"));
+        assert_eq!(n.notices.len(), 1, "{texts:?}");
         let e = norm(&["weft", "-iptables-resync=often"]).unwrap_err();
         assert!(e.contains("takes an integer"), "{e}");
-        assert!(norm(&["weft", "-iptables-forward-rules=false"]).unwrap() == v(&["weft", "run"]));
+        assert_eq!(
+            norm(&["weft", "-iptables-forward-rules=false", "-ip-masq-fully-random-disable"])
+                .unwrap(),
+            v(&["weft", "run", "--iptables-forward-rules=false", "--ip-masq-random-fully=false"])
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! Not (yet) in this mode: the in-place upgrade on `SIGHUP` and `--takeover` (a DaemonSet
 //! replaces the pod; `SIGHUP` is logged and ignored), following a renumbered underlay, the
 //! network config's changes (the ConfigMap is read at start, as flanneld reads it).
+//! `--ip-masq` installs the masquerade rules as in etcd mode ([`super::masq`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -138,6 +139,20 @@ pub async fn run(opts: RunOptions, kube: KubeMode, stop: Arc<Stop>) -> anyhow::R
     } else {
         None
     };
+    // --ip-masq: kube-flannel's DaemonSet runs with it.
+    let node_id = super::load_node_id(&opts.state_dir)?;
+    let masq = (opts.dataplane == DataplaneMode::Tun)
+        .then(|| {
+            super::masq::start(
+                &opts,
+                &network,
+                &node_id,
+                &health,
+                subnet_tx.subscribe(),
+                shutdown_rx.clone(),
+            )
+        })
+        .flatten();
     let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
     let driver = KubeLeaseDriver::new(
         OwnNode::new(client, node_name),
@@ -161,6 +176,7 @@ pub async fn run(opts: RunOptions, kube: KubeMode, stop: Arc<Stop>) -> anyhow::R
         error!(error = %e, "the Kubernetes subnet manager ended abnormally");
     }
     stop.request();
+    super::masq::finish(masq, false).await;
     let _ = tokio::time::timeout(Duration::from_secs(3), route_watcher).await;
     if let Some((dp, tasks)) = dataplane {
         for t in tasks {

@@ -46,6 +46,7 @@ use crate::vocab::MacAddr;
 mod config_follow;
 mod handover;
 pub mod kube;
+mod masq;
 mod netlink_watch;
 mod systemd;
 mod tun;
@@ -104,8 +105,15 @@ pub struct RunOptions {
     pub hook_timeout: Duration,
     /// `--relinquish-on-exit`.
     pub relinquish_on_exit: bool,
-    /// `--ip-masq` (only written to subnet.env; weft installs no iptables rules).
+    /// `--ip-masq`: written to subnet.env, and weft's masquerade rules installed
+    /// ([`masq`]).
     pub ip_masq: bool,
+    /// `--ip-masq-random-fully`: masquerade `fully-random` (flanneld's default).
+    pub ip_masq_random_fully: bool,
+    /// `--iptables-forward-rules`: with `--ip-masq`, accept the network's forwarded traffic.
+    pub iptables_forward_rules: bool,
+    /// `--iptables-resync`: how often the masquerade rules are checked for drift.
+    pub iptables_resync: Duration,
     /// `--dataplane`.
     pub dataplane: DataplaneMode,
     /// `--tun-name`.
@@ -740,8 +748,10 @@ fn say_network(network: &NetworkConfig, opts: &RunOptions) {
     if network.backend.kind == BackendKind::Alloc {
         info!("the alloc backend: a lease and subnet.env, no data plane (as flannel's alloc)");
     }
-    if opts.ip_masq {
-        warn!("--ip-masq is written to subnet.env only: weft installs no iptables rules");
+    if opts.ip_masq && opts.dataplane == DataplaneMode::None {
+        warn!(
+            "--ip-masq with --dataplane none: written to subnet.env only, no masquerade rules are installed"
+        );
     }
 }
 
@@ -876,6 +886,11 @@ async fn serve(opts: RunOptions, started: Started, stop: Arc<Stop>) -> anyhow::R
     let config_follower = follow_config(&store, &network, &health, &shutdown_rx);
     let backend_watch =
         dataplane.as_ref().map(|_| watch_backends(&routes, &network, &health, &shutdown_rx));
+    let masq = (opts.dataplane == DataplaneMode::Tun)
+        .then(|| {
+            masq::start(&opts, &network, &node, &health, subnet_tx.subscribe(), shutdown_rx.clone())
+        })
+        .flatten();
     let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
     let mut driver = LeaseDriver::new(
         store,
@@ -945,6 +960,7 @@ async fn serve(opts: RunOptions, started: Started, stop: Arc<Stop>) -> anyhow::R
         given_up = dp.has_given_up();
         tokio::task::spawn_blocking(move || dp.stop()).await.ok();
     }
+    masq::finish(masq, handed_over.get().is_some()).await;
     let result = stopped(health_task).await;
     if let Some(pid) = handed_over.get() {
         info!(to_pid = pid, "handed over: the next weft forwards and holds the lease");

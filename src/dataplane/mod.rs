@@ -40,9 +40,11 @@
 //! # Contract
 //! [`wire`], [`pipeline`], [`offload`], [`gso_retry`], [`gso_tail`] and [`malformed_peers`] are
 //! pure (no I/O, no allocation on the per-packet path, never panic on input); so are [`drift`], which plans the repairs of the
-//! device's link state, [`route_plan`], [`kernel_bugs`] and [`supervise`]'s restart policy. Only the syscall
+//! device's link state, [`route_plan`], [`masq_plan`] and [`nft`] (masquerading's ruleset and its
+//! nf_tables messages), [`kernel_bugs`] and [`supervise`]'s restart policy. Only the syscall
 //! layers ([`tun`]: the TUN device's ioctls and I/O; [`udp`]: batched sockets) and the netlink
-//! driver ([`netlink`], with no `unsafe`) touch file descriptors, and only [`tunnel`] creates
+//! driver ([`netlink`], with no `unsafe`) and masquerading's nf_tables driver ([`masq`], no
+//! `unsafe` either) touch file descriptors, and only [`tunnel`] creates
 //! them and the threads that run [`worker`]'s loops; `fake` stands in for both edges in tests
 //! (only with the `test-util` feature or in unit tests).
 
@@ -65,7 +67,10 @@ pub mod kernel_bugs;
 mod kernel_routes;
 mod link_watch;
 pub mod malformed_peers;
+mod masq;
+mod masq_plan;
 mod netlink;
+mod nft;
 pub mod offload;
 pub mod pipeline;
 mod route_plan;
@@ -84,6 +89,8 @@ pub mod worker;
 
 pub use drift::check_tun_name;
 pub(crate) use host::{Host, KernelWatch};
+pub(crate) use masq::{MasqConfig, Masquerade};
+pub(crate) use masq_plan::Inputs as MasqInputs;
 pub(crate) use netlink::NetlinkError;
 pub(crate) use tunnel::{DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoConfig};
 
