@@ -10,7 +10,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::kube::{KubeApi, kube_files, kube_weft};
+use support::kube::{KubeApi, kube_files, kube_weft, kube_weft_with};
 use support::netns::{Lab, Pod, Weft, ping_ok};
 
 const NETWORK: &str = r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#;
@@ -33,8 +33,8 @@ fn two_nodes_lease_their_podcidrs_announce_them_and_ping_each_other() {
     let files = kube_files(&lab, &kube, NETWORK);
     // As kube-flannel's DaemonSet runs: with --ip-masq.
     let mut wefts = [
-        support::kube::kube_weft_with(&lab, 1, &files, &["--ip-masq"]),
-        support::kube::kube_weft_with(&lab, 2, &files, &["--ip-masq"]),
+        kube_weft_with(&lab, 1, &files, &["--ip-masq"]),
+        kube_weft_with(&lab, 2, &files, &["--ip-masq"]),
     ];
     for (w, want) in wefts.iter_mut().zip(["10.244.1.0/24", "10.244.2.0/24"]) {
         assert_eq!(w.wait_ready(READY), want, "the subnet is not the podCIDR:\n{}", w.log_tail(30));
@@ -104,12 +104,7 @@ fn a_deleted_node_is_a_lost_lease_and_its_new_podcidr_a_subnet_change() {
         w
     };
     let mut w2 = {
-        support::kube::kube_weft_with(
-            &lab,
-            2,
-            &files,
-            &["--on-subnet-change", &hook, "--on-lease-lost", &hook],
-        )
+        kube_weft_with(&lab, 2, &files, &["--on-subnet-change", &hook, "--on-lease-lost", &hook])
     };
     assert_eq!(w2.wait_ready(READY), "10.244.2.0/24");
     w1.wait_metric("weft_routes", Duration::from_secs(10), |v| v >= 1.0);
@@ -211,5 +206,38 @@ fn a_node_claiming_anothers_subnet_is_ignored_and_a_revoked_binding_is_told() {
         token.lines().find_map(|l| l.trim().strip_prefix("token:")).unwrap().trim().to_owned();
     for w in &wefts {
         assert!(!w.log().contains(&token), "the token is in weft {}'s log", w.n);
+    }
+}
+
+/// The other backends on the subnet manager: udp, host-gw and ipip nodes read each other's
+/// Nodes and forward as on etcd.
+#[test]
+fn udp_host_gw_and_ipip_nodes_ping_each_other() {
+    for backend in ["udp", "host-gw", "ipip"] {
+        let network = format!(r#"{{"Network":"10.244.0.0/16","Backend":{{"Type":"{backend}"}}}}"#);
+        let lab = Lab::new(&network);
+        let kube = KubeApi::in_lab(&lab);
+        kube.create_node("node-1", &["10.244.1.0/24"]);
+        kube.create_node("node-2", &["10.244.2.0/24"]);
+        let files = kube_files(&lab, &kube, &network);
+        // host-gw's hosts forward (as any flannel node; weft does not set it), and with
+        // --ip-masq the pods' bridge masquerades nothing: pods' packets cross the underlay
+        // with their own addresses, as host-gw is run.
+        for n in [1, 2] {
+            support::process::lib_run("flannel.sh", "flannel_forwarding", &[&lab.host(n)]);
+        }
+        let masq = ["--ip-masq"];
+        let mut wefts =
+            [kube_weft_with(&lab, 1, &files, &masq), kube_weft_with(&lab, 2, &files, &masq)];
+        for w in &mut wefts {
+            w.wait_ready(READY);
+            w.wait_metric("weft_routes", Duration::from_secs(10), |v| v >= 1.0);
+        }
+        assert_eq!(kube.flannel_annotation("node-1", "backend-type").as_deref(), Some(backend));
+        let pods: Vec<Pod> = wefts.iter().map(|w| lab.pod(w.n, &w.subnet_file())).collect();
+        for (a, b) in [(&pods[0], &pods[1]), (&pods[1], &pods[0])] {
+            let r = support::netns::ping_lossy(&a.ns, b.ip, 2, 0.2);
+            assert_eq!(r.received, 2, "{backend}: {} -> {}:\n{}", a.ns, b.ip, r.text);
+        }
     }
 }
