@@ -29,8 +29,8 @@
 //! Time comes from [`time`]: a boot-time clock for drivers, a manual clock for tests.
 
 #![warn(missing_docs)]
-// `unsafe` lives only in the syscall modules that allow it below (dataplane::tun, udp, and the
-// boot-time clock); every other module is checked to have none.
+// `unsafe` lives only in the syscall modules that allow it below (dataplane::sys's tun, udp and
+// sched, fds, and the boot-time clock); every other module is checked to have none.
 #![deny(unsafe_code)]
 // Each `unsafe` block says, in a `// SAFETY:` comment, why what it does is sound.
 #![deny(clippy::undocumented_unsafe_blocks)]

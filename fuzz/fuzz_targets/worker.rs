@@ -17,7 +17,7 @@ use libfuzzer_sys::fuzz_target;
 use weft::config::BackendKind;
 use weft::dataplane::counters::PacketCounters;
 use weft::dataplane::fake::{FakeNet, FakeTun};
-use weft::dataplane::gso_tail::TailRule;
+use weft::dataplane::sys::udp::gso_tail::TailRule;
 use weft::dataplane::pipeline::{Forwarder, OwnSubnet};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::virtio_net::{self, Header};

@@ -147,7 +147,7 @@ pub struct Counters {
     offloads: [AtomicBool; Offload::ALL.len()],
     /// Repairs of the TUN device's link state after someone else changed it, by what drifted.
     link_repairs: [AtomicU64; RepairKind::ALL.len()],
-    /// How the sockets' GSO messages ended (`super::gso_tail`): added to after most sends, so
+    /// How the sockets' GSO messages ended (`crate::dataplane::sys::udp::gso_tail`): added to after most sends, so
     /// on cache lines of their own.
     pub(crate) gso_tails: CachePadded<GsoTailCounts>,
 }

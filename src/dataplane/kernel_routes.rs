@@ -39,10 +39,11 @@ use prometheus_client::encoding::DescriptorEncoder;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use super::host::KernelWatch;
-use super::netlink::{Netlink, NetlinkError};
-use super::route_plan::{self, Change, Me, PeerRoute, Reach};
+use super::route_plan::{self, Change, Me, Reach};
 use super::tunnel::DataplaneError;
+use crate::dataplane::sys::host::KernelWatch;
+use crate::dataplane::sys::netlink::{Netlink, NetlinkError};
+use crate::dataplane::sys::netlink::{PeerRoute, SeenRoute};
 use crate::lease::record::LeaseName;
 use crate::metrics;
 use crate::route::Routes;
@@ -347,13 +348,7 @@ impl KernelRoutes {
 
     /// Logs a route put, as what happened: a peer came or moved (INFO), a route of weft's
     /// that was gone came back, or someone else's route was replaced (WARN).
-    fn told_put(
-        &self,
-        st: &mut State,
-        route: PeerRoute,
-        found: &[route_plan::SeenRoute],
-        dev: &str,
-    ) {
+    fn told_put(&self, st: &mut State, route: PeerRoute, found: &[SeenRoute], dev: &str) {
         let after_failing = st.failing.remove(&route.dst);
         let was_ours = st.installed.contains(&route);
         let foreign: Vec<String> =

@@ -58,33 +58,21 @@ pub mod counters;
 mod drift;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
-mod gso_retry;
-pub mod gso_tail;
-mod host;
 pub mod kernel_bugs;
 mod kernel_routes;
-mod link_watch;
 pub mod malformed_peers;
-mod netlink;
 pub mod offload;
 pub mod pipeline;
 mod route_plan;
-#[allow(unsafe_code)]
-mod sched;
 mod supervise;
-#[allow(unsafe_code)]
-mod tun;
+pub mod sys;
 mod tunnel;
-#[allow(unsafe_code)]
-mod udp;
-#[cfg(feature = "test-util")]
-pub use udp::{LoopbackRun, LoopbackSend, loopback_run};
 pub mod wire;
 pub mod worker;
 
-pub use drift::check_tun_name;
-pub(crate) use host::{Host, KernelWatch};
-pub(crate) use netlink::NetlinkError;
+pub(crate) use sys::host::{Host, KernelWatch};
+pub(crate) use sys::netlink::NetlinkError;
+pub use sys::tun::check_tun_name;
 pub(crate) use tunnel::{DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoConfig};
 
 use drift::DriftLog;

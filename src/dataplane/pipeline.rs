@@ -44,11 +44,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 
-use super::gso_tail;
 use super::malformed_peers::MalformedLog;
 use super::wire::ethernet::MacAddr;
 use super::wire::{self, ethernet, icmpv4, icmpv6, ipip, ipv4, ipv6, vxlan};
 use crate::config::BackendKind;
+use crate::dataplane::sys::udp::gso_tail;
 use crate::lease::record::{Ipv6Subnet, Subnet};
 use crate::route::{RouteTable, backends};
 use crate::time::Instant;
@@ -102,7 +102,7 @@ pub enum DropReason {
     /// RX: from an IPv6 sender, an inner frame that is not IPv6 (IPv4 travels over IPv4).
     RxNotIpv6,
     /// RX: the pad a weft peer ends a GSO message with, so that none ends on a full segment
-    /// (`super::gso_tail`): filler, not a packet.
+    /// (`crate::dataplane::sys::udp::gso_tail`): filler, not a packet.
     RxGsoPad,
     /// RX (ipip): the outer header says congestion experienced (CE) over an inner packet that
     /// is not ECN-capable, which RFC 6040 (and the kernel's ipip device) drops.

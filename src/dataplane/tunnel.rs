@@ -8,7 +8,7 @@
 //! (`IFF_VNET_HDR` + `TUNSETOFFLOAD`), UDP GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`). Each can be
 //! switched off by a flag. A GSO send that fails (`EIO`, `EINVAL`, `EMSGSIZE`: the path, not
 //! the kernel, refuses it) turns GSO off on that socket for now, and it is tried again later
-//! (see [`super::udp`] and [`super::gso_retry`]). Each worker socket is a [`MeteredSocket`],
+//! (see [`crate::dataplane::sys::udp`] and [`crate::dataplane::sys::udp::gso_retry`]). Each worker socket is a [`MeteredSocket`],
 //! which logs every turn-off (WARN) and recovery (INFO) once and keeps the `udp_gso` gauge and
 //! the GSO counters in [`Counters`] up to date.
 //!
@@ -20,7 +20,7 @@
 //! public IPv6 address; a [`FamilySockets`] pairs them, so the loops see one socket.
 //!
 //! Drift repair ([`Tunnel::repair_link`]): the TUN device's MTU, `IFF_UP`, address and Network
-//! route are read back over netlink ([`super::netlink`]) and whatever someone else changed is
+//! route are read back over netlink ([`crate::dataplane::sys::netlink`]) and whatever someone else changed is
 //! put back ([`super::drift`]).
 //!
 //! VXLAN datagrams leave from sockets on ephemeral ports chosen by the inner flow's hash, so the
@@ -39,18 +39,18 @@ use tracing::{debug, info, warn};
 
 use super::counters::{Counters, Offload};
 use super::drift::{self, DriftLog, Repair, WantedLink};
-use super::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
-use super::gso_tail::{GsoLimits, TailRule};
-use super::host::KernelWatch;
-use super::netlink::{Netlink, NetlinkError, TunStatus};
 use super::pipeline::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubnet6};
 use super::supervise::WorkerStates;
-use super::tun::{self, Tun, TunError, TunOptions};
-use super::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
 use super::wire::ethernet::MacAddr;
 use super::wire::vxlan::Vni;
 use super::worker::{self, FamilySockets, StopSignal, TunIo, UdpIo, WorkerConfig};
 use crate::config::BackendKind;
+use crate::dataplane::sys::host::KernelWatch;
+use crate::dataplane::sys::netlink::{Netlink, NetlinkError, TunStatus};
+use crate::dataplane::sys::tun::{self, Tun, TunError, TunOptions};
+use crate::dataplane::sys::udp::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
+use crate::dataplane::sys::udp::gso_tail::{GsoLimits, TailRule};
+use crate::dataplane::sys::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
 use crate::lease::record::{Ipv6Subnet, LeaseName, Subnet};
 use crate::route::Routes;
 use crate::time::{BootClock, Instant};
@@ -133,7 +133,7 @@ pub struct UdpGsoConfig {
     /// The first wait before a socket tries GSO again after a failed GSO send
     /// (`--gso-retry-after`); doubled on each failed retry, up to an hour.
     pub retry_after: Duration,
-    /// Never end a GSO message on a full segment ([`super::gso_tail`]): on a kernel whose GSO
+    /// Never end a GSO message on a full segment ([`crate::dataplane::sys::udp::gso_tail`]): on a kernel whose GSO
     /// mangles such messages.
     pub never_equal_tail: bool,
 }
@@ -550,7 +550,7 @@ impl Tunnel {
             },
         };
         let wcfg = WorkerConfig {
-            batch: if cfg.batching { super::udp::MAX_BATCH } else { 1 },
+            batch: if cfg.batching { crate::dataplane::sys::udp::MAX_BATCH } else { 1 },
             wake: WAKE,
             gro_tcp: cfg.tun_offload && offloads.tso,
             gro_udp: cfg.tun_offload && offloads.uso,
@@ -767,7 +767,7 @@ impl Tunnel {
 
     /// Starts a watch of the kernel's notifications about the TUN device (its link, addresses
     /// and the routes through it), so that drift is repaired as it happens
-    /// ([`super::link_watch`]). Blocking (one netlink request): call it from a blocking thread.
+    /// ([`crate::dataplane::sys::link_watch`]). Blocking (one netlink request): call it from a blocking thread.
     pub(crate) fn watch_link(
         &self,
     ) -> Result<(KernelWatch, tokio::sync::watch::Receiver<u64>), NetlinkError> {
@@ -799,7 +799,7 @@ impl Tunnel {
     /// ([`drift::plan`]), counts each repair in `weft_dataplane_link_repairs_total` and logs it
     /// at WARN, once per drift event as `drift` decides (a failing repair is logged once, then
     /// retried quietly at each call). Blocking (netlink requests, each answered within
-    /// [`super::netlink::REPLY_TIMEOUT`]): call it from a blocking thread.
+    /// [`crate::dataplane::sys::netlink::REPLY_TIMEOUT`]): call it from a blocking thread.
     pub(crate) fn repair_link(&self, drift: &mut DriftLog) {
         let dev = self.cfg.tun_name.as_str();
         let seen = match self.netlink.observe_link(dev, self.cfg.ipv6.is_some()) {
@@ -1104,7 +1104,7 @@ impl Drop for MeteredSocket {
     }
 }
 
-/// What usually makes a GSO send fail with `errno` (see [`super::gso_retry`]).
+/// What usually makes a GSO send fail with `errno` (see [`crate::dataplane::sys::udp::gso_retry`]).
 fn gso_failure_hint(errno: i32) -> &'static str {
     match errno {
         libc::EMSGSIZE => "a segment is larger than the path MTU",

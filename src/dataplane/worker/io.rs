@@ -5,8 +5,8 @@
 use std::io;
 use std::time::Duration;
 
-use crate::dataplane::gso_tail::GsoLimits;
-use crate::dataplane::udp::{self, RecvMeta, Transmit, UdpError};
+use crate::dataplane::sys::udp::gso_tail::GsoLimits;
+use crate::dataplane::sys::udp::{self, RecvMeta, Transmit, UdpError};
 use crate::time::Instant;
 
 /// One TUN queue, as the loops need it.

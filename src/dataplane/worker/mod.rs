@@ -40,8 +40,8 @@ use std::time::Duration;
 
 use super::counters::{Counters, PacketCounters};
 use super::pipeline::Forwarder;
-use super::sched;
 use super::supervise::{self, RestartPolicy, WorkerStates, supervise};
+use crate::dataplane::sys::sched;
 use crate::route::Routes;
 use crate::time::Clock;
 
@@ -312,11 +312,11 @@ mod tests {
     use crate::config::BackendKind;
     use crate::dataplane::counters::PacketTotals;
     use crate::dataplane::fake::{FakeNet, FakeTun};
-    use crate::dataplane::gso_tail::{GsoLimits, TailRule};
     use crate::dataplane::offload::testutil::Pkt;
     use crate::dataplane::pipeline::OwnSubnet;
     use crate::dataplane::pipeline::{DropReason, HEADROOM};
-    use crate::dataplane::udp::{RecvMeta, Transmit, UdpError};
+    use crate::dataplane::sys::udp::gso_tail::{GsoLimits, TailRule};
+    use crate::dataplane::sys::udp::{RecvMeta, Transmit, UdpError};
     use crate::dataplane::wire::virtio_net::{self, Header};
     use crate::dataplane::wire::{ethernet::MacAddr, read_u32, vxlan::Vni};
     use crate::lease::record::NodeId;

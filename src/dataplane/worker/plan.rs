@@ -21,8 +21,8 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 
-use crate::dataplane::gso_tail::GsoLimits;
-use crate::dataplane::udp::{self, MAX_BATCH};
+use crate::dataplane::sys::udp::gso_tail::GsoLimits;
+use crate::dataplane::sys::udp::{self, MAX_BATCH};
 
 /// A datagram encapsulated in its read slot, waiting to be sent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,7 +141,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::dataplane::gso_tail::TailRule;
+    use crate::dataplane::sys::udp::gso_tail::TailRule;
 
     fn peer(d: u8) -> SocketAddr {
         SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, d), 8472))

@@ -16,7 +16,7 @@ use crate::dataplane::counters::PacketCounters;
 use crate::dataplane::malformed_peers::{Alarm, MalformedWatch};
 use crate::dataplane::offload::{GroConfig, GroTable, MAX_CHAIN, PacketRef};
 use crate::dataplane::pipeline::{DropReason, Forwarder, Rx};
-use crate::dataplane::udp::{self, MAX_BATCH, RecvMeta};
+use crate::dataplane::sys::udp::{self, MAX_BATCH, RecvMeta};
 use crate::route::RouteTable;
 use crate::time::Clock;
 

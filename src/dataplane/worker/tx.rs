@@ -14,7 +14,7 @@ use super::plan::{Carries, Pending, Planned, TxPlan};
 use crate::dataplane::counters::PacketCounters;
 use crate::dataplane::offload;
 use crate::dataplane::pipeline::{DropReason, HEADROOM, Refusal, Tx};
-use crate::dataplane::udp::{MAX_BATCH, Transmit, UdpError};
+use crate::dataplane::sys::udp::{MAX_BATCH, Transmit, UdpError};
 use crate::dataplane::wire::virtio_net::{self, Header};
 use crate::time::{Clock, Instant};
 

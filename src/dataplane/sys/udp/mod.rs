@@ -23,7 +23,7 @@
 //!   [`BatchSocket::capabilities`], for the caller to log once.
 //! - **Degrades at run time, for now.** When a GSO send fails with `EIO`, `EINVAL` or `EMSGSIZE`
 //!   (a segment larger than the path MTU, an IPsec route, or on older kernels an egress device
-//!   without checksum offload; see [`super::gso_retry`]), GSO is turned off for this socket and
+//!   without checksum offload; see [`gso_retry`]), GSO is turned off for this socket and
 //!   the message is re-sent as single datagrams (as quinn-udp and wireguard-go do), counted in
 //!   [`UdpStats::gso_fallbacks`]. Unlike them, GSO is not off for good: the first send at or
 //!   after the retry time ([`UdpConfig::gso_retry`]: 30 s, doubling on each failed retry up to
@@ -35,7 +35,7 @@
 //! - **Never an equal tail, when asked.** Under [`TailRule::NeverEqual`]
 //!   ([`UdpConfig::gso_tail`]) no GSO message goes to the kernel ending on a full segment: one
 //!   that would gets [`gso_tail::PAD`] as its last segment (from a second `iovec`), or its
-//!   first datagrams go alone ([`super::gso_tail`] decides). [`UdpStats`] counts the pads, the
+//!   first datagrams go alone ([`gso_tail`] decides). [`UdpStats`] counts the pads, the
 //!   datagrams sent alone, and the GSO messages that end on a full segment (under
 //!   [`TailRule::Any`]).
 //! - **IPv4 only.** The socket is `AF_INET`; the underlay is IPv4.
@@ -54,11 +54,13 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use self::msghdr::{CmsgBuf, Cmsgs, Encoder, SockName};
-use super::gso_retry::{GsoRetry, GsoRetryConfig, GsoState};
-use super::gso_tail::{self, GsoLimits, Next, TailRule};
-pub(crate) use super::gso_tail::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 use crate::time::Instant;
+use gso_retry::{GsoRetry, GsoRetryConfig, GsoState};
+use gso_tail::{GsoLimits, Next, TailRule};
+pub(crate) use gso_tail::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 
+pub(crate) mod gso_retry;
+pub mod gso_tail;
 mod msghdr;
 mod raw;
 
@@ -90,10 +92,10 @@ pub(crate) struct UdpConfig {
     pub(crate) gso: bool,
     /// Turn on UDP GRO (`UDP_GRO`) for receives when the kernel supports it.
     pub(crate) gro: bool,
-    /// When GSO is tried again after a GSO send failed (see [`super::gso_retry`]).
+    /// When GSO is tried again after a GSO send failed (see [`gso_retry`]).
     pub(crate) gso_retry: GsoRetryConfig,
     /// How GSO messages may end: [`TailRule::NeverEqual`] on kernels whose GSO mangles one
-    /// that ends on a full segment (see [`super::gso_tail`]).
+    /// that ends on a full segment (see [`gso_tail`]).
     pub(crate) gso_tail: TailRule,
     /// `SO_RCVBUF`/`SO_SNDBUF`, then `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` (which need
     /// `CAP_NET_ADMIN` and are skipped without it); 0 keeps the kernel's defaults.
