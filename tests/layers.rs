@@ -53,17 +53,16 @@ const DATAPLANE: &[(&str, &[&str], bool)] = &[
             "drift",
             "fake",
             "kernel_bugs",
-            "kernel_routes",
             "malformed_peers",
             "offload",
             "pipeline",
-            "route_plan",
             "supervise",
-            "tunnel",
             "worker",
         ],
         true,
     ),
+    ("settings", &["settings"], true),
+    ("backends", &["tunnel", "kernel_routes"], false),
 ];
 
 /// The data plane layer of a module path under `dataplane` (`None` outside the data plane);

@@ -63,21 +63,20 @@ mod kernel_routes;
 pub mod malformed_peers;
 pub mod offload;
 pub mod pipeline;
-mod route_plan;
+mod settings;
 mod supervise;
 pub mod sys;
 mod tunnel;
 pub mod wire;
 pub mod worker;
 
+pub(crate) use settings::{DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoConfig};
 pub(crate) use sys::host::{Host, KernelWatch};
 pub(crate) use sys::netlink::NetlinkError;
 pub use sys::tun::check_tun_name;
-pub(crate) use tunnel::{DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoConfig};
 
 use drift::DriftLog;
-use kernel_routes::{KernelRoutes, KernelRoutesConfig};
-use route_plan::Reach;
+use kernel_routes::{KernelRoutes, KernelRoutesConfig, Reach};
 use tunnel::{HandedTunnel, Tunnel, TunnelLayout};
 
 use crate::config::BackendKind;

@@ -1,7 +1,7 @@
 //! Kernel routes to peers, for the backends that reach peers without weft's TUN device
 //! (host-gw; vxlan `DirectRouting`'s peers on the underlay's link): which routes the route
 //! table wants, and the changes that take the kernel's main table there. Pure: the driver
-//! ([`super::kernel_routes`]) reads the table, the underlay and the kernel's routes, asks
+//! ([`super`]) reads the table, the underlay and the kernel's routes, asks
 //! [`wanted`] and [`plan`] what to do, and applies it over netlink.
 //!
 //! Contract:

@@ -39,14 +39,17 @@ use prometheus_client::encoding::DescriptorEncoder;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use super::route_plan::{self, Change, Me, Reach};
-use super::tunnel::DataplaneError;
+use crate::dataplane::settings::DataplaneError;
 use crate::dataplane::sys::host::KernelWatch;
-use crate::dataplane::sys::netlink::{Netlink, NetlinkError};
-use crate::dataplane::sys::netlink::{PeerRoute, SeenRoute};
+use crate::dataplane::sys::netlink::{Netlink, NetlinkError, PeerRoute, SeenRoute};
 use crate::lease::record::LeaseName;
 use crate::metrics;
 use crate::route::Routes;
+
+mod route_plan;
+
+pub(crate) use route_plan::Reach;
+use route_plan::{Change, Me};
 
 /// What the kernel-routes data plane needs to start.
 #[derive(Clone, Copy, Debug)]
