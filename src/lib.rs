@@ -10,7 +10,7 @@
 //! - Routes ([`route`]): every peer's lease as an immutable, wait-free route table; the
 //!   lease-to-route rules ([`route::set`]) are pure, [`route::watcher`] feeds them from etcd.
 //! - Data plane ([`dataplane`]): TUN -> route lookup -> VXLAN/UDP and back. Packet views
-//!   ([`dataplane::wire`]), forwarding decisions ([`dataplane::pipeline`]) and offload
+//!   ([`dataplane::wire`]), forwarding decisions ([`dataplane::transport`]) and offload
 //!   split/coalesce ([`dataplane::offload`]) are pure; the TUN device, the batched UDP sockets
 //!   and netlink are private syscall layers behind [`dataplane::Dataplane`], its front door.
 //! - [`daemon`] wires them into `weft run`; [`cli`] reads a flanneld command line as flanneld

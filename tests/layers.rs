@@ -46,21 +46,9 @@ const LAYERS: &[(&str, &[&str])] = &[
 const DATAPLANE: &[(&str, &[&str], bool)] = &[
     ("packet formats", &["wire"], true),
     ("syscalls", &["sys"], true),
-    (
-        "not yet laid out",
-        &[
-            "counters",
-            "drift",
-            "fake",
-            "kernel_bugs",
-            "malformed_peers",
-            "offload",
-            "pipeline",
-            "supervise",
-            "worker",
-        ],
-        true,
-    ),
+    ("offloads", &["offload"], true),
+    ("transports", &["transport"], true),
+    ("not yet laid out", &["counters", "drift", "fake", "supervise", "worker"], true),
     ("settings", &["settings"], true),
     ("backends", &["tunnel", "kernel_routes"], false),
 ];

@@ -9,7 +9,7 @@ use std::time::Duration;
 use weft::config::BackendKind;
 use weft::dataplane::counters::Counters;
 use weft::dataplane::fake::{FakeNet, FakeTun};
-use weft::dataplane::pipeline::{DropReason, Forwarder, IcmpLimit, OwnSubnet};
+use weft::dataplane::transport::{DropReason, Forwarder, IcmpLimit, OwnSubnet};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::{icmpv4, ipv4, vxlan::Vni};
 use weft::dataplane::worker::{self, StopSignal, WorkerConfig};

@@ -18,7 +18,7 @@ use weft::config::BackendKind;
 use weft::dataplane::counters::PacketCounters;
 use weft::dataplane::fake::{FakeNet, FakeTun};
 use weft::dataplane::sys::udp::gso_tail::TailRule;
-use weft::dataplane::pipeline::{Forwarder, OwnSubnet};
+use weft::dataplane::transport::{Forwarder, OwnSubnet};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::virtio_net::{self, Header};
 use weft::dataplane::wire::vxlan;

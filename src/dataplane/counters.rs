@@ -1,7 +1,7 @@
 //! The data plane's metrics: each forwarding thread's [`PacketCounters`] (drops by reason,
 //! packets and bytes, I/O errors, suppressed ICMP errors) and what the driver counts and sets
 //! ([`Counters`]: GSO fallbacks and retries, offloads in use, link repairs), and how they
-//! appear on `/metrics`. The per-packet decisions they count are in [`super::pipeline`], which
+//! appear on `/metrics`. The per-packet decisions they count are in [`crate::dataplane::transport`], which
 //! stays pure.
 //!
 //! # Contract
@@ -18,7 +18,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use super::drift::RepairKind;
-use super::pipeline::DropReason;
+use crate::dataplane::transport::DropReason;
 use crate::metrics;
 
 /// What one forwarding thread counts as packets go through it: drops by [`DropReason`], packets
@@ -49,7 +49,7 @@ pub struct PacketCounters {
     /// `recvmmsg` calls that received at least one datagram.
     pub(crate) rx_batches: AtomicU64,
     /// Times a peer's datagrams were found arriving malformed at a rate
-    /// (`super::malformed_peers`).
+    /// (`crate::dataplane::transport::malformed_peers`).
     pub(crate) malformed_alarms: AtomicU64,
     /// Spins of a one-thread loop (`worker::spin`), by how they ended.
     spins: [AtomicU64; SpinEnd::ALL.len()],

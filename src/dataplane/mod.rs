@@ -58,14 +58,12 @@ pub mod counters;
 mod drift;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
-pub mod kernel_bugs;
 mod kernel_routes;
-pub mod malformed_peers;
 pub mod offload;
-pub mod pipeline;
 mod settings;
 mod supervise;
 pub mod sys;
+pub mod transport;
 mod tunnel;
 pub mod wire;
 pub mod worker;

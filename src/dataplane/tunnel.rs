@@ -39,7 +39,6 @@ use tracing::{debug, info, warn};
 
 use super::counters::{Counters, Offload};
 use super::drift::{self, DriftLog, Repair, WantedLink};
-use super::pipeline::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubnet6};
 use super::settings::{DataplaneConfig, DataplaneError};
 use super::supervise::WorkerStates;
 use super::wire::vxlan::Vni;
@@ -51,6 +50,7 @@ use crate::dataplane::sys::tun::{self, Tun, TunError, TunOptions};
 use crate::dataplane::sys::udp::gso_retry::{GsoRetryConfig, GsoState};
 use crate::dataplane::sys::udp::gso_tail::{GsoLimits, TailRule};
 use crate::dataplane::sys::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
+use crate::dataplane::transport::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubnet6};
 use crate::lease::record::{Ipv6Subnet, LeaseName, Subnet};
 use crate::route::Routes;
 use crate::time::{BootClock, Instant};

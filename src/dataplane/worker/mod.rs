@@ -26,7 +26,7 @@
 //! Buffers are allocated once per worker; the per-packet path allocates nothing, takes no lock
 //! (the route table is loaded wait-free once per batch) and logs nothing (but one WARN, at most
 //! every 10 minutes, about a peer whose datagrams arrive malformed at a rate: see
-//! [`crate::dataplane::malformed_peers`]): every drop is counted
+//! [`crate::dataplane::transport::malformed_peers`]): every drop is counted
 //! by reason in the thread's own [`PacketCounters`] block (see
 //! [`Counters::thread`](super::counters::Counters::thread): one per thread, on cache lines of
 //! its own, summed only when `/metrics` is read). The TX path reads its [`Clock`] once per
@@ -39,9 +39,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::counters::{Counters, PacketCounters};
-use super::pipeline::Forwarder;
 use super::supervise::{self, RestartPolicy, WorkerStates, supervise};
 use crate::dataplane::sys::sched;
+use crate::dataplane::transport::Forwarder;
 use crate::route::Routes;
 use crate::time::Clock;
 
@@ -313,10 +313,10 @@ mod tests {
     use crate::dataplane::counters::PacketTotals;
     use crate::dataplane::fake::{FakeNet, FakeTun};
     use crate::dataplane::offload::testutil::Pkt;
-    use crate::dataplane::pipeline::OwnSubnet;
-    use crate::dataplane::pipeline::{DropReason, HEADROOM};
     use crate::dataplane::sys::udp::gso_tail::{GsoLimits, TailRule};
     use crate::dataplane::sys::udp::{RecvMeta, Transmit, UdpError};
+    use crate::dataplane::transport::OwnSubnet;
+    use crate::dataplane::transport::{DropReason, HEADROOM};
     use crate::dataplane::wire::virtio_net::{self, Header};
     use crate::dataplane::wire::{ethernet::MacAddr, read_u32, vxlan::Vni};
     use crate::lease::record::NodeId;
@@ -624,7 +624,7 @@ mod tests {
     /// unknown sender's garbage none at all.
     #[test]
     fn a_peer_sending_malformed_datagrams_at_a_rate_raises_one_alarm() {
-        use crate::dataplane::malformed_peers::THRESHOLD;
+        use crate::dataplane::transport::malformed_peers::THRESHOLD;
         let net = FakeNet::new();
         let tun2 = FakeTun::with_vnet_hdr();
         let to = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472);

@@ -13,8 +13,8 @@ use super::io::{TunIo, UdpIo};
 use super::plan::{Carries, Pending, Planned, TxPlan};
 use crate::dataplane::counters::PacketCounters;
 use crate::dataplane::offload;
-use crate::dataplane::pipeline::{DropReason, HEADROOM, Refusal, Tx};
 use crate::dataplane::sys::udp::{MAX_BATCH, Transmit, UdpError};
+use crate::dataplane::transport::{DropReason, HEADROOM, Refusal, Tx};
 use crate::dataplane::wire::virtio_net::{self, Header};
 use crate::time::{Clock, Instant};
 

@@ -1,6 +1,6 @@
 //! GSO messages that never end on a full segment: how weft keeps UDP GSO on the kernels whose
 //! GSO mangles a message that does (the `udp_gso_mangled_v7_0` row of
-//! [`crate::dataplane::kernel_bugs::KNOWN_BUGS`]).
+//! [`crate::dataplane::offload::kernel_bugs::KNOWN_BUGS`]).
 //!
 //! # The bug it avoids
 //! A NIC that segments UDP in hardware through `GSO_PARTIAL` gets from the kernel a chunk of
