@@ -48,7 +48,8 @@ const DATAPLANE: &[(&str, &[&str], bool)] = &[
     ("syscalls", &["sys"], true),
     ("offloads", &["offload"], true),
     ("transports", &["transport"], true),
-    ("not yet laid out", &["counters", "drift", "fake", "supervise", "worker"], true),
+    ("workers", &["worker"], true),
+    ("not yet laid out", &["drift"], true),
     ("settings", &["settings"], true),
     ("backends", &["tunnel", "kernel_routes"], false),
 ];

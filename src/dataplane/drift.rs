@@ -26,43 +26,7 @@
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::dataplane::sys::netlink::ObservedLink;
-
-/// What drifted, and so what was repaired: the `what` label of
-/// `weft_dataplane_link_repairs_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(usize)]
-pub(crate) enum RepairKind {
-    /// The route for the Network through the device.
-    Route,
-    /// The link's `IFF_UP` flag.
-    Up,
-    /// The device's address, `<subnet>.0/32`.
-    Address,
-    /// The device's MTU.
-    Mtu,
-    /// The route for the IPv6 network through the device.
-    Route6,
-    /// The device's IPv6 address, `<v6 subnet>::/128`.
-    Address6,
-}
-
-impl RepairKind {
-    /// Every kind, in metric order.
-    pub(crate) const ALL: [Self; 6] =
-        [Self::Route, Self::Up, Self::Address, Self::Mtu, Self::Route6, Self::Address6];
-
-    /// The `what` label.
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Self::Route => "route",
-            Self::Up => "up",
-            Self::Address => "address",
-            Self::Mtu => "mtu",
-            Self::Route6 => "ipv6_route",
-            Self::Address6 => "ipv6_address",
-        }
-    }
-}
+use crate::dataplane::worker::counters::RepairKind;
 
 /// The link state weft wants.
 #[derive(Clone, Debug, PartialEq, Eq)]

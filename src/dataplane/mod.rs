@@ -54,14 +54,10 @@ use crate::health::Health;
 use crate::lease::record::LeaseName;
 use crate::route::Routes;
 
-pub mod counters;
 mod drift;
-#[cfg(any(test, feature = "test-util"))]
-pub mod fake;
 mod kernel_routes;
 pub mod offload;
 mod settings;
-mod supervise;
 pub mod sys;
 pub mod transport;
 mod tunnel;

@@ -37,11 +37,11 @@ use std::time::Duration;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::{debug, info, warn};
 
-use super::counters::{Counters, Offload};
 use super::drift::{self, DriftLog, Repair, WantedLink};
 use super::settings::{DataplaneConfig, DataplaneError};
-use super::supervise::WorkerStates;
 use super::wire::vxlan::Vni;
+use super::worker::counters::{Counters, Offload};
+use super::worker::supervise::WorkerStates;
 use super::worker::{self, FamilySockets, StopSignal, TunIo, UdpIo, WorkerConfig};
 use crate::config::BackendKind;
 use crate::dataplane::sys::host::KernelWatch;

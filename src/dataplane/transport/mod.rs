@@ -11,7 +11,7 @@
 //! - Pure: no atomics but the shared [`IcmpLimit`] bucket and [`OwnSubnet`], no metrics, no
 //!   syscalls. Nothing on the per-packet path ([`Forwarder`]) panics on any input, allocates,
 //!   locks, or logs: every rejected packet is a [`Drop`] with a reason, which the caller counts
-//!   in its thread's own counters ([`super::counters`]).
+//!   in its thread's own counters ([`crate::dataplane::worker::counters`]).
 //! - Receive validation (docs/dataplane.md, "Receiving"): the outer source must be a known
 //!   peer; the VNI must match; the inner Ethernet destination must be our VTEP MAC; the inner
 //!   source must lie inside the sending peer's subnet; the inner destination must lie inside

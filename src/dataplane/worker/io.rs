@@ -1,5 +1,5 @@
 //! The forwarding loops' two I/O edges, as traits: one TUN queue ([`TunIo`]) and one UDP socket
-//! ([`UdpIo`]), so the whole path runs in tests over in-memory fakes (`super::super::fake`,
+//! ([`UdpIo`]), so the whole path runs in tests over in-memory fakes (`super::fake`,
 //! `test-util` feature) and in the daemon over the TUN device and [`udp::BatchSocket`].
 
 use std::io;

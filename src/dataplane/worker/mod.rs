@@ -1,5 +1,5 @@
 //! The forwarding loops, generic over their two I/O edges so the whole path runs in tests with
-//! in-memory fakes (`super::fake`, `test-util` feature) and in the daemon with the TUN device
+//! in-memory fakes (`fake`, `test-util` feature) and in the daemon with the TUN device
 //! and batched UDP sockets ([`super::tunnel`]).
 //!
 //! # TX: TUN → peers
@@ -8,7 +8,7 @@
 //! with the backend's encapsulation in front of each ([`offload::split`]), and goes out as few
 //! `UDP_SEGMENT` (GSO) messages as the kernel allows. Single packets are encapsulated in place
 //! in their read buffer; runs of them to one peer are copied back to back into GSO messages
-//! ([`udp::coalesce_plan`]), and all go out in one `sendmmsg`. Packets leave in the order they
+//! ([`plan::coalesce_plan`]), and all go out in one `sendmmsg`. Packets leave in the order they
 //! were read: TCP takes reordering for loss.
 //!
 //! # RX: peers → TUN
@@ -28,7 +28,7 @@
 //! every 10 minutes, about a peer whose datagrams arrive malformed at a rate: see
 //! [`crate::dataplane::transport::malformed_peers`]): every drop is counted
 //! by reason in the thread's own [`PacketCounters`] block (see
-//! [`Counters::thread`](super::counters::Counters::thread): one per thread, on cache lines of
+//! [`Counters::thread`](counters::Counters::thread): one per thread, on cache lines of
 //! its own, summed only when `/metrics` is read). The TX path reads its [`Clock`] once per
 //! batch read and passes that `now` to the pipeline (for the ICMP rate limit) and to the
 //! sockets (for the GSO retry). A step never waits: a loop sleeps in its [`Idle`] (epoll) only
@@ -38,22 +38,26 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::counters::{Counters, PacketCounters};
-use super::supervise::{self, RestartPolicy, WorkerStates, supervise};
 use crate::dataplane::sys::sched;
 use crate::dataplane::transport::Forwarder;
 use crate::route::Routes;
 use crate::time::Clock;
+use counters::{Counters, PacketCounters};
+use supervise::{RestartPolicy, WorkerStates, supervise};
 
+pub mod counters;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fake;
 mod family;
 mod io;
 mod plan;
 mod rx;
 mod spin;
+pub(crate) mod supervise;
 mod tx;
 mod wait;
 
-pub use super::counters::SpinEnd;
+pub use counters::SpinEnd;
 pub use family::FamilySockets;
 pub use io::{TunIo, UdpIo};
 pub use rx::RxPath;
@@ -211,7 +215,7 @@ pub struct Worker<T, U> {
     /// The route table.
     pub routes: Arc<Routes>,
     /// The data plane's counters; each thread counts in its own block of them
-    /// ([`Counters::thread`](super::counters::Counters::thread), by thread name).
+    /// ([`Counters::thread`](counters::Counters::thread), by thread name).
     pub counters: Arc<Counters>,
     /// Batch size and timing.
     pub cfg: WorkerConfig,
@@ -310,8 +314,6 @@ mod tests {
     use super::tx::send_skipping;
     use super::*;
     use crate::config::BackendKind;
-    use crate::dataplane::counters::PacketTotals;
-    use crate::dataplane::fake::{FakeNet, FakeTun};
     use crate::dataplane::offload::testutil::Pkt;
     use crate::dataplane::sys::udp::gso_tail::{GsoLimits, TailRule};
     use crate::dataplane::sys::udp::{RecvMeta, Transmit, UdpError};
@@ -319,6 +321,8 @@ mod tests {
     use crate::dataplane::transport::{DropReason, HEADROOM};
     use crate::dataplane::wire::virtio_net::{self, Header};
     use crate::dataplane::wire::{ethernet::MacAddr, read_u32, vxlan::Vni};
+    use crate::dataplane::worker::counters::PacketTotals;
+    use crate::dataplane::worker::fake::{FakeNet, FakeTun};
     use crate::lease::record::NodeId;
     use crate::route::{Peer, PeerBackend, RouteTable};
     use crate::time::Instant;
@@ -392,7 +396,7 @@ mod tests {
         let txs = [Transmit { dst, contents: &payload, segment_size: None }; 5];
         let counters = PacketCounters::default();
         send_skipping(&mut Full { room: 2 }, &txs, Instant::ZERO, &counters);
-        let mut totals = crate::dataplane::counters::PacketTotals::default();
+        let mut totals = crate::dataplane::worker::counters::PacketTotals::default();
         counters.add_to(&mut totals);
         assert_eq!(totals.tx_packets, 2);
         assert_eq!(totals.drops(DropReason::TxSendBufferFull), 3);

@@ -12,11 +12,11 @@ use tracing::warn;
 use super::Context;
 use super::WorkerConfig;
 use super::io::{TunIo, UdpIo};
-use crate::dataplane::counters::PacketCounters;
 use crate::dataplane::offload::{GroConfig, GroTable, MAX_CHAIN, PacketRef};
 use crate::dataplane::sys::udp::{self, MAX_BATCH, RecvMeta};
 use crate::dataplane::transport::malformed_peers::{Alarm, MalformedWatch};
 use crate::dataplane::transport::{DropReason, Forwarder, Rx};
+use crate::dataplane::worker::counters::PacketCounters;
 use crate::route::RouteTable;
 use crate::time::Clock;
 

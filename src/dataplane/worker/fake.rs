@@ -1,5 +1,5 @@
 //! In-memory fakes of both I/O edges — a TUN queue and a network of UDP sockets — so the whole
-//! forwarding path ([`super::worker`]) runs in an unprivileged test, the way wireguard-go's
+//! forwarding path ([`super`]) runs in an unprivileged test, the way wireguard-go's
 //! `tuntest` and `bindtest` do. They allocate freely; only the code under test must not.
 
 use std::collections::{HashMap, VecDeque};
@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::worker::{TunIo, UdpIo};
+use super::{TunIo, UdpIo};
 use crate::dataplane::sys::udp::gso_tail::{self, GsoLimits, Next, TailRule};
 use crate::dataplane::sys::udp::{RecvMeta, Transmit, UdpError};
 
