@@ -49,7 +49,6 @@ const DATAPLANE: &[(&str, &[&str], bool)] = &[
     ("offloads", &["offload"], true),
     ("transports", &["transport"], true),
     ("workers", &["worker"], true),
-    ("not yet laid out", &["drift"], true),
     ("settings", &["settings"], true),
     ("backends", &["tunnel", "kernel_routes"], false),
 ];
@@ -314,4 +313,34 @@ fn paths_are_read_as_the_compiler_reads_them() {
     );
     assert_eq!(paths_in("let x = crate::time::BootClock;", &me), vec![p(&["time"])]);
     assert!(paths_in(code_of("// see crate::daemon"), &me).is_empty());
+}
+
+#[test]
+fn the_data_plane_layers_refuse_a_planner_in_the_syscall_code() {
+    let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let netlink = p(&["dataplane", "sys", "netlink"]);
+    // The syscall code importing a planner (the kernel route planner, drift repair, send
+    // planning, a transport) climbs.
+    for planner in [
+        p(&["dataplane", "kernel_routes", "route_plan"]),
+        p(&["dataplane", "tunnel", "drift"]),
+        p(&["dataplane", "worker", "plan"]),
+        p(&["dataplane", "transport"]),
+    ] {
+        assert!(dataplane_climb(&netlink, &planner).is_some(), "{planner:?}");
+    }
+    // Downward is fine: the planners use the syscall code's plain data, and the packet formats.
+    let route_plan = p(&["dataplane", "kernel_routes", "route_plan"]);
+    assert_eq!(dataplane_climb(&route_plan, &netlink), None);
+    assert_eq!(
+        dataplane_climb(&p(&["dataplane", "sys", "udp", "raw"]), &p(&["dataplane", "wire"])),
+        None
+    );
+    // The backends are independent of each other; the front door uses them all.
+    assert!(dataplane_climb(&route_plan, &p(&["dataplane", "tunnel"])).is_some());
+    assert_eq!(dataplane_climb(&p(&["dataplane"]), &p(&["dataplane", "tunnel"])), None);
+    // A `super::` inside an inline module is relative to it.
+    assert_eq!(inline_module("mod tests {"), Some("tests".to_owned()));
+    assert_eq!(inline_module("    pub mod checksum {"), Some("checksum".to_owned()));
+    assert_eq!(inline_module("mod gro;"), None);
 }

@@ -54,7 +54,6 @@ use crate::health::Health;
 use crate::lease::record::LeaseName;
 use crate::route::Routes;
 
-mod drift;
 mod kernel_routes;
 pub mod offload;
 mod settings;
@@ -69,9 +68,8 @@ pub(crate) use sys::host::{Host, KernelWatch};
 pub(crate) use sys::netlink::NetlinkError;
 pub use sys::tun::check_tun_name;
 
-use drift::DriftLog;
 use kernel_routes::{KernelRoutes, KernelRoutesConfig, Reach};
-use tunnel::{HandedTunnel, Tunnel, TunnelLayout};
+use tunnel::{DriftLog, HandedTunnel, Tunnel, TunnelLayout};
 
 use crate::config::BackendKind;
 use crate::route::PeerBackend;

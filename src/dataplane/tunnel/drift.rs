@@ -1,6 +1,6 @@
 //! The TUN device's link state as weft set it, and the repairs that put it back when someone
 //! else changes it ("drift": a deleted route, the link set down, the address flushed, the MTU
-//! changed). Pure: the driver ([`super::tunnel::Tunnel::repair_link`]) observes the device
+//! changed). Pure: the driver ([`super::Tunnel::repair_link`]) observes the device
 //! over netlink ([`crate::dataplane::sys::netlink`]), asks [`plan`] what to do, applies it and logs as
 //! [`DriftLog`] says.
 //!

@@ -21,7 +21,7 @@
 //!
 //! Drift repair ([`Tunnel::repair_link`]): the TUN device's MTU, `IFF_UP`, address and Network
 //! route are read back over netlink ([`crate::dataplane::sys::netlink`]) and whatever someone else changed is
-//! put back ([`super::drift`]).
+//! put back ([`drift`]).
 //!
 //! VXLAN datagrams leave from sockets on ephemeral ports chosen by the inner flow's hash, so the
 //! outer source port differs per flow (RFC 7348 §5) and receivers can spread flows too.
@@ -37,7 +37,6 @@ use std::time::Duration;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::{debug, info, warn};
 
-use super::drift::{self, DriftLog, Repair, WantedLink};
 use super::settings::{DataplaneConfig, DataplaneError};
 use super::wire::vxlan::Vni;
 use super::worker::counters::{Counters, Offload};
@@ -54,6 +53,11 @@ use crate::dataplane::transport::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubne
 use crate::lease::record::{Ipv6Subnet, LeaseName, Subnet};
 use crate::route::Routes;
 use crate::time::{BootClock, Instant};
+
+mod drift;
+
+pub(crate) use drift::DriftLog;
+use drift::{Repair, WantedLink};
 
 /// The longest a forwarding thread sleeps without looking at its queues (a safety net: the
 /// queues' readiness and the stop signal wake it at once; see `worker::Idle`).
