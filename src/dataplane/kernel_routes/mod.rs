@@ -20,7 +20,7 @@
 //!   `weft_dataplane_own_public_ip_leases`; a request the kernel refuses, at ERROR once until
 //!   it works again (retried every second). A peer of another backend gets no route (flannel
 //!   ignores it too) and is told about where every backend's are, [`crate::route::backends`].
-//! - Ownership: weft's routes carry [`route_plan::ROUTE_PROTOCOL`]. The routes are left in
+//! - Ownership: weft's routes carry [`crate::dataplane::sys::netlink::ROUTE_PROTOCOL`]. The routes are left in
 //!   place when weft stops (as flannel leaves them), so a restart or a takeover
 //!   ([`KernelRoutes::adopt`]) finds them as they are and changes only what the route table
 //!   says changed: nothing flaps. A fresh start removes its old routes only once the route

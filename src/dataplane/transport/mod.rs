@@ -1,6 +1,13 @@
 //! Per-packet forwarding decisions, without syscalls: TUN packet → route lookup → encapsulated
 //! datagram, and datagram → validation → decapsulated packet.
 //!
+//! # Layout
+//! This file holds what every transport shares: the [`Forwarder`] and its dispatch on the
+//! backend, the drop reasons, the ICMP errors and the route lookups. Each transport's own
+//! headers and receive checks are a file beside it (`vxlan.rs`, `udp.rs`, `ipip.rs`; a new
+//! transport is a new file here); [`malformed_peers`] watches for peers that send garbage.
+//! Below it only [`super::wire`], [`super::offload`] and [`super::sys`]'s plain constants.
+//!
 //! # Buffers
 //! The caller owns every buffer. A packet read from TUN sits at `buf[HEADROOM..HEADROOM + n]`,
 //! so that encapsulation writes the VXLAN header and inner Ethernet header into the headroom in

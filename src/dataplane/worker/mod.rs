@@ -2,6 +2,14 @@
 //! in-memory fakes (`fake`, `test-util` feature) and in the daemon with the TUN device
 //! and batched UDP sockets ([`super::tunnel`]).
 //!
+//! # Layout
+//! The loops (`tx.rs`, `rx.rs`, this file), the pure send planning (`plan.rs`: sockets, GSO
+//! runs, order), the edges' traits (`io.rs`), waiting (`wait.rs`), spinning (`spin.rs`), the
+//! dual-stack socket pair (`family.rs`), the threads' counters ([`counters`]), their
+//! supervision (`supervise.rs`) and the fakes (`fake.rs`). It stands on [`super::transport`]
+//! for every per-packet decision and on [`super::sys`] for the sockets' types; the backends
+//! above start it.
+//!
 //! # TX: TUN → peers
 //! Read up to a batch of packets from one TUN queue. A TSO/USO super-packet (behind a
 //! `virtio_net_hdr`) is routed once, split into wire-sized segments laid out back to back
