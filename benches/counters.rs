@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use weft::dataplane::counters::{Counters, PacketCounters};
+use weft::dataplane::worker::counters::{Counters, PacketCounters};
 
 /// `n` counts of a sent datagram into `c`.
 fn count(c: &PacketCounters, n: u64) {

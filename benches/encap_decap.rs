@@ -11,7 +11,7 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ipnet::Ipv4Net;
 use weft::config::BackendKind;
-use weft::dataplane::pipeline::{Forwarder, HEADROOM, OwnSubnet, Rx, Tx};
+use weft::dataplane::transport::{Forwarder, HEADROOM, OwnSubnet, Rx, Tx};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::{Vni, ipv4};
 use weft::lease::record::Subnet;

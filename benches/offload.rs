@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use weft::dataplane::offload::{GroConfig, GroTable, PacketRef, VIRTIO_HEADROOM, split};
-use weft::dataplane::pipeline::HEADROOM;
+use weft::dataplane::transport::HEADROOM;
 use weft::dataplane::wire::{tcp, virtio_net};
 
 const MSS: usize = 1398;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use weft::dataplane::{LoopbackSend, loopback_run};
+use weft::dataplane::sys::udp::{LoopbackSend, loopback_run};
 
 /// Datagrams per iteration.
 const PER_ITER: usize = 100_000;

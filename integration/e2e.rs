@@ -571,7 +571,7 @@ fn etcd_partition_of_three_ttls_keeps_traffic_and_the_subnet() {
 // --- a destination in no lease ------------------------------------------------------------
 
 /// flannel's udp backend answers a destination outside every lease with ICMP net unreachable
-/// written back into the TUN device; weft does the same (pipeline.rs), and the pod must see it.
+/// written back into the TUN device; weft does the same (src/dataplane/transport/), and the pod must see it.
 #[test]
 fn unleased_destination_gets_icmp_net_unreachable_at_the_pod() {
     let lab = Lab::new(VXLAN);

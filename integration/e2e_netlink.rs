@@ -1,4 +1,4 @@
-//! weft's netlink edge end to end (src/dataplane/netlink.rs): the underlay picked from the
+//! weft's netlink edge end to end (src/dataplane/sys/netlink/): the underlay picked from the
 //! default route with its MTU, and the TUN device's address replaced as the interface ioctls
 //! replaced it, both asked of and told to the kernel over rtnetlink.
 //!

@@ -4,7 +4,7 @@
 //! the process its supervisor starts next.
 //!
 //! The panics are injected with the `fault-injection` feature's hook (`WEFT_FAULT_PANIC_THREAD`,
-//! see `src/dataplane/supervise.rs`), so this file builds only with that feature
+//! see `src/dataplane/worker/supervise.rs`), so this file builds only with that feature
 //! (`required-features` in Cargo.toml; `scripts/test.sh` passes it). Needs root, like e2e.rs.
 
 mod support;

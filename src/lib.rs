@@ -10,7 +10,7 @@
 //! - Routes ([`route`]): every peer's lease as an immutable, wait-free route table; the
 //!   lease-to-route rules ([`route::set`]) are pure, [`route::watcher`] feeds them from etcd.
 //! - Data plane ([`dataplane`]): TUN -> route lookup -> VXLAN/UDP and back. Packet views
-//!   ([`dataplane::wire`]), forwarding decisions ([`dataplane::pipeline`]) and offload
+//!   ([`dataplane::wire`]), forwarding decisions ([`dataplane::transport`]) and offload
 //!   split/coalesce ([`dataplane::offload`]) are pure; the TUN device, the batched UDP sockets
 //!   and netlink are private syscall layers behind [`dataplane::Dataplane`], its front door.
 //! - [`daemon`] wires them into `weft run`; [`cli`] reads a flanneld command line as flanneld
@@ -30,8 +30,8 @@
 //! Time comes from [`time`]: a boot-time clock for drivers, a manual clock for tests.
 
 #![warn(missing_docs)]
-// `unsafe` lives only in the syscall modules that allow it below (dataplane::tun, udp, and the
-// boot-time clock); every other module is checked to have none.
+// `unsafe` lives only in the syscall modules that allow it below (dataplane::sys's tun, udp and
+// sched, fds, and the boot-time clock); every other module is checked to have none.
 #![deny(unsafe_code)]
 // Each `unsafe` block says, in a `// SAFETY:` comment, why what it does is sound.
 #![deny(clippy::undocumented_unsafe_blocks)]

@@ -17,7 +17,7 @@ use weft::cli::flanneld_args::{self, Level, Notice, WeftFlag};
 use weft::cli::iface::{self, Candidates, IfaceRegex};
 use weft::config::NetworkConfig;
 use weft::daemon::{self, DataplaneMode, RunOptions};
-use weft::dataplane::kernel_bugs::OffloadMode;
+use weft::dataplane::offload::kernel_bugs::OffloadMode;
 use weft::lease::etcd::{EtcdOptions, EtcdStore};
 use weft::lease::keys::{self, KeyLayout};
 use weft::lease::record::{HistoryState, Subnet};

@@ -6,7 +6,7 @@
 //!   time it reads its atomics and feeds the values into `ConstCounter`s and `ConstGauge`s
 //!   through the helpers here ([`counter`], [`gauge`], [`counter_family`], [`gauge_family`]).
 //!   The route watcher's [`crate::route::watcher::RouteStats`], the data plane's
-//!   [`crate::dataplane::counters::Counters`] and [`crate::dataplane::supervise::WorkerStates`],
+//!   [`crate::dataplane::worker::counters::Counters`] and [`crate::dataplane::worker::supervise::WorkerStates`],
 //!   and the lease metrics in [`crate::health`] do.
 //! - [`render`] builds a [`Registry`] of the collectors it is given, in that order, at scrape
 //!   time, and encodes it in the Prometheus text format 0.0.4 ([`CONTENT_TYPE`]), the format

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use weft::config::BackendKind;
-use weft::dataplane::gso_tail::{PAD, PAD_LEN};
-use weft::dataplane::malformed_peers::{MalformedLog, MalformedWatch};
 use weft::dataplane::offload::{GroConfig, GroTable, PacketRef, split};
-use weft::dataplane::pipeline::{
+use weft::dataplane::sys::udp::gso_tail::{PAD, PAD_LEN};
+use weft::dataplane::transport::malformed_peers::{MalformedLog, MalformedWatch};
+use weft::dataplane::transport::{
     DropReason, Forwarder, HEADROOM, Ipv6Forwarding, OwnSubnet, OwnSubnet6, Rx, Tx,
 };
 use weft::dataplane::wire::ethernet::MacAddr;

@@ -5,6 +5,12 @@
 //! crate's code outside test modules.
 //!
 //! The table below is the README's architecture map ("How it is built"); change both together.
+//!
+//! The data plane has layers of its own ([`DATAPLANE`]): a file under `src/dataplane/` may use
+//! only the data plane's modules of its own sub-layer or below (and, in a sub-layer whose
+//! modules are independent, not its siblings), so that, for one, the syscall code in
+//! `dataplane::sys` never imports a planner. `dataplane/mod.rs`, the front door, is above them
+//! all.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -34,6 +40,58 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("daemon", &["daemon", "instance", "stop"]),
     ("CLI", &["cli"]),
 ];
+
+/// The data plane's layers, lowest first: (name, the modules of `src/dataplane/` in it, whether
+/// they may use one another). A module of the data plane that is in none of them is the front
+/// door's (`dataplane/mod.rs` and what it declares there), above them all.
+const DATAPLANE: &[(&str, &[&str], bool)] = &[
+    ("packet formats", &["wire"], true),
+    ("syscalls", &["sys"], true),
+    ("offloads", &["offload"], true),
+    ("transports", &["transport"], true),
+    ("workers", &["worker"], true),
+    ("settings", &["settings"], true),
+    // The backends, and masquerading beside them: independent drivers.
+    ("backends", &["tunnel", "kernel_routes", "masq"], false),
+];
+
+/// The data plane layer of a module path under `dataplane` (`None` outside the data plane);
+/// [`DATAPLANE`]`.len()` is the front door's.
+fn dataplane_layer_of(path: &[String]) -> Option<usize> {
+    if path.first().is_none_or(|m| m != "dataplane") {
+        return None;
+    }
+    let Some(second) = path.get(1) else { return Some(DATAPLANE.len()) };
+    Some(
+        DATAPLANE
+            .iter()
+            .position(|(_, modules, _)| modules.contains(&second.as_str()))
+            .unwrap_or(DATAPLANE.len()),
+    )
+}
+
+/// Why a file of the data plane, `me`, may not use `path` (`None`: it may).
+fn dataplane_climb(me: &[String], path: &[String]) -> Option<String> {
+    let (mine, theirs) = (dataplane_layer_of(me)?, dataplane_layer_of(path)?);
+    let name = |l: usize| DATAPLANE.get(l).map_or("front door", |(n, _, _)| n);
+    if theirs > mine {
+        return Some(format!(
+            "the data plane's {} layer uses `{}` of its {} layer",
+            name(mine),
+            path.join("::"),
+            name(theirs)
+        ));
+    }
+    if theirs == mine && mine < DATAPLANE.len() && !DATAPLANE[mine].2 && me.get(1) != path.get(1) {
+        return Some(format!(
+            "`{}` uses `{}`: the {} layer's modules are independent of one another",
+            me.join("::"),
+            path.join("::"),
+            name(mine)
+        ));
+    }
+    None
+}
 
 fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|(_, modules)| modules.contains(&module))
@@ -78,6 +136,10 @@ fn paths_in(code: &str, me: &[String]) -> Vec<Vec<String>> {
         .map(|(i, _)| (i, "crate"))
         .chain(code.match_indices("super::").map(|(i, _)| (i, "super")))
     {
+        // A visibility (`pub(in crate::dataplane)`) names a scope, not a use.
+        if code[..start].ends_with("(in ") {
+            continue;
+        }
         // Only a path's start: not the `super` in `crate::x::super::` (never written) nor
         // an identifier ending in `crate`/`super`.
         if start > 0 {
@@ -136,6 +198,17 @@ fn paths_in(code: &str, me: &[String]) -> Vec<Vec<String>> {
     found
 }
 
+/// The name of the inline module a line opens (`mod tests {`, `pub mod code {`), if it opens one.
+fn inline_module(line: &str) -> Option<String> {
+    let code = code_of(line).trim();
+    let rest = code.strip_suffix('{')?.trim_end();
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    match words.as_slice() {
+        [.., "mod", name] => Some((*name).to_owned()),
+        _ => None,
+    }
+}
+
 /// The longest prefix of `path` that is a module of the crate (a file), if any.
 fn module_named<'a>(
     modules: &'a BTreeSet<Vec<String>>,
@@ -159,14 +232,33 @@ fn no_import_climbs_a_layer_and_no_two_files_use_each_other() {
             climbs.push(format!("{}: module {} is in no layer", file.display(), me[0]));
             continue;
         };
+        if me.len() > 1 && dataplane_layer_of(&me) == Some(DATAPLANE.len()) {
+            climbs.push(format!(
+                "{}: dataplane::{} is in no layer of the data plane (tests/layers.rs, DATAPLANE)",
+                file.display(),
+                me[1]
+            ));
+        }
         let text = std::fs::read_to_string(file).expect("read a source file");
         // Test modules are held to the layers too; only the code above `mod tests` counts
         // toward cycles (a test may use a sibling that uses the module under test).
         let tests_start = text.find("#[cfg(test)]\nmod tests").unwrap_or(text.len());
         let tests_line = text[..tests_start].lines().count();
+        // The inline modules (`mod tests {`, `pub mod checksum {`) the line is in, by their
+        // indentation (the code is rustfmt's): a `super::` inside one is relative to it.
+        let mut inline: Vec<(usize, String)> = Vec::new();
         for (n, line) in text.lines().enumerate() {
             let in_tests = n >= tests_line;
-            for path in paths_in(code_of(line), &me) {
+            let indent = line.len() - line.trim_start().len();
+            if line.trim() == "}" && inline.last().is_some_and(|(i, _)| *i == indent) {
+                inline.pop();
+            }
+            let here: Vec<String> =
+                me.iter().cloned().chain(inline.iter().map(|(_, m)| m.clone())).collect();
+            if let Some(name) = inline_module(line) {
+                inline.push((indent, name));
+            }
+            for path in paths_in(code_of(line), &here) {
                 let Some(first) = path.first() else { continue };
                 let Some(layer) = layer_of(first) else { continue };
                 if layer > my_layer {
@@ -178,6 +270,9 @@ fn no_import_climbs_a_layer_and_no_two_files_use_each_other() {
                         path.join("::"),
                         LAYERS[layer].0
                     ));
+                }
+                if let Some(why) = dataplane_climb(&me, &path) {
+                    climbs.push(format!("{}:{}: {why}", file.display(), n + 1));
                 }
                 if let Some(target) = module_named(&modules, &path)
                     && !in_tests
@@ -220,4 +315,34 @@ fn paths_are_read_as_the_compiler_reads_them() {
     );
     assert_eq!(paths_in("let x = crate::time::BootClock;", &me), vec![p(&["time"])]);
     assert!(paths_in(code_of("// see crate::daemon"), &me).is_empty());
+}
+
+#[test]
+fn the_data_plane_layers_refuse_a_planner_in_the_syscall_code() {
+    let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let netlink = p(&["dataplane", "sys", "netlink"]);
+    // The syscall code importing a planner (the kernel route planner, drift repair, send
+    // planning, a transport) climbs.
+    for planner in [
+        p(&["dataplane", "kernel_routes", "route_plan"]),
+        p(&["dataplane", "tunnel", "drift"]),
+        p(&["dataplane", "worker", "plan"]),
+        p(&["dataplane", "transport"]),
+    ] {
+        assert!(dataplane_climb(&netlink, &planner).is_some(), "{planner:?}");
+    }
+    // Downward is fine: the planners use the syscall code's plain data, and the packet formats.
+    let route_plan = p(&["dataplane", "kernel_routes", "route_plan"]);
+    assert_eq!(dataplane_climb(&route_plan, &netlink), None);
+    assert_eq!(
+        dataplane_climb(&p(&["dataplane", "sys", "udp", "raw"]), &p(&["dataplane", "wire"])),
+        None
+    );
+    // The backends are independent of each other; the front door uses them all.
+    assert!(dataplane_climb(&route_plan, &p(&["dataplane", "tunnel"])).is_some());
+    assert_eq!(dataplane_climb(&p(&["dataplane"]), &p(&["dataplane", "tunnel"])), None);
+    // A `super::` inside an inline module is relative to it.
+    assert_eq!(inline_module("mod tests {"), Some("tests".to_owned()));
+    assert_eq!(inline_module("    pub mod checksum {"), Some("checksum".to_owned()));
+    assert_eq!(inline_module("mod gro;"), None);
 }

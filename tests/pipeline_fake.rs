@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use weft::config::BackendKind;
-use weft::dataplane::counters::Counters;
-use weft::dataplane::fake::{FakeNet, FakeTun};
-use weft::dataplane::pipeline::{DropReason, Forwarder, IcmpLimit, OwnSubnet};
+use weft::dataplane::transport::{DropReason, Forwarder, IcmpLimit, OwnSubnet};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::{icmpv4, ipv4, vxlan::Vni};
+use weft::dataplane::worker::counters::Counters;
+use weft::dataplane::worker::fake::{FakeNet, FakeTun};
 use weft::dataplane::worker::{self, StopSignal, WorkerConfig};
 use weft::lease::record::Subnet;
 use weft::route::{Peer, PeerBackend, RouteTable, Routes};

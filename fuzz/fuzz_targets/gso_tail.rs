@@ -7,7 +7,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use weft::dataplane::gso_tail::{MIN_PADDED, Next, PAD_LEN, TailRule};
+use weft::dataplane::sys::udp::gso_tail::{MIN_PADDED, Next, PAD_LEN, TailRule};
 
 const MAX_SEGMENTS: usize = 64;
 const MAX_BYTES: usize = 65507;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use weft::config::BackendKind;
-use weft::dataplane::pipeline::{Forwarder, IcmpLimit, Ipv6Forwarding, OwnSubnet, Rx};
+use weft::dataplane::transport::{Forwarder, IcmpLimit, Ipv6Forwarding, OwnSubnet, Rx};
 use weft::dataplane::wire::{ethernet, ipip, ipv4, vxlan};
 use weft_fuzz::{AnyPacket, ArbNetwork, ArbPeer};
 

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use weft::dataplane::kernel_bugs::{KernelVersion, Offload, OffloadMode, decide};
+use weft::dataplane::offload::kernel_bugs::{KernelVersion, Offload, OffloadMode, decide};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };

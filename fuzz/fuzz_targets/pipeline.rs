@@ -19,7 +19,7 @@ use std::time::Duration;
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use weft::config::BackendKind;
-use weft::dataplane::pipeline::{
+use weft::dataplane::transport::{
     Forwarder, HEADROOM, IcmpLimit, Ipv6Forwarding, OwnSubnet, OwnSubnet6, Rx, Tx,
 };
 use weft::dataplane::wire::{ethernet, icmpv6, ipv4, ipv6, vxlan};

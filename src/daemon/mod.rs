@@ -25,7 +25,7 @@ use tracing::{error, info, warn};
 
 use crate::atomic_file;
 use crate::config::{BackendKind, NetworkConfig, UnderlayAddr, endpoint_ipv4};
-use crate::dataplane::kernel_bugs::OffloadMode;
+use crate::dataplane::offload::kernel_bugs::OffloadMode;
 use crate::dataplane::{Dataplane, DataplaneError, HandedDataplane, Host};
 use crate::health::{self, Health};
 use crate::instance::{self, Attempt, StateDirLock};

@@ -15,7 +15,7 @@ use super::RunOptions;
 use super::netlink_watch::{LINK_SETTLE, next_netlink_change, start_watch};
 use super::underlay::Underlay;
 use crate::config::NetworkConfig;
-use crate::dataplane::kernel_bugs::{Offload, OffloadDecisions};
+use crate::dataplane::offload::kernel_bugs::{Offload, OffloadDecisions};
 use crate::dataplane::{Dataplane, DataplaneConfig, Ipv6Dataplane, UdpGsoConfig};
 use crate::health::Health;
 use crate::lease::record::LeaseName;
@@ -37,7 +37,7 @@ fn kernel_release() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|r| r.trim().to_owned())
 }
 
-/// Decides each offload for the running kernel and the flags ([`crate::dataplane::kernel_bugs`])
+/// Decides each offload for the running kernel and the flags ([`crate::dataplane::offload::kernel_bugs`])
 /// and says so: one WARN per offload a known bug touches, naming the kernel, the bug, its
 /// sources, what weft did (turned the offload off, or kept it on with the bug's workaround)
 /// and the flags that override; one per offload kept on by `on` despite a known bug.

@@ -6,21 +6,21 @@
 //! keep its device as it was set up, register its metrics and readiness, stop it), its
 //! [`DataplaneConfig`] and [`DataplaneError`], and [`Host`] and [`KernelWatch`] (the host's
 //! interfaces, addresses and default routes, and notice when they change, for finding and
-//! following the underlay). The syscall and netlink modules behind them ([`tun`], [`udp`],
-//! [`netlink`], [`link_watch`]) and the threads ([`tunnel`], [`supervise`]) are private.
+//! following the underlay). The syscall and netlink code behind them ([`sys`]) is the data
+//! plane's own, and the threads (`tunnel`, [`worker`]) are private.
 //!
 //! # Backends
 //! A backend is how this host's overlay traffic reaches its peers; [`Dataplane`] holds one and
 //! dispatches to it. They come in three shapes, each a variant of [`Dataplane`]'s backend:
-//! - **A tunnel** ([`tunnel`]): a TUN device, the route table, and a transport between the
+//! - **A tunnel** (`tunnel`): a TUN device, the route table, and a transport between the
 //!   device and the peers. vxlan and udp are transports over batched UDP sockets
-//!   (stateless: [`pipeline`] encapsulates and validates each packet). An encrypting transport
+//!   (stateless: [`transport`] encapsulates and validates each packet). An encrypting transport
 //!   (wireguard) is one more: the worker keeps per-peer sessions keyed by the route table's
 //!   peer and driven by `now`, over the same sockets and offloads; ipip is a transport over a
 //!   raw IP socket instead of UDP.
-//! - **Kernel routes** ([`kernel_routes`]; host-gw): no TUN device; each peer's subnet is a
+//! - **Kernel routes** (`kernel_routes`; host-gw): no TUN device; each peer's subnet is a
 //!   kernel route `via <PublicIP> dev <underlay>`, following the route table, and
-//!   drift-repaired like the tunnel's device ([`route_plan`] plans it).
+//!   drift-repaired like the tunnel's device (`kernel_routes::route_plan` plans it).
 //! - **A tunnel with direct routes** (vxlan `DirectRouting`): the tunnel, and beside it kernel
 //!   routes for the peers whose `PublicIP` is on the underlay's link. Those routes (a peer's
 //!   subnet) are more specific than the tunnel's route (the whole Network), so the kernel
@@ -37,16 +37,39 @@
 //! routes as they are in the kernel. [`Dataplane::route_changes`] says when a backend that
 //! programs the kernel from the route table wants [`Dataplane::repair_link`] run.
 //!
+//! # Where things are
+//! One folder per kind of thing, in layers: a module may use only its own layer or those below
+//! (`tests/layers.rs` holds it, tests included). Lowest first:
+//! - [`wire`]: packet formats (checked views and emitters), pure, depending on nothing here.
+//! - [`sys`]: descriptor and syscall code only: the TUN device ([`sys::tun`]), the batched UDP
+//!   and raw ipip sockets with their GSO rules ([`sys::udp`]), netlink with its decoders and the
+//!   plain data it reads and writes, netlink notifications, the host's interfaces, a thread's
+//!   scheduling slice. It imports no planner.
+//! - [`offload`]: TSO split and GRO coalesce, pure; and which kernels' offloads are broken
+//!   ([`offload::kernel_bugs`]).
+//! - [`transport`]: per-packet decisions, pure: the [`transport::Forwarder`] (route lookup,
+//!   encapsulation, receive validation, ICMP errors) and its drop reasons; each transport's
+//!   headers and receive checks in a file of its own (vxlan, udp, ipip).
+//! - [`worker`]: the forwarding loops, their counters ([`worker::counters`]), send planning
+//!   (`worker::plan`, pure), supervision, and the in-memory fakes of both edges for tests.
+//! - `settings`: what a backend starts with ([`DataplaneConfig`]) and why a start fails
+//!   ([`DataplaneError`]), shared by the backends.
+//! - The backends, independent of each other: `tunnel` (the TUN device's driver: its queues,
+//!   sockets and threads, and drift repair of its link, planned in `tunnel::drift`) and
+//!   `kernel_routes` (host-gw and vxlan `DirectRouting`: kernel routes to peers, planned in
+//!   `kernel_routes::route_plan`).
+//! - Beside the backends, `masq` (`--ip-masq`): weft's nftables tables, planned in `masq::plan`,
+//!   their nf_tables messages encoded in `masq::nft` (both pure), and a driver that speaks them
+//!   over NETLINK_NETFILTER.
+//! - This file, the front door, above them all.
+//!
 //! # Contract
-//! [`wire`], [`pipeline`], [`offload`], [`gso_retry`], [`gso_tail`] and [`malformed_peers`] are
-//! pure (no I/O, no allocation on the per-packet path, never panic on input); so are [`drift`], which plans the repairs of the
-//! device's link state, [`route_plan`], [`masq_plan`] and [`nft`] (masquerading's ruleset and its
-//! nf_tables messages), [`kernel_bugs`] and [`supervise`]'s restart policy. Only the syscall
-//! layers ([`tun`]: the TUN device's ioctls and I/O; [`udp`]: batched sockets) and the netlink
-//! driver ([`netlink`], with no `unsafe`) and masquerading's nf_tables driver ([`masq`], no
-//! `unsafe` either) touch file descriptors, and only [`tunnel`] creates
-//! them and the threads that run [`worker`]'s loops; `fake` stands in for both edges in tests
-//! (only with the `test-util` feature or in unit tests).
+//! [`wire`], [`offload`], [`transport`] and the planners (`worker::plan`, `tunnel::drift`,
+//! `kernel_routes::route_plan`, `masq::plan` and `masq::nft`, [`offload::kernel_bugs`], the restart policy of
+//! `worker::supervise`) are pure (no I/O, no allocation on the per-packet path, never panic on
+//! input). Only [`sys`] touches file descriptors (its netlink driver with no `unsafe`), and
+//! only `tunnel` creates them and the threads that run [`worker`]'s loops; `worker::fake`
+//! stands in for both edges in tests (only with the `test-util` feature or in unit tests).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -56,48 +79,25 @@ use crate::health::Health;
 use crate::lease::record::LeaseName;
 use crate::route::Routes;
 
-pub mod counters;
-mod drift;
-#[cfg(any(test, feature = "test-util"))]
-pub mod fake;
-mod gso_retry;
-pub mod gso_tail;
-mod host;
-pub mod kernel_bugs;
 mod kernel_routes;
-mod link_watch;
-pub mod malformed_peers;
 mod masq;
-mod masq_plan;
-mod netlink;
-mod nft;
 pub mod offload;
-pub mod pipeline;
-mod route_plan;
-#[allow(unsafe_code)]
-mod sched;
-mod supervise;
-#[allow(unsafe_code)]
-mod tun;
+mod settings;
+pub mod sys;
+pub mod transport;
 mod tunnel;
-#[allow(unsafe_code)]
-mod udp;
-#[cfg(feature = "test-util")]
-pub use udp::{LoopbackRun, LoopbackSend, loopback_run};
 pub mod wire;
 pub mod worker;
 
-pub use drift::check_tun_name;
-pub(crate) use host::{Host, KernelWatch};
+pub(crate) use masq::plan::Inputs as MasqInputs;
 pub(crate) use masq::{MasqConfig, Masquerade};
-pub(crate) use masq_plan::Inputs as MasqInputs;
-pub(crate) use netlink::NetlinkError;
-pub(crate) use tunnel::{DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoConfig};
+pub(crate) use settings::{DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoConfig};
+pub(crate) use sys::host::{Host, KernelWatch};
+pub(crate) use sys::netlink::NetlinkError;
+pub use sys::tun::check_tun_name;
 
-use drift::DriftLog;
-use kernel_routes::{KernelRoutes, KernelRoutesConfig};
-use route_plan::Reach;
-use tunnel::{HandedTunnel, Tunnel, TunnelLayout};
+use kernel_routes::{KernelRoutes, KernelRoutesConfig, Reach};
+use tunnel::{DriftLog, HandedTunnel, Tunnel, TunnelLayout};
 
 use crate::config::BackendKind;
 use crate::route::PeerBackend;

@@ -26,7 +26,7 @@
 //! # Use
 //! ```no_run
 //! use weft::dataplane::offload::{GroTable, split};
-//! use weft::dataplane::pipeline::HEADROOM;
+//! use weft::dataplane::transport::HEADROOM;
 //! use weft::dataplane::wire::virtio_net::{self, Header};
 //!
 //! /// TX: `read` is one TUN read (header + packet); `out` is reused for every read.
@@ -54,6 +54,7 @@
 #![forbid(unsafe_code)]
 
 mod gro;
+pub mod kernel_bugs;
 mod split;
 
 #[cfg(test)]

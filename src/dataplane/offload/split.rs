@@ -3,7 +3,7 @@
 //!
 //! # Output layout
 //! Segment `i` occupies the slot `out[i * stride ..][.. headroom + len(i)]`: `headroom` bytes the
-//! caller fills later (VXLAN + inner Ethernet, `pipeline::HEADROOM` = 22), then the segment's IP
+//! caller fills later (VXLAN + inner Ethernet, `transport::HEADROOM` = 22), then the segment's IP
 //! packet. `stride = headroom + hdr + gso_size` is the length of every full segment's slot, so
 //! once each headroom is filled, `out[..total_len()]` is exactly the buffer a
 //! `sendmsg(UDP_SEGMENT = stride)` wants: equal datagrams and a shorter last one, back to back.

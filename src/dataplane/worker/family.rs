@@ -21,8 +21,8 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use super::io::UdpIo;
-use crate::dataplane::gso_tail::GsoLimits;
-use crate::dataplane::udp::{RecvMeta, Transmit, UdpError};
+use crate::dataplane::sys::udp::gso_tail::GsoLimits;
+use crate::dataplane::sys::udp::{RecvMeta, Transmit, UdpError};
 use crate::time::Instant;
 
 /// An IPv4 socket, an IPv6 one, or both; see the module docs.

@@ -1,12 +1,12 @@
 //! The forwarding loops' two I/O edges, as traits: one TUN queue ([`TunIo`]) and one UDP socket
-//! ([`UdpIo`]), so the whole path runs in tests over in-memory fakes (`super::super::fake`,
+//! ([`UdpIo`]), so the whole path runs in tests over in-memory fakes (`super::fake`,
 //! `test-util` feature) and in the daemon over the TUN device and [`udp::BatchSocket`].
 
 use std::io;
 use std::time::Duration;
 
-use crate::dataplane::gso_tail::GsoLimits;
-use crate::dataplane::udp::{self, RecvMeta, Transmit, UdpError};
+use crate::dataplane::sys::udp::gso_tail::GsoLimits;
+use crate::dataplane::sys::udp::{self, RecvMeta, Transmit, UdpError};
 use crate::time::Instant;
 
 /// One TUN queue, as the loops need it.

@@ -1,6 +1,14 @@
 //! The forwarding loops, generic over their two I/O edges so the whole path runs in tests with
-//! in-memory fakes (`super::fake`, `test-util` feature) and in the daemon with the TUN device
+//! in-memory fakes (`fake`, `test-util` feature) and in the daemon with the TUN device
 //! and batched UDP sockets ([`super::tunnel`]).
+//!
+//! # Layout
+//! The loops (`tx.rs`, `rx.rs`, this file), the pure send planning (`plan.rs`: sockets, GSO
+//! runs, order), the edges' traits (`io.rs`), waiting (`wait.rs`), spinning (`spin.rs`), the
+//! dual-stack socket pair (`family.rs`), the threads' counters ([`counters`]), their
+//! supervision (`supervise.rs`) and the fakes (`fake.rs`). It stands on [`super::transport`]
+//! for every per-packet decision and on [`super::sys`] for the sockets' types; the backends
+//! above start it.
 //!
 //! # TX: TUN → peers
 //! Read up to a batch of packets from one TUN queue. A TSO/USO super-packet (behind a
@@ -8,7 +16,7 @@
 //! with the backend's encapsulation in front of each ([`offload::split`]), and goes out as few
 //! `UDP_SEGMENT` (GSO) messages as the kernel allows. Single packets are encapsulated in place
 //! in their read buffer; runs of them to one peer are copied back to back into GSO messages
-//! ([`udp::coalesce_plan`]), and all go out in one `sendmmsg`. Packets leave in the order they
+//! ([`plan::coalesce_plan`]), and all go out in one `sendmmsg`. Packets leave in the order they
 //! were read: TCP takes reordering for loss.
 //!
 //! # RX: peers → TUN
@@ -26,9 +34,9 @@
 //! Buffers are allocated once per worker; the per-packet path allocates nothing, takes no lock
 //! (the route table is loaded wait-free once per batch) and logs nothing (but one WARN, at most
 //! every 10 minutes, about a peer whose datagrams arrive malformed at a rate: see
-//! [`crate::dataplane::malformed_peers`]): every drop is counted
+//! [`crate::dataplane::transport::malformed_peers`]): every drop is counted
 //! by reason in the thread's own [`PacketCounters`] block (see
-//! [`Counters::thread`](super::counters::Counters::thread): one per thread, on cache lines of
+//! [`Counters::thread`](counters::Counters::thread): one per thread, on cache lines of
 //! its own, summed only when `/metrics` is read). The TX path reads its [`Clock`] once per
 //! batch read and passes that `now` to the pipeline (for the ICMP rate limit) and to the
 //! sockets (for the GSO retry). A step never waits: a loop sleeps in its [`Idle`] (epoll) only
@@ -38,22 +46,26 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::counters::{Counters, PacketCounters};
-use super::pipeline::Forwarder;
-use super::sched;
-use super::supervise::{self, RestartPolicy, WorkerStates, supervise};
+use crate::dataplane::sys::sched;
+use crate::dataplane::transport::Forwarder;
 use crate::route::Routes;
 use crate::time::Clock;
+use counters::{Counters, PacketCounters};
+use supervise::{RestartPolicy, WorkerStates, supervise};
 
+pub mod counters;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fake;
 mod family;
 mod io;
 mod plan;
 mod rx;
 mod spin;
+pub(crate) mod supervise;
 mod tx;
 mod wait;
 
-pub use super::counters::SpinEnd;
+pub use counters::SpinEnd;
 pub use family::FamilySockets;
 pub use io::{TunIo, UdpIo};
 pub use rx::RxPath;
@@ -211,7 +223,7 @@ pub struct Worker<T, U> {
     /// The route table.
     pub routes: Arc<Routes>,
     /// The data plane's counters; each thread counts in its own block of them
-    /// ([`Counters::thread`](super::counters::Counters::thread), by thread name).
+    /// ([`Counters::thread`](counters::Counters::thread), by thread name).
     pub counters: Arc<Counters>,
     /// Batch size and timing.
     pub cfg: WorkerConfig,
@@ -310,15 +322,15 @@ mod tests {
     use super::tx::send_skipping;
     use super::*;
     use crate::config::BackendKind;
-    use crate::dataplane::counters::PacketTotals;
-    use crate::dataplane::fake::{FakeNet, FakeTun};
-    use crate::dataplane::gso_tail::{GsoLimits, TailRule};
     use crate::dataplane::offload::testutil::Pkt;
-    use crate::dataplane::pipeline::OwnSubnet;
-    use crate::dataplane::pipeline::{DropReason, HEADROOM};
-    use crate::dataplane::udp::{RecvMeta, Transmit, UdpError};
+    use crate::dataplane::sys::udp::gso_tail::{GsoLimits, TailRule};
+    use crate::dataplane::sys::udp::{RecvMeta, Transmit, UdpError};
+    use crate::dataplane::transport::OwnSubnet;
+    use crate::dataplane::transport::{DropReason, HEADROOM};
     use crate::dataplane::wire::virtio_net::{self, Header};
     use crate::dataplane::wire::{ethernet::MacAddr, read_u32, vxlan::Vni};
+    use crate::dataplane::worker::counters::PacketTotals;
+    use crate::dataplane::worker::fake::{FakeNet, FakeTun};
     use crate::lease::record::NodeId;
     use crate::route::{Peer, PeerBackend, RouteTable};
     use crate::time::Instant;
@@ -392,7 +404,7 @@ mod tests {
         let txs = [Transmit { dst, contents: &payload, segment_size: None }; 5];
         let counters = PacketCounters::default();
         send_skipping(&mut Full { room: 2 }, &txs, Instant::ZERO, &counters);
-        let mut totals = crate::dataplane::counters::PacketTotals::default();
+        let mut totals = crate::dataplane::worker::counters::PacketTotals::default();
         counters.add_to(&mut totals);
         assert_eq!(totals.tx_packets, 2);
         assert_eq!(totals.drops(DropReason::TxSendBufferFull), 3);
@@ -624,7 +636,7 @@ mod tests {
     /// unknown sender's garbage none at all.
     #[test]
     fn a_peer_sending_malformed_datagrams_at_a_rate_raises_one_alarm() {
-        use crate::dataplane::malformed_peers::THRESHOLD;
+        use crate::dataplane::transport::malformed_peers::THRESHOLD;
         let net = FakeNet::new();
         let tun2 = FakeTun::with_vnet_hdr();
         let to = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 8472);

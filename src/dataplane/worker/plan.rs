@@ -9,7 +9,7 @@
 //! - Sockets: a datagram leaves from socket `flow % sockets`, so one flow keeps one outer
 //!   source port.
 //! - Runs: consecutive datagrams to one peer from one socket form a GSO run
-//!   ([`udp::coalesce_plan`]: one destination, within the socket's [`GsoLimits`], one segment
+//!   ([`coalesce_plan`]: one destination, within the socket's [`GsoLimits`], one segment
 //!   size but a shorter last). A run is copied back to back into the send buffer; a run of one
 //!   datagram is sent from its read slot, uncopied.
 //! - Room: a batch holds at most [`MAX_BATCH`] messages and as many runs as fit in the buffer
@@ -21,8 +21,8 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 
-use crate::dataplane::gso_tail::GsoLimits;
-use crate::dataplane::udp::{self, MAX_BATCH};
+use crate::dataplane::sys::udp::gso_tail::GsoLimits;
+use crate::dataplane::sys::udp::{self, MAX_BATCH};
 
 /// A datagram encapsulated in its read slot, waiting to be sent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,9 +103,8 @@ impl<'a> TxPlan<'a> {
             let i = self.next;
             let sock = sock_of(&pending[i]);
             let stretch = pending[i..].iter().take_while(|p| sock_of(p) == sock).count();
-            let runs = udp::coalesce_plan(&pending[i..i + stretch], limits(sock), |p| {
-                (p.dst, p.range.len())
-            });
+            let runs =
+                coalesce_plan(&pending[i..i + stretch], limits(sock), |p| (p.dst, p.range.len()));
             // A non-empty stretch always has a first run.
             let Some(run) = runs.into_iter().next() else { break };
             let dst = pending[i].dst;
@@ -136,12 +135,65 @@ impl<'a> TxPlan<'a> {
     }
 }
 
+/// A run of datagrams that [`coalesce_plan`] puts into one [`udp::Transmit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Coalesced {
+    /// Index of the first datagram of the run.
+    pub(crate) start: usize,
+    /// Datagrams in the run.
+    pub(crate) count: usize,
+    /// Their total length: the [`udp::Transmit::contents`] length once laid back to back.
+    pub(crate) bytes: usize,
+    /// The run's [`udp::Transmit::segment_size`]: the first datagram's length, or `None` for a run of
+    /// one.
+    pub(crate) segment_size: Option<u16>,
+}
+
+/// Groups consecutive datagrams into GSO runs, in order: a run has one destination, at most
+/// `limits.segments` datagrams and `limits.bytes` in all (pass [`udp::BatchSocket::gso_limits`]);
+/// every datagram has the first one's length except possibly the last, which is shorter and
+/// ends the run (the wireguard-go rule). `key` gives each item's destination and datagram
+/// length. The caller lays each run's datagrams back to back and sends it as one [`udp::Transmit`].
+pub(crate) fn coalesce_plan<'a, T, F>(
+    items: &'a [T],
+    limits: GsoLimits,
+    key: F,
+) -> impl Iterator<Item = Coalesced> + 'a
+where
+    F: Fn(&T) -> (SocketAddr, usize) + 'a,
+{
+    let max_segments = limits.segments.clamp(1, udp::MAX_GSO_SEGMENTS);
+    let max_bytes = limits.bytes.min(udp::MAX_GSO_BYTES);
+    let mut next = 0;
+    std::iter::from_fn(move || {
+        let start = next;
+        let (dst, seg) = key(items.get(start)?);
+        let (mut count, mut bytes) = (1, seg);
+        if (1..=max_bytes).contains(&seg) {
+            while count < max_segments {
+                let Some((d, len)) = items.get(start + count).map(&key) else { break };
+                if d != dst || len == 0 || len > seg || bytes + len > max_bytes {
+                    break;
+                }
+                count += 1;
+                bytes += len;
+                if len < seg {
+                    break;
+                }
+            }
+        }
+        next = start + count;
+        let segment_size = if count > 1 { u16::try_from(seg).ok() } else { None };
+        Some(Coalesced { start, count, bytes, segment_size })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::dataplane::gso_tail::TailRule;
+    use crate::dataplane::sys::udp::gso_tail::TailRule;
 
     fn peer(d: u8) -> SocketAddr {
         SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, d), 8472))
@@ -257,5 +309,49 @@ mod tests {
                 Carries::Run { first: 2, count: 2, start: 1600, bytes: 2000, segment_size: 1000 },
             ]
         );
+    }
+
+    #[test]
+    fn coalesce_plan_follows_the_gso_rules() {
+        let a = SocketAddr::from(std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1));
+        let b = SocketAddr::from(std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, 2));
+        let plan = |items: &[(SocketAddr, usize)], max| {
+            coalesce_plan(items, TailRule::Any.limits(max), |&(d, l)| (d, l))
+                .map(|c| (c.start, c.count, c.bytes, c.segment_size))
+                .collect::<Vec<_>>()
+        };
+        // Same destination and size: one run; a shorter one ends it; a longer one starts anew.
+        let items = [(a, 100), (a, 100), (a, 60), (a, 100), (a, 200), (a, 200)];
+        assert_eq!(
+            plan(&items, 64),
+            [(0, 3, 260, Some(100)), (3, 1, 100, None), (4, 2, 400, Some(200))]
+        );
+        // A destination change ends a run.
+        assert_eq!(
+            plan(&[(a, 10), (b, 10), (b, 10)], 64),
+            [(0, 1, 10, None), (1, 2, 20, Some(10))]
+        );
+        // The segment cap, and 1 (no GSO) means every datagram alone.
+        let many = [(a, 10); 70];
+        assert_eq!(plan(&many, 64), [(0, 64, 640, Some(10)), (64, 6, 60, Some(10))]);
+        assert_eq!(plan(&many[..3], 1).len(), 3);
+        // The byte cap: 46 × 1400 = 64400 fits, 47 does not.
+        assert_eq!(
+            plan(&[(a, 1400); 50], 64),
+            [(0, 46, 64_400, Some(1400)), (46, 4, 5600, Some(1400))]
+        );
+        // Empty datagrams are never coalesced.
+        assert_eq!(plan(&[(a, 0), (a, 0)], 64), [(0, 1, 0, None), (1, 1, 0, None)]);
+        assert_eq!(plan(&[], 64), []);
+        // Limits that leave room for the pad: 63 segments, and 18 bytes fewer: 46 × 1424 =
+        // 65504 bytes fit 65507, not 65489.
+        let padded = |items: &[(SocketAddr, usize)]| {
+            coalesce_plan(items, TailRule::NeverEqual.limits(64), |&(d, l)| (d, l))
+                .map(|c| c.count)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(padded(&many), [63, 7]);
+        assert_eq!(padded(&[(a, 1424); 50]), [45, 5]);
+        assert_eq!(plan(&[(a, 1424); 50], 64)[0].1, 46);
     }
 }

@@ -1,5 +1,5 @@
 //! The RX path: UDP → validation and decapsulation → (GRO) → TUN. A peer whose datagrams
-//! arrive malformed at a rate is said once at WARN ([`crate::dataplane::malformed_peers`]).
+//! arrive malformed at a rate is said once at WARN ([`crate::dataplane::transport::malformed_peers`]).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -12,11 +12,11 @@ use tracing::warn;
 use super::Context;
 use super::WorkerConfig;
 use super::io::{TunIo, UdpIo};
-use crate::dataplane::counters::PacketCounters;
-use crate::dataplane::malformed_peers::{Alarm, MalformedWatch};
 use crate::dataplane::offload::{GroConfig, GroTable, MAX_CHAIN, PacketRef};
-use crate::dataplane::pipeline::{DropReason, Forwarder, Rx};
-use crate::dataplane::udp::{self, MAX_BATCH, RecvMeta};
+use crate::dataplane::sys::udp::{self, MAX_BATCH, RecvMeta};
+use crate::dataplane::transport::malformed_peers::{Alarm, MalformedWatch};
+use crate::dataplane::transport::{DropReason, Forwarder, Rx};
+use crate::dataplane::worker::counters::PacketCounters;
 use crate::route::RouteTable;
 use crate::time::Clock;
 
@@ -28,7 +28,7 @@ pub struct RxPath {
     refs: Vec<PacketRef>,
     gro: GroTable,
     vnet: bool,
-    /// Peers' suspect datagrams, counted for [`crate::dataplane::malformed_peers`].
+    /// Peers' suspect datagrams, counted for [`crate::dataplane::transport::malformed_peers`].
     watch: MalformedWatch,
     clock: Arc<dyn Clock>,
 }
@@ -42,7 +42,7 @@ const GRO_PASS: usize = MAX_BATCH * GRO_SEGMENTS;
 
 impl RxPath {
     /// Buffers for batches of `cfg.batch` messages from `sock` to `tun`; `clock` dates the
-    /// suspect datagrams ([`crate::dataplane::malformed_peers`]).
+    /// suspect datagrams ([`crate::dataplane::transport::malformed_peers`]).
     pub fn new<T: TunIo, U: UdpIo>(
         tun: &T,
         sock: &U,
@@ -144,8 +144,8 @@ impl RxPath {
 }
 
 /// Counts a suspect datagram from `src` (a known peer's, else it is nobody's business here) and
-/// says so, once, if its peer now sends them at a rate ([`crate::dataplane::malformed_peers`]): the WARN at most
-/// every [`crate::dataplane::malformed_peers::QUIET`] per peer whichever worker saw it, the alarm always counted.
+/// says so, once, if its peer now sends them at a rate ([`crate::dataplane::transport::malformed_peers`]): the WARN at most
+/// every [`crate::dataplane::transport::malformed_peers::QUIET`] per peer whichever worker saw it, the alarm always counted.
 #[cold]
 fn note_suspect(
     watch: &mut MalformedWatch,

@@ -31,7 +31,7 @@
 
 use std::time::Duration;
 
-use crate::dataplane::counters::SpinEnd;
+use crate::dataplane::worker::counters::SpinEnd;
 use crate::time::Instant;
 
 /// A step that moved at most this many bytes (both directions together) looks like

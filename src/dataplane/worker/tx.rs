@@ -11,11 +11,11 @@ use super::Context;
 use super::WorkerConfig;
 use super::io::{TunIo, UdpIo};
 use super::plan::{Carries, Pending, Planned, TxPlan};
-use crate::dataplane::counters::PacketCounters;
 use crate::dataplane::offload;
-use crate::dataplane::pipeline::{DropReason, HEADROOM, Refusal, Tx};
-use crate::dataplane::udp::{MAX_BATCH, Transmit, UdpError};
+use crate::dataplane::sys::udp::{MAX_BATCH, Transmit, UdpError};
+use crate::dataplane::transport::{DropReason, HEADROOM, Refusal, Tx};
 use crate::dataplane::wire::virtio_net::{self, Header};
+use crate::dataplane::worker::counters::PacketCounters;
 use crate::time::{Clock, Instant};
 
 /// The largest packet a TUN read returns with offloads (64 KiB super-packet) plus its header.

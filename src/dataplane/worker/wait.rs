@@ -134,7 +134,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::dataplane::fake::FakeTun;
+    use crate::dataplane::worker::fake::FakeTun;
 
     const CEILING: Duration = Duration::from_secs(10);
 

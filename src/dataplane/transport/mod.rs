@@ -1,6 +1,13 @@
 //! Per-packet forwarding decisions, without syscalls: TUN packet → route lookup → encapsulated
 //! datagram, and datagram → validation → decapsulated packet.
 //!
+//! # Layout
+//! This file holds what every transport shares: the [`Forwarder`] and its dispatch on the
+//! backend, the drop reasons, the ICMP errors and the route lookups. Each transport's own
+//! headers and receive checks are a file beside it (`vxlan.rs`, `udp.rs`, `ipip.rs`; a new
+//! transport is a new file here); [`malformed_peers`] watches for peers that send garbage.
+//! Below it only [`super::wire`], [`super::offload`] and [`super::sys`]'s plain constants.
+//!
 //! # Buffers
 //! The caller owns every buffer. A packet read from TUN sits at `buf[HEADROOM..HEADROOM + n]`,
 //! so that encapsulation writes the VXLAN header and inner Ethernet header into the headroom in
@@ -11,7 +18,7 @@
 //! - Pure: no atomics but the shared [`IcmpLimit`] bucket and [`OwnSubnet`], no metrics, no
 //!   syscalls. Nothing on the per-packet path ([`Forwarder`]) panics on any input, allocates,
 //!   locks, or logs: every rejected packet is a [`Drop`] with a reason, which the caller counts
-//!   in its thread's own counters ([`super::counters`]).
+//!   in its thread's own counters ([`crate::dataplane::worker::counters`]).
 //! - Receive validation (docs/dataplane.md, "Receiving"): the outer source must be a known
 //!   peer; the VNI must match; the inner Ethernet destination must be our VTEP MAC; the inner
 //!   source must lie inside the sending peer's subnet; the inner destination must lie inside
@@ -44,17 +51,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 
-use super::gso_tail;
-use super::malformed_peers::MalformedLog;
 use super::wire::ethernet::MacAddr;
-use super::wire::{self, ethernet, icmpv4, icmpv6, ipip, ipv4, ipv6, vxlan};
+use super::wire::{self, ethernet, icmpv4, icmpv6, ipv4, ipv6};
 use crate::config::BackendKind;
+use crate::dataplane::sys::udp::gso_tail;
 use crate::lease::record::{Ipv6Subnet, Subnet};
 use crate::route::{RouteTable, backends};
 use crate::time::Instant;
 
+mod ipip;
+pub mod malformed_peers;
+mod udp;
+mod vxlan;
+
+use malformed_peers::MalformedLog;
+
 /// Bytes reserved in front of a TUN packet for the VXLAN header and the inner Ethernet header.
-pub const HEADROOM: usize = vxlan::HEADER_LEN + ethernet::HEADER_LEN;
+pub const HEADROOM: usize = wire::vxlan::HEADER_LEN + ethernet::HEADER_LEN;
 
 /// Why a packet was dropped. Each reason has its own counter on `/metrics`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +115,7 @@ pub enum DropReason {
     /// RX: from an IPv6 sender, an inner frame that is not IPv6 (IPv4 travels over IPv4).
     RxNotIpv6,
     /// RX: the pad a weft peer ends a GSO message with, so that none ends on a full segment
-    /// (`super::gso_tail`): filler, not a packet.
+    /// (`crate::dataplane::sys::udp::gso_tail`): filler, not a packet.
     RxGsoPad,
     /// RX (ipip): the outer header says congestion experienced (CE) over an inner packet that
     /// is not ECN-capable, which RFC 6040 (and the kernel's ipip device) drops.
@@ -137,7 +150,7 @@ impl DropReason {
     /// Whether it is one a mangling sender leaves: a VXLAN header cut short or full of garbage,
     /// an inner frame or packet cut short (`malformed`, `bad_vxlan_flags`). Reasons of
     /// configuration (a wrong VNI or MAC, a spoofed source, a pad) are not
-    /// (see [`super::malformed_peers`]).
+    /// (see [`malformed_peers`]).
     pub fn is_suspect(self) -> bool {
         matches!(self, DropReason::RxMalformed | DropReason::RxBadFlags)
     }
@@ -427,7 +440,7 @@ pub struct Forwarder {
     /// vxlan or udp.
     pub backend: BackendKind,
     /// The VXLAN network identifier.
-    pub vni: vxlan::Vni,
+    pub vni: wire::vxlan::Vni,
     /// The UDP port peers listen on.
     pub port: u16,
     /// Our VTEP MAC (the inner Ethernet source, and the destination peers must use).
@@ -477,7 +490,7 @@ impl Forwarder {
     pub fn headroom(&self) -> usize {
         match self.backend {
             BackendKind::Vxlan => HEADROOM,
-            BackendKind::Ipip => ipip::OVERHEAD,
+            BackendKind::Ipip => wire::ipip::OVERHEAD,
             // host-gw and alloc run no tunnel.
             BackendKind::Udp | BackendKind::HostGw | BackendKind::Alloc => 0,
         }
@@ -585,29 +598,10 @@ impl Forwarder {
     /// packet's TTL, DF and ECN).
     pub(crate) fn emit_encap(&self, route: &TxRoute, datagram: &mut [u8]) {
         if self.backend == BackendKind::Ipip {
-            if let (Some((head, packet)), SocketAddr::V4(to)) =
-                (datagram.split_at_mut_checked(ipip::OVERHEAD), route.to)
-            {
-                // The packet was validated by `route`; the source is the socket's to fill.
-                let _ = ipip::emit_outer(head, packet, Ipv4Addr::UNSPECIFIED, *to.ip());
-            }
+            ipip::emit(route, datagram);
             return;
         }
-        let head = datagram;
-        let (Some(peer_mac), Some((vx, eth))) =
-            (route.peer_mac, head.split_at_mut_checked(vxlan::HEADER_LEN))
-        else {
-            return;
-        };
-        // Both emits write into room of at least their header length: they cannot fail, and
-        // the VNI was validated when the forwarder was built.
-        let _ = vxlan::Repr { vni: self.vni }.emit(vx);
-        let _ = ethernet::Repr {
-            src_addr: self.our_mac,
-            dst_addr: peer_mac,
-            ethertype: route.ethertype,
-        }
-        .emit(eth);
+        self.emit_vxlan(route, datagram);
     }
 
     /// Validates and decapsulates the datagram at `buf[..len]`, received from `from`.
@@ -647,102 +641,14 @@ impl Forwarder {
         if !self.own.contains(dst) {
             return Rx::Drop(DropReason::RxNotForUs);
         }
-        if self.backend == BackendKind::Udp {
-            // flannel's udp proxy decrements the TTL on each hop; so do we, against loops.
-            if ip.hop_limit() <= 1 {
-                return Rx::Drop(DropReason::RxTtlExpired);
-            }
-            ip.decrement_ttl_incremental();
+        if self.backend == BackendKind::Udp
+            && let Err(reason) = udp::hop(&mut ip)
+        {
+            return Rx::Drop(reason);
         }
         // Only the IP packet's own length is delivered, never trailing bytes.
         let total = usize::from(ip.total_len());
         Rx::Deliver { range: inner.start..inner.start + total, checksums_trusted }
-    }
-
-    /// [`Self::decap`] for ipip: `datagram` is the whole outer IPv4 packet (a raw socket of
-    /// protocol 4 delivers it so), from a known peer's `PublicIP`.
-    fn decap_ipip(&self, routes: &RouteTable, datagram: &mut [u8]) -> Rx {
-        let Ok(outer) = ipip::parse_outer(datagram) else {
-            return Rx::Drop(DropReason::RxMalformed);
-        };
-        let Some(inner) = datagram.get_mut(outer.inner.clone()) else {
-            return Rx::Drop(DropReason::RxMalformed);
-        };
-        let ip = match ipv4::Packet::new_checked(&*inner) {
-            Ok(ip) => ip,
-            Err(wire::Error::BadVersion) => return Rx::Drop(DropReason::RxNotIpv4),
-            Err(_) => return Rx::Drop(DropReason::RxMalformed),
-        };
-        let (src, dst, tos, total) = (ip.src_addr(), ip.dst_addr(), ip.dscp_ecn(), ip.total_len());
-        match routes.lookup(src) {
-            Some(peer) if peer.public_ip == outer.src => {}
-            _ if routes.is_known_peer(outer.src) => return Rx::Drop(DropReason::RxSpoofedSource),
-            _ => return Rx::Drop(DropReason::RxUnknownSender),
-        }
-        if !self.own.contains(dst) {
-            return Rx::Drop(DropReason::RxNotForUs);
-        }
-        match ipip::ecn_decapsulate(outer.tos, tos) {
-            ipip::EcnDecap::Keep => {}
-            // The inner packet was checked above: marking it cannot fail.
-            ipip::EcnDecap::MarkCe => drop(ipip::mark_ce(inner)),
-            ipip::EcnDecap::Drop => return Rx::Drop(DropReason::RxEcnNotEct),
-        }
-        let start = outer.inner.start;
-        // No checksum covers the inner packet on the way (the outer header's covers only
-        // itself): its own checksums are the kernel's to verify.
-        Rx::Deliver { range: start..start + usize::from(total), checksums_trusted: false }
-    }
-
-    /// The VXLAN checks of every received datagram, whichever family it came over: a VXLAN
-    /// header with the I bit alone and our VNI, then an inner Ethernet header to our VTEP MAC.
-    /// Returns the inner EtherType, for the caller to check against the family.
-    fn vxlan_ethertype(&self, datagram: &[u8]) -> Result<ethernet::EtherType, DropReason> {
-        let vx = vxlan::Packet::new_checked(datagram).map_err(|_| DropReason::RxMalformed)?;
-        let repr = vxlan::Repr::parse(&vx).map_err(|_| DropReason::RxBadFlags)?;
-        if repr.vni != self.vni {
-            return Err(DropReason::RxWrongVni);
-        }
-        let eth = ethernet::Frame::new_checked(&datagram[vxlan::HEADER_LEN..])
-            .map_err(|_| DropReason::RxMalformed)?;
-        if eth.dst_addr() != self.our_mac {
-            return Err(DropReason::RxNotOurMac);
-        }
-        Ok(eth.ethertype())
-    }
-
-    /// [`Self::decap`] of a datagram from an IPv6 sender: VXLAN carrying IPv6, from a peer's
-    /// `PublicIPv6`, with an inner source in that peer's IPv6 half.
-    fn decap6(&self, routes: &RouteTable, from: Ipv6Addr, buf: &mut [u8], len: usize) -> Rx {
-        let Some(datagram) = buf.get_mut(..len) else {
-            return Rx::Drop(DropReason::RxMalformed);
-        };
-        if gso_tail::is_pad(datagram) {
-            return Rx::Drop(DropReason::RxGsoPad);
-        }
-        if self.backend != BackendKind::Vxlan || !self.ipv6.own.is_set() {
-            // No IPv6 peer is expected: nothing here sends to one.
-            return Rx::Drop(DropReason::RxUnknownSender);
-        }
-        match self.vxlan_ethertype(datagram) {
-            Ok(ethernet::EtherType::IPV6) => {}
-            Ok(_) => return Rx::Drop(DropReason::RxNotIpv6),
-            Err(reason) => return Rx::Drop(reason),
-        }
-        let Ok(ip) = ipv6::Packet::new_checked(&datagram[HEADROOM..]) else {
-            return Rx::Drop(DropReason::RxMalformed);
-        };
-        let checksums_trusted = match routes.lookup6(ip.src_addr()) {
-            Some((peer, half)) if half.public_ip == from => peer.node.is_some(),
-            _ if routes.is_known_peer6(from) => return Rx::Drop(DropReason::RxSpoofedSource),
-            _ => return Rx::Drop(DropReason::RxUnknownSender),
-        };
-        if !self.ipv6.own.contains(ip.dst_addr()) {
-            return Rx::Drop(DropReason::RxNotForUs);
-        }
-        // Only the IP packet's own length is delivered, never trailing bytes.
-        let total = ipv6::HEADER_LEN + usize::from(ip.payload_len());
-        Rx::Deliver { range: HEADROOM..HEADROOM + total, checksums_trusted }
     }
 }
 
@@ -751,6 +657,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::dataplane::wire::vxlan;
     use crate::route::PeerBackend;
 
     #[test]

@@ -46,8 +46,8 @@ use rtnetlink::packet_route::route::{
 };
 use rtnetlink::{LinkUnspec, RouteMessageBuilder};
 
-use super::drift::ObservedLink;
-use super::route_plan::{PeerRoute, ROUTE_PROTOCOL, SeenRoute};
+mod types;
+pub(crate) use types::{ObservedLink, PeerRoute, ROUTE_PROTOCOL, SeenRoute};
 
 /// How long a request waits for the kernel's answer.
 pub(crate) const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -1194,8 +1194,10 @@ mod tests {
         assert_eq!(device_routes(&[added], WEFT0), vec![net("10.244.0.0/16")]);
     }
 
-    /// A peer route weft puts is one it then sees as its own, exactly as planned; routes of
-    /// other protocols, tables and kinds are told apart.
+    /// A peer route weft puts is one it then sees as its own, exactly as put (that the planner
+    /// then wants nothing done is `kernel_routes::route_plan`'s test, not this driver's: a
+    /// syscall module imports no planner); routes of other protocols, tables and kinds are
+    /// told apart.
     #[test]
     fn the_peer_route_weft_puts_is_seen_as_its_own() {
         let want = PeerRoute { dst: net("10.244.2.0/24"), gw: Ipv4Addr::new(192, 0, 2, 2) };
@@ -1218,8 +1220,6 @@ mod tests {
                 },
             ]
         );
-        let plan = super::super::route_plan::plan(&[want], &seen, 3, net("10.244.0.0/16"), true);
-        assert!(plan.is_empty(), "{plan:?}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! nf_tables over netlink (`NETLINK_NETFILTER`): the messages weft sends for its masquerade
 //! tables and the replies it reads back. Pure bytes in, bytes out: the driver
-//! ([`super::masq`]) owns the socket.
+//! ([`super`]) owns the socket.
 //!
 //! Contract:
 //! - [`install`] is one batch (one nftables transaction, applied whole or not at all, never a
@@ -19,7 +19,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::masq_plan::{
+use super::plan::{
     Action, Family, Hook, Match, Rule, SeenChain, SeenTable, TABLE, Table, owner_comment, owner_of,
 };
 
@@ -662,7 +662,7 @@ fn read_prefix(v4: bool, len: usize, mask: Option<Vec<u8>>, value: &[u8]) -> Opt
 }
 
 /// weft's tables among a dump's tables, chains and rules (messages of any other table are
-/// ignored), for [`super::masq_plan::plan`].
+/// ignored), for [`super::plan::plan`].
 pub(crate) fn seen_tables(
     tables: &[(Family, String, Option<String>)],
     chains: &[(Family, String, String, Option<Hook>)],
@@ -699,7 +699,7 @@ pub(crate) fn seen_tables(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::masq_plan::{Inputs, wanted};
+    use crate::dataplane::masq::plan::{Inputs, wanted};
 
     fn inputs() -> Inputs {
         Inputs {
@@ -807,8 +807,8 @@ mod tests {
         assert_eq!(t[0], (Family::Ip, "weft".to_owned(), Some("weft node n1".to_owned())));
         let seen = seen_tables(&t, &c, &r);
         assert_eq!(
-            crate::dataplane::masq_plan::plan(&tables, &seen, "n1"),
-            crate::dataplane::masq_plan::Plan::Nothing
+            crate::dataplane::masq::plan::plan(&tables, &seen, "n1"),
+            crate::dataplane::masq::plan::Plan::Nothing
         );
         // Removal: deletes only.
         let req = remove(&[Family::Ip6], 7);

@@ -1,14 +1,14 @@
 //! Kernel routes to peers, for the backends that reach peers without weft's TUN device
 //! (host-gw; vxlan `DirectRouting`'s peers on the underlay's link): which routes the route
 //! table wants, and the changes that take the kernel's main table there. Pure: the driver
-//! ([`super::kernel_routes`]) reads the table, the underlay and the kernel's routes, asks
+//! ([`super`]) reads the table, the underlay and the kernel's routes, asks
 //! [`wanted`] and [`plan`] what to do, and applies it over netlink.
 //!
 //! Contract:
 //! - A peer's route is `<subnet> via <PublicIP> dev <underlay>`, as flannel's host-gw
 //!   (`pkg/backend/hostgw`, `route_network.go`) and vxlan's direct routing
 //!   (`vxlan_network.go`) program it, in the main table, metric 0, with weft's own route
-//!   protocol ([`ROUTE_PROTOCOL`]): that is how weft knows its routes again after a restart or
+//!   protocol ([`crate::dataplane::sys::netlink::ROUTE_PROTOCOL`]): that is how weft knows its routes again after a restart or
 //!   a takeover, and how it tells them from everyone else's.
 //! - [`wanted`]: one route per peer of the backend's type (host-gw: leases of `BackendType
 //!   "host-gw"`, the others get none, as flannel ignores them, and are told about by
@@ -38,58 +38,9 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 use crate::config::BackendKind;
+use crate::dataplane::sys::netlink::{PeerRoute, SeenRoute};
 use crate::route::{Peer, PeerBackend, backends};
 use crate::vocab::Subnet;
-
-/// The route protocol (`rtm_protocol`) of the routes weft adds to peers: `ip route show proto
-/// 119` lists them. Not one the kernel or iproute2 assigns (`/etc/iproute2/rt_protos`).
-pub(crate) const ROUTE_PROTOCOL: u8 = 119;
-
-/// A kernel route to a peer: `dst via gw`, through the underlay.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct PeerRoute {
-    /// The peer's subnet.
-    pub(crate) dst: Ipv4Net,
-    /// The peer's `PublicIP`.
-    pub(crate) gw: Ipv4Addr,
-}
-
-impl std::fmt::Display for PeerRoute {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} via {}", self.dst, self.gw)
-    }
-}
-
-/// A unicast IPv4 route of the kernel's main table, as far as planning goes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct SeenRoute {
-    /// Its destination.
-    pub(crate) dst: Ipv4Net,
-    /// Its gateway, if it has one.
-    pub(crate) gw: Option<Ipv4Addr>,
-    /// Its output interface, if it has one.
-    pub(crate) oif: Option<u32>,
-    /// Its metric (`RTA_PRIORITY`; 0 when absent).
-    pub(crate) metric: u32,
-    /// Whether it is of [`ROUTE_PROTOCOL`]: weft added it.
-    pub(crate) ours: bool,
-}
-
-impl std::fmt::Display for SeenRoute {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.dst)?;
-        if let Some(gw) = self.gw {
-            write!(f, " via {gw}")?;
-        }
-        if let Some(oif) = self.oif {
-            write!(f, " dev #{oif}")?;
-        }
-        if self.metric != 0 {
-            write!(f, " metric {}", self.metric)?;
-        }
-        Ok(())
-    }
-}
 
 /// Which peers get kernel routes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! The TUN device's link state as weft set it, and the repairs that put it back when someone
 //! else changes it ("drift": a deleted route, the link set down, the address flushed, the MTU
-//! changed). Pure: the driver ([`super::tunnel::Tunnel::repair_link`]) observes the device
-//! over netlink ([`super::netlink`]), asks [`plan`] what to do, applies it and logs as
+//! changed). Pure: the driver ([`super::Tunnel::repair_link`]) observes the device
+//! over netlink ([`crate::dataplane::sys::netlink`]), asks [`plan`] what to do, applies it and logs as
 //! [`DriftLog`] says.
 //!
 //! Contract:
@@ -25,87 +25,8 @@
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
-/// The longest interface name: `IFNAMSIZ` less its NUL.
-pub const MAX_TUN_NAME: usize = 15;
-
-/// Whether `name` can be weft's TUN device: one fixed name of 1 to [`MAX_TUN_NAME`] bytes of
-/// ASCII letters, digits and punctuation, not `.` or `..`, without `/`, `:` or `%`. Refused,
-/// with why (for `--tun-name`, at parsing):
-/// - `%`: the kernel takes `%d` as a template and names the device itself (`weft%d` makes
-///   `weft0`, `weft1`, …: with several queues, one device per queue, each queue's first
-///   `TUNSETIFF` a new device), and any other `%` is an error. weft configures its device by
-///   name (MTU, address, routes, drift repair), and finds a second weft on the same device by
-///   it, so it takes one fixed name and never a template.
-/// - what the kernel's `dev_valid_name` refuses: empty, longer than 15 bytes, `.`, `..`, `/`,
-///   `:`, whitespace;
-/// - anything else outside printable ASCII (control characters, non-ASCII, which the kernel
-///   would mostly take, and which no tool shows reliably).
-///
-/// # Errors
-/// Why the name is refused.
-pub fn check_tun_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_TUN_NAME {
-        return Err(format!(
-            "an interface name is 1 to {MAX_TUN_NAME} bytes; this one is {}",
-            name.len()
-        ));
-    }
-    if name == "." || name == ".." {
-        return Err(format!("{name:?} is no interface name"));
-    }
-    if name.contains('%') {
-        return Err("'%' makes it a kernel name template (weft%d names one device per queue: \
-                    weft0, weft1, ...); weft needs one fixed name, such as weft0"
-            .into());
-    }
-    if let Some(c) = name.chars().find(|c| matches!(c, '/' | ':')) {
-        return Err(format!("the kernel refuses {c:?} in an interface name"));
-    }
-    if name.chars().any(char::is_whitespace) {
-        return Err("the kernel refuses whitespace in an interface name".into());
-    }
-    if !name.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("use ASCII letters, digits and punctuation only".into());
-    }
-    Ok(())
-}
-
-/// What drifted, and so what was repaired: the `what` label of
-/// `weft_dataplane_link_repairs_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(usize)]
-pub(crate) enum RepairKind {
-    /// The route for the Network through the device.
-    Route,
-    /// The link's `IFF_UP` flag.
-    Up,
-    /// The device's address, `<subnet>.0/32`.
-    Address,
-    /// The device's MTU.
-    Mtu,
-    /// The route for the IPv6 network through the device.
-    Route6,
-    /// The device's IPv6 address, `<v6 subnet>::/128`.
-    Address6,
-}
-
-impl RepairKind {
-    /// Every kind, in metric order.
-    pub(crate) const ALL: [Self; 6] =
-        [Self::Route, Self::Up, Self::Address, Self::Mtu, Self::Route6, Self::Address6];
-
-    /// The `what` label.
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Self::Route => "route",
-            Self::Up => "up",
-            Self::Address => "address",
-            Self::Mtu => "mtu",
-            Self::Route6 => "ipv6_route",
-            Self::Address6 => "ipv6_address",
-        }
-    }
-}
+use crate::dataplane::sys::netlink::ObservedLink;
+use crate::dataplane::worker::counters::RepairKind;
 
 /// The link state weft wants.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,24 +42,6 @@ pub struct WantedLink {
     /// The IPv6 network, routed through the device while a dual-stack lease is held, and the
     /// route's path MTU.
     pub(crate) route6: Option<(Ipv6Net, u32)>,
-}
-
-/// The link state the kernel reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ObservedLink {
-    /// `IFF_UP` is set.
-    pub(crate) up: bool,
-    /// The MTU.
-    pub(crate) mtu: u32,
-    /// The IPv4 addresses on the device, with their prefix lengths.
-    pub(crate) addresses: Vec<Ipv4Net>,
-    /// The destinations of the main table's routes through the device without a gateway.
-    pub(crate) routes: Vec<Ipv4Net>,
-    /// The IPv6 addresses on the device (read only on a dual-stack network).
-    pub(crate) addresses6: Vec<Ipv6Net>,
-    /// The destinations of the main table's IPv6 routes through the device without a gateway
-    /// (read only on a dual-stack network).
-    pub(crate) routes6: Vec<Ipv6Net>,
 }
 
 /// One change that puts the link back as weft wants it.

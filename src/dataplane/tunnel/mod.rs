@@ -8,7 +8,7 @@
 //! (`IFF_VNET_HDR` + `TUNSETOFFLOAD`), UDP GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`). Each can be
 //! switched off by a flag. A GSO send that fails (`EIO`, `EINVAL`, `EMSGSIZE`: the path, not
 //! the kernel, refuses it) turns GSO off on that socket for now, and it is tried again later
-//! (see [`super::udp`] and [`super::gso_retry`]). Each worker socket is a [`MeteredSocket`],
+//! (see [`crate::dataplane::sys::udp`] and [`crate::dataplane::sys::udp::gso_retry`]). Each worker socket is a [`MeteredSocket`],
 //! which logs every turn-off (WARN) and recovery (INFO) once and keeps the `udp_gso` gauge and
 //! the GSO counters in [`Counters`] up to date.
 //!
@@ -20,8 +20,8 @@
 //! public IPv6 address; a [`FamilySockets`] pairs them, so the loops see one socket.
 //!
 //! Drift repair ([`Tunnel::repair_link`]): the TUN device's MTU, `IFF_UP`, address and Network
-//! route are read back over netlink ([`super::netlink`]) and whatever someone else changed is
-//! put back ([`super::drift`]).
+//! route are read back over netlink ([`crate::dataplane::sys::netlink`]) and whatever someone else changed is
+//! put back ([`drift`]).
 //!
 //! VXLAN datagrams leave from sockets on ephemeral ports chosen by the inner flow's hash, so the
 //! outer source port differs per flow (RFC 7348 §5) and receivers can spread flows too.
@@ -37,23 +37,27 @@ use std::time::Duration;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::{debug, info, warn};
 
-use super::counters::{Counters, Offload};
-use super::drift::{self, DriftLog, Repair, WantedLink};
-use super::gso_retry::{DEFAULT_RETRY_AFTER, GsoRetryConfig, GsoState};
-use super::gso_tail::{GsoLimits, TailRule};
-use super::host::KernelWatch;
-use super::netlink::{Netlink, NetlinkError, TunStatus};
-use super::pipeline::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubnet6};
-use super::supervise::WorkerStates;
-use super::tun::{self, Tun, TunError, TunOptions};
-use super::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
-use super::wire::ethernet::MacAddr;
+use super::settings::{DataplaneConfig, DataplaneError};
 use super::wire::vxlan::Vni;
+use super::worker::counters::{Counters, Offload};
+use super::worker::supervise::WorkerStates;
 use super::worker::{self, FamilySockets, StopSignal, TunIo, UdpIo, WorkerConfig};
 use crate::config::BackendKind;
+use crate::dataplane::sys::host::KernelWatch;
+use crate::dataplane::sys::netlink::{Netlink, NetlinkError, TunStatus};
+use crate::dataplane::sys::tun::{self, Tun, TunError, TunOptions};
+use crate::dataplane::sys::udp::gso_retry::{GsoRetryConfig, GsoState};
+use crate::dataplane::sys::udp::gso_tail::{GsoLimits, TailRule};
+use crate::dataplane::sys::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
+use crate::dataplane::transport::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubnet6};
 use crate::lease::record::{Ipv6Subnet, LeaseName, Subnet};
 use crate::route::Routes;
 use crate::time::{BootClock, Instant};
+
+mod drift;
+
+pub(crate) use drift::DriftLog;
+use drift::{Repair, WantedLink};
 
 /// The longest a forwarding thread sleeps without looking at its queues (a safety net: the
 /// queues' readiness and the stop signal wake it at once; see `worker::Idle`).
@@ -68,121 +72,6 @@ const SOCKET_BUFFER: usize = 7 << 20;
 const VXLAN6_OVERHEAD: u32 = 70;
 /// IPv6's minimum link MTU (RFC 8200): no route gets a lower path MTU.
 const IPV6_MIN_MTU: u32 = 1280;
-
-/// The IPv6 half of the underlay and overlay, on a dual-stack vxlan network.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Ipv6Dataplane {
-    /// The cluster's IPv6 network, routed through the TUN device.
-    pub(crate) network: Ipv6Net,
-    /// Our public IPv6 address: IPv6 datagrams are sent from it when it is a local address.
-    pub(crate) public_ip: Ipv6Addr,
-}
-
-/// What the data plane needs to start.
-#[derive(Clone, Debug)]
-pub(crate) struct DataplaneConfig {
-    /// TUN device name.
-    pub(crate) tun_name: String,
-    /// vxlan or udp (or host-gw: no tunnel, kernel routes only).
-    pub(crate) backend: BackendKind,
-    /// vxlan's `DirectRouting`: peers on the underlay's link by kernel routes, beside the
-    /// tunnel.
-    pub(crate) direct_routing: bool,
-    /// VNI (vxlan).
-    pub(crate) vni: u32,
-    /// The backend's UDP port.
-    pub(crate) port: u16,
-    /// Our VTEP MAC.
-    pub(crate) our_mac: MacAddr,
-    /// The underlay MTU; the TUN MTU is this minus the encapsulation overhead.
-    pub(crate) underlay_mtu: u32,
-    /// The encapsulation overhead (50 for vxlan, 28 for udp).
-    pub(crate) overhead: u32,
-    /// The cluster's IPv4 network, routed through the TUN device; `None` on an IPv6-only
-    /// network, which has no IPv4 address, route or socket.
-    pub(crate) network: Option<Ipv4Net>,
-    /// Our public IP: datagrams are sent from it when it is a local address (unused on an
-    /// IPv6-only network).
-    pub(crate) public_ip: Ipv4Addr,
-    /// The IPv6 half, on a dual-stack or IPv6-only vxlan network.
-    pub(crate) ipv6: Option<Ipv6Dataplane>,
-    /// Workers (TUN queues); at least 1.
-    pub(crate) workers: usize,
-    /// TUN offloads (TSO, checksum, USO) with userspace split and GRO.
-    pub(crate) tun_offload: bool,
-    /// UDP GSO on send, and when to try it again after a send failed.
-    pub(crate) udp_gso: UdpGsoConfig,
-    /// UDP GRO on receive.
-    pub(crate) udp_gro: bool,
-    /// recvmmsg/sendmmsg batches (off: one packet per syscall).
-    pub(crate) batching: bool,
-    /// One thread per worker for both directions (else one per direction).
-    pub(crate) one_thread: bool,
-    /// The longest a one-thread worker keeps looking after a small step (`WorkerConfig::spin`).
-    pub(crate) spin: Duration,
-    /// The scheduler slice each forwarding thread asks for (`WorkerConfig::slice`).
-    pub(crate) worker_slice: Duration,
-}
-
-/// UDP GSO: whether to use it, how soon to try it again after a GSO send failed, and whether
-/// its messages may end on a full segment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UdpGsoConfig {
-    /// Use `UDP_SEGMENT` when the kernel has it (not `--no-udp-gso`).
-    pub on: bool,
-    /// The first wait before a socket tries GSO again after a failed GSO send
-    /// (`--gso-retry-after`); doubled on each failed retry, up to an hour.
-    pub retry_after: Duration,
-    /// Never end a GSO message on a full segment ([`super::gso_tail`]): on a kernel whose GSO
-    /// mangles such messages.
-    pub never_equal_tail: bool,
-}
-
-impl Default for UdpGsoConfig {
-    fn default() -> Self {
-        Self { on: true, retry_after: DEFAULT_RETRY_AFTER, never_equal_tail: false }
-    }
-}
-
-/// Why the data plane could not start.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum DataplaneError {
-    /// The VNI does not fit in 24 bits.
-    #[error("VNI {0} does not fit in 24 bits")]
-    BadVni(u32),
-    /// The TUN device.
-    #[error(transparent)]
-    Tun(#[from] TunError),
-    /// Configuring the TUN device's link over netlink.
-    #[error(transparent)]
-    Link(#[from] NetlinkError),
-    /// A UDP socket (or, for ipip, a raw IP socket): its error says which.
-    #[error(transparent)]
-    Socket(#[from] UdpError),
-    /// A thread.
-    #[error("starting a worker thread: {0}")]
-    Thread(#[source] io::Error),
-    /// What was handed over does not fit this data plane.
-    #[error("the handed-over data plane cannot be taken: {0}")]
-    Handover(String),
-    /// Neither family has a socket: a config with no IPv4 network and no IPv6 underlay.
-    #[error("no underlay socket: the network has no IPv4 part and no IPv6 underlay was given")]
-    NoSockets,
-    /// host-gw with a public IP that no interface of this host has (NAT).
-    #[error(
-        "the public IP {0} is no address of this host (NAT?): host-gw does not work behind NAT \
-         (flannel's refuses it too), as peers route to the public IP directly"
-    )]
-    HostGwNat(Ipv4Addr),
-}
-
-impl DataplaneError {
-    /// Whether the start failed because another process has the TUN device attached (one
-    /// created between the daemon's check and the start): the daemon then waits again.
-    pub(crate) fn is_device_in_use(&self) -> bool {
-        matches!(self, Self::Tun(TunError::InUse { .. }))
-    }
-}
 
 impl TunIo for Tun {
     fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
@@ -550,7 +439,7 @@ impl Tunnel {
             },
         };
         let wcfg = WorkerConfig {
-            batch: if cfg.batching { super::udp::MAX_BATCH } else { 1 },
+            batch: if cfg.batching { crate::dataplane::sys::udp::MAX_BATCH } else { 1 },
             wake: WAKE,
             gro_tcp: cfg.tun_offload && offloads.tso,
             gro_udp: cfg.tun_offload && offloads.uso,
@@ -767,7 +656,7 @@ impl Tunnel {
 
     /// Starts a watch of the kernel's notifications about the TUN device (its link, addresses
     /// and the routes through it), so that drift is repaired as it happens
-    /// ([`super::link_watch`]). Blocking (one netlink request): call it from a blocking thread.
+    /// ([`crate::dataplane::sys::link_watch`]). Blocking (one netlink request): call it from a blocking thread.
     pub(crate) fn watch_link(
         &self,
     ) -> Result<(KernelWatch, tokio::sync::watch::Receiver<u64>), NetlinkError> {
@@ -799,7 +688,7 @@ impl Tunnel {
     /// ([`drift::plan`]), counts each repair in `weft_dataplane_link_repairs_total` and logs it
     /// at WARN, once per drift event as `drift` decides (a failing repair is logged once, then
     /// retried quietly at each call). Blocking (netlink requests, each answered within
-    /// [`super::netlink::REPLY_TIMEOUT`]): call it from a blocking thread.
+    /// [`crate::dataplane::sys::netlink::REPLY_TIMEOUT`]): call it from a blocking thread.
     pub(crate) fn repair_link(&self, drift: &mut DriftLog) {
         let dev = self.cfg.tun_name.as_str();
         let seen = match self.netlink.observe_link(dev, self.cfg.ipv6.is_some()) {
@@ -1104,7 +993,7 @@ impl Drop for MeteredSocket {
     }
 }
 
-/// What usually makes a GSO send fail with `errno` (see [`super::gso_retry`]).
+/// What usually makes a GSO send fail with `errno` (see [`crate::dataplane::sys::udp::gso_retry`]).
 fn gso_failure_hint(errno: i32) -> &'static str {
     match errno {
         libc::EMSGSIZE => "a segment is larger than the path MTU",

@@ -1,5 +1,5 @@
 //! Peers whose datagrams arrive malformed at a rate: the trace a sender's broken offload (a
-//! kernel GSO bug no table in [`super::kernel_bugs`] knows) can leave at a receiver, noticed
+//! kernel GSO bug no table in [`crate::dataplane::offload::kernel_bugs`] knows) can leave at a receiver, noticed
 //! without a log line per packet.
 //!
 //! # What a receiver can see
@@ -14,7 +14,7 @@
 //! computed over already-mangled bytes (a kernel VXLAN sender sends no UDP checksum by
 //! default; a NIC checksums what it was given): a VXLAN header cut short or full of garbage,
 //! an inner frame or packet cut short. The RX path counts those by reason (the suspect ones:
-//! `malformed`, `bad_vxlan_flags`; see `pipeline::DropReason::is_suspect`); this module says
+//! `malformed`, `bad_vxlan_flags`; see `transport::DropReason::is_suspect`); this module says
 //! when one peer sends them at a rate.
 //!
 //! # Contract

@@ -37,7 +37,7 @@ fn tun_flag(flag: libc::c_int) -> libc::c_short {
 /// Why the TUN device could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum TunError {
-    /// The interface name is refused ([`super::drift::check_tun_name`]).
+    /// The interface name is refused ([`check_tun_name`]).
     #[error("bad TUN device name {name:?}: {why}")]
     BadName {
         /// The name.
@@ -74,8 +74,7 @@ pub(crate) enum TunError {
 
 fn ifreq(name: &str) -> Result<libc::ifreq, TunError> {
     // Also refuses a template (`weft%d`), which would make the kernel name the device.
-    super::drift::check_tun_name(name)
-        .map_err(|why| TunError::BadName { name: name.to_owned(), why })?;
+    check_tun_name(name).map_err(|why| TunError::BadName { name: name.to_owned(), why })?;
     let bytes = name.as_bytes();
     if bytes.len() >= libc::IFNAMSIZ {
         return Err(TunError::BadName { name: name.to_owned(), why: "too long".into() });
@@ -254,6 +253,51 @@ impl AsRawFd for Tun {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+}
+
+/// The longest interface name: `IFNAMSIZ` less its NUL.
+pub const MAX_TUN_NAME: usize = 15;
+
+/// Whether `name` can be weft's TUN device: one fixed name of 1 to [`MAX_TUN_NAME`] bytes of
+/// ASCII letters, digits and punctuation, not `.` or `..`, without `/`, `:` or `%`. Refused,
+/// with why (for `--tun-name`, at parsing):
+/// - `%`: the kernel takes `%d` as a template and names the device itself (`weft%d` makes
+///   `weft0`, `weft1`, …: with several queues, one device per queue, each queue's first
+///   `TUNSETIFF` a new device), and any other `%` is an error. weft configures its device by
+///   name (MTU, address, routes, drift repair), and finds a second weft on the same device by
+///   it, so it takes one fixed name and never a template.
+/// - what the kernel's `dev_valid_name` refuses: empty, longer than 15 bytes, `.`, `..`, `/`,
+///   `:`, whitespace;
+/// - anything else outside printable ASCII (control characters, non-ASCII, which the kernel
+///   would mostly take, and which no tool shows reliably).
+///
+/// # Errors
+/// Why the name is refused.
+pub fn check_tun_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_TUN_NAME {
+        return Err(format!(
+            "an interface name is 1 to {MAX_TUN_NAME} bytes; this one is {}",
+            name.len()
+        ));
+    }
+    if name == "." || name == ".." {
+        return Err(format!("{name:?} is no interface name"));
+    }
+    if name.contains('%') {
+        return Err("'%' makes it a kernel name template (weft%d names one device per queue: \
+                    weft0, weft1, ...); weft needs one fixed name, such as weft0"
+            .into());
+    }
+    if let Some(c) = name.chars().find(|c| matches!(c, '/' | ':')) {
+        return Err(format!("the kernel refuses {c:?} in an interface name"));
+    }
+    if name.chars().any(char::is_whitespace) {
+        return Err("the kernel refuses whitespace in an interface name".into());
+    }
+    if !name.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("use ASCII letters, digits and punctuation only".into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -427,7 +427,7 @@ mod tests {
         supervise("weft-q1", &states, quiet_policy(), &clock, &stop, || {});
         assert_eq!(
             metrics::render_collector(states).unwrap(),
-            include_str!("../../tests/golden/metrics_workers.prom")
+            include_str!("../../../tests/golden/metrics_workers.prom")
         );
     }
 

@@ -12,7 +12,7 @@
 //!   with the workaround. `on` (the offload as usual, no workaround) and `off` are the
 //!   operator's word.
 //! - A release that does not parse is no known bug's: `auto` then uses the offload (weft still
-//!   turns UDP GSO off per socket when a send fails, see [`super::gso_retry`]).
+//!   turns UDP GSO off per socket when a send fails, see [`crate::dataplane::sys::udp::gso_retry`]).
 
 #![forbid(unsafe_code)]
 
@@ -113,7 +113,7 @@ pub const KNOWN_BUGS: &[KnownBug] = &[
         offload: Offload::UdpGso,
         workaround: Some(
             "no GSO message ends on a full segment: an 18-byte pad datagram ends one that \
-             would, or its datagrams go alone (dataplane::gso_tail)",
+             would, or its datagrams go alone (dataplane::sys::udp::gso_tail)",
         ),
         sources: "introduced by b10b446 (v7.0-rc1), fixed by 78effd8 and 5f17ae0 (v7.1.5); \
                   tailscale/tailscale#19777, #21335",

@@ -1,7 +1,7 @@
 //! The data plane's metrics: each forwarding thread's [`PacketCounters`] (drops by reason,
 //! packets and bytes, I/O errors, suppressed ICMP errors) and what the driver counts and sets
 //! ([`Counters`]: GSO fallbacks and retries, offloads in use, link repairs), and how they
-//! appear on `/metrics`. The per-packet decisions they count are in [`super::pipeline`], which
+//! appear on `/metrics`. The per-packet decisions they count are in [`crate::dataplane::transport`], which
 //! stays pure.
 //!
 //! # Contract
@@ -17,8 +17,7 @@ use crossbeam_utils::CachePadded;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::drift::RepairKind;
-use super::pipeline::DropReason;
+use crate::dataplane::transport::DropReason;
 use crate::metrics;
 
 /// What one forwarding thread counts as packets go through it: drops by [`DropReason`], packets
@@ -49,7 +48,7 @@ pub struct PacketCounters {
     /// `recvmmsg` calls that received at least one datagram.
     pub(crate) rx_batches: AtomicU64,
     /// Times a peer's datagrams were found arriving malformed at a rate
-    /// (`super::malformed_peers`).
+    /// (`crate::dataplane::transport::malformed_peers`).
     pub(crate) malformed_alarms: AtomicU64,
     /// Spins of a one-thread loop (`worker::spin`), by how they ended.
     spins: [AtomicU64; SpinEnd::ALL.len()],
@@ -147,7 +146,7 @@ pub struct Counters {
     offloads: [AtomicBool; Offload::ALL.len()],
     /// Repairs of the TUN device's link state after someone else changed it, by what drifted.
     link_repairs: [AtomicU64; RepairKind::ALL.len()],
-    /// How the sockets' GSO messages ended (`super::gso_tail`): added to after most sends, so
+    /// How the sockets' GSO messages ended (`crate::dataplane::sys::udp::gso_tail`): added to after most sends, so
     /// on cache lines of their own.
     pub(crate) gso_tails: CachePadded<GsoTailCounts>,
 }
@@ -380,6 +379,43 @@ impl SpinEnd {
     }
 }
 
+/// What drifted, and so what was repaired: the `what` label of
+/// `weft_dataplane_link_repairs_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(usize)]
+pub(crate) enum RepairKind {
+    /// The route for the Network through the device.
+    Route,
+    /// The link's `IFF_UP` flag.
+    Up,
+    /// The device's address, `<subnet>.0/32`.
+    Address,
+    /// The device's MTU.
+    Mtu,
+    /// The route for the IPv6 network through the device.
+    Route6,
+    /// The device's IPv6 address, `<v6 subnet>::/128`.
+    Address6,
+}
+
+impl RepairKind {
+    /// Every kind, in metric order.
+    pub(crate) const ALL: [Self; 6] =
+        [Self::Route, Self::Up, Self::Address, Self::Mtu, Self::Route6, Self::Address6];
+
+    /// The `what` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Route => "route",
+            Self::Up => "up",
+            Self::Address => "address",
+            Self::Mtu => "mtu",
+            Self::Route6 => "ipv6_route",
+            Self::Address6 => "ipv6_address",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,7 +474,7 @@ mod tests {
         c.gso_tails.pads.fetch_add(11, Ordering::Relaxed);
         c.gso_tails.singles.fetch_add(12, Ordering::Relaxed);
         c.gso_tails.equal_tails.fetch_add(13, Ordering::Relaxed);
-        assert_eq!(render(&c), include_str!("../../tests/golden/metrics_dataplane.prom"));
+        assert_eq!(render(&c), include_str!("../../../tests/golden/metrics_dataplane.prom"));
     }
 
     /// Each thread counts in a block of its own, on cache lines no other block shares; a thread

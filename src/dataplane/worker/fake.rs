@@ -1,5 +1,5 @@
 //! In-memory fakes of both I/O edges — a TUN queue and a network of UDP sockets — so the whole
-//! forwarding path ([`super::worker`]) runs in an unprivileged test, the way wireguard-go's
+//! forwarding path ([`super`]) runs in an unprivileged test, the way wireguard-go's
 //! `tuntest` and `bindtest` do. They allocate freely; only the code under test must not.
 
 use std::collections::{HashMap, VecDeque};
@@ -8,9 +8,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::gso_tail::{self, GsoLimits, Next, TailRule};
-use super::udp::{RecvMeta, Transmit, UdpError};
-use super::worker::{TunIo, UdpIo};
+use super::{TunIo, UdpIo};
+use crate::dataplane::sys::udp::gso_tail::{self, GsoLimits, Next, TailRule};
+use crate::dataplane::sys::udp::{RecvMeta, Transmit, UdpError};
 
 #[derive(Default)]
 struct Queue {
@@ -164,7 +164,7 @@ impl FakeNet {
 }
 
 /// A fake UDP socket on a [`FakeNet`]; GSO messages are split on send, no GRO on receive.
-/// Under a [`TailRule`] it sends what [`crate::dataplane::udp::BatchSocket`] would put on the
+/// Under a [`TailRule`] it sends what [`crate::dataplane::sys::udp::BatchSocket`] would put on the
 /// wire (datagrams sent alone, the pad as a datagram of its own), and it panics on a GSO
 /// message larger than its [`UdpIo::gso_limits`]: the TX path never lays one out.
 pub struct FakeUdp {
@@ -183,7 +183,7 @@ impl FakeUdp {
         self.no_gso = !on;
     }
 
-    /// How its GSO messages may end (see [`crate::dataplane::gso_tail`]).
+    /// How its GSO messages may end (see [`crate::dataplane::sys::udp::gso_tail`]).
     pub fn set_gso_tail(&mut self, tail: TailRule) {
         self.tail = tail;
     }

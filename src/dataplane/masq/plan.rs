@@ -1,6 +1,6 @@
 //! Masquerading (`--ip-masq`) and forward-accept rules: the nftables ruleset weft wants for
 //! this host's lease, and what to do about the one the kernel has. Pure: the driver
-//! ([`super::masq`]) reads weft's tables, asks [`wanted`] and [`plan`], and writes the whole
+//! ([`super`]) reads weft's tables, asks [`wanted`] and [`plan`], and writes the whole
 //! ruleset in one nftables transaction ([`super::nft`] encodes it).
 //!
 //! Contract:

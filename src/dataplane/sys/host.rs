@@ -1,7 +1,7 @@
 //! The host's network as the daemon reads it: which interfaces have which addresses, where the
 //! default routes go, an interface's MTU, whether a device name is another process's TUN
 //! device, and notice when any of it changes. The underlay is found and followed with these
-//! ([`crate::daemon`]); the data plane's own device is configured behind [`super::Dataplane`].
+//! ([`crate::daemon`]); the data plane's own device is configured behind [`crate::dataplane::Dataplane`].
 //!
 //! Contract: a thin driver over [`super::netlink`] and [`super::link_watch`], which stay private
 //! to the data plane. Every call blocks on one netlink request (answered within
@@ -86,7 +86,9 @@ impl KernelWatch {
     }
 
     /// Watches one link or two: each itself, its addresses and the routes through it.
-    pub(super) fn links(indexes: &[u32]) -> Result<(Self, watch::Receiver<u64>), NetlinkError> {
+    pub(in crate::dataplane) fn links(
+        indexes: &[u32],
+    ) -> Result<(Self, watch::Receiver<u64>), NetlinkError> {
         let (Some(&first), last) = (indexes.first(), indexes.last()) else {
             return Self::host();
         };

@@ -11,7 +11,7 @@
 //!
 //! # Contract
 //! - **Pure.** Every method that depends on time takes `now`; nothing reads a clock, does I/O,
-//!   allocates or logs. The socket ([`super::udp::BatchSocket`]) asks and reports; its owner
+//!   allocates or logs. The socket ([`super::BatchSocket`]) asks and reports; its owner
 //!   logs and counts the transitions.
 //! - **States.** [`GsoState::On`]: GSO is used. [`GsoState::Off`]: a GSO send failed; single
 //!   datagrams until `until`. [`GsoState::Retrying`]: the retry time came ([`GsoRetry::poll`]);

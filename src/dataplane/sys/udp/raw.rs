@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, SockFilter, Socket, Type};
 
+use super::gso_retry::GsoRetryConfig;
+use super::gso_tail::TailRule;
 use super::{BatchSocket, MAX_BATCH, RecvMeta, UdpConfig, UdpError, size_buffers};
-use crate::dataplane::gso_retry::GsoRetryConfig;
-use crate::dataplane::gso_tail::TailRule;
 use crate::dataplane::wire::ipip;
 
 /// `IPPROTO_RAW`: send-only raw IPv4, the header included.

@@ -1,4 +1,4 @@
-//! Masquerading (`--ip-masq`): keeps weft's nftables tables as [`masq_plan`] wants them for
+//! Masquerading (`--ip-masq`): keeps weft's nftables tables as [`plan`] wants them for
 //! this host's lease. The driver: the only module that talks nf_tables to the kernel (over a
 //! `NETLINK_NETFILTER` socket, [`nft`] encodes the messages), with `CAP_NET_ADMIN` alone, no
 //! `nft` binary.
@@ -34,10 +34,14 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use tracing::{error, info, warn};
 
-use super::masq_plan::{self, Family, Inputs, Plan, Table};
-use super::nft::{self, Dump};
+use nft::Dump;
+use plan::{Family, Inputs, Plan, Table};
+
 use crate::lease::record::LeaseName;
 use crate::metrics;
+
+mod nft;
+pub(crate) mod plan;
 
 /// What masquerading needs to start.
 #[derive(Clone, Debug)]
@@ -191,7 +195,7 @@ impl Masquerade {
             subnet6: lease.and_then(|l| l.ipv6).map(|s| s.net()),
             ..self.cfg.inputs
         };
-        masq_plan::wanted(&inputs)
+        plan::wanted(&inputs)
     }
 
     /// Puts weft's tables as wanted (see the module docs); returns whether it is failing.
@@ -205,7 +209,7 @@ impl Masquerade {
         }
         let wanted = self.wanted(st.lease);
         let result = self.read().and_then(|seen| {
-            let plan = masq_plan::plan(&wanted, &seen, &self.cfg.node);
+            let plan = plan::plan(&wanted, &seen, &self.cfg.node);
             if let Plan::Install { .. } = plan {
                 let remove: Vec<Family> = seen
                     .iter()
@@ -224,14 +228,12 @@ impl Masquerade {
             Ok(Plan::Foreign { owners }) => {
                 let owners: Vec<String> = owners
                     .iter()
-                    .map(|(f, node)| {
-                        format!("table {} {} of node {node}", f.name(), masq_plan::TABLE)
-                    })
+                    .map(|(f, node)| format!("table {} {} of node {node}", f.name(), plan::TABLE))
                     .collect();
                 let why = format!(
                     "another weft's masquerade table is in place ({}): left alone, this host's rules are not installed (delete it if that weft is gone: nft delete table ip {})",
                     owners.join(", "),
-                    masq_plan::TABLE
+                    plan::TABLE
                 );
                 self.failed(&mut st, why);
                 true
@@ -268,7 +270,7 @@ impl Masquerade {
                 if wanted.is_empty() {
                     info!("weft's masquerade tables removed: no lease to masquerade for");
                 } else if changed && (drift.is_empty() || st.last.is_some()) {
-                    info!(rules, families = %families.join(", "), %subnet, after_failing, "masquerade rules for {subnet} installed in table {} {} (one transaction)", families.join("/"), masq_plan::TABLE);
+                    info!(rules, families = %families.join(", "), %subnet, after_failing, "masquerade rules for {subnet} installed in table {} {} (one transaction)", families.join("/"), plan::TABLE);
                 } else if changed {
                     warn!(drift = %drift.join("; "), after_failing, "weft's masquerade table was not as wanted: rewrote it for {subnet}");
                 } else {
@@ -279,7 +281,7 @@ impl Masquerade {
                 }
             }
             Plan::Nothing if st.last.is_none() && !wanted.is_empty() => {
-                info!(rules, %subnet, after_failing, "masquerade rules for {subnet} already in place (table {} {}): adopted", families.join("/"), masq_plan::TABLE);
+                info!(rules, %subnet, after_failing, "masquerade rules for {subnet} already in place (table {} {}): adopted", families.join("/"), plan::TABLE);
             }
             Plan::Nothing | Plan::Foreign { .. } => {
                 if after_failing {
@@ -400,7 +402,7 @@ impl Masquerade {
     }
 
     /// weft's tables as the kernel has them.
-    fn read(&self) -> Result<Vec<masq_plan::SeenTable>, NftError> {
+    fn read(&self) -> Result<Vec<plan::SeenTable>, NftError> {
         let s = Self::open("reading weft's nftables tables")?;
         let (mut tables, mut chains, mut rules) = (Vec::new(), Vec::new(), Vec::new());
         for family in [Family::Ip, Family::Ip6] {
@@ -408,7 +410,7 @@ impl Masquerade {
             for buf in self.dump(&s, Dump::Tables, family)? {
                 let msgs = nft::messages(&buf).unwrap_or_default();
                 tables.extend(
-                    msgs.iter().filter_map(nft::decode_table).filter(|t| t.1 == masq_plan::TABLE),
+                    msgs.iter().filter_map(nft::decode_table).filter(|t| t.1 == plan::TABLE),
                 );
             }
             if tables.len() == before {
@@ -417,13 +419,13 @@ impl Masquerade {
             for buf in self.dump(&s, Dump::Chains, family)? {
                 let msgs = nft::messages(&buf).unwrap_or_default();
                 chains.extend(
-                    msgs.iter().filter_map(nft::decode_chain).filter(|c| c.1 == masq_plan::TABLE),
+                    msgs.iter().filter_map(nft::decode_chain).filter(|c| c.1 == plan::TABLE),
                 );
             }
             for buf in self.dump(&s, Dump::Rules, family)? {
                 let msgs = nft::messages(&buf).unwrap_or_default();
                 rules.extend(
-                    msgs.iter().filter_map(nft::decode_rule).filter(|r| r.1 == masq_plan::TABLE),
+                    msgs.iter().filter_map(nft::decode_rule).filter(|r| r.1 == plan::TABLE),
                 );
             }
         }

@@ -23,7 +23,7 @@
 //!   [`BatchSocket::capabilities`], for the caller to log once.
 //! - **Degrades at run time, for now.** When a GSO send fails with `EIO`, `EINVAL` or `EMSGSIZE`
 //!   (a segment larger than the path MTU, an IPsec route, or on older kernels an egress device
-//!   without checksum offload; see [`super::gso_retry`]), GSO is turned off for this socket and
+//!   without checksum offload; see [`gso_retry`]), GSO is turned off for this socket and
 //!   the message is re-sent as single datagrams (as quinn-udp and wireguard-go do), counted in
 //!   [`UdpStats::gso_fallbacks`]. Unlike them, GSO is not off for good: the first send at or
 //!   after the retry time ([`UdpConfig::gso_retry`]: 30 s, doubling on each failed retry up to
@@ -31,11 +31,12 @@
 //!   then turns it on ([`UdpStats::gso_recoveries`]). `now` comes from the caller, which reads
 //!   its clock once per batch; the socket reads none. Without GSO, a [`Transmit`] with a
 //!   `segment_size` is still delivered: it is split into one `mmsghdr` per datagram. Callers may
-//!   therefore always coalesce with [`coalesce_plan`], within [`BatchSocket::gso_limits`].
+//!   therefore always coalesce with `worker::plan::coalesce_plan`, within
+//!   [`BatchSocket::gso_limits`].
 //! - **Never an equal tail, when asked.** Under [`TailRule::NeverEqual`]
 //!   ([`UdpConfig::gso_tail`]) no GSO message goes to the kernel ending on a full segment: one
 //!   that would gets [`gso_tail::PAD`] as its last segment (from a second `iovec`), or its
-//!   first datagrams go alone ([`super::gso_tail`] decides). [`UdpStats`] counts the pads, the
+//!   first datagrams go alone ([`gso_tail`] decides). [`UdpStats`] counts the pads, the
 //!   datagrams sent alone, and the GSO messages that end on a full segment (under
 //!   [`TailRule::Any`]).
 //! - **IPv4 only.** The socket is `AF_INET`; the underlay is IPv4.
@@ -54,11 +55,13 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use self::msghdr::{CmsgBuf, Cmsgs, Encoder, SockName};
-use super::gso_retry::{GsoRetry, GsoRetryConfig, GsoState};
-use super::gso_tail::{self, GsoLimits, Next, TailRule};
-pub(crate) use super::gso_tail::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 use crate::time::Instant;
+use gso_retry::{GsoRetry, GsoRetryConfig, GsoState};
+use gso_tail::{GsoLimits, Next, TailRule};
+pub(crate) use gso_tail::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 
+pub(crate) mod gso_retry;
+pub mod gso_tail;
 mod msghdr;
 mod raw;
 
@@ -90,10 +93,10 @@ pub(crate) struct UdpConfig {
     pub(crate) gso: bool,
     /// Turn on UDP GRO (`UDP_GRO`) for receives when the kernel supports it.
     pub(crate) gro: bool,
-    /// When GSO is tried again after a GSO send failed (see [`super::gso_retry`]).
+    /// When GSO is tried again after a GSO send failed (see [`gso_retry`]).
     pub(crate) gso_retry: GsoRetryConfig,
     /// How GSO messages may end: [`TailRule::NeverEqual`] on kernels whose GSO mangles one
-    /// that ends on a full segment (see [`super::gso_tail`]).
+    /// that ends on a full segment (see [`gso_tail`]).
     pub(crate) gso_tail: TailRule,
     /// `SO_RCVBUF`/`SO_SNDBUF`, then `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` (which need
     /// `CAP_NET_ADMIN` and are skipped without it); 0 keeps the kernel's defaults.
@@ -834,59 +837,6 @@ impl Transmit<'_> {
         }
         Ok(())
     }
-}
-
-/// A run of datagrams that [`coalesce_plan`] puts into one [`Transmit`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Coalesced {
-    /// Index of the first datagram of the run.
-    pub(crate) start: usize,
-    /// Datagrams in the run.
-    pub(crate) count: usize,
-    /// Their total length: the [`Transmit::contents`] length once laid back to back.
-    pub(crate) bytes: usize,
-    /// The run's [`Transmit::segment_size`]: the first datagram's length, or `None` for a run of
-    /// one.
-    pub(crate) segment_size: Option<u16>,
-}
-
-/// Groups consecutive datagrams into GSO runs, in order: a run has one destination, at most
-/// `limits.segments` datagrams and `limits.bytes` in all (pass [`BatchSocket::gso_limits`]);
-/// every datagram has the first one's length except possibly the last, which is shorter and
-/// ends the run (the wireguard-go rule). `key` gives each item's destination and datagram
-/// length. The caller lays each run's datagrams back to back and sends it as one [`Transmit`].
-pub(crate) fn coalesce_plan<'a, T, F>(
-    items: &'a [T],
-    limits: GsoLimits,
-    key: F,
-) -> impl Iterator<Item = Coalesced> + 'a
-where
-    F: Fn(&T) -> (SocketAddr, usize) + 'a,
-{
-    let max_segments = limits.segments.clamp(1, MAX_GSO_SEGMENTS);
-    let max_bytes = limits.bytes.min(MAX_GSO_BYTES);
-    let mut next = 0;
-    std::iter::from_fn(move || {
-        let start = next;
-        let (dst, seg) = key(items.get(start)?);
-        let (mut count, mut bytes) = (1, seg);
-        if (1..=max_bytes).contains(&seg) {
-            while count < max_segments {
-                let Some((d, len)) = items.get(start + count).map(&key) else { break };
-                if d != dst || len == 0 || len > seg || bytes + len > max_bytes {
-                    break;
-                }
-                count += 1;
-                bytes += len;
-                if len < seg {
-                    break;
-                }
-            }
-        }
-        next = start + count;
-        let segment_size = if count > 1 { u16::try_from(seg).ok() } else { None };
-        Some(Coalesced { start, count, bytes, segment_size })
-    })
 }
 
 /// `poll()` on `fd` for `events` up to `timeout`; true if ready, false on timeout or a signal.
@@ -1672,49 +1622,5 @@ mod tests {
         assert_eq!(split(meta(0, Some(4))).len(), 0);
         assert_eq!(split(meta(0, None)).len(), 0);
         assert_eq!(split(meta(99, Some(0))), [buf[..].to_vec()], "clamped, no panic");
-    }
-
-    #[test]
-    fn coalesce_plan_follows_the_gso_rules() {
-        let a = SocketAddr::from(SocketAddrV4::new(LOOPBACK, 1));
-        let b = SocketAddr::from(SocketAddrV4::new(LOOPBACK, 2));
-        let plan = |items: &[(SocketAddr, usize)], max| {
-            coalesce_plan(items, TailRule::Any.limits(max), |&(d, l)| (d, l))
-                .map(|c| (c.start, c.count, c.bytes, c.segment_size))
-                .collect::<Vec<_>>()
-        };
-        // Same destination and size: one run; a shorter one ends it; a longer one starts anew.
-        let items = [(a, 100), (a, 100), (a, 60), (a, 100), (a, 200), (a, 200)];
-        assert_eq!(
-            plan(&items, 64),
-            [(0, 3, 260, Some(100)), (3, 1, 100, None), (4, 2, 400, Some(200))]
-        );
-        // A destination change ends a run.
-        assert_eq!(
-            plan(&[(a, 10), (b, 10), (b, 10)], 64),
-            [(0, 1, 10, None), (1, 2, 20, Some(10))]
-        );
-        // The segment cap, and 1 (no GSO) means every datagram alone.
-        let many = [(a, 10); 70];
-        assert_eq!(plan(&many, 64), [(0, 64, 640, Some(10)), (64, 6, 60, Some(10))]);
-        assert_eq!(plan(&many[..3], 1).len(), 3);
-        // The byte cap: 46 × 1400 = 64400 fits, 47 does not.
-        assert_eq!(
-            plan(&[(a, 1400); 50], 64),
-            [(0, 46, 64_400, Some(1400)), (46, 4, 5600, Some(1400))]
-        );
-        // Empty datagrams are never coalesced.
-        assert_eq!(plan(&[(a, 0), (a, 0)], 64), [(0, 1, 0, None), (1, 1, 0, None)]);
-        assert_eq!(plan(&[], 64), []);
-        // Limits that leave room for the pad: 63 segments, and 18 bytes fewer: 46 × 1424 =
-        // 65504 bytes fit 65507, not 65489.
-        let padded = |items: &[(SocketAddr, usize)]| {
-            coalesce_plan(items, TailRule::NeverEqual.limits(64), |&(d, l)| (d, l))
-                .map(|c| c.count)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(padded(&many), [63, 7]);
-        assert_eq!(padded(&[(a, 1424); 50]), [45, 5]);
-        assert_eq!(plan(&[(a, 1424); 50], 64)[0].1, 46);
     }
 }

@@ -20,7 +20,7 @@
 //!   `weft_dataplane_own_public_ip_leases`; a request the kernel refuses, at ERROR once until
 //!   it works again (retried every second). A peer of another backend gets no route (flannel
 //!   ignores it too) and is told about where every backend's are, [`crate::route::backends`].
-//! - Ownership: weft's routes carry [`route_plan::ROUTE_PROTOCOL`]. The routes are left in
+//! - Ownership: weft's routes carry [`crate::dataplane::sys::netlink::ROUTE_PROTOCOL`]. The routes are left in
 //!   place when weft stops (as flannel leaves them), so a restart or a takeover
 //!   ([`KernelRoutes::adopt`]) finds them as they are and changes only what the route table
 //!   says changed: nothing flaps. A fresh start removes its old routes only once the route
@@ -39,13 +39,17 @@ use prometheus_client::encoding::DescriptorEncoder;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use super::host::KernelWatch;
-use super::netlink::{Netlink, NetlinkError};
-use super::route_plan::{self, Change, Me, PeerRoute, Reach};
-use super::tunnel::DataplaneError;
+use crate::dataplane::settings::DataplaneError;
+use crate::dataplane::sys::host::KernelWatch;
+use crate::dataplane::sys::netlink::{Netlink, NetlinkError, PeerRoute, SeenRoute};
 use crate::lease::record::LeaseName;
 use crate::metrics;
 use crate::route::Routes;
+
+mod route_plan;
+
+pub(crate) use route_plan::Reach;
+use route_plan::{Change, Me};
 
 /// What the kernel-routes data plane needs to start.
 #[derive(Clone, Copy, Debug)]
@@ -347,13 +351,7 @@ impl KernelRoutes {
 
     /// Logs a route put, as what happened: a peer came or moved (INFO), a route of weft's
     /// that was gone came back, or someone else's route was replaced (WARN).
-    fn told_put(
-        &self,
-        st: &mut State,
-        route: PeerRoute,
-        found: &[route_plan::SeenRoute],
-        dev: &str,
-    ) {
+    fn told_put(&self, st: &mut State, route: PeerRoute, found: &[SeenRoute], dev: &str) {
         let after_failing = st.failing.remove(&route.dst);
         let was_ours = st.installed.contains(&route);
         let foreign: Vec<String> =

@@ -1,6 +1,6 @@
 //! GSO messages that never end on a full segment: how weft keeps UDP GSO on the kernels whose
 //! GSO mangles a message that does (the `udp_gso_mangled_v7_0` row of
-//! [`super::kernel_bugs::KNOWN_BUGS`]).
+//! [`crate::dataplane::offload::kernel_bugs::KNOWN_BUGS`]).
 //!
 //! # The bug it avoids
 //! A NIC that segments UDP in hardware through `GSO_PARTIAL` gets from the kernel a chunk of
@@ -15,7 +15,7 @@
 //!
 //! # Contract
 //! Pure: [`TailRule::next`] decides, for what is left of a segmented message, how its next
-//! part goes to the kernel; the socket ([`super::udp::BatchSocket`]) follows it. Under
+//! part goes to the kernel; the socket ([`super::BatchSocket`]) follows it. Under
 //! [`TailRule::NeverEqual`] no GSO message the socket hands the kernel ends on a full segment:
 //! - one whose last datagram is shorter than the segment size goes as it is;
 //! - one that would end on a full segment and has at least [`MIN_PADDED`] datagrams gets
