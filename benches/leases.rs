@@ -467,7 +467,7 @@ fn floor_worker(endpoints: Vec<String>, first: u32, count: u32, total: u32, ttl:
         for (c, s) in clients.iter().cloned().zip(&subnets) {
             let key = subnet_key(*s);
             let mac = weft::dataplane::wire::ethernet::MacAddr([0x02, 0, 0, 0, 0, 1]);
-            let value = weft::daemon::lease_attrs(&network, host_ip(0), None, mac).to_json();
+            let value = weft::daemon::lease_attrs(&network, host_ip(0), None, mac, None).to_json();
             creates.push(tokio::spawn(async move {
                 let mut c = c;
                 loop {
@@ -552,7 +552,7 @@ async fn run_hosts(
             idx as u8,
             1,
         ]);
-        let attrs = weft::daemon::lease_attrs(&network, ip, None, mac);
+        let attrs = weft::daemon::lease_attrs(&network, ip, None, mac, None);
         let health = Arc::new(LeaseHealth::new(clock.clone()));
         let (subnet_tx, subnet_rx) = watch::channel(None);
         let routes = Arc::new(Routes::new({

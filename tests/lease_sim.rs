@@ -648,6 +648,7 @@ fn hand_driven_keeper_holding_a_lease() -> (Keeper, Instant, HeldLease) {
             public_ip(0),
             None,
             weft::dataplane::wire::ethernet::MacAddr([2, 0, 0, 0, 0, 1]),
+            None,
         ),
         node: node.clone(),
         incarnation: Incarnation::generate(),

@@ -47,7 +47,7 @@ use crate::fds;
 use crate::lease::keeper::KeeperHandover;
 use crate::lease::record::{LeaseName, NodeId};
 use crate::route::{Peer, Peer6, PeerBackend};
-use crate::vocab::MacAddr;
+use crate::vocab::{MacAddr, WgPublicKey};
 
 /// The takeover socket's name in the state dir.
 pub(crate) const SOCKET_FILE: &str = "takeover.sock";
@@ -136,6 +136,9 @@ pub(crate) struct HandedRoute {
     pub(crate) stale: bool,
     /// The IPv6 half's `PublicIPv6` and VTEP MAC.
     pub(crate) ipv6: Option<(Ipv6Addr, String)>,
+    /// A wireguard peer's public key (base64) and port (absent from older weft's messages).
+    #[serde(default)]
+    pub(crate) wireguard: Option<(String, Option<u16>)>,
 }
 
 impl HandedRoute {
@@ -150,6 +153,7 @@ impl HandedRoute {
                 PeerBackend::Udp => "udp",
                 PeerBackend::HostGw => "host-gw",
                 PeerBackend::Ipip => "ipip",
+                PeerBackend::Wireguard { .. } => "wireguard",
                 PeerBackend::Other => "other",
             }
             .to_owned(),
@@ -158,6 +162,10 @@ impl HandedRoute {
             node: peer.node.clone(),
             stale: peer.stale,
             ipv6: peer.ipv6.map(|p| (p.public_ip, p.vtep_mac.to_string())),
+            wireguard: match peer.backend {
+                PeerBackend::Wireguard { key, port } => Some((key.to_string(), port)),
+                _ => None,
+            },
         }
     }
 
@@ -179,6 +187,10 @@ impl HandedRoute {
                 "udp" => PeerBackend::Udp,
                 "host-gw" => PeerBackend::HostGw,
                 "ipip" => PeerBackend::Ipip,
+                "wireguard" => {
+                    let (key, port) = self.wireguard.as_ref()?;
+                    PeerBackend::Wireguard { key: WgPublicKey::parse(key).ok()?, port: *port }
+                }
                 _ => PeerBackend::Other,
             },
             vtep_mac: match &self.vtep_mac {

@@ -101,10 +101,10 @@ pub async fn run(opts: RunOptions, kube: KubeMode, stop: Arc<Stop>) -> anyhow::R
     let client = api::connect(&kube.api).await.context("the Kubernetes API")?;
     let node_name = api::node_name(&client).await.context("this node's name")?;
     info!(node = %node_name, network_config = %kube.net_config_path.display(), "weft starting on the Kubernetes subnet manager");
-    say_network(&network, &opts);
+    say_network(&network, &opts)?;
     let (underlay, public_ipv6) = find_underlays(&network, &opts, None)?;
     let vtep_mac = load_vtep_mac(&opts.state_dir)?;
-    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac);
+    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac, None);
 
     let (subnet_tx, subnet_rx) = tokio::sync::watch::channel(None);
     let routes = Arc::new(Routes::new({
@@ -153,7 +153,7 @@ pub async fn run(opts: RunOptions, kube: KubeMode, stop: Arc<Stop>) -> anyhow::R
             )
         })
         .flatten();
-    let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
+    let mtu = network.backend.overlay_mtu(underlay.mtu);
     let driver = KubeLeaseDriver::new(
         OwnNode::new(client, node_name),
         KubeLeaseConfig { names, attrs, network_up: opts.dataplane == DataplaneMode::Tun },

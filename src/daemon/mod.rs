@@ -41,7 +41,7 @@ use crate::route::watcher::RouteStats;
 use crate::route::{RouteTable, Routes};
 use crate::stop::Stop;
 use crate::time::{BootClock, Clock};
-use crate::vocab::MacAddr;
+use crate::vocab::{MacAddr, WgPublicKey};
 
 mod config_follow;
 mod handover;
@@ -218,11 +218,14 @@ fn write_state_file(dir: &Path, name: &str, contents: &str) -> anyhow::Result<()
 /// The lease value this node publishes. On a dual-stack vxlan network (`public_ipv6` given)
 /// it adds `PublicIPv6` and `BackendV6Data`, whose `VtepMAC` is the same MAC: weft's one TUN
 /// device carries both halves (flannel's kernel peers program `flannel-v6.<VNI>` with it).
+/// A wireguard lease carries `wireguard_key`, this node's public key, and its listen port, as
+/// flannel's (`{"PublicKey":"<base64>","Port":51820}`).
 pub fn lease_attrs(
     network: &NetworkConfig,
     public_ip: Ipv4Addr,
     public_ipv6: Option<Ipv6Addr>,
     vtep_mac: MacAddr,
+    wireguard_key: Option<WgPublicKey>,
 ) -> LeaseAttrs {
     let vxlan_data =
         || serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": vtep_mac.to_string() });
@@ -240,6 +243,12 @@ pub fn lease_attrs(
         BackendKind::Ipip => (Some("ipip".to_string()), None),
         // flannel's alloc backend writes neither (its value is PublicIP alone, like udp's).
         BackendKind::Alloc => (None, None),
+        BackendKind::Wireguard => (
+            Some("wireguard".to_string()),
+            wireguard_key.map(|key| {
+                serde_json::json!({ "PublicKey": key.to_string(), "Port": network.backend.port })
+            }),
+        ),
     };
     LeaseAttrs {
         // An IPv6-only node has no IPv4 underlay: `0.0.0.0`, as flannel writes it.
@@ -489,10 +498,10 @@ async fn start_fresh(
     let Some(network) = wait_for_config(&*store, &mut shutdown_rx).await? else {
         return stopped(health_task).await.map(|()| None);
     };
-    say_network(&network, opts);
+    say_network(&network, opts)?;
     let (underlay, public_ipv6) = find_underlays(&network, opts, None)?;
     let vtep_mac = load_vtep_mac(&opts.state_dir)?;
-    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac);
+    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac, None);
     let previous = previous_subnet(&opts.subnet_file, &network);
     let keeper = Keeper::new(
         keeper_config(opts, &network, attrs, &node, incarnation, previous),
@@ -632,11 +641,11 @@ async fn start_handed(
     info!(node_id = %node, incarnation = %handed.keeper.incarnation, from_pid = handed.pid, "weft starting, taking over");
     let network =
         NetworkConfig::parse(handed.network.as_bytes()).context("the handed network config")?;
-    say_network(&network, opts);
+    say_network(&network, opts)?;
     let (underlay, public_ipv6) =
         find_underlays(&network, opts, Some((handed.public_ip, handed.public_ipv6)))?;
     let vtep_mac = load_vtep_mac(&opts.state_dir)?;
-    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac);
+    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac, None);
     let previous = previous_subnet(&opts.subnet_file, &network);
     let cfg =
         keeper_config(opts, &network, attrs, &node, handed.keeper.incarnation.clone(), previous);
@@ -740,7 +749,7 @@ fn runs_dataplane(opts: &RunOptions, network: &NetworkConfig) -> bool {
 }
 
 /// Says at start what the network config is and what of it weft does not do.
-fn say_network(network: &NetworkConfig, opts: &RunOptions) {
+fn say_network(network: &NetworkConfig, opts: &RunOptions) -> anyhow::Result<()> {
     info!(network = ?network.ipv4.as_ref().map(|v4| v4.network), subnet_len = ?network.ipv4.as_ref().map(|v4| v4.subnet_len), ipv6_network = ?network.ipv6.as_ref().map(|v6| v6.network), backend = ?network.backend.kind, "network config");
     if let Some(notice) = udp_ipv6_notice(network) {
         warn!("{notice}");
@@ -753,6 +762,14 @@ fn say_network(network: &NetworkConfig, opts: &RunOptions) {
             "--ip-masq with --dataplane none: written to subnet.env only, no masquerade rules are installed"
         );
     }
+    // The config, the leases and the routes know wireguard; the forwarding does not yet.
+    if network.backend.kind == BackendKind::Wireguard {
+        bail!(
+            "Backend.Type wireguard: weft reads the config and flannel's wireguard leases, but its \
+             user-space WireGuard data plane is not built yet"
+        );
+    }
+    Ok(())
 }
 
 /// Finds the underlay (and the IPv6 one where the network carries IPv6), and checks it
@@ -891,7 +908,7 @@ async fn serve(opts: RunOptions, started: Started, stop: Arc<Stop>) -> anyhow::R
             masq::start(&opts, &network, &node, &health, subnet_tx.subscribe(), shutdown_rx.clone())
         })
         .flatten();
-    let mtu = underlay.mtu.saturating_sub(u32::from(network.backend.encap_overhead()));
+    let mtu = network.backend.overlay_mtu(underlay.mtu);
     let mut driver = LeaseDriver::new(
         store,
         keeper,
@@ -1100,23 +1117,57 @@ mod tests {
             );
             NetworkConfig::parse(raw.as_bytes()).unwrap()
         };
-        let attrs = lease_attrs(&config("vxlan", true), v4, Some(v6), mac);
+        let attrs = lease_attrs(&config("vxlan", true), v4, Some(v6), mac, None);
         assert_eq!(attrs.public_ipv6, Some(v6));
         let want = serde_json::json!({ "VNI": 4, "VtepMAC": "02:00:00:00:00:07" });
         assert_eq!(attrs.backend_v6_data, Some(want.clone()));
         assert_eq!(attrs.backend_data, Some(want.clone()));
         for (backend, dual) in [("udp", true), ("vxlan", false)] {
-            let attrs = lease_attrs(&config(backend, dual), v4, Some(v6), mac);
+            let attrs = lease_attrs(&config(backend, dual), v4, Some(v6), mac, None);
             assert_eq!((attrs.public_ipv6, attrs.backend_v6_data), (None, None), "{backend}");
         }
         // IPv6-only: flannel's shape, whatever IPv4 address the host has.
         let raw = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","VNI":4}}"#;
-        let attrs = lease_attrs(&NetworkConfig::parse(raw.as_bytes()).unwrap(), v4, Some(v6), mac);
+        let attrs =
+            lease_attrs(&NetworkConfig::parse(raw.as_bytes()).unwrap(), v4, Some(v6), mac, None);
         assert_eq!((attrs.public_ip, attrs.public_ipv6), (Ipv4Addr::UNSPECIFIED, Some(v6)));
         assert_eq!((&attrs.backend_data, &attrs.backend_v6_data), (&None, &Some(want)));
         assert_eq!(attrs.public_addr(), std::net::IpAddr::V6(v6));
         let text = String::from_utf8(attrs.to_json()).unwrap();
         assert!(text.starts_with(r#"{"PublicIP":"0.0.0.0","PublicIPv6":"2001:db8::7","BackendType":"vxlan","BackendV6Data""#), "{text}");
+    }
+
+    /// A wireguard lease is flannel's (`newSubnetAttrs`): its type, and the node's public key
+    /// and listen port in BackendData; and weft's route watchers read it back as that peer.
+    #[test]
+    fn a_wireguard_lease_carries_the_key_and_port_as_flannel_writes_them() {
+        const KEY: &str = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=";
+        let key = WgPublicKey::parse(KEY).unwrap();
+        let raw =
+            r#"{"Network":"10.244.0.0/16","Backend":{"Type":"wireguard","ListenPort":51000}}"#;
+        let network = NetworkConfig::parse(raw.as_bytes()).unwrap();
+        let mac = MacAddr([2, 0, 0, 0, 0, 7]);
+        let attrs = lease_attrs(&network, Ipv4Addr::new(192, 0, 2, 7), None, mac, Some(key));
+        let text = String::from_utf8(attrs.to_json()).unwrap();
+        assert_eq!(
+            text,
+            format!(
+                r#"{{"PublicIP":"192.0.2.7","PublicIPv6":null,"BackendType":"wireguard","BackendData":{{"Port":51000,"PublicKey":"{KEY}"}}}}"#
+            )
+        );
+        let stored = crate::lease::record::StoredLease {
+            subnet: "10.244.7.0/24".parse().unwrap(),
+            ipv6: None,
+            attrs,
+            create_revision: crate::lease::record::Revision(1),
+            mod_revision: crate::lease::record::Revision(1),
+            lease_id: crate::lease::record::StoreLeaseId(1),
+        };
+        let peer = crate::route::Peer::from_lease(&stored).unwrap();
+        assert_eq!(peer.backend, crate::route::PeerBackend::Wireguard { key, port: Some(51000) });
+        // And through a handover to a re-executed weft.
+        let handed = handover::HandedRoute::of(&peer);
+        assert_eq!(handed.peer(), Some(peer));
     }
 
     #[test]

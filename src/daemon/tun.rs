@@ -99,7 +99,8 @@ pub(super) fn dataplane_config(
         vni: network.backend.vni,
         port: network.backend.port,
         our_mac: vtep_mac,
-        underlay_mtu: underlay.mtu,
+        // wireguard's Backend.MTU stands for the underlay's, as in flannel.
+        underlay_mtu: network.backend.mtu_base(underlay.mtu),
         overhead: u32::from(network.backend.encap_overhead()),
         network: network.ipv4.as_ref().map(|v4| v4.network),
         public_ip: underlay.public_ip,

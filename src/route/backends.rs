@@ -47,6 +47,7 @@ pub fn reaches(local: BackendKind, peer: PeerBackend) -> bool {
             | (BackendKind::Udp, PeerBackend::Udp)
             | (BackendKind::HostGw, PeerBackend::HostGw)
             | (BackendKind::Ipip, PeerBackend::Ipip)
+            | (BackendKind::Wireguard, PeerBackend::Wireguard { .. })
     )
 }
 

@@ -41,7 +41,7 @@ use ipnet::{IpNet, Ipv4Net};
 use serde_json::Value;
 
 use crate::lease::record::{NodeId, StoredLease};
-use crate::vocab::{Ipv6Subnet, MacAddr, Subnet, Vni};
+use crate::vocab::{Ipv6Subnet, MacAddr, Subnet, Vni, WgPublicKey};
 
 /// A slot of the slot array that names no peer.
 pub(crate) const NO_PEER: u32 = u32::MAX;
@@ -69,6 +69,15 @@ pub enum PeerBackend {
     /// `"ipip"`: the IPv4 packet behind an outer IPv4 header of protocol 4, to its `PublicIP`
     /// (flannel's ipip backend writes no `BackendData`).
     Ipip,
+    /// `"wireguard"`: WireGuard to its `PublicIP`, with the key and port of its `BackendData`
+    /// (`{"PublicKey":"<base64>","Port":51820}`).
+    Wireguard {
+        /// `BackendData.PublicKey`.
+        key: WgPublicKey,
+        /// `BackendData.Port`; `None` when absent or 0, which flannel reads as "the port I
+        /// listen on" (leases of flannel before it wrote the port).
+        port: Option<u16>,
+    },
     /// Any other backend: the peer cannot decapsulate what weft sends.
     Other,
 }
@@ -81,6 +90,7 @@ impl fmt::Display for PeerBackend {
             Self::Udp => "udp",
             Self::HostGw => "host-gw",
             Self::Ipip => "ipip",
+            Self::Wireguard { .. } => "wireguard",
             Self::Other => "another",
         })
     }
@@ -186,6 +196,12 @@ pub enum PeerError {
     /// `VNI` is not an integer in `0..=0xffffff`.
     #[error("VNI is not a 24-bit integer")]
     BadVni,
+    /// A wireguard lease without a `BackendData` object holding a `PublicKey` in base64.
+    #[error("wireguard lease has no valid BackendData.PublicKey")]
+    BadWireguardKey,
+    /// A wireguard lease whose `BackendData.Port` is not a port number.
+    #[error("wireguard lease's BackendData.Port is not a port number")]
+    BadWireguardPort,
     /// An IPv6-only lease (`0.0.0.0-0&…`) whose IPv6 half cannot be carried: it has nothing
     /// else to route.
     #[error("IPv6-only lease: {0}")]
@@ -216,6 +232,7 @@ impl Peer {
             Some("vxlan") => PeerBackend::Vxlan,
             Some("host-gw") => PeerBackend::HostGw,
             Some("ipip") => PeerBackend::Ipip,
+            Some("wireguard") => wireguard_of(attrs.backend_data.as_ref())?,
             Some(_) => PeerBackend::Other,
         };
         let (vtep_mac, vni) = match backend {
@@ -230,9 +247,11 @@ impl Peer {
                 };
                 (Some(mac), vni_of(data)?)
             }
-            PeerBackend::Udp | PeerBackend::HostGw | PeerBackend::Ipip | PeerBackend::Other => {
-                (None, None)
-            }
+            PeerBackend::Udp
+            | PeerBackend::HostGw
+            | PeerBackend::Ipip
+            | PeerBackend::Wireguard { .. }
+            | PeerBackend::Other => (None, None),
         };
         Ok(Peer {
             subnet: l.subnet,
@@ -269,6 +288,27 @@ impl Peer {
             ipv6: Some(half),
         })
     }
+}
+
+/// A wireguard lease's backend: `BackendData`'s `PublicKey` (base64, required) and `Port`
+/// (absent, `null` or 0: the receiver's own listen port, as flannel reads it).
+fn wireguard_of(data: Option<&Value>) -> Result<PeerBackend, PeerError> {
+    let Some(Value::Object(data)) = data else {
+        return Err(PeerError::BadWireguardKey);
+    };
+    let key = match json_field(data, "PublicKey") {
+        Some(Value::String(s)) => WgPublicKey::parse(s).map_err(|_| PeerError::BadWireguardKey)?,
+        _ => return Err(PeerError::BadWireguardKey),
+    };
+    let port = match json_field(data, "Port") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64().map(u16::try_from) {
+            Some(Ok(0)) => None,
+            Some(Ok(p)) => Some(p),
+            _ => return Err(PeerError::BadWireguardPort),
+        },
+    };
+    Ok(PeerBackend::Wireguard { key, port })
 }
 
 /// The `VNI` of a backend data object: absent or `null` is `None`; anything but an integer in
@@ -668,6 +708,46 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(p.node.as_ref().map(NodeId::as_str), Some("node-aaaa"));
+    }
+
+    /// flannel's wireguard lease (`newSubnetAttrs`): the key and the listen port in
+    /// `BackendData`; a lease of a flannel before the port was written leaves it to us.
+    #[test]
+    fn from_lease_reads_flannel_wireguard_and_refuses_one_without_a_key() {
+        const KEY: &str = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=";
+        let key = WgPublicKey::parse(KEY).unwrap();
+        let p = Peer::from_lease(&lease(&format!(
+            r#"{{"PublicIP":"192.0.2.1","PublicIPv6":null,"BackendType":"wireguard","BackendData":{{"PublicKey":"{KEY}","Port":51820}}}}"#
+        )))
+        .unwrap();
+        assert_eq!(p.backend, PeerBackend::Wireguard { key, port: Some(51820) });
+        assert_eq!(p.backend.to_string(), "wireguard");
+        for (data, port) in [
+            (format!(r#"{{"PublicKey":"{KEY}"}}"#), None),
+            (format!(r#"{{"publickey":"{KEY}","port":0}}"#), None),
+            (format!(r#"{{"PublicKey":"{KEY}","Port":null}}"#), None),
+            (format!(r#"{{"PublicKey":"{KEY}","Port":1}}"#), Some(1)),
+        ] {
+            let p = Peer::from_lease(&lease(&format!(
+                r#"{{"PublicIP":"192.0.2.1","BackendType":"wireguard","BackendData":{data}}}"#
+            )))
+            .unwrap();
+            assert_eq!(p.backend, PeerBackend::Wireguard { key, port }, "{data}");
+        }
+        for (data, why) in [
+            ("null".to_owned(), PeerError::BadWireguardKey),
+            ("{}".to_owned(), PeerError::BadWireguardKey),
+            (r#"{"PublicKey":"not a key"}"#.to_owned(), PeerError::BadWireguardKey),
+            (r#"{"PublicKey":7}"#.to_owned(), PeerError::BadWireguardKey),
+            (format!(r#"{{"PublicKey":"{KEY}","Port":65536}}"#), PeerError::BadWireguardPort),
+            (format!(r#"{{"PublicKey":"{KEY}","Port":"51820"}}"#), PeerError::BadWireguardPort),
+            (format!(r#"{{"PublicKey":"{KEY}","Port":-1}}"#), PeerError::BadWireguardPort),
+        ] {
+            let json = format!(
+                r#"{{"PublicIP":"192.0.2.1","BackendType":"wireguard","BackendData":{data}}}"#
+            );
+            assert_eq!(Peer::from_lease(&lease(&json)), Err(why), "{json}");
+        }
     }
 
     fn dual_lease(json: &str) -> StoredLease {

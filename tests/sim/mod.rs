@@ -445,7 +445,7 @@ impl World {
                 let incarnation = Incarnation::parse(&format!("inc-{}-{:04}", h.name, h.runs))
                     .expect("a valid incarnation");
                 let cfg = KeeperConfig {
-                    attrs: lease_attrs(&network, h.public_ip, None, h.mac),
+                    attrs: lease_attrs(&network, h.public_ip, None, h.mac, None),
                     node: h.node.clone(),
                     incarnation,
                     ttl,
@@ -1142,7 +1142,7 @@ struct FlannelCtx<'a> {
 
 /// flanneld's value: `LeaseAttrs` without weft's fields.
 fn flannel_attrs(network: &NetworkConfig, h: &Host) -> LeaseAttrs {
-    lease_attrs(network, h.public_ip, None, h.mac)
+    lease_attrs(network, h.public_ip, None, h.mac, None)
 }
 
 /// flannel's `updateSubnet`: a fresh lease and an unconditional put (no compare).

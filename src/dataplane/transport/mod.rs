@@ -491,8 +491,12 @@ impl Forwarder {
         match self.backend {
             BackendKind::Vxlan => HEADROOM,
             BackendKind::Ipip => wire::ipip::OVERHEAD,
-            // host-gw and alloc run no tunnel.
-            BackendKind::Udp | BackendKind::HostGw | BackendKind::Alloc => 0,
+            // host-gw and alloc run no tunnel; wireguard seals whole datagrams in a transport
+            // of its own rather than writing headers in front of the packet.
+            BackendKind::Udp
+            | BackendKind::HostGw
+            | BackendKind::Alloc
+            | BackendKind::Wireguard => 0,
         }
     }
 
@@ -628,6 +632,8 @@ impl Forwarder {
             BackendKind::Udp | BackendKind::HostGw | BackendKind::Alloc | BackendKind::Ipip => {
                 0..len
             }
+            // WireGuard's datagrams are sealed: its own transport opens them, never this.
+            BackendKind::Wireguard => return Rx::Drop(DropReason::RxMalformed),
         };
         let Ok(mut ip) = ipv4::Packet::new_checked(&mut datagram[inner.clone()]) else {
             return Rx::Drop(DropReason::RxMalformed);
