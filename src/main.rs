@@ -172,9 +172,14 @@ struct RunArgs {
     /// Where to write flannel's subnet.env.
     #[arg(long, env = "WEFT_SUBNET_FILE", default_value = "/run/flannel/subnet.env")]
     subnet_file: PathBuf,
-    /// Directory for this node's identity and VTEP MAC.
+    /// Directory for this node's identity, VTEP MAC and WireGuard key.
     #[arg(long, env = "WEFT_STATE_DIR", default_value = "/var/lib/weft")]
     state_dir: PathBuf,
+    /// The wireguard backend's private key file (made, mode 0600, when missing); default:
+    /// `<state-dir>/wireguard-key`. flannel's variable, so a node moved from flanneld keeps its
+    /// key.
+    #[arg(long, env = "WIREGUARD_KEY_FILE")]
+    wireguard_key_file: Option<PathBuf>,
     /// TUN device name: one fixed name (1 to 15 bytes of ASCII letters, digits and
     /// punctuation, no '/', ':' or '%'); a kernel template such as `weft%d` is refused.
     #[arg(long, env = "WEFT_TUN_NAME", default_value = "weft0", value_parser = parse_tun_name)]
@@ -574,6 +579,7 @@ fn run_options(args: &RunArgs, iface: Option<String>) -> RunOptions {
         public_ipv6: args.public_ipv6,
         subnet_file: args.subnet_file.clone(),
         state_dir: args.state_dir.clone(),
+        wireguard_key_file: args.wireguard_key_file.clone(),
         lease_ttl: args.subnet_lease_ttl,
         renew_margin: args.subnet_lease_renew_margin,
         healthz_ip: args.healthz_ip,

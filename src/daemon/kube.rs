@@ -21,7 +21,7 @@ use tracing::{error, info};
 use super::tun::{dataplane_config, offload_decisions, start_dataplane};
 use super::{
     DataplaneMode, RunOptions, find_underlays, health_parts, lease_attrs, load_vtep_mac,
-    runs_dataplane, say_network, serve_health, start_route_watcher, stopped,
+    load_wireguard_key, runs_dataplane, say_network, serve_health, start_route_watcher, stopped,
 };
 use crate::config::NetworkConfig;
 use crate::health;
@@ -104,7 +104,14 @@ pub async fn run(opts: RunOptions, kube: KubeMode, stop: Arc<Stop>) -> anyhow::R
     say_network(&network, &opts)?;
     let (underlay, public_ipv6) = find_underlays(&network, &opts, None)?;
     let vtep_mac = load_vtep_mac(&opts.state_dir)?;
-    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac, None);
+    let wireguard_key = load_wireguard_key(&opts, &network)?;
+    let attrs = lease_attrs(
+        &network,
+        underlay.public_ip,
+        public_ipv6,
+        vtep_mac,
+        wireguard_key.as_ref().map(super::wireguard_key::public_key),
+    );
 
     let (subnet_tx, subnet_rx) = tokio::sync::watch::channel(None);
     let routes = Arc::new(Routes::new({

@@ -41,7 +41,7 @@ use crate::route::watcher::RouteStats;
 use crate::route::{RouteTable, Routes};
 use crate::stop::Stop;
 use crate::time::{BootClock, Clock};
-use crate::vocab::{MacAddr, WgPublicKey};
+use crate::vocab::{MacAddr, WgPublicKey, WgSecret};
 
 mod config_follow;
 mod handover;
@@ -52,6 +52,7 @@ mod systemd;
 mod tun;
 mod underlay;
 mod upgrade;
+mod wireguard_key;
 
 use tun::{dataplane_config, offload_decisions, run_dataplane, start_dataplane};
 use underlay::Underlay;
@@ -86,6 +87,8 @@ pub struct RunOptions {
     pub subnet_file: PathBuf,
     /// `--state-dir`.
     pub state_dir: PathBuf,
+    /// `--wireguard-key-file` (`WIREGUARD_KEY_FILE`); `None`: in the state dir.
+    pub wireguard_key_file: Option<PathBuf>,
     /// `--subnet-lease-ttl`.
     pub lease_ttl: Duration,
     /// `--subnet-lease-renew-margin` (`None`: `min(60 min, ttl / 4)`).
@@ -199,6 +202,19 @@ pub(crate) fn load_vtep_mac(state_dir: &Path) -> anyhow::Result<MacAddr> {
     let mac = MacAddr(mac);
     write_state_file(state_dir, "vtep-mac", &mac.to_string())?;
     Ok(mac)
+}
+
+/// This node's WireGuard private key on a wireguard network ([`wireguard_key`]: made on the
+/// first start), `None` on any other backend.
+pub(crate) fn load_wireguard_key(
+    opts: &RunOptions,
+    network: &NetworkConfig,
+) -> anyhow::Result<Option<WgSecret>> {
+    if network.backend.kind != BackendKind::Wireguard {
+        return Ok(None);
+    }
+    let path = wireguard_key::key_path(&opts.state_dir, opts.wireguard_key_file.as_deref());
+    wireguard_key::load_or_create(&path).map(Some)
 }
 
 /// Writes `<dir>/<name>` (a line) with [`atomic_file::write`], mode 0600; creates the state dir
@@ -501,7 +517,14 @@ async fn start_fresh(
     say_network(&network, opts)?;
     let (underlay, public_ipv6) = find_underlays(&network, opts, None)?;
     let vtep_mac = load_vtep_mac(&opts.state_dir)?;
-    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac, None);
+    let wireguard_key = load_wireguard_key(opts, &network)?;
+    let attrs = lease_attrs(
+        &network,
+        underlay.public_ip,
+        public_ipv6,
+        vtep_mac,
+        wireguard_key.as_ref().map(wireguard_key::public_key),
+    );
     let previous = previous_subnet(&opts.subnet_file, &network);
     let keeper = Keeper::new(
         keeper_config(opts, &network, attrs, &node, incarnation, previous),
@@ -645,7 +668,14 @@ async fn start_handed(
     let (underlay, public_ipv6) =
         find_underlays(&network, opts, Some((handed.public_ip, handed.public_ipv6)))?;
     let vtep_mac = load_vtep_mac(&opts.state_dir)?;
-    let attrs = lease_attrs(&network, underlay.public_ip, public_ipv6, vtep_mac, None);
+    let wireguard_key = load_wireguard_key(opts, &network)?;
+    let attrs = lease_attrs(
+        &network,
+        underlay.public_ip,
+        public_ipv6,
+        vtep_mac,
+        wireguard_key.as_ref().map(wireguard_key::public_key),
+    );
     let previous = previous_subnet(&opts.subnet_file, &network);
     let cfg =
         keeper_config(opts, &network, attrs, &node, handed.keeper.incarnation.clone(), previous);
