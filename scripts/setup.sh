@@ -47,6 +47,8 @@ packages=(
     golang-go           # Debian's Go: builds the test kube-apiserver (scripts/kube-apiserver.sh build)
     kubernetes-client   # kubectl: the manifest's server-side dry run (integration/kube_manifest.rs)
     libcap2-bin         # setcap: the image's binary carries its capabilities (scripts/package.sh)
+    wireguard-tools     # wg: the wireguard-go reference peer is set up from the leases (integration/e2e_wireguard.rs)
+    wireguard-go        # Debian's user-space WireGuard: the reference peer, and bench.sh's wireguard-go row
 )
 
 # A package another one may stand in for: kubernetes-client is not installed where a kubectl of
@@ -60,7 +62,7 @@ checks=(
     cc c++ protoc /usr/include/google/protobuf/descriptor.proto etcd etcdctl ip bridge ss ping iperf3
     tcpdump openssl sysctl unshare setpriv prlimit mount python3 /usr/lib/cni/bridge /usr/lib/cni/host-local
     iptables nft sockperf dpkg-deb dpkg-shlibdeps strip podman runc systemd-analyze curl go kubectl setcap
-    dpkg-source flock base64
+    dpkg-source flock base64 wg wireguard-go
 )
 
 missing_checks() {

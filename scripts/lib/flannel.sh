@@ -100,6 +100,52 @@ flannel_ipip_peer() {
     ip -n "$1" route replace "$2" via "$3" dev "${4:-flannel.ipip}" onlink
 }
 
+# flannel_wg_up NS N SUBNET NETWORK KEYFILE [PORT] [WG]: in host namespace NS (the lab's node N),
+# the device of flannel's wireguard backend (pkg/backend/wireguard: device.go newWGDevice,
+# Configure) on a host without the kernel module: user-space WireGuard (WG, default Debian's
+# wireguard-go on PATH) makes the device, then, as flanneld does over wgctrl and netlink: the
+# private key in KEYFILE (as flannel's /run/flannel/wgkey) and listen port PORT (51820), MTU
+# eth0's 1500 less flannel's overhead 80, <base>/32, up, and the route to the whole NETWORK
+# on the device (scope link). Prints the public key (the lease's BackendData.PublicKey).
+# The device is flannel-wgN, not flannel's flannel-wg: a user-space WireGuard's control socket
+# (/var/run/wireguard/<dev>.sock) is one per name for the whole machine, not per namespace.
+flannel_wg_dev() { echo "flannel-wg$1"; } # N
+flannel_wg_up() {
+    local ns=$1 n=$2 base=${3%/*} network=$4 key=$5 port=${6:-51820} wg=${7:-wireguard-go} dev
+    dev=$(flannel_wg_dev "$n")
+    # wireguard-go daemonizes: its parent returns once the device is up. Its banner about the
+    # kernel module is noise here.
+    ip netns exec "$ns" "$wg" "$dev" >/dev/null
+    ip netns exec "$ns" wg set "$dev" private-key "$key" listen-port "$port"
+    ip -n "$ns" -batch - <<EOF
+link set $dev mtu 1420
+addr add $base/32 dev $dev
+link set $dev up
+route replace $network dev $dev scope link
+EOF
+    wg pubkey <"$key"
+}
+
+# flannel_wg_peer NS N KEY ENDPOINT SUBNET [PSKFILE] [KEEPALIVE]: in NS (node N), another node as
+# handleSubnetEvents adds it in Separate mode (addPeer): its public KEY, ENDPOINT
+# (PublicIP:Port of its lease), allowed IPs SUBNET alone (ReplaceAllowedIPs), the network's PSK
+# and keepalive when set.
+flannel_wg_peer() {
+    local ns=$1 n=$2 key=$3 endpoint=$4 subnet=$5 psk=${6:-} keepalive=${7:-}
+    ip netns exec "$ns" wg set "$(flannel_wg_dev "$n")" peer "$key" endpoint "$endpoint" \
+        allowed-ips "$subnet" ${psk:+preshared-key "$psk"} ${keepalive:+persistent-keepalive "$keepalive"}
+}
+
+# flannel_wg_unpeer NS N KEY: EventRemoved: the peer goes (removePeer).
+flannel_wg_unpeer() {
+    ip netns exec "$1" wg set "$(flannel_wg_dev "$2")" peer "$3" remove
+}
+
+# flannel_wg_down NS N: the device goes, and its wireguard-go process with it.
+flannel_wg_down() {
+    ip -n "$1" link del "$(flannel_wg_dev "$2")" 2>/dev/null || true
+}
+
 # flannel_forwarding NS: IPv4 forwarding on, as on every flannel node (the kernel routes pods'
 # traffic between the bridge and the underlay).
 flannel_forwarding() {
