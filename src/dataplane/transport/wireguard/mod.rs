@@ -46,7 +46,8 @@
 //! allocations, then a copy into `out`); opening copies the datagram into one `BytesMut`, which
 //! gotatun decrypts in place (one allocation, then a copy of the inner packet into `out`).
 //! Handshake messages allocate more (rare). Garbage is refused before any allocation: the type
-//! and length are checked first.
+//! and length are checked first, and then the receiver index of every message but an
+//! initiation.
 //!
 //! # Endpoints
 //! A peer's endpoint is its lease's `PublicIP` and port, set by [`Sessions::set_peers`]; a
@@ -59,7 +60,8 @@
 //! # Receive rules
 //! A datagram is delivered only if it is a well-formed WireGuard message (type with zero
 //! reserved bytes, as the kernel checks the 32-bit type, and the type's length), of a session
-//! of ours (its receiver index), authenticated, not a replay, and the inner packet is IPv4 or
+//! of ours (its receiver index; an initiation: from a peer's static key), authenticated (and
+//! a handshake within its source's rate), not a replay, and the inner packet is IPv4 or
 //! IPv6 whose source lies inside the sending peer's subnet or IPv6 half (the allowed IPs
 //! flannel gives a peer). The inner destination is the caller's to check (the data plane's own
 //! subnet), as for every transport.
@@ -414,6 +416,20 @@ impl Sessions {
         if !well_formed(datagram) {
             return Opened::Drop(DropReason::RxWgMalformed);
         }
+        // Every message but an initiation names one of our sessions or handshakes by its
+        // receiver index: looked up before anything is copied.
+        let receiver = |at: usize| {
+            let bytes = datagram.get(at..at + 4)?;
+            Some(u32::from_le_bytes(bytes.try_into().ok()?))
+        };
+        let indexed = match datagram.first() {
+            Some(1) => None,
+            Some(2) => Some(receiver(8).and_then(|i| self.peer_by_index(i))),
+            _ => Some(receiver(4).and_then(|i| self.peer_by_index(i))),
+        };
+        if let Some(None) = indexed {
+            return Opened::Drop(DropReason::RxWgNoSession);
+        }
         // mac1, and the per-source handshake count (a cookie reply when under load).
         let message = match self.rate_limiter.verify_packet(from, Packet::copy_from(datagram)) {
             Ok(message) => message,
@@ -428,22 +444,20 @@ impl Sessions {
             Err(TunnResult::Err(e)) => return Opened::Drop(rx_reason(&e)),
             Err(_) => return Opened::Drop(DropReason::RxWgMalformed),
         };
-        let peer = match &message {
-            WgKind::HandshakeInit(init) => {
+        let peer = match (&message, indexed) {
+            (WgKind::HandshakeInit(init), _) => {
                 let Ok(half) = parse_handshake_anon(&self.private, &self.public, init) else {
                     return Opened::Drop(DropReason::RxWgDecrypt);
                 };
-                self.peers.load().get(&PublicKey(half.peer_static_public)).cloned()
+                let Some(peer) =
+                    self.peers.load().get(&PublicKey(half.peer_static_public)).cloned()
+                else {
+                    return Opened::Drop(DropReason::RxWgUnknownPeer);
+                };
+                peer
             }
-            WgKind::HandshakeResp(resp) => self.peer_by_index(resp.receiver_idx.get()),
-            WgKind::CookieReply(cookie) => self.peer_by_index(cookie.receiver_idx.get()),
-            WgKind::Data(data) => self.peer_by_index(data.header.receiver_idx.get()),
-        };
-        let Some(peer) = peer else {
-            return Opened::Drop(match message {
-                WgKind::HandshakeInit(_) => DropReason::RxWgUnknownPeer,
-                _ => DropReason::RxWgNoSession,
-            });
+            (_, Some(Some(peer))) => peer,
+            (_, _) => return Opened::Drop(DropReason::RxWgNoSession),
         };
         let mut state = peer.lock();
         match state.tunn.handle_incoming_packet(message) {
