@@ -18,13 +18,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use gotatun::x25519;
 use rand::TryRngCore as _;
 use tracing::{info, warn};
 
 use crate::atomic_file;
 use crate::secret_file;
-use crate::vocab::{WG_KEY_LEN, WgPublicKey, WgSecret};
+use crate::vocab::{WG_KEY_LEN, WgSecret};
 
 /// The key file's name in the state dir.
 const KEY_FILE: &str = "wireguard-key";
@@ -35,11 +34,7 @@ pub(crate) fn key_path(state_dir: &Path, override_path: Option<&Path>) -> PathBu
     override_path.map_or_else(|| state_dir.join(KEY_FILE), Path::to_owned)
 }
 
-/// The public key of `private`.
-pub(crate) fn public_key(private: &WgSecret) -> WgPublicKey {
-    let secret = x25519::StaticSecret::from(*private.expose());
-    WgPublicKey(x25519::PublicKey::from(&secret).to_bytes())
-}
+pub(crate) use crate::dataplane::transport::wireguard::public_key;
 
 /// Reads this node's private key from `path`, or makes one there if the file is missing.
 ///
@@ -102,11 +97,6 @@ mod tests {
     /// `wg pubkey` of this private key (RFC 7748's Alice).
     const PRIVATE: &str = "dwdtCnMYpX08FsFyUbJmRd9ML4frwJkqsXf7pR25LCo=";
     const PUBLIC: &str = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=";
-
-    #[test]
-    fn the_public_key_is_curve25519s() {
-        assert_eq!(public_key(&WgSecret::parse(PRIVATE).unwrap()).to_string(), PUBLIC);
-    }
 
     #[test]
     fn a_missing_key_is_made_once_private_and_kept() {

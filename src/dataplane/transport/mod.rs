@@ -5,7 +5,9 @@
 //! This file holds what every transport shares: the [`Forwarder`] and its dispatch on the
 //! backend, the drop reasons, the ICMP errors and the route lookups. Each transport's own
 //! headers and receive checks are a file beside it (`vxlan.rs`, `udp.rs`, `ipip.rs`; a new
-//! transport is a new file here); [`malformed_peers`] watches for peers that send garbage.
+//! transport is a new file here); [`wireguard`], a stateful transport with sessions, is a
+//! folder of its own (not yet dispatched to); [`malformed_peers`] watches for peers that send
+//! garbage.
 //! Below it only [`super::wire`], [`super::offload`] and [`super::sys`]'s plain constants.
 //!
 //! # Buffers
@@ -63,6 +65,7 @@ mod ipip;
 pub mod malformed_peers;
 mod udp;
 mod vxlan;
+pub mod wireguard;
 
 use malformed_peers::MalformedLog;
 
@@ -120,11 +123,31 @@ pub enum DropReason {
     /// RX (ipip): the outer header says congestion experienced (CE) over an inner packet that
     /// is not ECN-capable, which RFC 6040 (and the kernel's ipip device) drops.
     RxEcnNotEct,
+    /// TX (wireguard): the route's peer has no session: its key is not among the WireGuard
+    /// peers (a lease without a `PublicKey`, or one not yet in the peer set).
+    TxWgUnknownPeer,
+    /// RX (wireguard): not a WireGuard message: an unknown type, nonzero reserved bytes, or
+    /// the wrong length for its type.
+    RxWgMalformed,
+    /// RX (wireguard): a handshake initiation from a static key that is no peer's.
+    RxWgUnknownPeer,
+    /// RX (wireguard): a message for no session or handshake of ours: an unknown receiver
+    /// index, a response to no initiation in flight, a cookie reply nobody asked for.
+    RxWgNoSession,
+    /// RX (wireguard): authentication failed: a bad mac1, a bad AEAD tag (a flipped bit, a
+    /// wrong key or preshared key).
+    RxWgDecrypt,
+    /// RX (wireguard): a replay: a data counter already seen or behind the window, or a
+    /// handshake initiation no newer than the last from that peer.
+    RxWgReplay,
+    /// RX (wireguard): a handshake while its source is over the handshake rate: answered with
+    /// a cookie reply instead (WireGuard's "under load").
+    RxWgUnderLoad,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub(crate) const ALL: [DropReason; 20] = [
+    pub(crate) const ALL: [DropReason; 27] = [
         DropReason::TxMalformed,
         DropReason::TxIpv6,
         DropReason::TxNoRoute,
@@ -145,6 +168,13 @@ impl DropReason {
         DropReason::RxNotIpv6,
         DropReason::RxGsoPad,
         DropReason::RxEcnNotEct,
+        DropReason::TxWgUnknownPeer,
+        DropReason::RxWgMalformed,
+        DropReason::RxWgUnknownPeer,
+        DropReason::RxWgNoSession,
+        DropReason::RxWgDecrypt,
+        DropReason::RxWgReplay,
+        DropReason::RxWgUnderLoad,
     ];
 
     /// Whether it is one a mangling sender leaves: a VXLAN header cut short or full of garbage,
@@ -178,6 +208,13 @@ impl DropReason {
             DropReason::RxNotIpv6 => ("rx", "not_ipv6"),
             DropReason::RxGsoPad => ("rx", "gso_tail_pad"),
             DropReason::RxEcnNotEct => ("rx", "ecn_ce_not_ect"),
+            DropReason::TxWgUnknownPeer => ("tx", "wg_unknown_peer"),
+            DropReason::RxWgMalformed => ("rx", "wg_malformed"),
+            DropReason::RxWgUnknownPeer => ("rx", "wg_unknown_peer"),
+            DropReason::RxWgNoSession => ("rx", "wg_no_session"),
+            DropReason::RxWgDecrypt => ("rx", "wg_decrypt"),
+            DropReason::RxWgReplay => ("rx", "wg_replay"),
+            DropReason::RxWgUnderLoad => ("rx", "wg_under_load"),
         }
     }
 }
