@@ -480,3 +480,20 @@ fn sessions_are_shared_between_threads() {
         datagrams.iter().filter(|d| matches!(p.b.open(ep(1), d, &mut out), Opened::Deliver { .. }));
     assert_eq!(delivered.count(), 200, "every counter used once");
 }
+
+#[test]
+fn a_kept_peer_takes_its_new_networks_and_the_last_entry_of_a_key_wins() {
+    let p = handshaken();
+    let mut out = [0u8; 2048];
+    let from_3 = ip4([10, 244, 3, 7], [10, 244, 1, 5], 10, 0);
+    let d = send(&p.b, &p.a_key, &from_3);
+    assert_eq!(p.a.open(ep(2), &d, &mut out), Opened::Drop(DropReason::RxSpoofedSource));
+    // B's lease now names 10.244.3.0/24 (the entry before it, with the old subnet, loses).
+    let moved = PeerConfig { subnet: "10.244.3.0/24".parse().unwrap(), ..config(p.b_key, 2) };
+    p.a.set_peers([config(p.b_key, 2), moved]);
+    assert_eq!(p.a.peers(), [moved]);
+    let d = send(&p.b, &p.a_key, &from_3);
+    assert_eq!(receive(&p.a, ep(2), &d), from_3, "same session, new networks");
+    let d = send(&p.b, &p.a_key, &b_to_a(1));
+    assert_eq!(p.a.open(ep(2), &d, &mut out), Opened::Drop(DropReason::RxSpoofedSource));
+}
