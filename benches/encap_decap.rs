@@ -42,6 +42,7 @@ fn forwarder(i: u32) -> Forwarder {
         icmp_source: std::net::Ipv4Addr::new(10, 0, 0, 0),
         icmp_limit: Arc::default(),
         malformed: Arc::default(),
+        wireguard: None,
         ipv6: Default::default(),
     }
 }

@@ -123,6 +123,7 @@ fn the_per_packet_path_allocates_nothing() {
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),
         malformed: Arc::default(),
+        wireguard: None,
         ipv6: Default::default(),
     };
     let b = Forwarder {
@@ -134,6 +135,7 @@ fn the_per_packet_path_allocates_nothing() {
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),
         malformed: Arc::default(),
+        wireguard: None,
         ipv6: Default::default(),
     };
     let a_routes = RouteTable::build(
@@ -301,6 +303,7 @@ fn ipv6_forwarding_allocates_nothing() {
             icmp_source: Ipv4Addr::new(10, 244, 0, 0),
             icmp_limit: Arc::default(),
             malformed: Arc::default(),
+            wireguard: None,
             ipv6: Ipv6Forwarding { own: own6, icmp_source: "fd00:10:244::".parse().unwrap() },
         };
         let routes = RouteTable::build(

@@ -77,6 +77,7 @@ fn start(
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),
         malformed: Arc::default(),
+        wireguard: None,
         ipv6: Default::default(),
     };
     let tun = FakeTun::new();

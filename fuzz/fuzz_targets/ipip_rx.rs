@@ -45,6 +45,7 @@ fuzz_target!(|data: &[u8]| {
         icmp_source: net.net().network(),
         icmp_limit: Arc::new(IcmpLimit::new(1000, 3)),
         malformed: Arc::default(),
+        wireguard: None,
         ipv6: Ipv6Forwarding::default(),
     };
     for (sender, wrap, p) in input.rx.iter().take(16) {

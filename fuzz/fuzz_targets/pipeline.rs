@@ -62,6 +62,7 @@ fuzz_target!(|data: &[u8]| {
         icmp_source: net.net().network(),
         icmp_limit: Arc::new(IcmpLimit::new(1000, 3)),
         malformed: Arc::default(),
+        wireguard: None,
         ipv6: Ipv6Forwarding {
             own: {
                 let own6 = Arc::new(OwnSubnet6::default());

@@ -75,6 +75,7 @@ fuzz_target!(|data: &[u8]| {
         icmp_source: net.net().network(),
         icmp_limit: Arc::default(),
         malformed: Arc::default(),
+        wireguard: None,
         ipv6: Default::default(),
     };
     let cfg = WorkerConfig {

@@ -136,7 +136,15 @@ pub async fn run(opts: RunOptions, kube: KubeMode, stop: Arc<Stop>) -> anyhow::R
             health.add_collector(Arc::new(offloads.clone()));
         }
         Some(start_dataplane(
-            dataplane_config(&opts, &network, &underlay, public_ipv6, vtep_mac, &offloads),
+            dataplane_config(
+                &opts,
+                &network,
+                &underlay,
+                public_ipv6,
+                vtep_mac,
+                &offloads,
+                wireguard_key.as_ref(),
+            ),
             routes.clone(),
             &health,
             subnet_rx.clone(),

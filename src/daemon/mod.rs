@@ -556,7 +556,15 @@ async fn start_fresh(
         Some(handed) => {
             health.add_collector(Arc::new(offloads.clone()));
             let bound_for = handed.layout.public_ip();
-            let cfg = dataplane_config(opts, &network, &underlay, public_ipv6, vtep_mac, &offloads);
+            let cfg = dataplane_config(
+                opts,
+                &network,
+                &underlay,
+                public_ipv6,
+                vtep_mac,
+                &offloads,
+                wireguard_key.as_ref(),
+            );
             match Dataplane::adopt(cfg, routes.clone(), handed, provisional) {
                 Ok(dp) => {
                     if let Some(bound_for) = bound_for
@@ -600,7 +608,15 @@ async fn start_fresh(
                 return stopped(health_task).await.map(|()| None);
             }
             match start_dataplane(
-                dataplane_config(opts, &network, &underlay, public_ipv6, vtep_mac, &offloads),
+                dataplane_config(
+                    opts,
+                    &network,
+                    &underlay,
+                    public_ipv6,
+                    vtep_mac,
+                    &offloads,
+                    wireguard_key.as_ref(),
+                ),
                 routes.clone(),
                 &health,
                 subnet_rx.clone(),
@@ -695,7 +711,15 @@ async fn start_handed(
             }
             let fds = std::mem::take(&mut incoming.dataplane);
             let dp = Dataplane::adopt(
-                dataplane_config(opts, &network, &underlay, public_ipv6, vtep_mac, &offloads),
+                dataplane_config(
+                    opts,
+                    &network,
+                    &underlay,
+                    public_ipv6,
+                    vtep_mac,
+                    &offloads,
+                    wireguard_key.as_ref(),
+                ),
                 routes.clone(),
                 HandedDataplane { layout: layout.clone(), fds },
                 lease,
@@ -790,13 +814,6 @@ fn say_network(network: &NetworkConfig, opts: &RunOptions) -> anyhow::Result<()>
     if opts.ip_masq && opts.dataplane == DataplaneMode::None {
         warn!(
             "--ip-masq with --dataplane none: written to subnet.env only, no masquerade rules are installed"
-        );
-    }
-    // The config, the leases and the routes know wireguard; the forwarding does not yet.
-    if network.backend.kind == BackendKind::Wireguard {
-        bail!(
-            "Backend.Type wireguard: weft reads the config and flannel's wireguard leases, but its \
-             user-space WireGuard data plane is not built yet"
         );
     }
     Ok(())

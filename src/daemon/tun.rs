@@ -16,11 +16,13 @@ use super::netlink_watch::{LINK_SETTLE, next_netlink_change, start_watch};
 use super::underlay::Underlay;
 use crate::config::NetworkConfig;
 use crate::dataplane::offload::kernel_bugs::{Offload, OffloadDecisions};
-use crate::dataplane::{Dataplane, DataplaneConfig, Ipv6Dataplane, UdpGsoConfig};
+use crate::dataplane::{
+    Dataplane, DataplaneConfig, Ipv6Dataplane, UdpGsoConfig, WireguardDataplane,
+};
 use crate::health::Health;
 use crate::lease::record::LeaseName;
 use crate::route::Routes;
-use crate::vocab::MacAddr;
+use crate::vocab::{MacAddr, WgSecret};
 
 /// How often the TUN device's link state is read for drift when no netlink watch could be
 /// started (or it ended).
@@ -91,6 +93,7 @@ pub(super) fn dataplane_config(
     public_ipv6: Option<Ipv6Addr>,
     vtep_mac: MacAddr,
     offloads: &OffloadDecisions,
+    wireguard_key: Option<&WgSecret>,
 ) -> DataplaneConfig {
     DataplaneConfig {
         tun_name: opts.tun_name.clone(),
@@ -121,6 +124,11 @@ pub(super) fn dataplane_config(
         one_thread: opts.one_thread,
         spin: opts.spin,
         worker_slice: opts.worker_slice,
+        wireguard: wireguard_key.map(|key| WireguardDataplane {
+            private_key: *key,
+            psk: network.backend.wireguard.psk,
+            keepalive: Some(network.backend.wireguard.keepalive_secs).filter(|s| *s > 0),
+        }),
     }
 }
 

@@ -91,7 +91,9 @@ pub mod worker;
 
 pub(crate) use masq::plan::Inputs as MasqInputs;
 pub(crate) use masq::{MasqConfig, Masquerade};
-pub(crate) use settings::{DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoConfig};
+pub(crate) use settings::{
+    DataplaneConfig, DataplaneError, Ipv6Dataplane, UdpGsoConfig, WireguardDataplane,
+};
 pub(crate) use sys::host::{Host, KernelWatch};
 pub(crate) use sys::netlink::NetlinkError;
 pub use sys::tun::check_tun_name;

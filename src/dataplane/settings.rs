@@ -14,6 +14,7 @@ use crate::dataplane::sys::tun::TunError;
 use crate::dataplane::sys::udp::UdpError;
 use crate::dataplane::sys::udp::gso_retry::DEFAULT_RETRY_AFTER;
 use crate::dataplane::wire::ethernet::MacAddr;
+use crate::vocab::WgSecret;
 
 /// The IPv6 half of the underlay and overlay, on a dual-stack vxlan network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +26,18 @@ pub(crate) struct Ipv6Dataplane {
 }
 
 /// What the data plane needs to start.
+/// What the wireguard backend's sessions are made with (the rest of its options are the
+/// port, the MTU and the underlay's, as for every tunnel).
+#[derive(Clone, Debug)]
+pub(crate) struct WireguardDataplane {
+    /// This node's private key (never printed: [`WgSecret`]).
+    pub(crate) private_key: WgSecret,
+    /// `Backend.PSK`.
+    pub(crate) psk: Option<WgSecret>,
+    /// `Backend.PersistentKeepaliveInterval` in seconds; `None`: no keepalives.
+    pub(crate) keepalive: Option<u16>,
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct DataplaneConfig {
     /// TUN device name.
@@ -68,6 +81,8 @@ pub(crate) struct DataplaneConfig {
     pub(crate) spin: Duration,
     /// The scheduler slice each forwarding thread asks for (`WorkerConfig::slice`).
     pub(crate) worker_slice: Duration,
+    /// The wireguard backend's keys and keepalive (`None` on every other backend).
+    pub(crate) wireguard: Option<WireguardDataplane>,
 }
 
 /// UDP GSO: whether to use it, how soon to try it again after a GSO send failed, and whether
@@ -120,6 +135,8 @@ pub(crate) enum DataplaneError {
          (flannel's refuses it too), as peers route to the public IP directly"
     )]
     HostGwNat(Ipv4Addr),
+    #[error("the wireguard backend was started without this node's private key")]
+    NoWireguardKey,
 }
 
 impl DataplaneError {

@@ -6,7 +6,7 @@
 //! backend, the drop reasons, the ICMP errors and the route lookups. Each transport's own
 //! headers and receive checks are a file beside it (`vxlan.rs`, `udp.rs`, `ipip.rs`; a new
 //! transport is a new file here); [`wireguard`], a stateful transport with sessions, is a
-//! folder of its own (not yet dispatched to); [`malformed_peers`] watches for peers that send
+//! folder of its own, which the workers call through [`Forwarder::wireguard`]; [`malformed_peers`] watches for peers that send
 //! garbage.
 //! Below it only [`super::wire`], [`super::offload`] and [`super::sys`]'s plain constants.
 //!
@@ -58,7 +58,7 @@ use super::wire::{self, ethernet, icmpv4, icmpv6, ipv4, ipv6};
 use crate::config::BackendKind;
 use crate::dataplane::sys::udp::gso_tail;
 use crate::lease::record::{Ipv6Subnet, Subnet};
-use crate::route::{RouteTable, backends};
+use crate::route::{PeerBackend, RouteTable, backends};
 use crate::time::Instant;
 
 mod ipip;
@@ -363,6 +363,8 @@ pub(crate) struct TxRoute {
     pub(crate) peer_mac: Option<MacAddr>,
     /// The inner packet's EtherType (vxlan only): IPv4 or IPv6.
     pub(crate) ethertype: ethernet::EtherType,
+    /// The peer's WireGuard public key (wireguard only): whose session seals the packet.
+    pub(crate) peer_key: Option<wireguard::WgPublicKey>,
 }
 
 /// What to do with a received datagram.
@@ -495,6 +497,10 @@ pub struct Forwarder {
     pub malformed: Arc<MalformedLog>,
     /// IPv6, on a dual-stack network (our VTEP MAC serves both halves).
     pub ipv6: Ipv6Forwarding,
+    /// The WireGuard sessions (wireguard only), shared by the workers: they seal what
+    /// [`Forwarder::route`] sends and open what arrives, in place of [`Forwarder::encap`] and
+    /// [`Forwarder::decap`].
+    pub wireguard: Option<Arc<wireguard::Sessions>>,
 }
 
 impl Forwarder {
@@ -570,17 +576,22 @@ impl Forwarder {
             }));
         };
         let flow = wire::flow_hash(packet);
-        let to = SocketAddr::V4(SocketAddrV4::new(peer.public_ip, self.port));
         let mismatch = Refusal::Drop(DropReason::TxBackendMismatch);
         if !backends::reaches(self.backend, peer.backend) {
             return Err(mismatch);
         }
+        // A wireguard peer listens where its lease says (flannel's `Port`), else on ours.
+        let (port, peer_key) = match peer.backend {
+            PeerBackend::Wireguard { key, port } => (port.unwrap_or(self.port), Some(key)),
+            _ => (self.port, None),
+        };
+        let to = SocketAddr::V4(SocketAddrV4::new(peer.public_ip, port));
         // A vxlan peer has a VTEP MAC unless its lease is IPv6-only (no IPv4 route to it).
         let peer_mac = match self.backend {
             BackendKind::Vxlan => Some(peer.vtep_mac.ok_or(mismatch)?),
             _ => None,
         };
-        Ok(TxRoute { to, flow, peer_mac, ethertype: ethernet::EtherType::IPV4 })
+        Ok(TxRoute { to, flow, peer_mac, ethertype: ethernet::EtherType::IPV4, peer_key })
     }
 
     /// The refusal of a packet to a destination in no lease: the no-route error `emit` writes
@@ -630,6 +641,7 @@ impl Forwarder {
             flow: wire::flow_hash(packet),
             peer_mac: Some(half.vtep_mac),
             ethertype: ethernet::EtherType::IPV6,
+            peer_key: None,
         })
     }
 
@@ -753,6 +765,7 @@ mod tests {
                 icmp_source: Ipv4Addr::new(10, 244, 0, 0),
                 icmp_limit: Arc::default(),
                 malformed: Arc::default(),
+                wireguard: None,
                 ipv6: Ipv6Forwarding { own: own6, icmp_source: "fd00:10:244::".parse().unwrap() },
             }
         };
@@ -836,7 +849,13 @@ mod tests {
         // A VXLAN datagram from host 1 carrying `inner`, with `ethertype`.
         let datagram = |src: &str, dst: &str, ethertype| {
             let (mut buf, len) = udp6(src, dst, 20);
-            let route = TxRoute { to: v6_peer(2), flow: 0, peer_mac: Some(b.our_mac), ethertype };
+            let route = TxRoute {
+                to: v6_peer(2),
+                flow: 0,
+                peer_mac: Some(b.our_mac),
+                ethertype,
+                peer_key: None,
+            };
             a.emit_encap(&route, &mut buf[..HEADROOM]);
             buf.truncate(HEADROOM + len);
             buf

@@ -49,6 +49,7 @@ use crate::dataplane::sys::tun::{self, Tun, TunError, TunOptions};
 use crate::dataplane::sys::udp::gso_retry::{GsoRetryConfig, GsoState};
 use crate::dataplane::sys::udp::gso_tail::{GsoLimits, TailRule};
 use crate::dataplane::sys::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
+use crate::dataplane::transport::wireguard::{self, Sessions};
 use crate::dataplane::transport::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubnet6};
 use crate::lease::record::{Ipv6Subnet, LeaseName, Subnet};
 use crate::route::Routes;
@@ -421,6 +422,16 @@ impl Tunnel {
         let workers = queues.len();
         let name = queues.first().map_or_else(|| cfg.tun_name.clone(), |q| q.name().to_owned());
         let mtu = tun_mtu(&cfg);
+        let wireguard = match (&cfg.wireguard, cfg.backend) {
+            (Some(wg), BackendKind::Wireguard) => Some(Arc::new(Sessions::new(
+                &wg.private_key,
+                wg.psk,
+                wg.keepalive,
+                u16::try_from(mtu).unwrap_or(u16::MAX),
+            ))),
+            (None, BackendKind::Wireguard) => return Err(DataplaneError::NoWireguardKey),
+            _ => None,
+        };
         let fwd = Forwarder {
             backend: cfg.backend,
             vni,
@@ -431,6 +442,7 @@ impl Tunnel {
             icmp_source: cfg.network.map_or(Ipv4Addr::UNSPECIFIED, |n| n.network()),
             icmp_limit: Arc::default(),
             malformed: Arc::default(),
+            wireguard,
             ipv6: match cfg.ipv6 {
                 Some(v6) => {
                     Ipv6Forwarding { own: Arc::default(), icmp_source: v6.network.network() }
@@ -529,6 +541,9 @@ impl Tunnel {
             kept,
         };
         let metered = |sock| MeteredSocket::new(sock, self.counters.clone());
+        if let Some(wg) = &self.fwd.wireguard {
+            self.spawn_wireguard_timers(wg, &sockets, &mut running)?;
+        }
         for (i, (tun, sockets)) in self.queues.iter().zip(sockets).enumerate() {
             let WorkerSockets { v4, v6 } = sockets;
             let (rx6, mut pool6) = match v6 {
@@ -571,6 +586,40 @@ impl Tunnel {
             }
         }
         Ok(running)
+    }
+
+    /// wireguard: gives the sessions the route table's peers now (so that the workers' first
+    /// packets find them), and starts the thread that keeps them following the table and ticks
+    /// their timers (handshake retries, rekeys, keepalives), sending from a second descriptor
+    /// of the first worker's socket on the listen port. It stops with the workers.
+    fn spawn_wireguard_timers(
+        &self,
+        wg: &Arc<Sessions>,
+        sockets: &[WorkerSockets],
+        running: &mut Running,
+    ) -> Result<(), DataplaneError> {
+        let port = self.cfg.port;
+        wg.set_peers(wireguard::peers_of(&self.routes.load(), port));
+        let Some(first) = sockets.first().and_then(|w| w.v4.as_ref()) else {
+            return Err(DataplaneError::NoSockets);
+        };
+        let (_, tx_cfg) = adopted_configs(&self.cfg, self.queues.len());
+        let fd = first.rx.duplicate().map_err(DataplaneError::Thread)?;
+        let sock = BatchSocket::adopt(fd, UdpConfig { gso: false, ..tx_cfg })?;
+        let (wg, routes, stop) = (wg.clone(), self.routes.clone(), running.stop.clone());
+        let counters = self.counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("weft-wg-timers".to_owned())
+            .spawn(move || {
+                let counters = counters.thread("weft-wg-timers");
+                let mut sock = sock;
+                worker::run_wireguard_timers(
+                    &wg, &routes, port, &mut sock, &BootClock, &stop, &counters,
+                );
+            })
+            .map_err(DataplaneError::Thread)?;
+        running.threads.push(thread);
+        Ok(())
     }
 
     /// Re-binds every socket on `public_ip` (the underlay address changed): the new sockets
@@ -861,6 +910,15 @@ fn open_family(
         });
     }
     let (rx_cfg, tx_cfg) = family_configs(cfg, bind_on, workers);
+    if cfg.backend == BackendKind::Wireguard {
+        // One socket, on the listen port, both ways: WireGuard peers send to the address a
+        // datagram came from (the kernel's and wireguard-go's endpoints roam), so datagrams
+        // must leave from the port they are received on. The sending half is a second
+        // descriptor of it, with GSO.
+        let rx = BatchSocket::open(rx_cfg)?;
+        let tx = BatchSocket::adopt(rx.duplicate().map_err(UdpError::Socket)?, tx_cfg)?;
+        return Ok(FamilySet { rx, tx_pool: vec![tx] });
+    }
     Ok(FamilySet {
         rx: BatchSocket::open(rx_cfg)?,
         tx_pool: (0..TX_POOL).map(|_| BatchSocket::open(tx_cfg)).collect::<Result<Vec<_>, _>>()?,

@@ -62,6 +62,7 @@ mod plan;
 mod rx;
 mod spin;
 pub(crate) mod supervise;
+mod timers;
 mod tx;
 mod wait;
 
@@ -70,6 +71,7 @@ pub use family::FamilySockets;
 pub use io::{TunIo, UdpIo};
 pub use rx::RxPath;
 use spin::Next;
+pub(crate) use timers::run_wireguard_timers;
 pub use tx::TxPath;
 pub use wait::{Idle, StopSignal, Woken};
 
@@ -477,6 +479,7 @@ mod tests {
             icmp_source: Ipv4Addr::new(10, 244, 0, 0),
             icmp_limit: Arc::default(),
             malformed: Arc::default(),
+            wireguard: None,
             ipv6: Default::default(),
         };
         (fwd, routes)

@@ -13,12 +13,13 @@ use super::Context;
 use super::WorkerConfig;
 use super::io::{TunIo, UdpIo};
 use crate::dataplane::offload::{GroConfig, GroTable, MAX_CHAIN, PacketRef};
-use crate::dataplane::sys::udp::{self, MAX_BATCH, RecvMeta};
+use crate::dataplane::sys::udp::{self, MAX_BATCH, RecvMeta, Transmit};
 use crate::dataplane::transport::malformed_peers::{Alarm, MalformedWatch};
+use crate::dataplane::transport::wireguard::{Opened, Sessions, WgPublicKey};
 use crate::dataplane::transport::{DropReason, Forwarder, Rx};
 use crate::dataplane::worker::counters::PacketCounters;
 use crate::route::RouteTable;
-use crate::time::Clock;
+use crate::time::{Clock, Instant};
 
 /// The RX path's buffers, allocated once: UDP → validation and decapsulation → (GRO) → TUN.
 pub struct RxPath {
@@ -31,6 +32,12 @@ pub struct RxPath {
     /// Peers' suspect datagrams, counted for [`crate::dataplane::transport::malformed_peers`].
     watch: MalformedWatch,
     clock: Arc<dyn Clock>,
+    /// wireguard: where datagrams are opened, each at the offset it was received at in its
+    /// buffer of `bufs` (so GRO sees the inner packets laid out as it expects); allocated on
+    /// the first wireguard batch.
+    opened: Vec<Vec<u8>>,
+    /// wireguard: where a peer's queued packets are sealed once its handshake completes.
+    drained: Vec<u8>,
 }
 
 /// The most datagrams UDP GRO puts in one receive buffer (the kernel's `UDP_GRO_CNT_MAX`).
@@ -63,6 +70,8 @@ impl RxPath {
             vnet,
             watch: MalformedWatch::new(),
             clock,
+            opened: Vec::new(),
+            drained: Vec::new(),
         }
     }
 
@@ -72,7 +81,12 @@ impl RxPath {
     /// the caller may sleep on it.
     pub fn step<T: TunIo, U: UdpIo>(&mut self, cx: &Context<'_, T>, sock: &mut U) -> usize {
         let &Context { tun, fwd, routes, counters } = cx;
-        let Self { bufs, metas, refs, gro, vnet, watch, clock } = self;
+        let Self { bufs, metas, refs, gro, vnet, watch, clock, opened, drained } = self;
+        let wg = fwd.wireguard.as_deref();
+        if wg.is_some() && opened.len() != bufs.len() {
+            *opened = bufs.iter().map(|b| vec![0u8; b.len()]).collect();
+            *drained = vec![0u8; DRAINED_LEN];
+        }
         let n = match sock.recv_batch(bufs, metas, Duration::ZERO) {
             Ok(n) => n,
             Err(_) => {
@@ -104,6 +118,29 @@ impl RxPath {
                 let end = (off + seg).min(len);
                 let datagram = &mut bufs[b][off..end];
                 let dlen = datagram.len();
+                if let Some(wg) = wg {
+                    let out = &mut opened[b][off..];
+                    let sealed = Sealed { src: meta.src, datagram, clock: &**clock };
+                    if let Some(r) = open(wg, fwd, &sealed, out, sock, drained, counters) {
+                        delivered += 1;
+                        delivered_bytes += r.len() as u64;
+                        if *vnet {
+                            refs.push(PacketRef {
+                                buf: b,
+                                start: off + r.start,
+                                len: r.len(),
+                                // Authenticated: what the peer sealed arrived unchanged,
+                                // and it sealed packets whose checksums it had completed
+                                // (the kernel's WireGuard marks them verified too).
+                                checksums_trusted: true,
+                            });
+                        } else if tun.write(&out[r]).is_err() {
+                            counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    off = end;
+                    continue;
+                }
                 match fwd.decap(&table, meta.src, datagram, dlen) {
                     Rx::Deliver { range: r, checksums_trusted } => {
                         delivered += 1;
@@ -131,16 +168,111 @@ impl RxPath {
             }
             // Room for the next buffer's datagrams, or write what is gathered so far.
             if refs.len() + GRO_SEGMENTS > refs.capacity() {
-                write_coalesced(tun, gro, bufs, refs, counters);
+                write_coalesced(tun, gro, if wg.is_some() { opened } else { bufs }, refs, counters);
                 refs.clear();
             }
         }
-        write_coalesced(tun, gro, bufs, refs, counters);
+        write_coalesced(tun, gro, if wg.is_some() { opened } else { bufs }, refs, counters);
         counters.rx_packets.fetch_add(delivered, Ordering::Relaxed);
         counters.rx_bytes.fetch_add(delivered_bytes, Ordering::Relaxed);
         // A batch of truncated datagrams only still moved something: the caller must not sleep.
         received.max(1)
     }
+}
+
+/// Room for one sealed packet a peer's queue drains into: the largest inner packet and
+/// WireGuard's overhead.
+const DRAINED_LEN: usize = 65536 + 64;
+
+/// A received wireguard datagram, where it came from, and the clock that dates what is sent back.
+struct Sealed<'a> {
+    src: SocketAddr,
+    datagram: &'a [u8],
+    clock: &'a dyn Clock,
+}
+
+/// wireguard: opens one datagram into `out`; returns where the inner packet lies in it, to be
+/// delivered, if it is one for our subnet. A handshake message is answered on `sock` (the listen
+/// port's), and a peer whose session may be new has its queued packets sent.
+fn open<U: super::io::UdpIo>(
+    wg: &Sessions,
+    fwd: &Forwarder,
+    sealed: &Sealed<'_>,
+    out: &mut [u8],
+    sock: &mut U,
+    drained: &mut [u8],
+    counters: &PacketCounters,
+) -> Option<std::ops::Range<usize>> {
+    match wg.open(sealed.src, sealed.datagram, out) {
+        Opened::Deliver { range, .. } => {
+            if for_us(fwd, out.get(range.clone()).unwrap_or(&[])) {
+                Some(range)
+            } else {
+                counters.count_drop(DropReason::RxNotForUs);
+                None
+            }
+        }
+        Opened::Reply { to, len, peer } => {
+            let now = sealed.clock.now();
+            send_one(sock, to, out.get(..len).unwrap_or(&[]), now, counters);
+            drain(wg, &peer, sock, drained, now, counters);
+            None
+        }
+        Opened::Refuse { to, len, reason } => {
+            counters.count_drop(reason);
+            send_one(sock, to, out.get(..len).unwrap_or(&[]), sealed.clock.now(), counters);
+            None
+        }
+        Opened::Consumed { peer } => {
+            drain(wg, &peer, sock, drained, sealed.clock.now(), counters);
+            None
+        }
+        Opened::Drop(reason) => {
+            counters.count_drop(reason);
+            None
+        }
+    }
+}
+
+/// Whether an opened inner packet is for our subnet (IPv4, or IPv6 on a dual-stack network):
+/// what every transport checks before writing to TUN.
+fn for_us(fwd: &Forwarder, packet: &[u8]) -> bool {
+    match packet.first().map(|b| b >> 4) {
+        Some(4) => packet
+            .get(16..20)
+            .and_then(|d| <[u8; 4]>::try_from(d).ok())
+            .is_some_and(|d| fwd.own.contains(d.into())),
+        Some(6) => packet
+            .get(24..40)
+            .and_then(|d| <[u8; 16]>::try_from(d).ok())
+            .is_some_and(|d| fwd.ipv6.own.contains(d.into())),
+        _ => false,
+    }
+}
+
+/// Sends what waited in `peer`'s queue for its session.
+fn drain<U: super::io::UdpIo>(
+    wg: &Sessions,
+    peer: &WgPublicKey,
+    sock: &mut U,
+    buf: &mut [u8],
+    now: Instant,
+    counters: &PacketCounters,
+) {
+    while let Some((to, len)) = wg.drain(peer, buf) {
+        send_one(sock, to, buf.get(..len).unwrap_or(&[]), now, counters);
+    }
+}
+
+fn send_one<U: super::io::UdpIo>(
+    sock: &mut U,
+    to: SocketAddr,
+    contents: &[u8],
+    now: Instant,
+    counters: &PacketCounters,
+) {
+    let tx = Transmit { dst: to, contents, segment_size: None };
+    super::tx::send_skipping(sock, &[tx], now, counters);
 }
 
 /// Counts a suspect datagram from `src` (a known peer's, else it is nobody's business here) and

@@ -4,6 +4,7 @@
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -13,6 +14,7 @@ use super::io::{TunIo, UdpIo};
 use super::plan::{Carries, Pending, Planned, TxPlan};
 use crate::dataplane::offload;
 use crate::dataplane::sys::udp::{MAX_BATCH, Transmit, UdpError};
+use crate::dataplane::transport::wireguard::{self, Sealed, Sessions, WgPublicKey};
 use crate::dataplane::transport::{DropReason, HEADROOM, Refusal, Tx};
 use crate::dataplane::wire::virtio_net::{self, Header};
 use crate::dataplane::worker::counters::PacketCounters;
@@ -36,6 +38,13 @@ struct Scratch {
     send_buf: Vec<u8>,
     /// An ICMP error for a pod, behind room for a `virtio_net_hdr`.
     reply: Vec<u8>,
+    /// wireguard: where a super-packet is split before each segment is sealed (allocated on
+    /// the first one).
+    split_buf: Vec<u8>,
+    /// wireguard: the sealed datagrams laid out in `send_buf` so far, in the order read.
+    sealed: Vec<(SocketAddr, Range<usize>)>,
+    /// wireguard: where the next sealed datagram goes in `send_buf`.
+    sealed_at: usize,
 }
 
 /// The TX path's buffers, allocated once: TUN → encapsulation → UDP.
@@ -58,6 +67,9 @@ impl TxPath {
             scratch: Scratch {
                 send_buf: vec![0u8; SEND_BUF_LEN],
                 reply: vec![0u8; virtio_net::LEN + 1500],
+                split_buf: Vec::new(),
+                sealed: Vec::new(),
+                sealed_at: 0,
             },
             pending: Vec::with_capacity(batch),
             vnet,
@@ -107,6 +119,11 @@ impl TxPath {
             } else {
                 Header::NONE
             };
+            if let Some(wg) = fwd.wireguard.as_deref() {
+                let packet = &mut slots[i][HEADROOM..HEADROOM + len];
+                seal_read(cx, wg, &hdr, packet, scratch, pool, &table, now);
+                continue;
+            }
             if hdr.gso_type & !virtio_net::GSO_ECN != virtio_net::GSO_NONE {
                 // Packets read before this one leave before it: a flow's short segments
                 // (GSO_NONE) and super-packets interleave, and reordering them would make TCP
@@ -138,6 +155,7 @@ impl TxPath {
             }
         }
         send_pending(slots, pending, pool, &mut scratch.send_buf, counters, now);
+        flush_sealed(scratch, pool, counters, now);
         if read > 0 {
             counters.tx_batches.fetch_add(1, Ordering::Relaxed);
         }
@@ -314,24 +332,11 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
     table: &crate::route::RouteTable,
     now: Instant,
 ) {
-    let &Context { tun, fwd, counters, .. } = cx;
-    let Scratch { send_buf: out, reply } = scratch;
+    let &Context { fwd, counters, .. } = cx;
+    let Scratch { send_buf: out, reply, .. } = scratch;
     let route = match fwd.route(table, packet, &mut reply[virtio_net::LEN..], now) {
         Ok(r) => r,
-        Err(Refusal::Reply { len, reason }) => {
-            counters.count_drop(reason);
-            write_reply(tun, reply, len, tun.vnet_hdr());
-            return;
-        }
-        Err(Refusal::Suppressed(reason)) => {
-            counters.count_drop(reason);
-            counters.icmp_suppressed.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        Err(Refusal::Drop(reason)) => {
-            counters.count_drop(reason);
-            return;
-        }
+        Err(refusal) => return refuse(cx, refusal, reply),
     };
     let headroom = fwd.headroom();
     let segs = match offload::split(hdr, packet, out, headroom) {
@@ -368,4 +373,159 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
             k = 0;
         }
     }
+}
+
+/// Counts a packet [`crate::dataplane::transport::Forwarder::route`] refused, and writes the
+/// ICMP error it made (in `reply`, behind room for a `virtio_net_hdr`) back to TUN.
+fn refuse<T: TunIo>(cx: &Context<'_, T>, refusal: Refusal, reply: &mut [u8]) {
+    let &Context { tun, counters, .. } = cx;
+    match refusal {
+        Refusal::Reply { len, reason } => {
+            counters.count_drop(reason);
+            write_reply(tun, reply, len, tun.vnet_hdr());
+        }
+        Refusal::Suppressed(reason) => {
+            counters.count_drop(reason);
+            counters.icmp_suppressed.fetch_add(1, Ordering::Relaxed);
+        }
+        Refusal::Drop(reason) => counters.count_drop(reason),
+    }
+}
+
+/// wireguard: routes a packet read from TUN and seals it (a super-packet: each of its segments)
+/// into `scratch`'s send buffer, after the datagrams sealed before it; they leave together at
+/// [`flush_sealed`], in the order read. A packet waiting for a handshake stays in its peer's
+/// queue and the handshake initiation is sent in its place.
+#[allow(clippy::too_many_arguments)]
+fn seal_read<T: TunIo, U: UdpIo>(
+    cx: &Context<'_, T>,
+    wg: &Sessions,
+    hdr: &Header,
+    packet: &mut [u8],
+    scratch: &mut Scratch,
+    pool: &mut [U],
+    table: &crate::route::RouteTable,
+    now: Instant,
+) {
+    let &Context { fwd, counters, .. } = cx;
+    let route = match fwd.route(table, packet, &mut scratch.reply[virtio_net::LEN..], now) {
+        Ok(r) => r,
+        Err(refusal) => return refuse(cx, refusal, &mut scratch.reply),
+    };
+    let Some(key) = route.peer_key else {
+        counters.count_drop(DropReason::TxBackendMismatch);
+        return;
+    };
+    if hdr.gso_type & !virtio_net::GSO_ECN == virtio_net::GSO_NONE {
+        if offload::finish_checksum(hdr, packet).is_err() {
+            counters.count_drop(DropReason::TxMalformed);
+            return;
+        }
+        return seal_one(wg, &key, packet, scratch, pool, counters, now);
+    }
+    if scratch.split_buf.is_empty() {
+        scratch.split_buf = vec![0u8; SEND_BUF_LEN];
+    }
+    let mut split_buf = std::mem::take(&mut scratch.split_buf);
+    match offload::split(hdr, packet, &mut split_buf, 0) {
+        Ok(segs) => {
+            for i in 0..segs.count() {
+                seal_one(wg, &key, &split_buf[segs.slot(i)], scratch, pool, counters, now);
+            }
+        }
+        Err(_) => counters.count_drop(DropReason::TxMalformed),
+    }
+    scratch.split_buf = split_buf;
+}
+
+/// Seals one inner packet for `key`'s session at the end of the sealed datagrams (sending
+/// those first when the buffer is full).
+fn seal_one<U: UdpIo>(
+    wg: &Sessions,
+    key: &WgPublicKey,
+    packet: &[u8],
+    scratch: &mut Scratch,
+    pool: &mut [U],
+    counters: &PacketCounters,
+    now: Instant,
+) {
+    let room = (packet.len() + wireguard::OVERHEAD + wireguard::MAX_PADDING)
+        .max(wireguard::HANDSHAKE_INIT_LEN);
+    if scratch.sealed_at + room > scratch.send_buf.len() || scratch.sealed.len() == SEALED_MAX {
+        flush_sealed(scratch, pool, counters, now);
+    }
+    let at = scratch.sealed_at;
+    match wg.seal(key, packet, &mut scratch.send_buf[at..]) {
+        Sealed::Send { to, len } | Sealed::Handshake { to, len } => {
+            scratch.sealed.push((to, at..at + len));
+            scratch.sealed_at = at + len;
+        }
+        Sealed::Queued => {}
+        Sealed::Drop(reason) => counters.count_drop(reason),
+    }
+}
+
+/// The most sealed datagrams gathered before they are sent.
+const SEALED_MAX: usize = 1024;
+
+/// wireguard: sends the sealed datagrams, in order. A stretch of datagrams to one peer of one
+/// size (the last of it may be shorter: a super-packet's segments, a bulk flow's full-sized
+/// packets) lies back to back in the send buffer and goes as one GSO message, as the socket's
+/// limits allow. A wireguard worker sends from its one socket, on the listen port: WireGuard
+/// peers answer the address a datagram came from.
+fn flush_sealed<U: UdpIo>(
+    scratch: &mut Scratch,
+    pool: &mut [U],
+    counters: &PacketCounters,
+    now: Instant,
+) {
+    let Scratch { send_buf, sealed, sealed_at, .. } = scratch;
+    if sealed.is_empty() || pool.is_empty() {
+        sealed.clear();
+        *sealed_at = 0;
+        return;
+    }
+    let sock = &mut pool[0];
+    let limits = sock.gso_limits();
+    let mut txs = [Transmit {
+        dst: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+        contents: &[],
+        segment_size: None,
+    }; MAX_BATCH];
+    let mut k = 0;
+    let mut i = 0;
+    while i < sealed.len() {
+        let (dst, first) = (sealed[i].0, sealed[i].1.clone());
+        let size = first.len();
+        let per_msg = limits.segments.min(limits.bytes / size.max(1)).max(1);
+        let mut end = first.end;
+        let mut j = i + 1;
+        while j < sealed.len() && j - i < per_msg {
+            let (d, r) = (&sealed[j].0, &sealed[j].1);
+            if *d != dst || r.start != end || r.len() > size {
+                break;
+            }
+            end = r.end;
+            j += 1;
+            if r.len() < size {
+                break;
+            }
+        }
+        txs[k] = Transmit {
+            dst,
+            contents: &send_buf[first.start..end],
+            segment_size: if j - i > 1 { u16::try_from(size).ok() } else { None },
+        };
+        k += 1;
+        i = j;
+        if k == MAX_BATCH {
+            send_skipping(sock, &txs[..k], now, counters);
+            k = 0;
+        }
+    }
+    if k > 0 {
+        send_skipping(sock, &txs[..k], now, counters);
+    }
+    sealed.clear();
+    *sealed_at = 0;
 }

@@ -2,7 +2,9 @@
 //! the sockets, the buffers and the threads; this module turns an inner IP packet into the
 //! datagram to send ([`Sessions::seal`]), a received datagram into an inner IP packet or a
 //! protocol reply ([`Sessions::open`]), and time into handshake retries, rekeys and keepalives
-//! ([`Sessions::tick`]). Not wired into the workers yet.
+//! ([`Sessions::tick`]). The workers call it through
+//! [`super::Forwarder::wireguard`]; a timer thread of the tunnel ticks it and gives it the route
+//! table's peers ([`peers_of`]).
 //!
 //! # The protocol crate
 //! The Noise IK handshake, the sessions and their timers, cookies and the handshake rate limit
@@ -99,6 +101,26 @@ pub use crate::vocab::{WgPublicKey, WgSecret};
 /// `wg pubkey` computes it): what our lease publishes.
 pub fn public_key(private: &WgSecret) -> WgPublicKey {
     WgPublicKey(x25519::PublicKey::from(&x25519::StaticSecret::from(*private.expose())).to_bytes())
+}
+
+/// The WireGuard peers of a route table: every wireguard lease's key at its `PublicIP` and
+/// `Port` (`port`, ours, when its lease names none, as flannel reads it), allowed to send from
+/// its subnet. A lease of another backend is no WireGuard peer (the route table counts it as a
+/// backend mismatch).
+pub fn peers_of(table: &crate::route::RouteTable, port: u16) -> Vec<PeerConfig> {
+    table
+        .peers()
+        .iter()
+        .filter_map(|p| match p.backend {
+            crate::route::PeerBackend::Wireguard { key, port: theirs } => Some(PeerConfig {
+                key,
+                endpoint: SocketAddr::from((p.public_ip, theirs.unwrap_or(port))),
+                subnet: p.subnet,
+                ipv6: None,
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Bytes in front of the inner packet: the data message's type, receiver index and counter.
