@@ -121,7 +121,7 @@ fuzz_target!(|data: &[u8]| {
             }
         };
         match a.open(from, &bytes, &mut out) {
-            Opened::Deliver { range, peer } => {
+            Opened::Deliver { range, peer, .. } => {
                 assert_eq!(peer, b_key);
                 let inner = &out[range];
                 let src: IpAddr = if let Ok(ip) = ipv4::Packet::new_checked(inner) {

@@ -307,3 +307,103 @@ impl RoutedPeer {
         lab.pod_with_ipmasq(self.n, &cni, if self.backend == "ipip" { 1480 } else { 1500 })
     }
 }
+
+/// A host running flannel's wireguard backend where the kernel has no WireGuard: its
+/// `flannel-wgN` device served by `wireguard-go` and programmed with `wg set` as flanneld
+/// programs it (`flannel_wg_up`, `flannel_wg_peer` in `scripts/lib/flannel.sh`), its lease
+/// (`{"PublicIP":"192.0.2.N","PublicIPv6":null,"BackendType":"wireguard","BackendData":
+/// {"PublicKey":"<base64>","Port":51820}}`, wireguard.go's attrs) put into etcd. Its device
+/// (and so its wireguard-go) goes on drop.
+pub struct WireguardPeer {
+    /// The host number.
+    pub n: u8,
+    /// The host namespace.
+    pub ns: String,
+    /// Its subnet.
+    pub subnet: Ipv4Net,
+    /// Its `PublicIP` (eth0's address).
+    pub public_ip: Ipv4Addr,
+    /// Its public key (`wg pubkey`).
+    pub public_key: String,
+}
+
+impl WireguardPeer {
+    /// Host `n` of `lab` as a flannel wireguard node holding `subnet` in the lab's network, on
+    /// a fresh key (`wg genkey`, 0600 in the lab's directory).
+    pub fn new(lab: &Lab, n: u8, subnet: &str) -> Self {
+        let ns = lab.host(n);
+        lib_run("flannel.sh", "flannel_forwarding", &[ns.as_str()]);
+        let key_file = lab.dir().join(format!("h{n}-wg.key"));
+        let key = super::netns::run(&["wg", "genkey"]);
+        std::fs::write(&key_file, key).expect("write the key");
+        std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod the key");
+        let key_path = key_file.to_string_lossy().into_owned();
+        let n_text = n.to_string();
+        let public_key = lib_run(
+            "flannel.sh",
+            "flannel_wg_up",
+            &[ns.as_str(), n_text.as_str(), subnet, "10.244.0.0/16", key_path.as_str()],
+        )
+        .trim()
+        .to_owned();
+        let peer = Self {
+            n,
+            ns,
+            subnet: subnet.parse().expect("IPv4 subnet"),
+            public_ip: Ipv4Addr::new(192, 0, 2, n),
+            public_key,
+        };
+        peer.announce(lab);
+        peer
+    }
+
+    /// flannel's key for its lease.
+    pub fn key(&self) -> String {
+        format!("{PREFIX}/subnets/{}-{}", self.subnet.addr(), self.subnet.prefix_len())
+    }
+
+    /// Puts its lease into etcd.
+    pub fn announce(&self, lab: &Lab) {
+        let value = serde_json::json!({
+            "PublicIP": self.public_ip.to_string(),
+            "PublicIPv6": null,
+            "BackendType": "wireguard",
+            "BackendData": {"PublicKey": self.public_key, "Port": 51820},
+        });
+        lab.etcdctl(&["put", &self.key(), &value.to_string()]);
+    }
+
+    /// Adds another node as flanneld does on its lease (`addPeer`): its key, `PublicIP:Port`,
+    /// its subnet as the allowed IPs.
+    pub fn peer(&self, key: &str, endpoint: &str, subnet: &str) {
+        let n = self.n.to_string();
+        lib_run(
+            "flannel.sh",
+            "flannel_wg_peer",
+            &[self.ns.as_str(), n.as_str(), key, endpoint, subnet],
+        );
+    }
+
+    /// Removes another node (`removePeer`, on its lease's removal or a new key).
+    pub fn unpeer(&self, key: &str) {
+        let n = self.n.to_string();
+        lib_run("flannel.sh", "flannel_wg_unpeer", &[self.ns.as_str(), n.as_str(), key]);
+    }
+
+    /// A pod behind this host (bridge at the subnet's `.1`; MTU 1420, flannel-wg's),
+    /// unmasqueraded ([`Lab::pod_with_ipmasq`]).
+    pub fn pod(&self, lab: &Lab) -> Pod {
+        let cni = format!("{}/{}", first_host(self.subnet), self.subnet.prefix_len());
+        lab.pod_with_ipmasq(self.n, &cni, 1420)
+    }
+}
+
+impl Drop for WireguardPeer {
+    fn drop(&mut self) {
+        let n = self.n.to_string();
+        let _ =
+            super::process::lib_command("flannel.sh", "flannel_wg_down", &[self.ns.as_str(), &n])
+                .status();
+    }
+}

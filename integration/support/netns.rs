@@ -1004,7 +1004,7 @@ impl Weft {
             }
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        cmd.env("WEFT_LOG", "weft=debug,info")
+        cmd.env("WEFT_LOG", "weft=debug,gotatun=debug,info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"));
         match self.stderr {

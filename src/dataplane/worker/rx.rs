@@ -204,7 +204,10 @@ fn open<U: super::io::UdpIo>(
     counters: &PacketCounters,
 ) -> Option<std::ops::Range<usize>> {
     match wg.open(sealed.src, sealed.datagram, out) {
-        Opened::Deliver { range, .. } => {
+        Opened::Deliver { range, peer, drain: queued } => {
+            if queued {
+                drain(wg, &peer, sock, drained, sealed.clock.now(), counters);
+            }
             if for_us(fwd, out.get(range.clone()).unwrap_or(&[])) {
                 Some(range)
             } else {

@@ -75,7 +75,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
@@ -212,6 +212,12 @@ pub enum Opened {
         range: Range<usize>,
         /// The peer it came from.
         peer: WgPublicKey,
+        /// Packets wait in the peer's queue: [`Sessions::drain`] it. The session this packet
+        /// came on may be the first one we can send on: a handshake both sides started at
+        /// once completes for us as the responder, and our queued packets go only once the
+        /// initiator's first data arrives (gotatun's own device leaves them queued until the
+        /// next handshake).
+        drain: bool,
     },
     /// Send `out[..len]` to `to`: a handshake response, or the keepalive that confirms a
     /// handshake we initiated. Then [`Sessions::drain`] `peer`'s queue: the session may be new.
@@ -250,6 +256,31 @@ struct Peer {
 struct PeerState {
     config: PeerConfig,
     tunn: Tunn,
+    /// Packets wait in `tunn`'s queue or in `held` for a session (set when one is queued,
+    /// cleared when a drain finds both empty).
+    queued: bool,
+    /// We answered an initiation (a responder session exists) since sessions last expired.
+    answered: bool,
+    /// The peer has confirmed a session of ours: we received its handshake response, or data
+    /// (or a keepalive) on a session. Cleared when gotatun expires every session.
+    confirmed: bool,
+    /// Packets sealed while the only session is one we answered an initiation with and the
+    /// initiator has not confirmed (see [`Sessions::seal`]); sent once it has.
+    held: VecDeque<Packet>,
+}
+
+/// At most this many packets wait in `held` (gotatun's own queue takes as many).
+const MAX_HELD: usize = 256;
+
+impl PeerState {
+    /// Whether data must wait: we have not been confirmed on any session. A fresh gotatun
+    /// session puts the first session it makes in the slot it sends from, so once we answer
+    /// an initiation it would send data on that responder session before the initiator
+    /// confirmed it; the kernel and wireguard-go never do, and when both sides initiated at
+    /// once the other side has dropped that handshake for ours, so what we send on it is lost.
+    fn must_hold(&self) -> bool {
+        self.answered && !self.confirmed
+    }
 }
 
 impl Peer {
@@ -350,7 +381,17 @@ impl Sessions {
                 self.indices.clone(),
                 Arc::clone(&self.rate_limiter),
             );
-            let peer = Peer { key: config.key, state: Mutex::new(PeerState { config, tunn }) };
+            let peer = Peer {
+                key: config.key,
+                state: Mutex::new(PeerState {
+                    config,
+                    tunn,
+                    queued: false,
+                    answered: false,
+                    confirmed: false,
+                    held: VecDeque::new(),
+                }),
+            };
             next.insert(config.key, Arc::new(peer));
         }
         self.peers.store(Arc::new(next));
@@ -398,10 +439,19 @@ impl Sessions {
         buf.resize(padded, 0);
         let mut state = peer.lock();
         let to = state.config.endpoint;
+        if state.must_hold() {
+            if state.held.len() < MAX_HELD {
+                state.held.push_back(Packet::from_bytes(buf));
+            }
+            state.queued = true;
+            return Sealed::Queued;
+        }
         let Some(sent) = state.tunn.handle_outgoing_packet(Packet::from_bytes(buf), None) else {
+            state.queued = true;
             return Sealed::Queued;
         };
         if matches!(sent, WgKind::HandshakeInit(_)) {
+            state.queued = true;
             self.register(&sent, peer);
         }
         drop(state);
@@ -425,8 +475,26 @@ impl Sessions {
         let mut mtu = MtuWatcher::new(self.mtu);
         loop {
             let mut state = peer.lock();
+            if state.must_hold() {
+                return None;
+            }
             let to = state.config.endpoint;
-            let sent = state.tunn.get_queued_packets(&mut mtu).next()?;
+            let queued = state.tunn.get_queued_packets(&mut mtu).next();
+            let sent = match queued {
+                Some(sent) => sent,
+                None => {
+                    // Held packets are padded already.
+                    let next = state.held.pop_front();
+                    match next.and_then(|p| state.tunn.handle_outgoing_packet(p, None)) {
+                        Some(sent) => sent,
+                        None if state.held.is_empty() => {
+                            state.queued = false;
+                            return None;
+                        }
+                        None => continue,
+                    }
+                }
+            };
             self.register(&sent, peer);
             drop(state);
             if let Some(len) = copy_out(sent, out) {
@@ -485,8 +553,16 @@ impl Sessions {
             (_, Some(Some(peer))) => peer,
             (_, _) => return Opened::Drop(DropReason::RxWgNoSession),
         };
+        let initiation = matches!(message, WgKind::HandshakeInit(_));
         let mut state = peer.lock();
-        match state.tunn.handle_incoming_packet(message) {
+        let result = state.tunn.handle_incoming_packet(message);
+        match result {
+            TunnResult::WriteToNetwork(_) if initiation => state.answered = true,
+            // A handshake response, or data (a keepalive too) on one of our sessions.
+            TunnResult::WriteToNetwork(_) | TunnResult::WriteToTunnel(_) => state.confirmed = true,
+            TunnResult::Done | TunnResult::Err(_) => {}
+        }
+        match result {
             TunnResult::Done => Opened::Consumed { peer: peer.key },
             TunnResult::Err(e) => Opened::Drop(rx_reason(&e)),
             TunnResult::WriteToNetwork(reply) => {
@@ -498,9 +574,9 @@ impl Sessions {
                 }
             }
             TunnResult::WriteToTunnel(inner) => {
-                let config = state.config;
+                let (config, queued) = (state.config, state.queued);
                 drop(state);
-                deliver(&config, inner.as_ref(), out)
+                deliver(&config, inner.as_ref(), out, queued)
             }
         }
     }
@@ -515,8 +591,17 @@ impl Sessions {
         for peer in peers.values() {
             let mut state = peer.lock();
             let to = state.config.endpoint;
-            // `Err` is an expired connection (or nothing of note): nothing to send.
-            let Ok(Some(sent)) = state.tunn.update_timers() else { continue };
+            // `Err` is an expired connection (or nothing of note): nothing to send. Expired,
+            // every session is gone: the next one must be confirmed again.
+            let sent = match state.tunn.update_timers() {
+                Ok(Some(sent)) => sent,
+                Ok(None) => continue,
+                Err(WireGuardError::ConnectionExpired) => {
+                    (state.answered, state.confirmed) = (false, false);
+                    continue;
+                }
+                Err(_) => continue,
+            };
             self.register(&sent, peer);
             drop(state);
             emit(to, Packet::from(sent).as_ref());
@@ -567,7 +652,7 @@ fn rx_reason(e: &WireGuardError) -> DropReason {
 
 /// The decrypted `inner` (an IP packet and its padding, or nothing: a keepalive) from the peer
 /// `config`, checked and copied into `out`.
-fn deliver(config: &PeerConfig, inner: &[u8], out: &mut [u8]) -> Opened {
+fn deliver(config: &PeerConfig, inner: &[u8], out: &mut [u8], queued: bool) -> Opened {
     let (src, len) = match inner.first().map(|b| b >> 4) {
         None => return Opened::Consumed { peer: config.key },
         Some(4) => match ipv4::Packet::new_checked(inner) {
@@ -588,7 +673,7 @@ fn deliver(config: &PeerConfig, inner: &[u8], out: &mut [u8]) -> Opened {
         return Opened::Drop(DropReason::RxTruncated);
     };
     dst.copy_from_slice(packet);
-    Opened::Deliver { range: 0..len, peer: config.key }
+    Opened::Deliver { range: 0..len, peer: config.key, drain: queued }
 }
 
 #[cfg(test)]

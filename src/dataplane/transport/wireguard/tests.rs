@@ -497,3 +497,85 @@ fn a_kept_peer_takes_its_new_networks_and_the_last_entry_of_a_key_wins() {
     let d = send(&p.b, &p.a_key, &b_to_a(1));
     assert_eq!(p.a.open(ep(2), &d, &mut out), Opened::Drop(DropReason::RxSpoofedSource));
 }
+
+/// Runs datagrams between A (host 1) and B (host 2) until none is left, each side doing what
+/// the receive loop does: deliver, answer, and drain a peer's queue after a reply, a keepalive
+/// and a delivery that says so. Returns what each delivered.
+fn exchange(p: &Pair, mut wire: Vec<(u8, Vec<u8>)>) -> [Vec<Vec<u8>>; 2] {
+    let mut delivered = [Vec::new(), Vec::new()];
+    let mut out = [0u8; 2048];
+    let mut steps = 0;
+    while !wire.is_empty() {
+        steps += 1;
+        assert!(steps < 100, "the exchange does not end");
+        let (to_host, datagram) = wire.remove(0);
+        let (at, from, peer_key, back) =
+            if to_host == 2 { (&p.b, ep(1), p.a_key, 1) } else { (&p.a, ep(2), p.b_key, 2) };
+        let drain = match at.open(from, &datagram, &mut out) {
+            Opened::Deliver { range, drain, .. } => {
+                delivered[usize::from(to_host - 1)].push(out[range].to_vec());
+                drain
+            }
+            Opened::Reply { len, .. } => {
+                wire.push((back, out[..len].to_vec()));
+                true
+            }
+            Opened::Consumed { .. } => true,
+            other => panic!("{other:?}"),
+        };
+        while drain && let Some((_, len)) = at.drain(&peer_key, &mut out) {
+            wire.push((back, out[..len].to_vec()));
+        }
+    }
+    delivered
+}
+
+/// Both sides send their first packet at once: two initiations cross, each side answers the
+/// other's and holds its packet until a session is confirmed; both packets arrive.
+#[test]
+fn crossing_handshakes_lose_no_queued_packet() {
+    let p = pair();
+    let mut out = [0u8; 2048];
+    let Sealed::Handshake { len, .. } = p.a.seal(&p.b_key, &a_to_b(1), &mut out) else {
+        panic!("A: no handshake")
+    };
+    let init_a = out[..len].to_vec();
+    let Sealed::Handshake { len, .. } = p.b.seal(&p.a_key, &b_to_a(2), &mut out) else {
+        panic!("B: no handshake")
+    };
+    let init_b = out[..len].to_vec();
+    let [at_a, at_b] = exchange(&p, vec![(2, init_a), (1, init_b)]);
+    assert_eq!((at_a, at_b), (vec![b_to_a(2)], vec![a_to_b(1)]));
+}
+
+/// B answered A's initiation: what B seals waits until A confirms the session (its keepalive
+/// or data), as the kernel and wireguard-go wait; then B's drain sends it.
+#[test]
+fn a_responder_sends_no_data_before_the_initiator_confirms() {
+    let p = pair();
+    let mut out = [0u8; 2048];
+    let Sealed::Handshake { len, .. } = p.a.seal(&p.b_key, &a_to_b(1), &mut out) else {
+        panic!("no handshake")
+    };
+    let init = out[..len].to_vec();
+    let Opened::Reply { len, .. } = p.b.open(ep(1), &init, &mut out) else { panic!("no response") };
+    let response = out[..len].to_vec();
+    assert_eq!(p.b.drain(&p.a_key, &mut out), None);
+    assert_eq!(p.b.seal(&p.a_key, &b_to_a(2), &mut out), Sealed::Queued, "B sent unconfirmed");
+    assert_eq!(p.b.drain(&p.a_key, &mut out), None, "B drained unconfirmed");
+    let Opened::Reply { len, .. } = p.a.open(ep(2), &response, &mut out) else {
+        panic!("no keepalive")
+    };
+    let keepalive = out[..len].to_vec();
+    let Some((_, len)) = p.a.drain(&p.b_key, &mut out) else { panic!("A's queue is empty") };
+    let data = out[..len].to_vec();
+    // B takes A's data first here: confirmed by it, and told to drain what it holds.
+    let Opened::Deliver { range, drain: true, .. } = p.b.open(ep(1), &data, &mut out) else {
+        panic!("not delivered with a drain")
+    };
+    assert_eq!(out[range].to_vec(), a_to_b(1));
+    let Some((_, len)) = p.b.drain(&p.a_key, &mut out) else { panic!("B held nothing") };
+    assert_eq!(receive(&p.a, ep(2), &out[..len]), b_to_a(2));
+    assert_eq!(p.b.drain(&p.a_key, &mut out), None);
+    assert_eq!(p.b.open(ep(1), &keepalive, &mut out), Opened::Consumed { peer: p.a_key });
+}
