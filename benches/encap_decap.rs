@@ -76,6 +76,7 @@ fn bench(c: &mut Criterion) {
         vni: Some(1),
         node: None,
         stale: false,
+        incarnation: None,
         ipv6: None,
     });
     let routes = RouteTable::build(network, 24, peers);

@@ -35,6 +35,7 @@ fn peer(i: u32) -> Peer {
         vni: Some(1),
         node: None,
         stale: false,
+        incarnation: None,
         ipv6: None,
     }
 }

@@ -18,6 +18,7 @@ mod support;
 use std::time::Duration;
 
 use support::netns::{Families, Lab, ping_all_pairs};
+use support::process::lib_run;
 
 const WG: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"wireguard"}}"#;
 const SOON: Duration = Duration::from_secs(5);
@@ -101,5 +102,91 @@ fn a_wireguard_go_flannel_node_and_two_wefts_ping_every_way_through_a_new_key() 
     assert_ne!(new_key, keys[1], "weft 2's lease still has its old key");
     flannel.unpeer(&keys[1]);
     flannel.peer(&new_key, "192.0.2.2:51820", &subnet);
+    ping_all_pairs(&pods, Families::V4);
+}
+
+/// The UDP payload of the first packet in the pcap file at `path` (Ethernet, IPv4, UDP).
+fn first_udp_payload(path: &std::path::Path) -> Vec<u8> {
+    let pcap = std::fs::read(path).expect("pcap");
+    let frame = pcap.get(24 + 16..).expect("a packet in the pcap");
+    let ihl = usize::from(frame[14] & 0x0f) * 4;
+    frame[14 + ihl + 8..].to_vec()
+}
+
+/// Sends `payload` from `ns` (its own address, an ephemeral port) to weft's listen port at
+/// `to`.
+fn send_udp(ns: &str, to: &str, payload: &[u8]) {
+    let (to, payload) = (to.to_owned(), payload.to_vec());
+    support::netns::in_netns(ns, move || {
+        let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+        sock.send_to(&payload, to.as_str()).expect("send");
+    });
+}
+
+/// What a host on the underlay can throw at weft's listen port: garbage, a data message of no
+/// session, an initiation without a valid MAC, and a replay of a peer's real data message.
+/// Each is dropped and counted under its reason, and forwarding goes on. Then host 2 moves to
+/// a new address: its lease follows, weft 1's session follows the lease, and both ping again.
+#[test]
+fn forged_and_replayed_datagrams_are_counted_and_a_renumbered_peer_is_reached() {
+    let lab = Lab::new(WG);
+    let (mut wefts, pods) = lab.up(&[1, 2], &[]);
+    ping_all_pairs(&pods, Families::V4);
+    let (h1, h2) = (wefts[0].ns.clone(), wefts[1].ns.clone());
+    let drops = |w: &support::netns::Weft, reason: &str| {
+        let name = format!(r#"weft_dataplane_drops_total{{dir="rx",reason="{reason}"}}"#);
+        w.metric(&name).unwrap_or(0.0)
+    };
+    let before: Vec<f64> = ["wg_malformed", "wg_no_session", "wg_decrypt", "wg_replay"]
+        .iter()
+        .map(|r| drops(&wefts[0], r))
+        .collect();
+
+    // A real data message from host 2, captured on host 1's underlay, to replay.
+    let pcap = lab.dir().join("wg.pcap");
+    let pcap_s = pcap.to_string_lossy().into_owned();
+    let filter = "udp and src host 192.0.2.2 and dst port 51820 and greater 120";
+    let mut dump = support::netns::ns_spawn(
+        &h1,
+        &["tcpdump", "-i", "eth0", "-n", "-U", "-c", "1", "-w", &pcap_s, filter],
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    support::netns::ping_ok(&pods[1].ns, pods[0].ip, 2);
+    let deadline = std::time::Instant::now() + SOON;
+    while dump.try_wait().expect("tcpdump").is_none() {
+        assert!(std::time::Instant::now() < deadline, "tcpdump saw no data message");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let captured = first_udp_payload(&pcap);
+    assert_eq!(captured[..4], [4, 0, 0, 0], "not a data message: {captured:?}");
+
+    let mut no_session = vec![4, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef];
+    no_session.resize(16 + 32, 7);
+    let mut bad_mac = vec![1, 0, 0, 0];
+    bad_mac.resize(148, 9);
+    for payload in [vec![9u8; 100], no_session, bad_mac, captured] {
+        send_udp(&h2, "192.0.2.1:51820", &payload);
+    }
+    for (i, reason) in
+        ["wg_malformed", "wg_no_session", "wg_decrypt", "wg_replay"].iter().enumerate()
+    {
+        let name = format!(r#"weft_dataplane_drops_total{{dir="rx",reason="{reason}"}}"#);
+        wefts[0].wait_metric(&name, SOON, |v| v >= before[i] + 1.0);
+    }
+    ping_all_pairs(&pods, Families::V4);
+
+    // Host 2 moves: its lease's PublicIP changes, and weft 1 sends to the new address.
+    let subnet = wefts[1].subnet().expect("subnet");
+    wefts[1].stop();
+    lib_run("netns.sh", "netns_readdress", &[h2.as_str(), "eth0", "192.0.2.2/24", "192.0.2.22/24"]);
+    // Found on eth0 this time, not given.
+    wefts[1].public_ip_flag = false;
+    wefts[1].start();
+    wefts[1].wait_ready(support::netns::READY_WITHIN);
+    let deadline = std::time::Instant::now() + SOON;
+    while lab.lease_value(&subnet).map(|l| l["PublicIP"].clone()) != Some("192.0.2.22".into()) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", lab.lease_value(&subnet));
+        std::thread::sleep(Duration::from_millis(50));
+    }
     ping_all_pairs(&pods, Families::V4);
 }

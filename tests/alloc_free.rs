@@ -101,6 +101,7 @@ fn peers() -> Vec<Peer> {
             vni: Some(1),
             node: None,
             stale: false,
+            incarnation: None,
             ipv6: None,
         })
         .collect()

@@ -42,6 +42,7 @@ fn peer(n: u8, backend: PeerBackend) -> Peer {
         vni: Some(1),
         node: None,
         stale: false,
+        incarnation: None,
         ipv6: None,
     }
 }

@@ -44,7 +44,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(n) = normalize(args.clone(), &weft, &env) else { return };
     assert_eq!(n.args[0], "weft");
     let rewritten = args.get(1).and_then(|a| a.to_str()).is_some_and(|a| {
-        a == "run" || (a.starts_with('-') && !["-h", "--help", "-V", "--version", "--"].contains(&a))
+        a == "run"
+            || (a.starts_with('-') && !["-h", "--help", "-V", "--version", "--"].contains(&a))
     });
     if rewritten {
         assert!(n.args[1] == "run" || n.args[1..] == ["--version"], "{:?}", n.args);

@@ -74,7 +74,8 @@ fuzz_target!(|data: &[u8]| {
         match fwd.decap(&table, from, &mut buf, len) {
             Rx::Deliver { range, checksums_trusted } => {
                 assert!(!checksums_trusted, "nothing covers an IP-in-IP packet's checksums");
-                let outer = ipip::parse_outer(&original[..len]).expect("delivered past a bad outer");
+                let outer =
+                    ipip::parse_outer(&original[..len]).expect("delivered past a bad outer");
                 assert!(range.start == outer.inner.start && range.end <= outer.inner.end);
                 let ip = ipv4::Packet::new_checked(&buf[range.clone()]).expect("delivered checks");
                 assert_eq!(usize::from(ip.total_len()), range.len());

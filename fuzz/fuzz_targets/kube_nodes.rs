@@ -13,8 +13,14 @@ use weft::lease::kube::nodes::NodeSet;
 use weft::lease::record::{LeaseAttrs, Subnet};
 use weft::lease::store::WatchEvent;
 
-const KEYS: [&str; 6] =
-    ["kube-subnet-manager", "backend-type", "backend-data", "public-ip", "public-ipv6", "backend-v6-data"];
+const KEYS: [&str; 6] = [
+    "kube-subnet-manager",
+    "backend-type",
+    "backend-data",
+    "public-ip",
+    "public-ipv6",
+    "backend-v6-data",
+];
 
 fn node(op: &[u8]) -> NodeView {
     let text = String::from_utf8_lossy(op);
@@ -22,7 +28,8 @@ fn node(op: &[u8]) -> NodeView {
     let name = format!("n{}", fields.next().unwrap_or_default().len() % 4);
     let created = i64::from(op.first().copied().unwrap_or(0) % 3);
     let cidrs = fields.next().unwrap_or_default();
-    let pod_cidrs = if cidrs.is_empty() { vec![] } else { cidrs.split(',').map(str::to_owned).collect() };
+    let pod_cidrs =
+        if cidrs.is_empty() { vec![] } else { cidrs.split(',').map(str::to_owned).collect() };
     let mut annotations = BTreeMap::new();
     for (i, v) in fields.enumerate() {
         annotations.insert(format!("{DEFAULT_PREFIX}/{}", KEYS[i % KEYS.len()]), v.to_owned());

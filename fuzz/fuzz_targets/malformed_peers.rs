@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use weft::dataplane::transport::malformed_peers::{MalformedLog, MalformedWatch, QUIET, THRESHOLD, WINDOW};
+use weft::dataplane::transport::malformed_peers::{
+    MalformedLog, MalformedWatch, QUIET, THRESHOLD, WINDOW,
+};
 use weft::time::Instant;
 
 #[derive(Arbitrary, Debug)]

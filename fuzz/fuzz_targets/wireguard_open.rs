@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use weft::dataplane::transport::wireguard::{
-    Opened, PeerConfig, WgSecret, WgPublicKey, Sealed, Sessions,
+    Opened, PeerConfig, Sealed, Sessions, WgPublicKey, WgSecret,
 };
 use weft::dataplane::wire::{ipv4, ipv6};
 
@@ -49,6 +49,7 @@ fn config(key: WgPublicKey, n: u8) -> PeerConfig {
         endpoint: ep(n, 51820),
         subnet: format!("10.244.{n}.0/24").parse().unwrap(),
         ipv6: Some(format!("fd00:10:244:{n}::/64").parse().unwrap()),
+        epoch: 0,
     }
 }
 
@@ -134,7 +135,8 @@ fuzz_target!(|data: &[u8]| {
                 };
                 let b = config(b_key, 2);
                 assert!(
-                    b.subnet.contains(src) || matches!(src, IpAddr::V6(s) if b.ipv6.unwrap().net().contains(&s))
+                    b.subnet.contains(src)
+                        || matches!(src, IpAddr::V6(s) if b.ipv6.unwrap().net().contains(&s))
                 );
             }
             Opened::Reply { to, len, peer } => {

@@ -15,13 +15,13 @@ use std::time::Duration;
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use weft::config::BackendKind;
-use weft::dataplane::worker::counters::PacketCounters;
-use weft::dataplane::worker::fake::{FakeNet, FakeTun};
 use weft::dataplane::sys::udp::gso_tail::TailRule;
 use weft::dataplane::transport::{Forwarder, OwnSubnet};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::virtio_net::{self, Header};
 use weft::dataplane::wire::vxlan;
+use weft::dataplane::worker::counters::PacketCounters;
+use weft::dataplane::worker::fake::{FakeNet, FakeTun};
 use weft::dataplane::worker::{Context, RxPath, TxPath, WorkerConfig};
 use weft::lease::record::Subnet;
 use weft::route::{Peer, PeerBackend, RouteTable, Routes};
@@ -112,6 +112,7 @@ fuzz_target!(|data: &[u8]| {
         vni: Some(1),
         node: None,
         stale: false,
+        incarnation: None,
         ipv6: None,
     });
     let routes2 = Routes::new(RouteTable::build(

@@ -220,6 +220,7 @@ impl ArbNetwork {
             vni: p.vni,
             node: None,
             stale: p.stale,
+            incarnation: None,
             ipv6: p.ipv6.map(|(n, len)| {
                 let len = 48 + len % 17;
                 let net =

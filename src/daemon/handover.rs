@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use crate::dataplane::DataplaneLayout;
 use crate::fds;
 use crate::lease::keeper::KeeperHandover;
-use crate::lease::record::{LeaseName, NodeId};
+use crate::lease::record::{Incarnation, LeaseName, NodeId};
 use crate::route::{Peer, Peer6, PeerBackend};
 use crate::vocab::{MacAddr, WgPublicKey};
 
@@ -139,6 +139,9 @@ pub(crate) struct HandedRoute {
     /// A wireguard peer's public key (base64) and port (absent from older weft's messages).
     #[serde(default)]
     pub(crate) wireguard: Option<(String, Option<u16>)>,
+    /// The lease's `WeftIncarnation` (absent from older weft's messages, and for flannel's).
+    #[serde(default)]
+    pub(crate) incarnation: Option<Incarnation>,
 }
 
 impl HandedRoute {
@@ -166,6 +169,7 @@ impl HandedRoute {
                 PeerBackend::Wireguard { key, port } => Some((key.to_string(), port)),
                 _ => None,
             },
+            incarnation: peer.incarnation.clone(),
         }
     }
 
@@ -200,6 +204,7 @@ impl HandedRoute {
             vni: self.vni,
             node: self.node.clone(),
             stale: self.stale,
+            incarnation: self.incarnation.clone(),
             ipv6,
         })
     }

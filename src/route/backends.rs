@@ -231,6 +231,7 @@ mod tests {
             vni: None,
             node: None,
             stale: false,
+            incarnation: None,
             ipv6: None,
         }
     }

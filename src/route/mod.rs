@@ -106,6 +106,7 @@ mod tests {
             vni: None,
             node: None,
             stale: false,
+            incarnation: None,
             ipv6: None,
         };
         routes.store(RouteTable::build(net, 24, [peer]));

@@ -40,7 +40,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::{IpNet, Ipv4Net};
 use serde_json::Value;
 
-use crate::lease::record::{NodeId, StoredLease};
+use crate::lease::record::{Incarnation, NodeId, StoredLease};
 use crate::vocab::{Ipv6Subnet, MacAddr, Subnet, Vni, WgPublicKey};
 
 /// A slot of the slot array that names no peer.
@@ -111,6 +111,9 @@ pub struct Peer {
     pub vni: Option<u32>,
     /// The peer's weft node identity (absent for flannel peers and hand-written leases).
     pub node: Option<NodeId>,
+    /// The weft process that wrote the lease (`WeftIncarnation`; absent for flannel peers): a
+    /// new one is a restarted peer, which has forgotten its WireGuard sessions.
+    pub incarnation: Option<Incarnation>,
     /// The lease key has expired or vanished, but the route is kept: the peer is most likely
     /// partitioned, not gone. Stale routes are still used for forwarding.
     pub stale: bool,
@@ -261,6 +264,7 @@ impl Peer {
             vni,
             node: attrs.node_id.clone(),
             stale: false,
+            incarnation: attrs.incarnation.clone(),
             // An IPv6 half that cannot be carried leaves the peer IPv4-only.
             ipv6: Peer6::from_lease(l).ok().flatten(),
         })
@@ -285,6 +289,7 @@ impl Peer {
             vni,
             node: l.attrs.node_id.clone(),
             stale: false,
+            incarnation: l.attrs.incarnation.clone(),
             ipv6: Some(half),
         })
     }
@@ -609,6 +614,7 @@ mod tests {
             vni: None,
             node: None,
             stale: false,
+            incarnation: None,
             ipv6: None,
         }
     }
@@ -1008,6 +1014,7 @@ mod tests {
                             vni: None,
                             node: None,
                             stale,
+                            incarnation: None,
                             ipv6: None,
                         })
                         .collect::<Vec<_>>()
@@ -1061,6 +1068,7 @@ mod tests {
             vni: Some(1),
             node: None,
             stale: false,
+            incarnation: None,
             ipv6: None,
         });
         RouteTable::build(net("10.0.0.0/8"), 24, peers)

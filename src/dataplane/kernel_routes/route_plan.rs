@@ -184,6 +184,7 @@ mod tests {
             vni: None,
             node: None,
             stale: false,
+            incarnation: None,
             ipv6: None,
         }
     }

@@ -745,6 +745,7 @@ mod tests {
             vni: Some(1),
             node: (n == 2).then(|| crate::lease::record::NodeId::parse("node-bbbb").unwrap()),
             stale: false,
+            incarnation: None,
             ipv6: Some(Peer6 {
                 subnet: half(u16::from(n)),
                 public_ip: Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(n)),

@@ -465,6 +465,7 @@ mod tests {
                 vni: Some(1),
                 node,
                 stale: false,
+                incarnation: None,
                 ipv6: None,
             }],
         ));

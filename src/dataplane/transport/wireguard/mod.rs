@@ -117,6 +117,12 @@ pub fn peers_of(table: &crate::route::RouteTable, port: u16) -> Vec<PeerConfig> 
                 endpoint: SocketAddr::from((p.public_ip, theirs.unwrap_or(port))),
                 subnet: p.subnet,
                 ipv6: None,
+                epoch: p.incarnation.as_ref().map_or(0, |i| {
+                    use std::hash::{Hash as _, Hasher as _};
+                    let mut h = std::hash::DefaultHasher::new();
+                    i.hash(&mut h);
+                    h.finish()
+                }),
             }),
             _ => None,
         })
@@ -166,6 +172,9 @@ pub struct PeerConfig {
     pub subnet: Subnet,
     /// Its lease's IPv6 half, on a dual-stack network.
     pub ipv6: Option<Ipv6Subnet>,
+    /// Which process of the peer wrote its lease (a hash of `WeftIncarnation`; 0 for a flannel
+    /// peer): a new one restarted and forgot its sessions, so ours go too.
+    pub epoch: u64,
 }
 
 impl PeerConfig {
@@ -355,7 +364,8 @@ impl Sessions {
     }
 
     /// Replaces the peer set with `snapshot` (the route table's peers). A key already known
-    /// keeps its session and takes the new endpoint and networks; a new key gets a fresh
+    /// keeps its session and takes the new endpoint and networks (a new epoch: a fresh one); a
+    /// new key gets a fresh
     /// session (a handshake on its first packet); a key no longer there is dropped with its
     /// sessions. Our own key is skipped; of two entries with one key the last wins.
     pub fn set_peers(&self, snapshot: impl IntoIterator<Item = PeerConfig>) {
@@ -367,7 +377,13 @@ impl Sessions {
             if config.key == own {
                 continue;
             }
-            if let Some(peer) = next.get(&config.key).or_else(|| old.get(&config.key)) {
+            // A kept key keeps its session, unless the peer restarted (a new epoch): its side
+            // of the session is gone, and what we sent on ours would be dropped until it
+            // started a handshake itself.
+            let kept = next
+                .get(&config.key)
+                .or_else(|| old.get(&config.key).filter(|p| p.lock().config.epoch == config.epoch));
+            if let Some(peer) = kept {
                 peer.lock().config = config;
                 let peer = Arc::clone(peer);
                 next.insert(config.key, peer);

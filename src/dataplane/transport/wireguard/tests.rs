@@ -33,6 +33,7 @@ fn config(key: WgPublicKey, n: u8) -> PeerConfig {
         endpoint: ep(n),
         subnet: format!("10.244.{n}.0/24").parse().unwrap(),
         ipv6: Some(format!("fd00:10:244:{n}::/64").parse().unwrap()),
+        epoch: 0,
     }
 }
 
@@ -578,4 +579,20 @@ fn a_responder_sends_no_data_before_the_initiator_confirms() {
     assert_eq!(receive(&p.a, ep(2), &out[..len]), b_to_a(2));
     assert_eq!(p.b.drain(&p.a_key, &mut out), None);
     assert_eq!(p.b.open(ep(1), &keepalive, &mut out), Opened::Consumed { peer: p.a_key });
+}
+
+/// A peer whose lease comes from a new process of it (a new epoch) restarted and forgot its
+/// sessions: ours goes too, and the next packet starts a handshake instead of being sealed
+/// for a session the peer no longer has. The same epoch keeps the session.
+#[test]
+fn a_restarted_peer_gets_a_fresh_session() {
+    let p = handshaken();
+    let mut out = [0u8; 2048];
+    p.a.set_peers([config(p.b_key, 2)]);
+    assert!(matches!(p.a.seal(&p.b_key, &a_to_b(3), &mut out), Sealed::Send { .. }));
+    p.a.set_peers([PeerConfig { epoch: 7, ..config(p.b_key, 2) }]);
+    assert!(
+        matches!(p.a.seal(&p.b_key, &a_to_b(4), &mut out), Sealed::Handshake { .. }),
+        "sealed for the forgotten session"
+    );
 }
