@@ -6,7 +6,8 @@
 //! The loops (`tx.rs`, `rx.rs`, this file), the pure send planning (`plan.rs`: sockets, GSO
 //! runs, order), the edges' traits (`io.rs`), waiting (`wait.rs`), spinning (`spin.rs`), the
 //! dual-stack socket pair (`family.rs`), the threads' counters ([`counters`]), their
-//! supervision (`supervise.rs`) and the fakes (`fake.rs`). It stands on [`super::transport`]
+//! supervision (`supervise.rs`), the wireguard backend's timer thread (`timers.rs`) and the
+//! fakes (`fake.rs`). It stands on [`super::transport`]
 //! for every per-packet decision and on [`super::sys`] for the sockets' types; the backends
 //! above start it.
 //!
@@ -17,7 +18,9 @@
 //! `UDP_SEGMENT` (GSO) messages as the kernel allows. Single packets are encapsulated in place
 //! in their read buffer; runs of them to one peer are copied back to back into GSO messages
 //! ([`plan::coalesce_plan`]), and all go out in one `sendmmsg`. Packets leave in the order they
-//! were read: TCP takes reordering for loss.
+//! were read: TCP takes reordering for loss. wireguard seals instead of encapsulating: each
+//! packet (each segment of a super-packet) is sealed into the send buffer back to back, and
+//! runs of one size to one peer go out as GSO messages.
 //!
 //! # RX: peers → TUN
 //! Receive a batch (`recvmmsg`; with UDP GRO each buffer may hold many datagrams), validate and
