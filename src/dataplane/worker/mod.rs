@@ -813,4 +813,95 @@ mod tests {
         // The short segment, the super-packet's three segments as one GSO message, the tail.
         assert_eq!(pool[0].messages_sent(), 3, "{backend:?}");
     }
+
+    /// Host `n` on the wireguard backend (10.244.n.0/24 behind 192.0.2.n:51820, key `[n; 32]`)
+    /// knowing host `peer`: its forwarder and routes.
+    fn wireguard_host(n: u8, peer: u8) -> (Forwarder, Routes) {
+        use crate::dataplane::transport::wireguard::{PeerConfig, Sessions, public_key};
+        use crate::vocab::WgSecret;
+        let key = |n: u8| WgSecret::from_bytes([n; 32]);
+        let peer_subnet: crate::lease::record::Subnet =
+            format!("10.244.{peer}.0/24").parse().unwrap();
+        let sessions = Sessions::new(&key(n), None, None, 1420);
+        sessions.set_peers([PeerConfig {
+            key: public_key(&key(peer)),
+            endpoint: SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, peer), 51820).into(),
+            subnet: peer_subnet,
+            ipv6: None,
+            epoch: 0,
+        }]);
+        let (mut fwd, _) = host(BackendKind::Udp, n, peer);
+        fwd.backend = BackendKind::Wireguard;
+        fwd.port = 51820;
+        fwd.wireguard = Some(Arc::new(sessions));
+        let routes = Routes::new(RouteTable::build(
+            "10.244.0.0/16".parse().unwrap(),
+            24,
+            [Peer {
+                subnet: peer_subnet,
+                public_ip: Ipv4Addr::new(192, 0, 2, peer),
+                backend: PeerBackend::Wireguard { key: public_key(&key(peer)), port: None },
+                vtep_mac: None,
+                vni: None,
+                node: None,
+                stale: false,
+                incarnation: None,
+                ipv6: None,
+            }],
+        ));
+        (fwd, routes)
+    }
+
+    /// Two wireguard hosts through the workers: host 1's first packet waits for the
+    /// handshake, which host 2's RX answers on its socket; once it completes the packet goes,
+    /// and a TSO super-packet read after it is split, each segment sealed, and the segments
+    /// leave as one GSO message and reach host 2's TUN coalesced again, the stream intact.
+    #[test]
+    fn wireguard_hosts_handshake_and_carry_a_split_super_packet() {
+        let net = FakeNet::new();
+        let (tun1, tun2) = (FakeTun::with_vnet_hdr(), FakeTun::with_vnet_hdr());
+        let mut sock1 = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 51820));
+        let mut sock2 = net.bind(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 51820));
+        let ((fwd1, routes1), (fwd2, routes2)) = (wireguard_host(1, 2), wireguard_host(2, 1));
+        let (c1, c2) = (PacketCounters::default(), PacketCounters::default());
+        let cx1 = Context { tun: &*tun1, fwd: &fwd1, routes: &routes1, counters: &c1 };
+        let cx2 = Context { tun: &*tun2, fwd: &fwd2, routes: &routes2, counters: &c2 };
+        let (mut tx1, mut rx1) =
+            (TxPath::new(&*tun1, &CFG, clock()), RxPath::new(&*tun1, &sock1, &CFG, clock()));
+        let mut rx2 = RxPath::new(&*tun2, &sock2, &CFG, clock());
+
+        // The first packet: a handshake initiation leaves in its place.
+        let mut first = Pkt::tcp4(500);
+        first.seq = 1000;
+        let mut frame = vec![0u8; virtio_net::LEN];
+        frame.extend(first.build());
+        tun1.inject(&frame);
+        assert!(tx1.step(&cx1, std::slice::from_mut(&mut sock1)) > 0);
+        assert!(rx2.step(&cx2, &mut sock2) > 0, "no initiation");
+        assert!(tun2.take_written(Duration::ZERO).is_none(), "delivered before the handshake");
+        // Host 1 takes the response: its keepalive and the queued packet go.
+        assert!(rx1.step(&cx1, &mut sock1) > 0, "no response");
+        assert!(rx2.step(&cx2, &mut sock2) > 0);
+        let w = tun2.take_written(Duration::ZERO).expect("the queued packet");
+        assert_eq!(&w[virtio_net::LEN + 40..], &first.payload[..]);
+
+        // A super-packet of three segments, each sealed, in one GSO message.
+        let sent = sock1.messages_sent();
+        let mut p = Pkt::tcp4(3000);
+        p.seq = 1500;
+        let mut frame = vec![0u8; virtio_net::LEN];
+        tso_1000().emit(&mut frame).unwrap();
+        frame.extend(p.build());
+        tun1.inject(&frame);
+        assert!(tx1.step(&cx1, std::slice::from_mut(&mut sock1)) > 0);
+        assert_eq!(sock1.messages_sent() - sent, 1, "the sealed segments left as one message");
+        assert!(rx2.step(&cx2, &mut sock2) > 0);
+        let merged = tun2.take_written(Duration::ZERO).expect("the segments");
+        let hdr = Header::parse(&merged).unwrap();
+        assert_eq!((hdr.gso_type, hdr.gso_size), (virtio_net::GSO_TCPV4, 1000));
+        assert_eq!(&merged[virtio_net::LEN + 40..], &p.payload[..]);
+        let mut totals = PacketTotals::default();
+        c2.add_to(&mut totals);
+        assert_eq!(totals.rx_packets, 4);
+    }
 }
