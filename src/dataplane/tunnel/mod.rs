@@ -221,6 +221,9 @@ pub(crate) struct Tunnel {
     pub(crate) workers: Arc<WorkerStates>,
     /// How many times the sockets were opened anew ([`Tunnel::set_public_ip`]).
     pub(crate) generation: std::sync::atomic::AtomicU64,
+    /// Taken over from another process, and its workers not started yet: wireguard then
+    /// starts a handshake with every peer at once ([`Sessions::initiate_all`]).
+    handed: std::sync::atomic::AtomicBool,
 }
 
 impl Tunnel {
@@ -517,6 +520,7 @@ impl Tunnel {
             counters,
             workers: Arc::new(WorkerStates::default()),
             generation: std::sync::atomic::AtomicU64::new(0),
+            handed: std::sync::atomic::AtomicBool::new(lease.is_some()),
         };
         let running = dp.spawn_workers(bound_on.public_ip, sockets)?;
         *dp.running.lock().unwrap_or_else(|e| e.into_inner()) = running;
@@ -542,7 +546,8 @@ impl Tunnel {
         };
         let metered = |sock| MeteredSocket::new(sock, self.counters.clone());
         if let Some(wg) = &self.fwd.wireguard {
-            self.spawn_wireguard_timers(wg, &sockets, &mut running)?;
+            let initiate = self.handed.swap(false, Ordering::Relaxed);
+            self.spawn_wireguard_timers(wg, &sockets, &mut running, initiate)?;
         }
         for (i, (tun, sockets)) in self.queues.iter().zip(sockets).enumerate() {
             let WorkerSockets { v4, v6 } = sockets;
@@ -597,6 +602,7 @@ impl Tunnel {
         wg: &Arc<Sessions>,
         sockets: &[WorkerSockets],
         running: &mut Running,
+        initiate: bool,
     ) -> Result<(), DataplaneError> {
         let port = self.cfg.port;
         wg.set_peers(wireguard::peers_of(&self.routes.load(), port));
@@ -614,7 +620,7 @@ impl Tunnel {
                 let counters = counters.thread("weft-wg-timers");
                 let mut sock = sock;
                 worker::run_wireguard_timers(
-                    &wg, &routes, port, &mut sock, &BootClock, &stop, &counters,
+                    &wg, &routes, port, &mut sock, &BootClock, &stop, &counters, initiate,
                 );
             })
             .map_err(DataplaneError::Thread)?;

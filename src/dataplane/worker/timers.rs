@@ -21,7 +21,9 @@ pub const TICK: Duration = Duration::from_millis(250);
 const LOOK: Duration = Duration::from_millis(25);
 
 /// Runs until `stop`: peers from `routes` (those without a port in their lease at `port`),
-/// timers ticked every [`TICK`], their datagrams sent on `sock`.
+/// timers ticked every [`TICK`], their datagrams sent on `sock`. `initiate`: start a handshake
+/// with every peer first ([`Sessions::initiate_all`]: this process took over from another).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_wireguard_timers<U: UdpIo>(
     wg: &Sessions,
     routes: &Arc<Routes>,
@@ -30,7 +32,16 @@ pub(crate) fn run_wireguard_timers<U: UdpIo>(
     clock: &dyn Clock,
     stop: &StopSignal,
     counters: &PacketCounters,
+    initiate: bool,
 ) {
+    if initiate {
+        wg.set_peers(wireguard::peers_of(&routes.load(), port));
+        let now = clock.now();
+        wg.initiate_all(|to, datagram| {
+            let tx = Transmit { dst: to, contents: datagram, segment_size: None };
+            super::tx::send_skipping(sock, &[tx], now, counters);
+        });
+    }
     let mut seen: Option<Arc<RouteTable>> = None;
     let mut since_tick = Duration::ZERO;
     while !stop.is_stopped() {

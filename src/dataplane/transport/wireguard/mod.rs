@@ -597,6 +597,24 @@ impl Sessions {
         }
     }
 
+    /// Starts a handshake with every peer that has none in progress, `emit(to, initiation)`
+    /// sending each. For a process that took over from another (an upgrade): it has none of
+    /// its predecessor's sessions, and its peers go on sealing for those until a session of
+    /// ours is confirmed to them; initiating at once makes that one round trip instead of the
+    /// 15 s a peer waits before it starts a handshake itself.
+    pub fn initiate_all(&self, mut emit: impl FnMut(SocketAddr, &[u8])) {
+        let peers = self.peers.load();
+        for peer in peers.values() {
+            let mut state = peer.lock();
+            let to = state.config.endpoint;
+            let Some(init) = state.tunn.format_handshake_initiation(false) else { continue };
+            let sent = WgKind::from(init);
+            self.register(&sent, peer);
+            drop(state);
+            emit(to, Packet::from(sent).as_ref());
+        }
+    }
+
     /// Runs every session's timers (gotatun's clock): handshake retries and give-ups, rekeys,
     /// passive and persistent keepalives, expiry of old keys. `emit(to, datagram)` is called
     /// for each datagram to send, with no lock held. Also forgets the indices of sessions that
