@@ -340,20 +340,23 @@ kernel_up() { # SUBNET1 SUBNET2: h1 and h2 as kernel flannel nodes holding SUBNE
 # kernel_up's: flannel-wg1 on h1 with 10.244.1.0/32, flannel-wg2 on h2 with 10.244.2.0/32 (MTU
 # 1420, the route to 10.244.0.0/16 on the device, port 51820), keys from `wg genkey` 0600 in
 # WORK, each the other's peer at its eth0 address as flanneld adds it from the lease; then a
-# route both ways (a first ping, which also makes the handshake, answered within 10 s).
+# route both ways (a first ping, which also makes the handshake, answered within 10 s). What
+# the setup prints on stderr (wireguard-go's banner about the kernel module; `wg` and `ip`
+# errors) goes to WORK/wggo.log, shown if no ping comes back.
 wggo_up() {
-    local n pub1 pub2
+    local n pub1 pub2 log=$WORK/wggo.log
     for n in 1 2; do (umask 077 && wg genkey >"$WORK/wg$n.key"); done
     WGGO_UP=1
-    pub1=$(flannel_wg_up "$H1" 1 10.244.1.0/24 10.244.0.0/16 "$WORK/wg1.key" 51820 "$WIREGUARD_GO")
-    pub2=$(flannel_wg_up "$H2" 2 10.244.2.0/24 10.244.0.0/16 "$WORK/wg2.key" 51820 "$WIREGUARD_GO")
-    flannel_wg_peer "$H1" 1 "$pub2" "$(netns_ip 2):51820" 10.244.2.0/24
-    flannel_wg_peer "$H2" 2 "$pub1" "$(netns_ip 1):51820" 10.244.1.0/24
+    pub1=$(flannel_wg_up "$H1" 1 10.244.1.0/24 10.244.0.0/16 "$WORK/wg1.key" 51820 "$WIREGUARD_GO" 2>>"$log")
+    pub2=$(flannel_wg_up "$H2" 2 10.244.2.0/24 10.244.0.0/16 "$WORK/wg2.key" 51820 "$WIREGUARD_GO" 2>>"$log")
+    flannel_wg_peer "$H1" 1 "$pub2" "$(netns_ip 2):51820" 10.244.2.0/24 2>>"$log"
+    flannel_wg_peer "$H2" 2 "$pub1" "$(netns_ip 1):51820" 10.244.1.0/24 2>>"$log"
     for _ in $(seq 20); do
         ip netns exec "$H1" ping -q -c 1 -W 1 10.244.2.0 >/dev/null 2>&1 && return 0
         sleep 0.5
     done
     echo "wireguard-go: no route from h1 to h2 in 30 s" >&2
+    tail -20 "$log" >&2
     ip netns exec "$H1" wg show >&2 || true
     return 1
 }
