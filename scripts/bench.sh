@@ -340,7 +340,7 @@ kernel_up() { # SUBNET1 SUBNET2: h1 and h2 as kernel flannel nodes holding SUBNE
 # kernel_up's: flannel-wg1 on h1 with 10.244.1.0/32, flannel-wg2 on h2 with 10.244.2.0/32 (MTU
 # 1420, the route to 10.244.0.0/16 on the device, port 51820), keys from `wg genkey` 0600 in
 # WORK, each the other's peer at its eth0 address as flanneld adds it from the lease; then a
-# route both ways (a first ping, which also makes the handshake, answered within 10 s). What
+# route both ways (a first ping, which also makes the handshake, answered within 30 s). What
 # the setup prints on stderr (wireguard-go's banner about the kernel module; `wg` and `ip`
 # errors) goes to WORK/wggo.log, shown if no ping comes back.
 wggo_up() {
