@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# weft throughput benchmark: the same two namespace hosts, the same run, eleven data paths
-# (nine over IPv4, two over IPv6).
+# weft throughput benchmark: the same two namespace hosts, the same run, fourteen data paths
+# by default (twelve over IPv4, two over IPv6; two more with FLANNELD).
 #
 #   <p>h1 eth0 192.0.2.1, 2001:db8::1 ==== <p>hub br0 ==== eth0 192.0.2.2, 2001:db8::2 <p>h2
 #        veths of MTU 1500; etcd (for weft) in the hub on 192.0.2.254:2379
@@ -26,6 +26,11 @@
 #              peer's eth0 address on each host (flannel_route_peer), the destination on h2's lo
 #   weft-hostgw weft run, host-gw backend: the same routes, put by weft; traffic to h2's
 #              subnet's .0 (on h2's lo): the kernel forwards, weft only programs the routes
+#   weft-wireguard  weft run, flannel's wireguard backend: its TUN (MTU the underlay's less 80)
+#              and WireGuard on UDP 51820, the key made in the state dir
+#   wireguard-go  the incumbent user-space WireGuard: h1 and h2 as flannel wireguard nodes
+#              without the kernel module (flannel_wg_up/_peer: wireguard-go and `wg set`, MTU
+#              1420, keys from `wg genkey`), traffic 10.244.1.0 -> 10.244.2.0 through them
 #   weft-base  weft run, vxlan, one worker, no TUN offload, no UDP GSO/GRO, no batching:
 #              the flannel-udp-like baseline (one packet per syscall)
 #   kernel6    Linux VXLAN over the IPv6 underlay set up as flannel's dual-stack vxlan backend
@@ -76,9 +81,10 @@
 # Usage: scripts/bench.sh [--quick]      RUNS=3 DURATION=5 IDLE_PINGS=100 by default;
 #                                        --quick: RUNS=1 DURATION=2 IDLE_PINGS=40
 #   (DURATION is also each sockperf run's length, warm-up included)
-#   BENCH_PATHS="weft-vxlan"  only some paths (default: all twelve: raw kernel weft-vxlan
-#                             weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-ipip weft-base
-#                             kernel-hostgw weft-hostgw kernel6 weft-vxlan6)
+#   BENCH_PATHS="weft-vxlan"  only some paths (default: all fourteen: raw kernel weft-vxlan
+#                             weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-ipip
+#                             weft-wireguard wireguard-go weft-base kernel-hostgw weft-hostgw
+#                             kernel6 weft-vxlan6)
 #   WEFT_BIN=/path/to/weft    bench that binary (e.g. another commit's build) instead of building
 #   BENCH_LOGS=DIR            keep each weft run's log there as <path>-h<N>.log (the WORK dir,
 #                             where weft logs, is removed on exit)
@@ -87,6 +93,9 @@
 #   FLANNELD=/path/flanneld   flanneld v0.19.0 (../shared/tools/build-flanneld): adds the rows
 #                             flanneld-udp and flanneld-vxlan to the default paths (they may be
 #                             named in BENCH_PATHS only with it)
+#   WIREGUARD_GO=/path        the wireguard-go the wireguard-go row runs (default: wireguard-go
+#                             on PATH, Debian's 0.0.20220316); ../shared/tools/build-wireguard-go
+#                             builds the 2023 one with UDP GSO/GRO and TUN offloads
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/netns.sh
@@ -101,14 +110,14 @@ SOCKPERF_LOW_MPS=${SOCKPERF_LOW_MPS:-100}
 SOCKPERF_UDP_PORT=11111
 SOCKPERF_TCP_PORT=11112
 OUT=${BENCH_JSON:-bench-results.json}
-PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-ipip weft-base kernel-hostgw weft-hostgw kernel6 weft-vxlan6${FLANNELD:+ flanneld-udp flanneld-vxlan}"}
+PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-ipip weft-wireguard wireguard-go weft-base kernel-hostgw weft-hostgw kernel6 weft-vxlan6${FLANNELD:+ flanneld-udp flanneld-vxlan}"}
 if [ -n "${FLANNELD:-}" ]; then
     FLANNELD=$(realpath "$FLANNELD")
     [ -x "$FLANNELD" ] || { echo "bench: FLANNELD=$FLANNELD is not an executable" >&2; exit 1; }
 fi
 for path in $PATHS; do
     case $path in
-        raw | kernel | weft-vxlan | weft-vxlan-tailpad | weft-vxlan-nogso | weft-udp | weft-ipip | weft-base | kernel-hostgw | weft-hostgw | kernel6 | weft-vxlan6) ;;
+        raw | kernel | weft-vxlan | weft-vxlan-tailpad | weft-vxlan-nogso | weft-udp | weft-ipip | weft-wireguard | wireguard-go | weft-base | kernel-hostgw | weft-hostgw | kernel6 | weft-vxlan6) ;;
         flanneld-udp | flanneld-vxlan)
             [ -n "${FLANNELD:-}" ] || { echo "bench: path $path needs FLANNELD=<flanneld v0.19.0 binary>" >&2; exit 1; } ;;
         *) echo "bench: unknown path $path in BENCH_PATHS (see the header of $0)" >&2; exit 1 ;;
@@ -117,6 +126,17 @@ done
 
 [ "$(id -u)" -eq 0 ] || { echo "bench: run as root (it creates network namespaces)" >&2; exit 1; }
 scripts/setup.sh >/dev/null
+# The wireguard-go row's binary, by absolute path (it runs inside the namespaces), and its
+# version for the JSON: which wireguard-go was measured (Debian's, or the 2023 offload build).
+WIREGUARD_GO_VERSION=""
+if [[ " $PATHS " == *" wireguard-go "* ]]; then
+    wg_go=$(command -v "${WIREGUARD_GO:-wireguard-go}" || true)
+    [ -n "$wg_go" ] && [ -x "$wg_go" ] ||
+        { echo "bench: path wireguard-go needs wireguard-go on PATH or WIREGUARD_GO=<path>: ${WIREGUARD_GO:-wireguard-go} is not an executable" >&2; exit 1; }
+    WIREGUARD_GO=$(realpath "$wg_go")
+    WIREGUARD_GO_VERSION=$("$WIREGUARD_GO" --version | head -1)
+    echo "bench: wireguard-go row: $WIREGUARD_GO ($WIREGUARD_GO_VERSION)" >&2
+fi
 if [ -n "${WEFT_BIN:-}" ]; then
     WEFT=$(realpath "$WEFT_BIN")
 else
@@ -142,6 +162,9 @@ stop_servers() {
 }
 cleanup() {
     stop_servers
+    # Before the namespaces go: their wireguard-go exits with its device (and removes its
+    # control socket, which lives outside the namespace, in /var/run/wireguard).
+    if [ -n "${WGGO_UP:-}" ]; then wggo_down; fi
     netns_cleanup "$P"
     rm -rf "$WORK"
 }
@@ -313,6 +336,58 @@ kernel_up() { # SUBNET1 SUBNET2: h1 and h2 as kernel flannel nodes holding SUBNE
     flannel_vtep_peer "$H2" "$1" "$mac1" "$($at 1)"
 }
 
+# wggo_up: h1 and h2 as flannel wireguard nodes on user-space WireGuard ($WIREGUARD_GO), as
+# kernel_up's: flannel-wg1 on h1 with 10.244.1.0/32, flannel-wg2 on h2 with 10.244.2.0/32 (MTU
+# 1420, the route to 10.244.0.0/16 on the device, port 51820), keys from `wg genkey` 0600 in
+# WORK, each the other's peer at its eth0 address as flanneld adds it from the lease; then a
+# route both ways (a first ping, which also makes the handshake, answered within 30 s). What
+# the setup prints on stderr (wireguard-go's banner about the kernel module; `wg` and `ip`
+# errors) goes to WORK/wggo.log, shown if no ping comes back.
+wggo_up() {
+    local n pub1 pub2 log=$WORK/wggo.log
+    for n in 1 2; do (umask 077 && wg genkey >"$WORK/wg$n.key"); done
+    WGGO_UP=1
+    pub1=$(flannel_wg_up "$H1" 1 10.244.1.0/24 10.244.0.0/16 "$WORK/wg1.key" 51820 "$WIREGUARD_GO" 2>>"$log")
+    pub2=$(flannel_wg_up "$H2" 2 10.244.2.0/24 10.244.0.0/16 "$WORK/wg2.key" 51820 "$WIREGUARD_GO" 2>>"$log")
+    flannel_wg_peer "$H1" 1 "$pub2" "$(netns_ip 2):51820" 10.244.2.0/24 2>>"$log"
+    flannel_wg_peer "$H2" 2 "$pub1" "$(netns_ip 1):51820" 10.244.1.0/24 2>>"$log"
+    for _ in $(seq 20); do
+        ip netns exec "$H1" ping -q -c 1 -W 1 10.244.2.0 >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    echo "wireguard-go: no route from h1 to h2 in 30 s" >&2
+    tail -20 "$log" >&2
+    ip netns exec "$H1" wg show >&2 || true
+    return 1
+}
+# wggo_pids N: the wireguard-go processes in host N's namespace (it daemonizes: no $! to keep).
+wggo_pids() {
+    local pid
+    for pid in $(ip netns pids "${P}h$1" 2>/dev/null || true); do
+        if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$WIREGUARD_GO" ]; then echo "$pid"; fi
+    done
+}
+# wggo_down: the devices go (flannel_wg_down), and with them their wireguard-go, waited for
+# (killed after 5 s), so that the next path starts from a clean lab; the keys go too.
+wggo_down() {
+    local n pids
+    for n in 1 2; do flannel_wg_down "${P}h$n" "$n"; done
+    for n in 1 2; do
+        for _ in $(seq 50); do
+            [ -z "$(wggo_pids "$n")" ] && break
+            sleep 0.1
+        done
+        pids=$(wggo_pids "$n")
+        if [ -n "$pids" ]; then
+            echo "bench: wireguard-go on h$n outlived its device: killed" >&2
+            # shellcheck disable=SC2086 # one pid a word
+            kill $pids 2>/dev/null || true
+        fi
+    done
+    rm -f "$WORK/wg1.key" "$WORK/wg2.key"
+    WGGO_UP=""
+}
+
 wakeups() { # N: weft_dataplane_wakeups_total on host N (0 if weft does not answer); with a
     # flanneld running there, its proxy thread's voluntary context switches instead (the thread
     # asleep in poll(2), syscall 7 on x86-64: each is one wake-up; Go's own threads sleep in
@@ -454,6 +529,9 @@ for path in $PATHS; do
             measure weft-vxlan-nogso "$(weft_dst)"; weft_down weft-vxlan-nogso ;;
         weft-udp) weft_up udp; measure weft-udp "$(weft_dst)"; weft_down weft-udp ;;
         weft-ipip) weft_up ipip; measure weft-ipip "$(weft_dst)"; weft_down weft-ipip ;;
+        weft-wireguard)
+            weft_up wireguard; measure weft-wireguard "$(weft_dst)"; weft_down weft-wireguard ;;
+        wireguard-go) wggo_up; measure wireguard-go 10.244.2.0; wggo_down ;;
         kernel-hostgw)
             flannel_route_peer "$H1" 10.244.2.0/24 "$(netns_ip 2)" eth0
             flannel_route_peer "$H2" 10.244.1.0/24 "$(netns_ip 1)" eth0
@@ -487,8 +565,8 @@ for path in $PATHS; do
     esac
 done
 
-python3 - "$WORK/raw.jsonl" "$OUT" "$RUNS" "$DURATION" "$IDLE_PINGS" "$SOCKPERF_MSG" "$SOCKPERF_LOW_MPS" "$SOCKPERF_V6" <<'PY'
-import json, statistics, sys, platform
+WIREGUARD_GO_VERSION=$WIREGUARD_GO_VERSION python3 - "$WORK/raw.jsonl" "$OUT" "$RUNS" "$DURATION" "$IDLE_PINGS" "$SOCKPERF_MSG" "$SOCKPERF_LOW_MPS" "$SOCKPERF_V6" <<'PY'
+import json, os, statistics, sys, platform
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 runs, duration, idle_pings, sp_msg, sp_low, sp_v6 = (int(a) for a in sys.argv[3:9])
 IPV6_PATHS = ("kernel6", "weft-vxlan6")  # over the IPv6 underlay: ratios to kernel6
@@ -556,6 +634,7 @@ out = {"runs": runs, "duration_s": duration, "kernel": platform.release(),
        "families": {p: "ipv6" if p in IPV6_PATHS else "ipv4" for p in paths},
        "ratio_baseline": {p: baseline(p) for p in paths},
        "sockperf_ipv6": bool(sp_v6),
+       "wireguard_go": os.environ.get("WIREGUARD_GO_VERSION") or None,
        "results": {p: {m: med[(p, m)] for m in metrics} for p in paths}, "samples": rows}
 json.dump(out, open(sys.argv[2], "w"), indent=2)
 print("JSON:", sys.argv[2])
