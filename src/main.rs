@@ -834,8 +834,9 @@ fn package_files(dir: &std::path::Path) -> anyhow::Result<()> {
 /// its default (what weft does without it), under the flag's help.
 fn default_env_file(command: &clap::Command) -> String {
     let mut out = String::from(
-        "# The environment of weft.service (its EnvironmentFile=): one WEFT_* variable for each\n\
-         # `weft run` flag (see `weft run --help` and weft-run(1)); a flag on the command line\n\
+        "# The environment of weft.service (its EnvironmentFile=): one variable for each `weft run`\n\
+         # flag, WEFT_* or flannel's own name where flannel reads one (see `weft run --help` and\n\
+         # weft-run(1)); a flag on the command line\n\
          # wins over its variable. Uncomment and set what this host needs, then\n\
          # `systemctl restart weft`. This file is 0600: it may hold WEFT_ETCD_PASSWORD, though\n\
          # WEFT_ETCD_PASSWORD_FILE (a file of its own) is better.\n",
@@ -1103,8 +1104,13 @@ mod tests {
         let run = command.find_subcommand("run").expect("run");
         let assignments: Vec<(&str, &str)> = text
             .lines()
-            .filter(|l| l.starts_with("#WEFT_"))
-            .map(|l| l[1..].split_once('=').expect("NAME=VALUE"))
+            .filter_map(|l| l.strip_prefix('#')?.split_once('='))
+            .filter(|(name, _)| {
+                !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            })
             .collect();
         let shown: Vec<&clap::Arg> =
             run.get_arguments().filter(|a| !a.is_hide_set() && a.get_env().is_some()).collect();
