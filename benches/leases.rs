@@ -191,6 +191,11 @@ impl Counting {
 
 #[async_trait::async_trait]
 impl Store for Counting {
+    async fn list_with_presence(&self) -> Result<Listing, StoreError> {
+        self.calls.lists.fetch_add(1, Ordering::Relaxed);
+        let r = self.inner.list_with_presence().await;
+        self.err(r)
+    }
     async fn config(&self) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.config().await
     }

@@ -500,6 +500,81 @@ async fn list_reads_one_revision_and_skips_garbage() {
     );
 }
 
+/// The keeper's listing: the same leases and history as `list`, and the presence keys with the
+/// revision each was created at (a beat rewrites a key but keeps it), read in the history's
+/// range at the same revision. Departure markers and other keys between are not presence.
+#[tokio::test]
+async fn list_with_presence_adds_the_presence_keys_in_the_order_they_came() {
+    let etcd = EtcdServer::start();
+    let prefix = unique_prefix();
+    let store = store(&etcd, &prefix).await;
+    let presence = |inc: &str| PresenceRecord {
+        incarnation: Incarnation::parse(inc).expect("inc"),
+        public_ip: Ipv4Addr::new(192, 0, 2, 1),
+        public_ipv6: None,
+    };
+    let claim = |n: &'static str, inc: &'static str| {
+        let store = store.clone();
+        async move {
+            match store.claim_presence(&node(n), &presence(inc), LONG_TTL).await.expect("claim") {
+                PresenceOutcome::Claimed(lease) => lease,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    let b = claim("node-bbbb", "inc-bbbb").await;
+    let held = created(
+        store
+            .create(
+                subnet("10.244.1.0/24"),
+                &attrs("node-bbbb", "inc-bbbb", [192, 0, 2, 2]),
+                LONG_TTL,
+            )
+            .await
+            .expect("create"),
+    );
+    claim("node-aaaa", "inc-aaaa").await;
+    let gone = created(
+        store
+            .create(
+                subnet("10.244.2.0/24"),
+                &attrs("node-cccc", "inc-cccc", [192, 0, 2, 3]),
+                LONG_TTL,
+            )
+            .await
+            .expect("create"),
+    );
+    // A departure marker, and keys of no one's between history and presence.
+    assert_eq!(
+        store.release(&gone, &node("node-cccc")).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let mut raw = etcd.client().await;
+    for key in ["weft/m", "weft/nodes-x", "weft/nodes/NOT-AN-ID", "weft/nodes0"] {
+        raw.put(format!("{prefix}/{key}"), b"{}".to_vec(), None).await.expect("put");
+    }
+    // b beats: its key is rewritten, its create revision stays.
+    assert!(store.keep_presence(&node("node-bbbb"), b, true).await.expect("beat"));
+
+    let plain = store.list().await.expect("list");
+    let listing = store.list_with_presence().await.expect("list with presence");
+    assert!(plain.presence.is_empty());
+    assert_eq!(listing.revision, plain.revision);
+    assert_eq!(listing.leases, plain.leases);
+    assert_eq!(listing.history, plain.history);
+    assert_eq!(listing.skipped, plain.skipped);
+    assert_eq!(listing.leases.len(), 1);
+    assert_eq!(listing.leases[0].mod_revision, held.mod_revision);
+    let nodes: Vec<&str> = listing.presence.iter().map(|p| p.node.as_str()).collect();
+    assert_eq!(nodes, ["node-aaaa", "node-bbbb"], "in key order");
+    let (a_rev, b_rev) = (listing.presence[0].create_revision, listing.presence[1].create_revision);
+    assert!(b_rev < held.mod_revision && held.mod_revision < a_rev, "{b_rev:?} {a_rev:?}");
+    let b_key = raw.get(format!("{prefix}/weft/nodes/node-bbbb"), None).await.expect("get");
+    let kv = &b_key.kvs()[0];
+    assert_eq!(Revision(kv.create_revision()), b_rev);
+    assert!(kv.mod_revision() > kv.create_revision(), "the beat rewrote it");
+}
+
 #[tokio::test]
 async fn a_watch_from_a_compacted_revision_reports_compacted() {
     let etcd = EtcdServer::start();

@@ -266,6 +266,7 @@ fuzz_target!(|data: &[u8]| {
                             problem: "x".into(),
                         })
                         .collect(),
+                    presence: Vec::new(),
                 };
                 set.apply_listing(&listing);
                 assert!(!set.needs_relist());

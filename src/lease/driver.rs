@@ -47,7 +47,7 @@ pub async fn execute(store: &dyn Store, node: &NodeId, action: Action) -> Action
         Action::KeepPresence { lease, beat } => {
             ActionResult::KeepPresence(store.keep_presence(node, lease, beat).await)
         }
-        Action::List => ActionResult::List(store.list().await),
+        Action::List => ActionResult::List(store.list_with_presence().await),
         Action::Create { name, attrs, ttl, prune } => {
             ActionResult::Create(store.create_pruning(name, &attrs, ttl, &prune).await)
         }

@@ -523,6 +523,26 @@ impl EtcdStore {
         )
     }
 
+    /// A listing of `subnets` and `history`, read by `pages`.
+    fn listing(&self, pages: PagedRange, subnets: &[KeyValue], history: &[KeyValue]) -> Listing {
+        let mut listing =
+            Listing { revision: Revision(pages.revision.unwrap_or(0)), ..Listing::default() };
+        listing.skipped = pages.unreadable;
+        for kv in subnets {
+            match self.parse_subnet_kv(kv) {
+                Ok(lease) => listing.leases.push(lease),
+                Err(bad) => listing.skipped.push(bad),
+            }
+        }
+        for kv in history {
+            match self.parse_history_kv(kv) {
+                Ok(entry) => listing.history.push(entry),
+                Err(bad) => listing.skipped.push(bad),
+            }
+        }
+        listing
+    }
+
     /// Reads a key under `<prefix>/weft/history/` as a history record.
     fn parse_history_kv(&self, kv: &KeyValue) -> Result<HistoryEntry, BadEntry> {
         self.keys().parse_history(&key_text(kv), kv.value(), Revision(kv.mod_revision()))
@@ -582,8 +602,18 @@ impl PagedRange {
         c: &mut Client,
         dir: &str,
     ) -> Result<Vec<KeyValue>, StoreError> {
-        let end = prefix_end(dir.as_bytes());
-        let mut from = dir.as_bytes().to_vec();
+        self.read_range(store, c, dir, prefix_end(dir.as_bytes())).await
+    }
+
+    /// Every key in `[start, end)`, in key order.
+    async fn read_range(
+        &mut self,
+        store: &EtcdStore,
+        c: &mut Client,
+        start: &str,
+        end: Vec<u8>,
+    ) -> Result<Vec<KeyValue>, StoreError> {
+        let mut from = start.as_bytes().to_vec();
         let mut limit = PAGE_KEYS;
         let mut kvs = Vec::new();
         loop {
@@ -674,6 +704,27 @@ fn is_too_large(e: &StoreError) -> bool {
 
 #[async_trait::async_trait]
 impl Store for EtcdStore {
+    async fn list_with_presence(&self) -> Result<Listing, StoreError> {
+        let mut c = self.client().await?;
+        let mut pages = PagedRange::default();
+        let subnets = pages.read(self, &mut c, self.keys().subnets_dir()).await?;
+        // History and presence in one range, at the same revision: as many requests as
+        // `list`, and the presence keys are small.
+        let (start, end) = self.keys().history_and_nodes_range();
+        let weft = pages.read_range(self, &mut c, &start, end.into_bytes()).await?;
+        let dir = self.keys().history_dir().as_bytes();
+        let (history, rest): (Vec<KeyValue>, Vec<KeyValue>) =
+            weft.into_iter().partition(|kv| kv.key().starts_with(dir));
+        let mut listing = self.listing(pages, &subnets, &history);
+        listing.presence = rest
+            .iter()
+            .filter_map(|kv| {
+                self.keys().parse_presence(&key_text(kv), Revision(kv.create_revision()))
+            })
+            .collect();
+        Ok(listing)
+    }
+
     async fn config(&self) -> Result<Option<Vec<u8>>, StoreError> {
         let mut c = self.client().await?;
         let resp = self.call(c.get(self.keys().config(), None)).await?;
@@ -1049,22 +1100,7 @@ impl LeaseFeed for EtcdStore {
         let mut pages = PagedRange::default();
         let subnets = pages.read(self, &mut c, self.keys().subnets_dir()).await?;
         let history = pages.read(self, &mut c, self.keys().history_dir()).await?;
-        let mut listing =
-            Listing { revision: Revision(pages.revision.unwrap_or(0)), ..Listing::default() };
-        listing.skipped = pages.unreadable;
-        for kv in &subnets {
-            match self.parse_subnet_kv(kv) {
-                Ok(lease) => listing.leases.push(lease),
-                Err(bad) => listing.skipped.push(bad),
-            }
-        }
-        for kv in &history {
-            match self.parse_history_kv(kv) {
-                Ok(entry) => listing.history.push(entry),
-                Err(bad) => listing.skipped.push(bad),
-            }
-        }
-        Ok(listing)
+        Ok(self.listing(pages, &subnets, &history))
     }
 
     async fn watch(

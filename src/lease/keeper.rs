@@ -169,7 +169,7 @@ pub enum Action {
         /// Also rewrite the key, so that a process waiting on it sees it beat.
         beat: bool,
     },
-    /// [`super::store::Store::list`].
+    /// [`super::store::Store::list_with_presence`].
     List,
     /// [`super::store::Store::create_pruning`].
     Create {

@@ -35,6 +35,7 @@ use super::record::{
     HistoryEntry, HistoryRecord, Ipv6Subnet, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId,
     StoredLease, Subnet, SubnetError, ValueError,
 };
+use super::store::PresenceEntry;
 
 /// The two revisions etcd keeps for a key, as [`KeyLayout::parse_lease`] takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,6 +183,32 @@ impl KeyLayout {
     /// `<prefix>/weft/nodes/<node-id>`.
     pub(crate) fn node(&self, node: &NodeId) -> String {
         format!("{}/{NODES}/{}", self.prefix, node.as_str())
+    }
+
+    /// `<prefix>/weft/nodes/`.
+    pub(crate) fn nodes_dir(&self) -> String {
+        format!("{}/{NODES}/", self.prefix)
+    }
+
+    /// The key range `[start, end)` of every history record and every presence key, read in
+    /// one range by a listing with presence: `<prefix>/weft/history/` sorts just before
+    /// `<prefix>/weft/nodes/`, and nothing of weft's lies between them. Another tool's keys
+    /// inside it (`<prefix>/weft/m`) are passed over.
+    pub(crate) fn history_and_nodes_range(&self) -> (String, String) {
+        // Just past every key that starts with `<prefix>/weft/nodes/`.
+        (self.history_dir.clone(), format!("{}/{NODES}0", self.prefix))
+    }
+
+    /// A key under `<prefix>/weft/nodes/` read as a presence entry; `None` for any other key,
+    /// and for one whose name is no node ID (no weft wrote it: it stands for no process).
+    pub(crate) fn parse_presence(
+        &self,
+        key: &str,
+        create_revision: Revision,
+    ) -> Option<PresenceEntry> {
+        let name = key.strip_prefix(&self.prefix)?.strip_prefix('/')?.strip_prefix(NODES)?;
+        let node = NodeId::parse(name.strip_prefix('/')?).ok()?;
+        Some(PresenceEntry { node, create_revision })
     }
 
     /// Whether `key` lies under `<prefix>/subnets/` (a lease, or garbage in its place).

@@ -46,6 +46,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -455,7 +456,7 @@ impl World {
     /// Every key under `dir`, in key order.
     fn under<'a>(&'a self, dir: &'a str) -> impl Iterator<Item = (&'a str, &'a KeyValue)> {
         self.kv
-            .range::<str, _>((std::ops::Bound::Included(dir), std::ops::Bound::Unbounded))
+            .range::<str, _>((Bound::Included(dir), Bound::Unbounded))
             .take_while(move |(key, _)| key.starts_with(dir))
             .map(|(key, kv)| (key.as_str(), kv))
     }
@@ -472,6 +473,17 @@ impl World {
             match self.parse_history(key, kv) {
                 Ok(entry) => listing.history.push(entry),
                 Err(bad) => listing.skipped.push(bad),
+            }
+        }
+        listing
+    }
+
+    /// [`World::list`] and the presence keys.
+    fn list_with_presence(&self) -> Listing {
+        let mut listing = self.list();
+        for (key, kv) in self.under(&self.keys.nodes_dir()) {
+            if let Some(p) = self.keys.parse_presence(key, Revision(kv.create_revision)) {
+                listing.presence.push(p);
             }
         }
         listing
@@ -712,6 +724,10 @@ impl MemoryClient {
 
 #[async_trait::async_trait]
 impl Store for MemoryClient {
+    async fn list_with_presence(&self) -> Result<Listing, StoreError> {
+        self.call(|w, _| Ok(w.list_with_presence()))
+    }
+
     async fn config(&self) -> Result<Option<Vec<u8>>, StoreError> {
         self.call(|w, _| Ok(w.kv.get(&w.keys.config()).map(|kv| kv.value.clone())))
     }

@@ -15,6 +15,8 @@
 pub mod driver;
 pub mod etcd;
 pub(crate) mod hooks;
+#[cfg(test)]
+mod join_races;
 pub mod keeper;
 pub mod keys;
 pub mod kube;

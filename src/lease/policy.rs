@@ -6,8 +6,10 @@
 //! 2. Else the previous subnet (from `subnet.env`, or history naming this node) — but only if
 //!    no one holds it now. A subnet leased by anyone else is never taken, whatever `subnet.env`
 //!    says (flannel #1289 and cloned machines: docs/scenarios.md, S3 and S4).
-//! 3. Else a subnet that was never leased, or was relinquished by a clean shutdown: a random one
-//!    among the lowest [`SPREAD`] such, so nodes joining together rarely race for one subnet.
+//! 3. Else a subnet that was never leased, or was relinquished by a clean shutdown: the lowest
+//!    such that no other joining node is seated on ([`Seats`]: nodes joining together each
+//!    take their own, so they rarely race for one subnet). A listing that does not show this
+//!    node's presence (no seats) draws at random among the lowest [`SPREAD`] such, as flannel.
 //! 4. Else the subnet whose lease expired longest ago, by the history key's mod revision — the
 //!    cluster's logical clock, not any host's wall clock. An expired subnet most likely belongs
 //!    to a suspended or partitioned host, so it is taken last, and the oldest first.
@@ -26,10 +28,13 @@ use rand::Rng;
 use super::record::{
     HistoryEntry, HistoryState, Ipv6Subnet, NodeId, Revision, StoredLease, Subnet,
 };
+#[cfg(test)]
+use super::store::PresenceEntry;
 use super::store::{HistoryPrune, Listing};
 use crate::config::NetworkConfig;
 
-/// How many of the lowest free subnets a fresh pick chooses among (flannel uses 100 too).
+/// How many of the lowest free subnets a random fresh pick chooses among (flannel uses 100
+/// too): the first pick without seats, and the first fallback past the seats.
 pub(crate) const SPREAD: usize = 100;
 
 /// How many more subnets a decision names to try, in order, if the create of its choice loses
@@ -37,10 +42,10 @@ pub(crate) const SPREAD: usize = 100;
 pub(crate) const FALLBACKS: usize = 7;
 
 /// The widest spread a fallback is drawn from: the `k`-th fallback is a random fresh subnet
-/// among the lowest `SPREAD << k`, up to this many. When hundreds of hosts join at once, the
-/// lowest 100 are gone after the first round; a re-pick among them would lose again, and a
-/// re-list per lost race is what kept 1,000 joining hosts from ever settling (every loser
-/// reading every lease, over and over).
+/// among the lowest `SPREAD << k` (past the joiners' seats, with seats), up to this many. When
+/// hundreds of hosts join at once, the lowest 100 are gone after the first round; a re-pick
+/// among them would lose again, and a re-list per lost race is what kept 1,000 joining hosts
+/// from ever settling (every loser reading every lease, over and over).
 pub(crate) const MAX_SPREAD: usize = SPREAD << 4;
 
 /// Why a subnet is being created.
@@ -102,8 +107,9 @@ pub struct Decision {
     pub choice: Choice,
     /// When `choice` is a create: what to create next, in order, each time a create finds its
     /// key taken, before listing again (at most [`FALLBACKS`]). The rules' order holds: fresh
-    /// subnets from ever wider spreads first, then the expired ones, oldest first. A stale
-    /// listing is safe here: every create is create-if-absent.
+    /// subnets from ever wider spreads first (past every joiner's seat, with seats), then the
+    /// expired ones, oldest first. A stale listing is safe here: every create is
+    /// create-if-absent.
     pub(crate) fallbacks: Vec<Candidate>,
     /// The previous subnet was live under another holder (whose public IP is given): it was
     /// not taken. Worth a warning: someone else has this host's old subnet.
@@ -111,7 +117,9 @@ pub struct Decision {
 }
 
 /// Chooses a subnet for `node` from a listing. `previous` is the subnet this node last held, if
-/// known (the caller's `subnet.env`, or the subnet it just lost). `rng` spreads fresh picks.
+/// known (the caller's `subnet.env`, or the subnet it just lost). The listing's presence keys
+/// seat the nodes joining now ([`Seats`]); `rng` spreads the picks past the seats, and every
+/// pick when the listing does not show this node's presence.
 pub fn choose(
     config: &NetworkConfig,
     listing: &Listing,
@@ -169,11 +177,20 @@ pub fn choose(
         }
     }
 
-    // Rules 3 and 4 in one pass over the range, which is ascending.
+    // Where this node sits among the nodes joining now, if the listing shows them.
+    let seats = Seats::of(config, listing, node, &is_occupied);
+
+    // Rules 3 and 4 in one pass over the range, which is ascending. With seats, the previous
+    // subnet stays in the list (every joiner counts seats over the same list) and the
+    // subnets other joiners take back are left out of it.
     let mut fresh: Vec<Candidate> = Vec::new();
     let mut expired: Vec<(Revision, Subnet)> = Vec::new();
+    let mut reserved: Vec<(Revision, Subnet)> = Vec::new();
+    let limit = MAX_SPREAD + seats.as_ref().map_or(0, |s| s.joiners);
     for subnet in config.subnets() {
-        if is_occupied(subnet) || previous_free.is_some_and(|p| p.subnet == subnet) {
+        if is_occupied(subnet)
+            || (seats.is_none() && previous_free.is_some_and(|p| p.subnet == subnet))
+        {
             continue;
         }
         match history.get(&subnet) {
@@ -181,28 +198,36 @@ pub fn choose(
             Some(h) if h.record.state == HistoryState::Relinquished => {
                 fresh.push(Candidate::v4(subnet, CreateReason::Relinquished))
             }
+            Some(h) if seats.as_ref().is_some_and(|s| s.reserved.contains(&subnet)) => {
+                reserved.push((h.mod_revision, subnet))
+            }
             Some(h) => expired.push((h.mod_revision, subnet)),
         }
-        if fresh.len() >= MAX_SPREAD {
+        if fresh.len() >= limit {
             break;
         }
     }
-    let mut order = fresh_order(&mut fresh, rng);
-    // Only when no fresh subnet is left does the order reach the expired ones: sort just the
-    // few it can reach.
-    let wanted = (FALLBACKS + 1).saturating_sub(order.len()).min(expired.len());
-    if wanted > 0 {
-        if wanted < expired.len() {
-            expired.select_nth_unstable(wanted - 1);
-            expired.truncate(wanted);
+    let order = match &seats {
+        None => {
+            let mut order = fresh_order(&mut fresh, rng);
+            // Only when no fresh subnet is left does the order reach the expired ones: sort
+            // just the few it can reach.
+            order.extend(oldest_first(&mut expired, (FALLBACKS + 1).saturating_sub(order.len())));
+            order
         }
-        expired.sort_unstable();
-        order.extend(expired.into_iter().map(|(last_written, subnet)| {
-            Candidate::v4(subnet, CreateReason::Expired { last_written })
-        }));
-    }
-    let order: Vec<Candidate> =
-        previous_free.into_iter().chain(order).take(FALLBACKS + 1).collect();
+        Some(seats) => {
+            let mut order = seated_order(&mut fresh, &mut expired, seats, rng);
+            // Subnets that present nodes are taking back come last, so that a network with
+            // nothing else free is not called exhausted.
+            order.extend(oldest_first(&mut reserved, (FALLBACKS + 1).saturating_sub(order.len())));
+            order
+        }
+    };
+    let order: Vec<Candidate> = previous_free
+        .into_iter()
+        .chain(order.into_iter().filter(|c| previous_free.is_none_or(|p| p.subnet != c.subnet)))
+        .take(FALLBACKS + 1)
+        .collect();
     let mut order = pair_ipv6(config, listing, order, rng).into_iter();
     let choice = match order.next() {
         Some(Candidate { subnet, ipv6, reason }) => Choice::Create { subnet, ipv6, reason },
@@ -278,6 +303,135 @@ pub(crate) fn pair_ipv6(
         }
     }
     paired
+}
+
+/// Where a node sits among the nodes joining at once, as one listing shows them. The joiners
+/// are the present nodes (a presence key: every weft process claims one before it lists) with
+/// no lease of their own to adopt (rule 1) and no subnet of their own to take back (rule 2, as
+/// history shows it), in the order their presence keys were created. The `i`-th of them takes
+/// the `i`-th free subnet: the fresh ones ascending, then the expired ones oldest first (the
+/// subnets others take back are not counted).
+///
+/// Every joiner that reads one listing computes the same seats, and a later listing agrees with
+/// an earlier one: a later joiner's presence is created later, so it sits after every earlier
+/// one; and a joiner that took its seat leaves the joiners together with its subnet, so the
+/// seats after it move down by one on both sides. A random draw among the lowest 100, by
+/// contrast, has 1,000 joiners lose about three races each (the birthday problem, over and
+/// over).
+///
+/// What the listing cannot show moves seats: a subnet taken by a host that holds no seat (an
+/// older weft's or flannel's random pick, a `subnet.env` subnet that history does not name),
+/// a joiner that won a fallback instead of its seat, a presence key that expires. Each costs
+/// the joiners that listed on the other side of it a race or so, then a fallback.
+#[derive(Debug)]
+struct Seats {
+    /// This node's seat; `None` if it is taking back a subnet of its own.
+    rank: Option<usize>,
+    /// How many joiners the listing shows: the seats `0..joiners` are theirs.
+    joiners: usize,
+    /// The subnets that present nodes are taking back (rule 2), never a seat.
+    reserved: BTreeSet<Subnet>,
+}
+
+impl Seats {
+    /// `None` if the listing shows no presence key of this node (a store that does not list
+    /// them, or a presence that lapsed): then the random draw.
+    fn of(
+        config: &NetworkConfig,
+        listing: &Listing,
+        node: &NodeId,
+        is_occupied: &impl Fn(Subnet) -> bool,
+    ) -> Option<Self> {
+        if !listing.presence.iter().any(|p| p.node == *node) {
+            return None;
+        }
+        // Nodes with a live lease to adopt (rule 1).
+        let holders: BTreeSet<&NodeId> = listing
+            .leases
+            .iter()
+            .filter(|l| config.fits_lease(l.name()))
+            .filter_map(|l| l.attrs.node_id.as_ref())
+            .collect();
+        // Each node's latest `held` record, as rule 2 finds it.
+        let mut last_held: BTreeMap<&NodeId, (Revision, Subnet)> = BTreeMap::new();
+        for h in listing.history.iter().filter(|h| h.record.state == HistoryState::Held) {
+            let e = last_held.entry(&h.record.node).or_insert((h.mod_revision, h.subnet));
+            if h.mod_revision > e.0 {
+                *e = (h.mod_revision, h.subnet);
+            }
+        }
+        let mut reserved = BTreeSet::new();
+        let mut joiners: Vec<(Revision, &NodeId)> = Vec::new();
+        for p in &listing.presence {
+            if holders.contains(&p.node) {
+                continue;
+            }
+            match last_held.get(&p.node) {
+                Some(&(_, s)) if config.fits(s) && !is_occupied(s) => {
+                    reserved.insert(s);
+                }
+                _ => joiners.push((p.create_revision, &p.node)),
+            }
+        }
+        joiners.sort_unstable();
+        let rank = joiners.iter().position(|(_, n)| *n == node);
+        Some(Self { rank, joiners: joiners.len(), reserved })
+    }
+}
+
+/// The order to try with seats: this node's seat (the `rank`-th of the fresh subnets, then of
+/// the expired ones oldest first), then subnets past every joiner's seat — fresh ones drawn as
+/// [`fresh_order`] draws, then expired ones oldest first. The seats of other joiners are never
+/// tried: they are as good as taken. `fresh` is ascending and left reordered.
+fn seated_order(
+    fresh: &mut [Candidate],
+    expired: &mut Vec<(Revision, Subnet)>,
+    seats: &Seats,
+    rng: &mut impl Rng,
+) -> Vec<Candidate> {
+    let n = fresh.len();
+    // The expired subnets the order can reach: the seats among them and what comes after.
+    let reach = (seats.joiners + FALLBACKS + 1).saturating_sub(n);
+    let expired = oldest_first(expired, reach);
+    let mut order = Vec::with_capacity(FALLBACKS + 1);
+    match seats.rank {
+        Some(r) if r < n => order.push(fresh[r]),
+        Some(r) => order.extend(expired.get(r - n).copied()),
+        None => {}
+    }
+    let past = seats.joiners.min(n);
+    let mut tail = fresh_order(&mut fresh[past..], rng);
+    tail.truncate((FALLBACKS + 1).saturating_sub(order.len()));
+    order.extend(tail);
+    order.extend(expired.iter().skip(seats.joiners.saturating_sub(n)).copied());
+    if order.is_empty() {
+        // More joiners than free subnets, and this one came too late for a seat: draw among
+        // the others' seats rather than call a network with free subnets exhausted.
+        order = fresh_order(fresh, rng);
+        order.extend(expired);
+    }
+    order.truncate(FALLBACKS + 1);
+    order
+}
+
+/// The `n` oldest of `expired` (by the history record's revision), oldest first, as candidates.
+/// Selects before it sorts: only the few the order can reach.
+fn oldest_first(expired: &mut Vec<(Revision, Subnet)>, n: usize) -> Vec<Candidate> {
+    let n = n.min(expired.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    if n < expired.len() {
+        expired.select_nth_unstable(n - 1);
+        expired.truncate(n);
+    }
+    expired.sort_unstable();
+    expired
+        .iter()
+        .map(|&(last_written, subnet)| {
+            Candidate::v4(subnet, CreateReason::Expired { last_written })
+        })
+        .collect()
 }
 
 /// Up to `FALLBACKS + 1` fresh candidates in the order to try: the `k`-th is drawn at random
@@ -475,6 +629,113 @@ mod tests {
             let distinct: BTreeSet<Subnet> = all.iter().copied().collect();
             assert_eq!(distinct.len(), all.len(), "{all:?}");
         }
+    }
+
+    fn present(n: &str, rev: i64) -> PresenceEntry {
+        PresenceEntry { node: node(n), create_revision: Revision(rev) }
+    }
+
+    fn subnets_of(d: &Decision) -> Vec<Subnet> {
+        let Choice::Create { subnet, .. } = d.choice else { panic!("{d:?}") };
+        std::iter::once(subnet).chain(d.fallbacks.iter().map(|f| f.subnet)).collect()
+    }
+
+    #[test]
+    fn a_lone_joiner_takes_the_lowest_free_subnet_then_tries_past_it() {
+        let c = config(24);
+        let l = Listing {
+            leases: vec![
+                lease("10.244.1.0/24", "b", 3),
+                lease("10.244.2.0/24", "c", 4),
+                lease("10.244.4.0/24", "d", 5),
+            ],
+            presence: vec![present("a", 10), present("b", 1), present("c", 2), present("d", 3)],
+            ..Default::default()
+        };
+        for seed in 0..50 {
+            let d = choose(&c, &l, &node("a"), None, &mut StdRng::seed_from_u64(seed));
+            assert_eq!(
+                d.choice,
+                Choice::Create {
+                    subnet: sn("10.244.3.0/24"),
+                    ipv6: None,
+                    reason: CreateReason::Fresh
+                },
+                "seed {seed}"
+            );
+            // The others are drawn as before, past the seat: among the lowest 100 free after it.
+            let all = subnets_of(&d);
+            assert_eq!(all.len(), FALLBACKS + 1);
+            let distinct: BTreeSet<Subnet> = all.iter().copied().collect();
+            assert_eq!(distinct.len(), all.len());
+            for s in &all[1..] {
+                let third = s.v4().unwrap().network().octets()[2];
+                assert!(third > 4, "seed {seed}: {s}");
+            }
+        }
+    }
+
+    #[test]
+    fn joiners_take_the_free_subnets_in_the_order_they_came() {
+        let c = config(24);
+        let l = Listing {
+            leases: vec![lease("10.244.1.0/24", "b", 3), lease("10.244.9.0/24", "x", 40)],
+            // g held .7, which is free: g takes it back (rule 2) and sits nowhere.
+            history: vec![hist("10.244.7.0/24", "g", HistoryState::Held, 2)],
+            presence: vec![
+                present("a", 30),
+                present("b", 5),
+                present("e", 10),
+                present("f", 20),
+                present("g", 15),
+                present("x", 25),
+            ],
+            ..Default::default()
+        };
+        let seat = |n: &str| subnets_of(&choose(&c, &l, &node(n), None, &mut rng()));
+        let (e, f, a, g) = (seat("e"), seat("f"), seat("a"), seat("g"));
+        assert_eq!(
+            (e[0], f[0], a[0]),
+            (sn("10.244.2.0/24"), sn("10.244.3.0/24"), sn("10.244.4.0/24"))
+        );
+        assert_eq!(g[0], sn("10.244.7.0/24"));
+        // Nobody tries another joiner's seat, or the subnet g takes back.
+        let seats = [sn("10.244.2.0/24"), sn("10.244.3.0/24"), sn("10.244.4.0/24")];
+        for (i, order) in [e, f, a, g].iter().enumerate() {
+            for s in &order[1..] {
+                assert!(!seats.contains(s) && *s != sn("10.244.7.0/24"), "{i}: {s} in {order:?}");
+            }
+        }
+        // A node whose presence the listing does not show draws at random, as before.
+        let spread: BTreeSet<Subnet> = (0..50)
+            .map(|seed| {
+                subnets_of(&choose(&c, &l, &node("z"), None, &mut StdRng::seed_from_u64(seed)))[0]
+            })
+            .collect();
+        assert!(spread.len() > 10, "{spread:?}");
+    }
+
+    #[test]
+    fn seats_past_the_fresh_subnets_are_the_expired_ones_oldest_first() {
+        // /18 in a /16: subnets .64, .128, .192 (the first, .0, is skipped).
+        let c = config(18);
+        let mut l = Listing {
+            history: vec![
+                hist("10.244.64.0/18", "x", HistoryState::Held, 9),
+                hist("10.244.128.0/18", "y", HistoryState::Held, 5),
+            ],
+            presence: vec![present("a", 20), present("b", 21), present("c", 22)],
+            ..Default::default()
+        };
+        let first = |l: &Listing, n: &str| choose(&c, l, &node(n), None, &mut rng()).choice;
+        let create = |s: &str, reason| Choice::Create { subnet: sn(s), ipv6: None, reason };
+        let expired = |rev| CreateReason::Expired { last_written: Revision(rev) };
+        assert_eq!(first(&l, "a"), create("10.244.192.0/18", CreateReason::Fresh));
+        assert_eq!(first(&l, "b"), create("10.244.128.0/18", expired(5)));
+        assert_eq!(first(&l, "c"), create("10.244.64.0/18", expired(9)));
+        // One joiner too many has no seat: it tries the others' rather than give up.
+        l.presence.push(present("d", 23));
+        let Choice::Create { .. } = first(&l, "d") else { panic!("exhausted with subnets free") };
     }
 
     #[test]
@@ -682,6 +943,51 @@ mod tests {
                 Choice::Create { subnet, .. } => {
                     prop_assert!(c.fits(subnet));
                     prop_assert!(!live.keys().any(|i| at(*i) == subnet));
+                    prop_assert!(!live.values().any(|h| *h == me));
+                }
+                Choice::Exhausted => prop_assert_eq!(live.len(), 63),
+            }
+        }
+    }
+
+    proptest! {
+        /// The same with presence keys in the listing (seats): never a live subnet, always one
+        /// that fits, never two tries of one subnet, exhausted only when everything is live.
+        #[test]
+        fn never_chooses_a_live_subnet_with_seats(
+            live in proptest::collection::btree_map(1u32..64, 0usize..6, 0..40),
+            hist_map in proptest::collection::btree_map(1u32..64, (0usize..6, any::<bool>(), 1i64..100), 0..40),
+            presence in proptest::collection::btree_map(0usize..6, 1i64..100, 0..6),
+            me in 0usize..6,
+            prev in proptest::option::of(1u32..64),
+            seed in any::<u64>(),
+        ) {
+            let c = config(22); // 63 usable subnets: .4.0 .. .252.0
+            let names = ["a", "b", "c", "d", "e", "f"];
+            let at = |i: u32| Subnet::from_parts(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 244, 0, 0)) + (i << 10)), 22).unwrap();
+            let mut listing = Listing {
+                leases: live.iter().map(|(i, h)| { let mut l = lease("10.244.4.0/22", names[*h], 1); l.subnet = at(*i); l }).collect(),
+                history: hist_map.iter().map(|(i, (h, rel, rev))| {
+                    let mut e = hist("10.244.4.0/22", names[*h], if *rel { HistoryState::Relinquished } else { HistoryState::Held }, *rev);
+                    e.subnet = at(*i); e
+                }).collect(),
+                presence: presence.iter().map(|(n, rev)| present(names[*n], *rev)).collect(),
+                ..Default::default()
+            };
+            if !presence.contains_key(&me) {
+                listing.presence.push(present(names[me], 200));
+            }
+            let d = choose(&c, &listing, &node(names[me]), prev.map(at), &mut StdRng::seed_from_u64(seed));
+            match d.choice {
+                Choice::Adopt(l) => prop_assert!(l.attrs.is_node(&node(names[me]))),
+                Choice::Create { .. } => {
+                    let all = subnets_of(&d);
+                    let distinct: BTreeSet<Subnet> = all.iter().copied().collect();
+                    prop_assert_eq!(distinct.len(), all.len());
+                    for s in all {
+                        prop_assert!(c.fits(s));
+                        prop_assert!(!live.keys().any(|i| at(*i) == s));
+                    }
                     prop_assert!(!live.values().any(|h| *h == me));
                 }
                 Choice::Exhausted => prop_assert_eq!(live.len(), 63),

@@ -108,6 +108,20 @@ pub struct Listing {
     pub history: Vec<HistoryEntry>,
     /// Keys that did not parse (skipped; the caller counts them).
     pub skipped: Vec<BadEntry>,
+    /// Presence keys, in key order: the running weft processes. Only a listing to choose a
+    /// subnet from reads them ([`Store::list_with_presence`]); [`LeaseFeed::list`] leaves this
+    /// empty.
+    pub presence: Vec<PresenceEntry>,
+}
+
+/// A presence key in a listing: a running process of `node` ([`PresenceRecord`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PresenceEntry {
+    /// The node whose process it is.
+    pub node: NodeId,
+    /// When the key was created: the order in which the running processes came (a beat
+    /// rewrites the key but keeps this).
+    pub create_revision: Revision,
 }
 
 /// A history record to delete with a create, if it is still at `mod_revision`.
@@ -284,6 +298,11 @@ pub trait LeaseFeed: Send + Sync {
 /// What the control plane needs from the store. See the module docs for the contract.
 #[async_trait::async_trait]
 pub trait Store: LeaseFeed {
+    /// [`LeaseFeed::list`] with the presence keys too ([`Listing::presence`]), all at one
+    /// revision: what the keeper chooses a subnet from, so that nodes joining at once can tell
+    /// who else is joining (`policy::choose`).
+    async fn list_with_presence(&self) -> Result<Listing, StoreError>;
+
     /// The raw network config (`<prefix>/config`), if set.
     async fn config(&self) -> Result<Option<Vec<u8>>, StoreError>;
 

@@ -725,7 +725,7 @@ mod tests {
     }
 
     fn listing(rev: i64, leases: Vec<StoredLease>, history: Vec<HistoryEntry>) -> Listing {
-        Listing { revision: Revision(rev), leases, history, skipped: vec![] }
+        Listing { revision: Revision(rev), leases, history, ..Listing::default() }
     }
 
     fn bad(name: &str) -> BadEntry {

@@ -1260,6 +1260,9 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Store for RacingStore {
+        async fn list_with_presence(&self) -> Result<Listing, StoreError> {
+            self.inner.list_with_presence().await
+        }
         async fn config(&self) -> Result<Option<Vec<u8>>, StoreError> {
             self.inner.config().await
         }

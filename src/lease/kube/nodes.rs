@@ -86,7 +86,7 @@ impl NodeSet {
             self.insert(&node);
         }
         let leases = self.claims.keys().filter_map(|s| self.held(*s)).collect();
-        Listing { revision: self.revision(), leases, history: Vec::new(), skipped: Vec::new() }
+        Listing { revision: self.revision(), leases, ..Listing::default() }
     }
 
     /// A Node added or changed.
