@@ -186,6 +186,7 @@ impl KeyLayout {
     }
 
     /// `<prefix>/weft/nodes/`.
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn nodes_dir(&self) -> String {
         format!("{}/{NODES}/", self.prefix)
     }
