@@ -54,8 +54,10 @@
 # the IPv6 rows' sockperf cells read "n/a" (null in the JSON).
 #
 # For each: TCP 1 stream, TCP 4 streams, UDP 1400 B and 64 B packet rates (iperf3 -u -b 0), the
-# TCP 1-stream retransmits (a healthy path shows none: they betray drops or reordering), and the
-# latency figures below; each figure is the median of RUNS runs. Overlay traffic goes host to
+# TCP 1-stream retransmits (a healthy path shows none: they betray drops or reordering) and the
+# segments the receiver queued out of order (TcpExt TCPOFOQueue in h2: reordering, even with
+# nothing lost), both from the worst of the runs, and the latency figures below; every other
+# figure is the median of RUNS runs. Overlay traffic goes host to
 # host between the overlay addresses (10.244.1.0 -> 10.244.2.0; fd00:10:244:1:: -> :2:: over
 # IPv6), so every path carries the same hops. Prints a throughput table and a latency table per
 # family, each figure with its ratio to kernel VXLAN of the same family (kernel, or kernel6),
@@ -189,6 +191,12 @@ else
 fi
 
 busy_jiffies() { awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat; }
+# Segments h2's TCP queued out of order so far (TcpExt TCPOFOQueue): a path that reorders
+# shows them even when nothing is lost (docs/dataplane.md, "Flow order").
+ofo_count() {
+    ip netns exec "$H2" awk '/^TcpExt:/ { if (!c) { for (i = 2; i <= NF; i++) if ($i == "TCPOFOQueue") c = i }
+        else print $c }' /proc/net/netstat
+}
 
 # measure NAME DST: runs every figure against DST (an address in h2), appends JSON lines.
 # sockperf_pp NAME RUN PROTO(udp|tcp) RATE(low|max) DST: one sockperf ping-pong client run from
@@ -222,13 +230,16 @@ measure() {
     fi
     sleep 0.3
     for r in $(seq 1 "$RUNS"); do
-        local j0 j1 json
+        local j0 j1 json ofo0 ofo1
+        ofo0=$(ofo_count)
         j0=$(busy_jiffies)
         ip netns exec "$H1" iperf3 "$fam" -c "$dst" -t "$DURATION" -J >"$WORK/tcp1.json" 2>/dev/null || true
         j1=$(busy_jiffies)
-        python3 - "$name" "$r" "$j0" "$j1" "$(getconf CLK_TCK)" "$WORK/tcp1.json" "$dst" >>"$WORK/raw.jsonl" <<'PY' || true
+        ofo1=$(ofo_count)
+        python3 - "$name" "$r" "$j0" "$j1" "$(getconf CLK_TCK)" "$WORK/tcp1.json" "$dst" "$((ofo1 - ofo0))" >>"$WORK/raw.jsonl" <<'PY' || true
 import ipaddress, json, sys
 name, run, j0, j1, tck = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+print(json.dumps({"path": name, "run": run, "metric": "tcp1_ofo", "value": int(sys.argv[8])}))
 try:
     d = json.load(open(sys.argv[6]))
     bps = d["end"]["sum_received"]["bits_per_second"]
@@ -571,7 +582,9 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 runs, duration, idle_pings, sp_msg, sp_low, sp_v6 = (int(a) for a in sys.argv[3:9])
 IPV6_PATHS = ("kernel6", "weft-vxlan6")  # over the IPv6 underlay: ratios to kernel6
 def baseline(p): return "kernel6" if p in IPV6_PATHS else "kernel"
-throughput = ["tcp1_gbps", "tcp4_gbps", "udp1400_kpps", "udp64_kpps", "cpu_s_per_gb", "tcp1_retr"]
+throughput = ["tcp1_gbps", "tcp4_gbps", "udp1400_kpps", "udp64_kpps", "cpu_s_per_gb", "tcp1_retr", "tcp1_ofo"]
+# Reordering comes in bursts, in some runs and not others: these show the worst run, not the median.
+WORST = ("tcp1_retr", "tcp1_ofo")
 sockperf = [f"sp_{proto}_{rate}_{q}_us" for proto in ("udp", "tcp") for rate in ("low", "max") for q in ("p50", "p99")]
 latency = ["ping_us", "idle_ping_avg_us", "idle_ping_min_us", "idle_wakeups_per_ping", "idle_fwd_cpu_us_per_ping"] + sockperf
 metrics = throughput + latency
@@ -583,7 +596,7 @@ med = {}
 for p in paths:
     for m in metrics:
         vals = [r["value"] for r in rows if r["path"] == p and r["metric"] == m and r.get("value") is not None]
-        med[(p, m)] = statistics.median(vals) if vals else None
+        med[(p, m)] = (max(vals) if m in WORST else statistics.median(vals)) if vals else None
 def fmt(v, m, p):
     if v is None:
         # sockperf that refuses IPv6 addresses: not measured, rather than failed.
@@ -596,7 +609,7 @@ def cell(p, m):
     b = baseline(p)
     v, k = med[(p, m)], med.get((b, m))
     c = fmt(v, m, p)
-    if v is not None and k and p != b and m not in ("cpu_s_per_gb", "tcp1_retr"):
+    if v is not None and k and p != b and m not in ("cpu_s_per_gb",) + WORST:
         c += f" ({v / k:.2f}x)"
     return c
 v4 = [p for p in paths if p not in IPV6_PATHS]
@@ -612,8 +625,8 @@ def table(ps, hdr, cols):
     print()
 for ps, title in sections:
     print(f"Throughput, {title}")
-    table(ps, ["path", "TCP 1 (Gb/s)", "TCP 4 (Gb/s)", "UDP 1400 (kpps)", "UDP 64 (kpps)", "CPU s/GB", "TCP 1 retr"],
-          [[m] for m in throughput])
+    table(ps, ["path", "TCP 1 (Gb/s)", "TCP 4 (Gb/s)", "UDP 1400 (kpps)", "UDP 64 (kpps)", "CPU s/GB", "TCP 1 retr / OFO (worst run)"],
+          [[m] for m in throughput[:5]] + [list(WORST)])
 low = f"{sp_low}/s"
 for ps, title in sections:
     print(f"Latency, {title}")
@@ -626,7 +639,8 @@ print(f"latency: round-trip times in microseconds. ping 5 ms: ping -i 0.005 (200
 if v6 and not sp_v6:
     print("sockperf over IPv6: n/a (this sockperf refuses IPv6 addresses)")
 print("ratios in brackets are to kernel VXLAN of the same family: IPv4 rows to kernel, IPv6 rows to kernel6; "
-      "medians of", runs, "runs of", duration, "s")
+      "medians of", runs, "runs of", duration, "s (TCP 1 retransmits and segments the receiver queued out of "
+      "order: the worst run)")
 out = {"runs": runs, "duration_s": duration, "kernel": platform.release(),
        "latency": {"unit": "microseconds, full round trip", "idle_pings": idle_pings, "idle_ping_interval_s": 0.05,
                    "sockperf_msg_bytes": sp_msg, "sockperf_low_mps": sp_low,

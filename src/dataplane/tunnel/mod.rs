@@ -63,7 +63,7 @@ use drift::{Repair, WantedLink};
 /// The longest a forwarding thread sleeps without looking at its queues (a safety net: the
 /// queues' readiness and the stop signal wake it at once; see `worker::Idle`).
 const WAKE: Duration = Duration::from_millis(200);
-/// Sending sockets per worker.
+/// The fewest sending sockets (outer source ports) a data plane's workers share.
 const TX_POOL: usize = 4;
 /// Socket buffers (wireguard-go's 7 MiB).
 const SOCKET_BUFFER: usize = 7 << 20;
@@ -832,14 +832,17 @@ fn open_sockets(
     // An IPv6-only network opens no IPv4 socket: there is no IPv4 underlay to carry.
     let v4 = cfg.network.map(|_| bind_address(cfg, IpAddr::V4(public_ip)));
     let v6 = cfg.ipv6.map(|v6| bind_address(cfg, IpAddr::V6(v6.public_ip)));
-    let sockets = (0..workers)
-        .map(|i| {
-            Ok(WorkerSockets {
-                v4: v4.map(|a| open_family(cfg, a, i, workers)).transpose()?,
-                v6: v6.map(|a| open_family(cfg, a, i, workers)).transpose()?,
-            })
-        })
-        .collect::<Result<Vec<_>, UdpError>>()?;
+    let mut sockets: Vec<WorkerSockets> = Vec::with_capacity(workers);
+    for i in 0..workers {
+        let first = sockets.first();
+        let v4_pool = first.and_then(|w| w.v4.as_ref()).map(|f| f.tx_pool.as_slice());
+        let v6_pool = first.and_then(|w| w.v6.as_ref()).map(|f| f.tx_pool.as_slice());
+        let w = WorkerSockets {
+            v4: v4.map(|a| open_family(cfg, a, i, workers, v4_pool)).transpose()?,
+            v6: v6.map(|a| open_family(cfg, a, i, workers, v6_pool)).transpose()?,
+        };
+        sockets.push(w);
+    }
     Ok((BoundOn { public_ip, v4, v6 }, sockets))
 }
 
@@ -897,11 +900,18 @@ fn adopted_configs(cfg: &DataplaneConfig, workers: usize) -> (UdpConfig, UdpConf
 /// sending pool. For ipip, raw IP sockets: one receiving (protocol 4, spread over the workers
 /// by a BPF filter, see [`BatchSocket::open_ipip_rx`]) and one sending, as raw IP has no
 /// source port to spread flows by.
+///
+/// Every worker sends from the same pool (`shared`: the first worker's, duplicated), so a
+/// flow's outer source port is the same whichever worker reads it from TUN. With a pool per
+/// worker a flow that moved between TUN queues changed its outer 5-tuple, the peer received it
+/// on another worker, whose writes moved the reverse flow, which moved this one back: flows
+/// that kept moving between workers mid-stream, and reordered every time (docs/dataplane.md).
 fn open_family(
     cfg: &DataplaneConfig,
     bind_on: IpAddr,
     worker: usize,
     workers: usize,
+    shared: Option<&[BatchSocket]>,
 ) -> Result<FamilySet, UdpError> {
     if cfg.backend == BackendKind::Ipip {
         let IpAddr::V4(bind) = bind_on else {
@@ -925,10 +935,22 @@ fn open_family(
         let tx = BatchSocket::adopt(rx.duplicate().map_err(UdpError::Socket)?, tx_cfg)?;
         return Ok(FamilySet { rx, tx_pool: vec![tx] });
     }
-    Ok(FamilySet {
-        rx: BatchSocket::open(rx_cfg)?,
-        tx_pool: (0..TX_POOL).map(|_| BatchSocket::open(tx_cfg)).collect::<Result<Vec<_>, _>>()?,
-    })
+    let tx_pool = match shared {
+        Some(pool) => pool
+            .iter()
+            .map(|s| BatchSocket::adopt(s.duplicate().map_err(UdpError::Socket)?, tx_cfg))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => (0..tx_pool_size(workers))
+            .map(|_| BatchSocket::open(tx_cfg))
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    Ok(FamilySet { rx: BatchSocket::open(rx_cfg)?, tx_pool })
+}
+
+/// The sending sockets the workers share: two per worker, at least [`TX_POOL`], so that a
+/// peer's `SO_REUSEPORT` has source ports enough to spread the flows over all its workers.
+fn tx_pool_size(workers: usize) -> usize {
+    (2 * workers).max(TX_POOL)
 }
 
 /// The TUN device's MTU: the underlay's minus the encapsulation overhead, never below 576.
@@ -1179,5 +1201,52 @@ mod tests {
         assert_eq!(gauge(&counters), (false, 1, 1, 1));
         send_run(&mut a, sink.local_addr(), at(5));
         assert_eq!(gauge(&counters), (true, 0, 1, 1));
+    }
+
+    /// A data plane on loopback with `workers` workers, `backend`'s sockets only.
+    fn loopback_config(backend: BackendKind, workers: usize) -> DataplaneConfig {
+        DataplaneConfig {
+            tun_name: "weft-test".into(),
+            backend,
+            direct_routing: false,
+            vni: 1,
+            port: 0,
+            our_mac: crate::vocab::MacAddr::default(),
+            underlay_mtu: 1500,
+            overhead: 50,
+            network: Some("10.244.0.0/16".parse().unwrap()),
+            public_ip: Ipv4Addr::LOCALHOST,
+            ipv6: None,
+            workers,
+            tun_offload: false,
+            udp_gso: Default::default(),
+            udp_gro: false,
+            batching: true,
+            one_thread: false,
+            spin: Duration::ZERO,
+            worker_slice: Duration::ZERO,
+            wireguard: None,
+        }
+    }
+
+    /// A flow's outer source port must not depend on the worker that reads it from TUN: the
+    /// workers send from one pool. (With a pool each, flows kept moving between workers on both
+    /// hosts, and were reordered each time: integration/e2e_order.rs.)
+    #[test]
+    fn every_worker_sends_from_the_same_source_ports() {
+        for backend in [BackendKind::Vxlan, BackendKind::Udp] {
+            let cfg = loopback_config(backend, 3);
+            let (_, sockets) = open_sockets(&cfg, Ipv4Addr::LOCALHOST, 3).unwrap();
+            let ports = |w: &WorkerSockets| -> Vec<SocketAddr> {
+                w.v4.as_ref().unwrap().tx_pool.iter().map(BatchSocket::local_addr).collect()
+            };
+            let first = ports(&sockets[0]);
+            assert_eq!(first.len(), 6, "two sending sockets per worker");
+            let distinct: std::collections::BTreeSet<_> = first.iter().collect();
+            assert_eq!(distinct.len(), first.len(), "{first:?}");
+            for w in &sockets[1..] {
+                assert_eq!(ports(w), first, "{backend:?}");
+            }
+        }
     }
 }

@@ -17,6 +17,7 @@ use crossbeam_utils::CachePadded;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
+use super::flows::FlowOwners;
 use crate::dataplane::transport::DropReason;
 use crate::metrics;
 
@@ -52,9 +53,57 @@ pub struct PacketCounters {
     pub(crate) malformed_alarms: AtomicU64,
     /// Spins of a one-thread loop (`worker::spin`), by how they ended.
     spins: [AtomicU64; SpinEnd::ALL.len()],
+    /// Flows this thread took over from another thread ([`super::flows`]), by [`Direction`].
+    flow_moves: [AtomicU64; 2],
+    /// Where this thread records the flows it carries, and as whom.
+    seat: FlowSeat,
+}
+
+/// A thread's place in the data plane's [`FlowOwners`] tables.
+#[derive(Debug)]
+struct FlowSeat {
+    /// The flows sent to peers (`tx`) and delivered to TUN (`rx`), by last carrier.
+    tables: Arc<[FlowOwners; 2]>,
+    /// This thread's number in them (from 1).
+    owner: u32,
+}
+
+impl Default for FlowSeat {
+    /// A block of its own (a thread outside [`Counters`], in tests): nobody to move from.
+    fn default() -> Self {
+        Self { tables: Arc::default(), owner: 1 }
+    }
+}
+
+/// Which way a flow is carried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub(crate) enum Direction {
+    /// Read from TUN, sent to peers.
+    Tx,
+    /// Received from peers, written to TUN.
+    Rx,
+}
+
+impl Direction {
+    /// The `dir` label.
+    fn label(self) -> &'static str {
+        match self {
+            Self::Tx => "tx",
+            Self::Rx => "rx",
+        }
+    }
 }
 
 impl PacketCounters {
+    /// Records that this thread carries the flow hashed `flow` (`wire::flow_hash` of the inner
+    /// packet) in direction `dir`, and counts a move if another thread carried it last.
+    pub(crate) fn carried(&self, flow: u32, dir: Direction) {
+        if self.seat.tables[dir as usize].carried(flow, self.seat.owner) {
+            self.flow_moves[dir as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Counts a drop.
     pub(crate) fn count_drop(&self, reason: DropReason) {
         self.drops[reason as usize].fetch_add(1, Ordering::Relaxed);
@@ -82,6 +131,9 @@ impl PacketCounters {
         totals.rx_batches += load(&self.rx_batches);
         totals.malformed_alarms += load(&self.malformed_alarms);
         for (total, v) in totals.spins.iter_mut().zip(&self.spins) {
+            *total += load(v);
+        }
+        for (total, v) in totals.flow_moves.iter_mut().zip(&self.flow_moves) {
             *total += load(v);
         }
     }
@@ -112,6 +164,7 @@ pub struct PacketTotals {
     /// Times a peer's datagrams were found arriving malformed at a rate.
     pub malformed_alarms: u64,
     spins: [u64; SpinEnd::ALL.len()],
+    flow_moves: [u64; 2],
 }
 
 impl PacketTotals {
@@ -123,6 +176,11 @@ impl PacketTotals {
     /// The spins that ended one way.
     pub fn spins(&self, end: SpinEnd) -> u64 {
         self.spins[end as usize]
+    }
+
+    /// Flows taken over from another thread, one way.
+    pub(crate) fn flow_moves(&self, dir: Direction) -> u64 {
+        self.flow_moves[dir as usize]
     }
 }
 
@@ -149,6 +207,8 @@ pub struct Counters {
     /// How the sockets' GSO messages ended (`crate::dataplane::sys::udp::gso_tail`): added to after most sends, so
     /// on cache lines of their own.
     pub(crate) gso_tails: CachePadded<GsoTailCounts>,
+    /// Which thread last carried each flow, each way: shared by every thread's block.
+    flows: Arc<[FlowOwners; 2]>,
 }
 
 /// How the sockets' GSO messages ended, summed over every socket.
@@ -200,7 +260,12 @@ impl Counters {
         if let Some((_, block)) = threads.iter().find(|(n, _)| n == name) {
             return block.clone();
         }
-        let block = Arc::new(CachePadded::new(PacketCounters::default()));
+        let seat = FlowSeat {
+            tables: self.flows.clone(),
+            owner: u32::try_from(threads.len() + 1).unwrap_or(u32::MAX),
+        };
+        let block =
+            Arc::new(CachePadded::new(PacketCounters { seat, ..PacketCounters::default() }));
         threads.push((name.to_owned(), block.clone()));
         block
     }
@@ -277,6 +342,14 @@ impl Collector for Counters {
              (--spin), by how the spin ended: caught (work came: a wake-up saved), missed \
              (nothing came: time spent for nothing), cut (the CPU budget ran out).",
             SpinEnd::ALL.map(|end| ([("outcome", end.label())], p.spins(end))),
+        )?;
+        metrics::counter_family(
+            &mut e,
+            "weft_dataplane_flow_moves_total",
+            "Times a flow went on from another forwarding thread than the one that carried it \
+             last, by direction: tx (read from another TUN queue), rx (received on another \
+             socket). One at a flow's start is normal; more can reorder it (docs/dataplane.md).",
+            [Direction::Tx, Direction::Rx].map(|d| ([("dir", d.label())], p.flow_moves(d))),
         )?;
         metrics::counter_family(
             &mut e,
@@ -441,7 +514,8 @@ mod tests {
     /// The data plane metrics byte for byte as weft's hand-written renderer wrote them before
     /// prometheus-client (`tests/golden/metrics_dataplane.prom` is its output for the same
     /// counts, then in one shared block), here the sums of two threads' blocks; and the
-    /// metrics added since (the GSO tail counts, the pad drop) in the same format.
+    /// metrics added since (the GSO tail counts, the pad drop, the flow moves) in the same
+    /// format.
     #[test]
     fn dataplane_metrics_are_the_threads_sums_rendered_exactly_as_before() {
         let c = Arc::new(Counters::default());
@@ -474,6 +548,12 @@ mod tests {
         c.gso_tails.pads.fetch_add(11, Ordering::Relaxed);
         c.gso_tails.singles.fetch_add(12, Ordering::Relaxed);
         c.gso_tails.equal_tails.fetch_add(13, Ordering::Relaxed);
+        // A flow sent by q0 then q1 (a move), one received by q1 then q0 then q0 (one move).
+        q0.carried(7, Direction::Tx);
+        q1.carried(7, Direction::Tx);
+        q1.carried(9, Direction::Rx);
+        q0.carried(9, Direction::Rx);
+        q0.carried(9, Direction::Rx);
         assert_eq!(render(&c), include_str!("../../../tests/golden/metrics_dataplane.prom"));
     }
 

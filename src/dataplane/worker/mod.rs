@@ -60,6 +60,7 @@ pub mod counters;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 mod family;
+pub(crate) mod flows;
 mod io;
 mod plan;
 mod rx;

@@ -17,7 +17,8 @@ use crate::dataplane::sys::udp::{self, MAX_BATCH, RecvMeta, Transmit};
 use crate::dataplane::transport::malformed_peers::{Alarm, MalformedWatch};
 use crate::dataplane::transport::wireguard::{Opened, Sessions, WgPublicKey};
 use crate::dataplane::transport::{DropReason, Forwarder, Rx};
-use crate::dataplane::worker::counters::PacketCounters;
+use crate::dataplane::wire;
+use crate::dataplane::worker::counters::{Direction, PacketCounters};
 use crate::route::RouteTable;
 use crate::time::{Clock, Instant};
 
@@ -113,6 +114,9 @@ impl RxPath {
             let len = meta.len.min(bufs[b].len());
             received += len;
             let seg = meta.segment_size.filter(|s| *s > 0).unwrap_or(len).max(1);
+            // One flow per buffer is looked at (its first inner packet): a buffer's datagrams
+            // share an outer 5-tuple, so in practice one inner flow.
+            let mut flow_seen = false;
             let mut off = 0;
             while off < len {
                 let end = (off + seg).min(len);
@@ -122,6 +126,10 @@ impl RxPath {
                     let out = &mut opened[b][off..];
                     let sealed = Sealed { src: meta.src, datagram, clock: &**clock };
                     if let Some(r) = open(wg, fwd, &sealed, out, sock, drained, counters) {
+                        if !flow_seen {
+                            counters.carried(wire::flow_hash(&out[r.clone()]), Direction::Rx);
+                            flow_seen = true;
+                        }
                         delivered += 1;
                         delivered_bytes += r.len() as u64;
                         if *vnet {
@@ -143,6 +151,10 @@ impl RxPath {
                 }
                 match fwd.decap(&table, meta.src, datagram, dlen) {
                     Rx::Deliver { range: r, checksums_trusted } => {
+                        if !flow_seen {
+                            counters.carried(wire::flow_hash(&datagram[r.clone()]), Direction::Rx);
+                            flow_seen = true;
+                        }
                         delivered += 1;
                         delivered_bytes += r.len() as u64;
                         if *vnet {

@@ -17,7 +17,7 @@ use crate::dataplane::sys::udp::{MAX_BATCH, Transmit, UdpError};
 use crate::dataplane::transport::wireguard::{self, Sealed, Sessions, WgPublicKey};
 use crate::dataplane::transport::{DropReason, HEADROOM, Refusal, Tx};
 use crate::dataplane::wire::virtio_net::{self, Header};
-use crate::dataplane::worker::counters::PacketCounters;
+use crate::dataplane::worker::counters::{Direction, PacketCounters};
 use crate::time::{Clock, Instant};
 
 /// The largest packet a TUN read returns with offloads (64 KiB super-packet) plus its header.
@@ -141,6 +141,7 @@ impl TxPath {
             }
             match fwd.encap(&table, slot, len, &mut scratch.reply[virtio_net::LEN..], now) {
                 Tx::Send { peer, range, flow } => {
+                    counters.carried(flow, Direction::Tx);
                     pending.push(Pending { slot: i, dst: peer, range, flow })
                 }
                 Tx::Reply { len: r, reason } => {
@@ -338,6 +339,7 @@ fn send_super_packet<T: TunIo, U: UdpIo>(
         Ok(r) => r,
         Err(refusal) => return refuse(cx, refusal, reply),
     };
+    counters.carried(route.flow, Direction::Tx);
     let headroom = fwd.headroom();
     let segs = match offload::split(hdr, packet, out, headroom) {
         Ok(s) => s,
@@ -412,6 +414,7 @@ fn seal_read<T: TunIo, U: UdpIo>(
         Ok(r) => r,
         Err(refusal) => return refuse(cx, refusal, &mut scratch.reply),
     };
+    counters.carried(route.flow, Direction::Tx);
     let Some(key) = route.peer_key else {
         counters.count_drop(DropReason::TxBackendMismatch);
         return;
