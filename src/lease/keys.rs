@@ -32,10 +32,9 @@
 #![forbid(unsafe_code)]
 
 use super::record::{
-    HistoryEntry, HistoryRecord, Ipv6Subnet, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId,
-    StoredLease, Subnet, SubnetError, ValueError,
+    HistoryEntry, HistoryRecord, Ipv6Subnet, LeaseAttrs, LeaseName, NodeId, PresenceEntry,
+    Revision, StoreLeaseId, StoredLease, Subnet, SubnetError, ValueError,
 };
-use super::store::PresenceEntry;
 
 /// The two revisions etcd keeps for a key, as [`KeyLayout::parse_lease`] takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

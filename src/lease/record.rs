@@ -295,6 +295,16 @@ pub struct HistoryEntry {
     pub mod_revision: Revision,
 }
 
+/// A presence key in a listing: a running process of `node` (`PresenceRecord`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PresenceEntry {
+    /// The node whose process it is.
+    pub node: NodeId,
+    /// When the key was created: the order in which the running processes came (a beat
+    /// rewrites the key but keeps this).
+    pub create_revision: Revision,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,6 +37,7 @@ use futures::Stream;
 use serde::{Deserialize, Serialize};
 
 pub use super::keys::BadEntry;
+pub use super::record::PresenceEntry;
 use super::record::{
     HistoryEntry, Incarnation, Ipv6Subnet, LeaseAttrs, LeaseName, NodeId, Revision, StoreLeaseId,
     StoredLease, Subnet, ValueError,
@@ -112,16 +113,6 @@ pub struct Listing {
     /// subnet from reads them ([`Store::list_with_presence`]); [`LeaseFeed::list`] leaves this
     /// empty.
     pub presence: Vec<PresenceEntry>,
-}
-
-/// A presence key in a listing: a running process of `node` ([`PresenceRecord`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PresenceEntry {
-    /// The node whose process it is.
-    pub node: NodeId,
-    /// When the key was created: the order in which the running processes came (a beat
-    /// rewrites the key but keeps this).
-    pub create_revision: Revision,
 }
 
 /// A history record to delete with a create, if it is still at `mod_revision`.
