@@ -121,6 +121,7 @@ impl RxPath {
                 if let Some(wg) = wg {
                     let out = &mut opened[b][off..];
                     let sealed = Sealed { src: meta.src, datagram, clock: &**clock };
+                    let wg = wg.of(meta.src);
                     if let Some(r) = open(wg, fwd, &sealed, out, sock, drained, counters) {
                         delivered += 1;
                         delivered_bytes += r.len() as u64;
