@@ -78,6 +78,7 @@ fn bench(c: &mut Criterion) {
                 subnet: format!("{}/64", Ipv6Addr::from(half(i))).parse().expect("a /64"),
                 public_ip: Ipv6Addr::from(0x2001_0db8_u128 << 96 | u128::from(i)),
                 vtep_mac: MacAddr([0x02, 0, 0, 6, (i >> 8) as u8, i as u8]),
+                wireguard: None,
             }),
             ..peer(i)
         });

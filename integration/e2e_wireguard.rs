@@ -9,6 +9,10 @@
 //!   (`scripts/lib/flannel.sh`: `wireguard-go` and `wg set` from the leases), pings both wefts
 //!   every way.
 //! - A weft restarting with a new key is reached again once its lease says so.
+//! - Dual stack (`EnableIPv6`, flannel's default `Mode` `separate`): two wefts and a flannel
+//!   node with two wireguard-go devices on one key (IPv4 on 51820, IPv6 on `ListenPortV6`
+//!   51821), programmed from the leases' two halves as flanneld programs them, ping over both
+//!   families every way; each of its devices hears each weft from that family's listen port.
 //!
 //! Needs root, the tools listed in `support::netns::REQUIRED_TOOLS`, and `wg` and
 //! `wireguard-go` (scripts/setup.sh installs them).
@@ -22,6 +26,8 @@ use support::process::lib_run;
 
 const WG: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"wireguard"}}"#;
 const SOON: Duration = Duration::from_secs(5);
+/// flannel's dual-stack wireguard network (`Mode` defaults to `separate`).
+const DUAL_WG: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"wireguard"}}"#;
 
 /// The public key of the private key in `path`, as `wg pubkey` computes it.
 fn wg_pubkey(path: &std::path::Path) -> String {
@@ -228,4 +234,74 @@ fn an_in_place_upgrade_re_handshakes_at_once() {
         r.transmitted
     );
     assert!(lost <= 6, "{lost} of {} lost:\n{}", r.transmitted, r.text);
+}
+
+/// `wg show DEV WHAT` in host namespace `ns`: one line per peer, `<key>\t<value>`.
+fn wg_show(ns: &str, dev: &str, what: &str) -> Vec<(String, String)> {
+    support::netns::run(&["ip", "netns", "exec", ns, "wg", "show", dev, what])
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// flannel's wireguard backend on a dual-stack network, `Mode` `separate`: each weft leases
+/// with both halves as flannel's `newSubnetAttrs` writes them (one key; `BackendData.Port`
+/// 51820, `PublicIPv6` and `BackendV6Data.Port` 51821); a flannel node with two wireguard-go
+/// devices on one key (`flannel-wg3` for IPv4 on 51820, `flannel-wg6-3` for IPv6 on 51821) is
+/// programmed from those leases as flanneld programs them, and every pod pings every other over
+/// IPv4 and IPv6. Each family's sessions are the device's of that family: the flannel node's
+/// IPv6 device heard each weft from `[2001:db8::N]:51821`, its IPv4 one from `192.0.2.N:51820`
+/// (a peer's endpoint is where its last authenticated datagram came from), and each device
+/// allows its own family's subnet only, so IPv6 over the IPv4 sessions would be dropped.
+#[test]
+fn dual_stack_wefts_and_a_separate_mode_wireguard_go_node_ping_both_families_every_way() {
+    let lab = Lab::new(DUAL_WG);
+    let flannel = support::kernel_flannel::WireguardPeer::dual(
+        &lab,
+        3,
+        "10.244.200.0/24",
+        "fd00:10:244:c8::/64",
+    );
+    let (wefts, mut pods) = lab.up(&[1, 2], &[]);
+    let mut keys = Vec::new();
+    for w in &wefts {
+        w.wait_metric("weft_routes", SOON, |v| v >= 2.0);
+        let (subnet, subnet6) = (w.subnet().expect("subnet"), w.subnet6().expect("IPv6 subnet"));
+        let (_, lease) = lab.lease_entry(&subnet).expect("weft's lease");
+        let key = lease["BackendData"]["PublicKey"].as_str().expect("PublicKey").to_owned();
+        assert_eq!(lease["BackendType"], "wireguard", "{lease}");
+        assert_eq!(lease["BackendData"]["Port"], 51820, "{lease}");
+        assert_eq!(lease["PublicIPv6"], format!("2001:db8::{}", w.n), "{lease}");
+        assert_eq!(lease["BackendV6Data"]["PublicKey"], key.as_str(), "{lease}");
+        assert_eq!(lease["BackendV6Data"]["Port"], 51821, "{lease}");
+        flannel.peer(&key, &format!("192.0.2.{}:51820", w.n), &subnet);
+        flannel.peer6(&key, &format!("[2001:db8::{}]:51821", w.n), &subnet6);
+        keys.push(key);
+    }
+    pods.push(flannel.pod(&lab));
+    ping_all_pairs(&pods, Families::Both);
+
+    let ns = flannel.ns.as_str();
+    let endpoints4 = wg_show(ns, "flannel-wg3", "endpoints");
+    let endpoints6 = wg_show(ns, "flannel-wg6-3", "endpoints");
+    for (w, key) in wefts.iter().zip(&keys) {
+        let at = |list: &[(String, String)]| {
+            list.iter().find(|(k, _)| k == key).map(|(_, e)| e.clone()).unwrap_or_default()
+        };
+        assert_eq!(at(&endpoints4), format!("192.0.2.{}:51820", w.n), "{endpoints4:?}");
+        assert_eq!(at(&endpoints6), format!("[2001:db8::{}]:51821", w.n), "{endpoints6:?}");
+    }
+    // Both of the flannel node's devices completed handshakes with both wefts.
+    for dev in ["flannel-wg3", "flannel-wg6-3"] {
+        let handshakes = wg_show(ns, dev, "latest-handshakes");
+        assert_eq!(handshakes.len(), 2, "{dev}: {handshakes:?}");
+        assert!(handshakes.iter().all(|(_, t)| t != "0"), "{dev}: {handshakes:?}");
+    }
+    let server = support::netns::Iperf3Server::start(&pods[2].ns);
+    let ip6 = pods[2].ip6.expect("the flannel pod's IPv6 address");
+    let bps = support::netns::iperf3_bps(&pods[0].ns, ip6, 2);
+    drop(server);
+    assert!(bps > 1e7, "iperf3 -6 weft -> wireguard-go: {bps} b/s");
+    eprintln!("iperf3 -6 weft -> wireguard-go's IPv6 device: {:.2} Gbit/s", bps / 1e9);
 }

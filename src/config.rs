@@ -8,12 +8,13 @@
 //!   implement. Those are refused with an error naming the option rather than silently ignored: a
 //!   config that asks for a backend or an option weft lacks must not come up as something else.
 //! - Backends: `vxlan` (with `DirectRouting`), `udp`, `host-gw` (IPv4), `ipip` (IPv4, with
-//!   `DirectRouting`), `wireguard` (IPv4; [`WireguardOptions`]) and `alloc` (a lease and no
+//!   `DirectRouting`), `wireguard` ([`WireguardOptions`]; IPv6 in `Mode` `separate` only) and `alloc` (a lease and no
 //!   data plane). host-gw and alloc take no options, and ipip only `DirectRouting`; each
 //!   ignores every other field, as flannel's do.
 //! - IPv6-only (`"EnableIPv4": false` with `"EnableIPv6": true`): [`NetworkConfig::ipv4`] is
-//!   `None` and leases are IPv6 subnets. The backend must be vxlan (flannel's udp backend
-//!   carries no IPv6), and IPv4 fields are refused, as IPv6 fields are without `EnableIPv6`.
+//!   `None` and leases are IPv6 subnets. The backend must be vxlan or wireguard (`Mode`
+//!   `separate`; flannel's udp backend carries no IPv6), and IPv4 fields are refused, as IPv6
+//!   fields are without `EnableIPv6`.
 //! - Dual stack: with `"EnableIPv6": true`, the IPv6 fields (`IPv6Network`, `IPv6SubnetLen`,
 //!   `IPv6SubnetMin`, `IPv6SubnetMax`) are parsed and validated by flannel's rules into
 //!   [`NetworkConfig::ipv6`]; without it, that is `None`.
@@ -145,6 +146,13 @@ impl BackendKind {
     /// host-gw programs kernel routes instead, and alloc has no data plane.
     pub fn uses_tun(self) -> bool {
         matches!(self, Self::Vxlan | Self::Udp | Self::Ipip | Self::Wireguard)
+    }
+
+    /// Whether the backend carries IPv6 over the IPv6 underlay on a network with IPv6 enabled
+    /// (vxlan, and wireguard in `Mode` `separate`, the only mode [`NetworkConfig::parse`]
+    /// accepts with IPv6): its lease publishes `PublicIPv6` and `BackendV6Data`.
+    pub fn carries_ipv6(self) -> bool {
+        matches!(self, Self::Vxlan | Self::Wireguard)
     }
 
     /// Whether the backend reads `Backend.DirectRouting` (vxlan and ipip, as flannel's).
@@ -636,12 +644,17 @@ pub enum ConfigError {
          ipip backend programs no IPv6 route either); use vxlan for IPv6"
     )]
     Ipv6Ipip,
-    /// wireguard on a network with IPv6 enabled.
+    /// wireguard on a network with IPv6 enabled, in a `Mode` other than `separate`.
     #[error(
-        "EnableIPv6: weft's wireguard backend carries IPv4 only for now (flannel's carries \
-         IPv6 too, with Mode); use vxlan for IPv6, or wireguard on an IPv4-only network"
+        "Backend.Mode: \"{mode}\" is not supported with EnableIPv6 (weft's wireguard backend \
+         carries IPv6 in Mode \"separate\" only, flannel's default: one session per family, \
+         IPv6 over the IPv6 underlay to ListenPortV6); use \"separate\", or wireguard on an \
+         IPv4-only network"
     )]
-    Ipv6Wireguard,
+    Ipv6WireguardMode {
+        /// The mode given.
+        mode: WireguardMode,
+    },
     /// `Backend.Mode` is none of flannel's.
     #[error("Backend.Mode: {value:?} is not a mode (separate, auto, ipv4 or ipv6)")]
     BadWireguardMode {
@@ -729,7 +742,7 @@ impl NetworkConfig {
                     return Err(ConfigError::Ipv6Unsupported { backend: backend.kind.as_str() });
                 }
                 BackendKind::Ipip => return Err(ConfigError::Ipv6Ipip),
-                BackendKind::Wireguard => return Err(ConfigError::Ipv6Wireguard),
+                BackendKind::Wireguard => wireguard_ipv6_mode(&backend)?,
                 _ => {}
             }
             config.ipv6 = Some(parse_ipv6(obj)?);
@@ -763,11 +776,13 @@ impl NetworkConfig {
         Ok(Self { ipv4: Some(ipv4), ipv6: None, backend })
     }
 
-    /// An IPv6-only config (`"EnableIPv4": false`). Its backend must be vxlan: flannel's udp
-    /// backend carries IPv4 only, so an IPv6-only udp network could carry nothing.
+    /// An IPv6-only config (`"EnableIPv4": false`). Its backend must be vxlan or wireguard (in
+    /// `Mode` `separate`): flannel's udp backend carries IPv4 only, so an IPv6-only udp network
+    /// could carry nothing.
     ///
     /// # Errors
-    /// [`ConfigError::Ipv6OnlyUdp`], or backend values out of range.
+    /// [`ConfigError::Ipv6OnlyUdp`], [`ConfigError::Ipv6WireguardMode`], or backend values
+    /// out of range.
     pub(crate) fn ipv6_only(
         ipv6: Ipv6NetworkConfig,
         backend: Backend,
@@ -775,9 +790,9 @@ impl NetworkConfig {
         check_backend(&backend)?;
         match backend.kind {
             BackendKind::Vxlan => {}
+            BackendKind::Wireguard => wireguard_ipv6_mode(&backend)?,
             BackendKind::Udp => return Err(ConfigError::Ipv6OnlyUdp),
             BackendKind::Ipip => return Err(ConfigError::Ipv6Ipip),
-            BackendKind::Wireguard => return Err(ConfigError::Ipv6Wireguard),
             other => return Err(ConfigError::Ipv6Unsupported { backend: other.as_str() }),
         }
         Ok(Self { ipv4: None, ipv6: Some(ipv6), backend })
@@ -1400,6 +1415,17 @@ fn parse_wireguard(obj: &Map<String, Value>, backend: &mut Backend) -> Result<()
             .ok_or_else(|| ConfigError::BadWireguardMode { value: text.to_owned() })?;
     }
     Ok(())
+}
+
+/// wireguard with IPv6 enabled: only `Mode` `separate` (flannel's default) is carried. flannel's
+/// other modes put both families on one device; `ipv6` and `auto` also advertise
+/// `ListenPortV6` in `BackendV6Data` while that one device listens on `ListenPort`, so a peer
+/// that sends IPv6 to the advertised port reaches nothing unless the two ports are equal.
+fn wireguard_ipv6_mode(backend: &Backend) -> Result<(), ConfigError> {
+    match backend.wireguard.mode {
+        WireguardMode::Separate => Ok(()),
+        mode => Err(ConfigError::Ipv6WireguardMode { mode }),
+    }
 }
 
 /// `Backend.DirectRouting` (vxlan, ipip): false unless given.
@@ -2391,15 +2417,34 @@ mod tests {
         let bad = "c2VjcmV0LXRoYXQtaXMtdG9vLXNob3J0";
         let e = wg(&format!(r#""PSK":"{bad}""#));
         assert!(e.contains("Backend.PSK") && !e.contains(bad), "{e}");
-        // IPv6 is not carried yet: refused with the reason.
-        let e = err(
-            r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"wireguard"}}"#,
-        );
-        assert!(e.contains("wireguard backend carries IPv4 only"), "{e}");
-        let e = err(
-            r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"wireguard"}}"#,
-        );
-        assert!(e.contains("wireguard backend carries IPv4 only"), "{e}");
+        // IPv6 is carried in Mode separate (the default), dual-stack and IPv6-only; the
+        // other modes are refused with IPv6, naming the mode.
+        let dual = r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"wireguard""#;
+        let only = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"wireguard""#;
+        for head in [dual, only] {
+            for mode in ["", r#","Mode":"separate""#] {
+                let c = ok(&format!("{head}{mode}}}}}"));
+                assert_eq!(c.backend.wireguard.mode, WireguardMode::Separate);
+                assert_eq!(c.ipv6.unwrap().network, "fd00:10:244::/56".parse().unwrap());
+                assert_eq!(c.ipv4.is_some(), head == dual);
+                assert_eq!(NetworkConfig::parse(c.to_json().as_bytes()).unwrap(), c);
+            }
+            for mode in ["auto", "ipv4", "ipv6"] {
+                let e = err(&format!(r#"{head},"Mode":"{mode}"}}}}"#));
+                assert!(
+                    e.contains(&format!(
+                        "Backend.Mode: \"{mode}\" is not supported with EnableIPv6"
+                    )),
+                    "{e}"
+                );
+            }
+        }
+        // Without IPv6 every mode is one IPv4 device, as in flannel.
+        for mode in ["separate", "auto", "ipv4", "ipv6"] {
+            ok(&format!(
+                r#"{{"Network":"10.244.0.0/16","Backend":{{"Type":"wireguard","Mode":"{mode}"}}}}"#
+            ));
+        }
     }
 
     #[test]

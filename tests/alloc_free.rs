@@ -273,6 +273,7 @@ fn ipv6_forwarding_allocates_nothing() {
                 subnet: half(i),
                 public_ip: format!("2001:db8::{i:x}").parse().unwrap(),
                 vtep_mac: MacAddr([2, 0, 0, 0, 0, i]),
+                wireguard: None,
             });
             p
         })

@@ -1,6 +1,7 @@
 //! Lease store values and keys: LeaseAttrs::from_json (then Peer::from_lease, which reads
-//! BackendData and the VtepMAC), HistoryRecord::from_json, PresenceRecord::from_json and
-//! Subnet::parse_key_name, each with
+//! BackendData and BackendV6Data: vxlan's VtepMAC, wireguard's PublicKey and Port, under an
+//! IPv4, a dual-stack and an IPv6-only key), HistoryRecord::from_json,
+//! PresenceRecord::from_json and Subnet::parse_key_name, each with
 //! its round trip (to_json / key_name parse back to the same value); LeaseName::parse (both
 //! halves of a dual-stack key) and Ipv6Subnet's parsers likewise; KeyLayout's parsers, which
 //! both stores read keys with, agree with them.
@@ -13,7 +14,7 @@ use weft::lease::record::{
     HistoryRecord, Ipv6Subnet, LeaseAttrs, LeaseName, Revision, StoreLeaseId, StoredLease, Subnet,
 };
 use weft::lease::store::{BadEntry, PresenceRecord};
-use weft::route::{Peer, Peer6};
+use weft::route::{Peer, Peer6, PeerBackend};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(attrs) = LeaseAttrs::from_json(data) {
@@ -54,6 +55,26 @@ fuzz_target!(|data: &[u8]| {
         }
         if let Ok(Some(p6)) = v6 {
             assert!(!p6.public_ip.is_unspecified() && !p6.public_ip.is_multicast());
+            // A wireguard half (BackendV6Data {"PublicKey","Port"}) has its key and no MAC;
+            // a vxlan half the other way round.
+            let wireguard = dual.attrs.backend_type.as_deref() == Some("wireguard");
+            assert_eq!(p6.wireguard.is_some(), wireguard);
+            assert!(!wireguard || p6.vtep_mac == MacAddr([0; 6]));
+            assert!(p6.wireguard.is_none_or(|w| w.port != Some(0)), "port 0 means ours");
+        }
+        // The same value under an IPv6-only key (`0.0.0.0-0&…`): routed by its IPv6 half alone,
+        // whose backend (a wireguard half's key and port) it takes.
+        let half: Ipv6Subnet = "fd00:10:244:1::/64".parse().unwrap();
+        let only = StoredLease { subnet: Subnet::from(half), ipv6: Some(half), ..lease };
+        if let Ok(peer) = Peer::from_lease(&only) {
+            let p6 = peer.ipv6.expect("an IPv6-only route has its half");
+            assert_eq!(Peer6::from_lease(&only), Ok(Some(p6)));
+            match p6.wireguard {
+                Some(w) => {
+                    assert_eq!(peer.backend, PeerBackend::Wireguard { key: w.key, port: w.port })
+                }
+                None => assert_eq!(peer.backend, PeerBackend::Vxlan),
+            }
         }
     }
     if let Ok(record) = HistoryRecord::from_json(data) {

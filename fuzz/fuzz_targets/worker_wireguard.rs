@@ -14,7 +14,7 @@ use std::time::Duration;
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use weft::config::BackendKind;
-use weft::dataplane::transport::wireguard::{PeerConfig, Sessions, WgSecret, public_key};
+use weft::dataplane::transport::wireguard::{Devices, PeerConfig, Sessions, WgSecret, public_key};
 use weft::dataplane::transport::{Forwarder, OwnSubnet};
 use weft::dataplane::wire::ethernet::MacAddr;
 use weft::dataplane::wire::virtio_net::{self, Header};
@@ -84,7 +84,7 @@ fn host(
         icmp_source: Ipv4Addr::new(10, 244, 0, 0),
         icmp_limit: Arc::default(),
         malformed: Arc::default(),
-        wireguard: Some(Arc::new(sessions)),
+        wireguard: Some(Arc::new(Devices::ipv4_only(sessions, PORT))),
         ipv6: Default::default(),
     };
     let routes = Routes::new(RouteTable::build(

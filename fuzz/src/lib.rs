@@ -231,6 +231,7 @@ impl ArbNetwork {
                     subnet: weft::lease::record::Ipv6Subnet::new(net).unwrap(),
                     public_ip: Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(p.public)),
                     vtep_mac: weft::dataplane::wire::ethernet::MacAddr(p.mac.unwrap_or([2; 6])),
+                    wireguard: None,
                 }
             }),
         }

@@ -314,6 +314,11 @@ impl RoutedPeer {
 /// (`{"PublicIP":"192.0.2.N","PublicIPv6":null,"BackendType":"wireguard","BackendData":
 /// {"PublicKey":"<base64>","Port":51820}}`, wireguard.go's attrs) put into etcd. Its device
 /// (and so its wireguard-go) goes on drop.
+///
+/// Dual stack ([`WireguardPeer::dual`]): flannel's `Mode` `separate` with IPv6 enabled, two
+/// devices on the one key: `flannel-wgN` for IPv4 on 51820 and `flannel-wg6-N` (flannel's
+/// `flannel-wg-v6`) for IPv6 on `ListenPortV6` 51821 (`flannel_wg6_up`), and the lease's IPv6
+/// half: `PublicIPv6` 2001:db8::N and `BackendV6Data {"PublicKey","Port":51821}`.
 pub struct WireguardPeer {
     /// The host number.
     pub n: u8,
@@ -321,6 +326,8 @@ pub struct WireguardPeer {
     pub ns: String,
     /// Its subnet.
     pub subnet: Ipv4Net,
+    /// Its IPv6 subnet (dual stack).
+    pub subnet6: Option<Ipv6Net>,
     /// Its `PublicIP` (eth0's address).
     pub public_ip: Ipv4Addr,
     /// Its public key (`wg pubkey`).
@@ -331,6 +338,16 @@ impl WireguardPeer {
     /// Host `n` of `lab` as a flannel wireguard node holding `subnet` in the lab's network, on
     /// a fresh key (`wg genkey`, 0600 in the lab's directory).
     pub fn new(lab: &Lab, n: u8, subnet: &str) -> Self {
+        Self::up(lab, n, subnet, None)
+    }
+
+    /// [`WireguardPeer::new`] on a dual-stack network in `Mode` `separate`: a second device
+    /// for the IPv6 half `subnet6` (of the lab's `IPV6_NETWORK`), on the same key.
+    pub fn dual(lab: &Lab, n: u8, subnet: &str, subnet6: &str) -> Self {
+        Self::up(lab, n, subnet, Some(subnet6))
+    }
+
+    fn up(lab: &Lab, n: u8, subnet: &str, subnet6: Option<&str>) -> Self {
         let ns = lab.host(n);
         lib_run("flannel.sh", "flannel_forwarding", &[ns.as_str()]);
         let key_file = lab.dir().join(format!("h{n}-wg.key"));
@@ -347,10 +364,20 @@ impl WireguardPeer {
         )
         .trim()
         .to_owned();
+        if let Some(s6) = subnet6 {
+            let network6 = super::netns::IPV6_NETWORK;
+            let v6_key = lib_run(
+                "flannel.sh",
+                "flannel_wg6_up",
+                &[ns.as_str(), n_text.as_str(), s6, network6, key_path.as_str()],
+            );
+            assert_eq!(v6_key.trim(), public_key, "flannel's two devices share one key");
+        }
         let peer = Self {
             n,
             ns,
             subnet: subnet.parse().expect("IPv4 subnet"),
+            subnet6: subnet6.map(|s| s.parse().expect("IPv6 subnet")),
             public_ip: Ipv4Addr::new(192, 0, 2, n),
             public_key,
         };
@@ -360,17 +387,27 @@ impl WireguardPeer {
 
     /// flannel's key for its lease.
     pub fn key(&self) -> String {
-        format!("{PREFIX}/subnets/{}-{}", self.subnet.addr(), self.subnet.prefix_len())
+        let mut key =
+            format!("{PREFIX}/subnets/{}-{}", self.subnet.addr(), self.subnet.prefix_len());
+        if let Some(v6) = &self.subnet6 {
+            key.push_str(&format!("&{}-{}", v6.addr(), v6.prefix_len()));
+        }
+        key
     }
 
-    /// Puts its lease into etcd.
+    /// Puts its lease into etcd (wireguard.go newSubnetAttrs).
     pub fn announce(&self, lab: &Lab) {
-        let value = serde_json::json!({
+        let mut value = serde_json::json!({
             "PublicIP": self.public_ip.to_string(),
             "PublicIPv6": null,
             "BackendType": "wireguard",
             "BackendData": {"PublicKey": self.public_key, "Port": 51820},
         });
+        if self.subnet6.is_some() {
+            value["PublicIPv6"] = host_ipv6(self.n).to_string().into();
+            value["BackendV6Data"] =
+                serde_json::json!({"PublicKey": self.public_key, "Port": 51821});
+        }
         lab.etcdctl(&["put", &self.key(), &value.to_string()]);
     }
 
@@ -385,25 +422,45 @@ impl WireguardPeer {
         );
     }
 
+    /// Adds another node's IPv6 half as flanneld does in `Mode` `separate` (`v6Dev.addPeer`):
+    /// on the IPv6 device, its `BackendV6Data` key, `[PublicIPv6]:Port`, its IPv6 subnet as the
+    /// allowed IPs.
+    pub fn peer6(&self, key: &str, endpoint: &str, subnet6: &str) {
+        let n = self.n.to_string();
+        lib_run(
+            "flannel.sh",
+            "flannel_wg6_peer",
+            &[self.ns.as_str(), n.as_str(), key, endpoint, subnet6],
+        );
+    }
+
     /// Removes another node (`removePeer`, on its lease's removal or a new key).
     pub fn unpeer(&self, key: &str) {
         let n = self.n.to_string();
         lib_run("flannel.sh", "flannel_wg_unpeer", &[self.ns.as_str(), n.as_str(), key]);
     }
 
-    /// A pod behind this host (bridge at the subnet's `.1`; MTU 1420, flannel-wg's),
-    /// unmasqueraded ([`Lab::pod_with_ipmasq`]).
+    /// A pod behind this host (bridge at the subnet's `.1`, and `::1` of the IPv6 subnet on
+    /// dual stack; MTU 1420, flannel-wg's), unmasqueraded ([`Lab::pod_with_ipmasq`]).
     pub fn pod(&self, lab: &Lab) -> Pod {
         let cni = format!("{}/{}", first_host(self.subnet), self.subnet.prefix_len());
-        lab.pod_with_ipmasq(self.n, &cni, 1420)
+        match &self.subnet6 {
+            None => lab.pod_with_ipmasq(self.n, &cni, 1420),
+            Some(v6) => {
+                let first = Ipv6Addr::from(u128::from(v6.addr()) + 1);
+                let cni6 = format!("{first}/{}", v6.prefix_len());
+                lab.pod_with_ipv6_ipmasq(self.n, &cni, &cni6, 1420)
+            }
+        }
     }
 }
 
 impl Drop for WireguardPeer {
     fn drop(&mut self) {
         let n = self.n.to_string();
-        let _ =
-            super::process::lib_command("flannel.sh", "flannel_wg_down", &[self.ns.as_str(), &n])
-                .status();
+        for down in ["flannel_wg_down", "flannel_wg6_down"] {
+            let _ =
+                super::process::lib_command("flannel.sh", down, &[self.ns.as_str(), &n]).status();
+        }
     }
 }

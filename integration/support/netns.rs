@@ -785,6 +785,16 @@ impl Lab {
         self.pod_with_env(n, &env, mtu)
     }
 
+    /// [`Lab::pod_with_ipv6`] for a node whose flanneld runs with `--ip-masq`
+    /// ([`Lab::pod_with_ipmasq`]): the pod's traffic leaves with its own addresses.
+    pub fn pod_with_ipv6_ipmasq(&self, n: u8, cni: &str, cni6: &str, mtu: u32) -> Pod {
+        let env = format!(
+            "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET={cni}\n\
+             FLANNEL_IPV6_NETWORK={IPV6_NETWORK}\nFLANNEL_IPV6_SUBNET={cni6}\n"
+        );
+        self.pod_with_env_masq(n, &env, mtu, true)
+    }
+
     /// [`Lab::pod_with`] for a node whose flanneld runs with `--ip-masq` (`FLANNEL_IPMASQ=true`),
     /// so that the bridge does not masquerade: the pod's traffic leaves with its own address.
     /// What host-gw and direct routing need, whose packets leave through the underlay, where a

@@ -146,6 +146,39 @@ flannel_wg_down() {
     ip -n "$1" link del "$(flannel_wg_dev "$2")" 2>/dev/null || true
 }
 
+# flannel_wg6_up NS N SUBNET6 NETWORK6 KEYFILE [PORT] [WG]: flannel's second device in Mode
+# "separate" with IPv6 enabled (wireguard.go RegisterNetwork: flannel-wg-v6 on ListenPortV6,
+# the same key file; device.go ConfigureV6): made as flannel_wg_up makes the first, listening
+# on PORT (51821), with <v6 base>/128, up, and the route to the whole IPv6 NETWORK6 on it
+# (scope link). Prints the public key (the lease's BackendV6Data.PublicKey: the same).
+# The device is flannel-wg6-N (flannel's flannel-wg-v6, one name per machine: see above).
+flannel_wg6_dev() { echo "flannel-wg6-$1"; } # N
+flannel_wg6_up() {
+    local ns=$1 n=$2 base=${3%/*} network=$4 key=$5 port=${6:-51821} wg=${7:-wireguard-go} dev
+    dev=$(flannel_wg6_dev "$n")
+    ip netns exec "$ns" "$wg" "$dev" >/dev/null
+    ip netns exec "$ns" wg set "$dev" private-key "$key" listen-port "$port"
+    ip -n "$ns" -batch - <<EOF
+link set $dev mtu 1420
+addr add $base/128 dev $dev
+link set $dev up
+route replace $network dev $dev scope link
+EOF
+    wg pubkey <"$key"
+}
+
+# flannel_wg6_peer NS N KEY ENDPOINT SUBNET6: another node's IPv6 half as handleSubnetEvents adds
+# it in Separate mode: on the IPv6 device, its BackendV6Data KEY, ENDPOINT
+# ([PublicIPv6]:BackendV6Data.Port), allowed IPs its IPv6 SUBNET6 alone.
+flannel_wg6_peer() {
+    ip netns exec "$1" wg set "$(flannel_wg6_dev "$2")" peer "$3" endpoint "$4" allowed-ips "$5"
+}
+
+# flannel_wg6_down NS N: the IPv6 device goes, and its wireguard-go process with it.
+flannel_wg6_down() {
+    ip -n "$1" link del "$(flannel_wg6_dev "$2")" 2>/dev/null || true
+}
+
 # flannel_forwarding NS: IPv4 forwarding on, as on every flannel node (the kernel routes pods'
 # traffic between the bridge and the underlay).
 flannel_forwarding() {

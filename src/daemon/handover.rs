@@ -46,7 +46,7 @@ use crate::dataplane::DataplaneLayout;
 use crate::fds;
 use crate::lease::keeper::KeeperHandover;
 use crate::lease::record::{Incarnation, LeaseName, NodeId};
-use crate::route::{Peer, Peer6, PeerBackend};
+use crate::route::{Peer, Peer6, PeerBackend, Wireguard6};
 use crate::vocab::{MacAddr, WgPublicKey};
 
 /// The takeover socket's name in the state dir.
@@ -139,6 +139,10 @@ pub(crate) struct HandedRoute {
     /// A wireguard peer's public key (base64) and port (absent from older weft's messages).
     #[serde(default)]
     pub(crate) wireguard: Option<(String, Option<u16>)>,
+    /// A wireguard IPv6 half's key (base64) and port (absent from older weft's messages, and
+    /// for vxlan).
+    #[serde(default)]
+    pub(crate) wireguard6: Option<(String, Option<u16>)>,
     /// The lease's `WeftIncarnation` (absent from older weft's messages, and for flannel's).
     #[serde(default)]
     pub(crate) incarnation: Option<Incarnation>,
@@ -169,6 +173,7 @@ impl HandedRoute {
                 PeerBackend::Wireguard { key, port } => Some((key.to_string(), port)),
                 _ => None,
             },
+            wireguard6: peer.ipv6.and_then(|p| p.wireguard).map(|w| (w.key.to_string(), w.port)),
             incarnation: peer.incarnation.clone(),
         }
     }
@@ -178,9 +183,17 @@ impl HandedRoute {
     pub(crate) fn peer(&self) -> Option<Peer> {
         let name = LeaseName::parse(&self.key).ok()?;
         let ipv6 = match (&self.ipv6, name.ipv6) {
-            (Some((public_ip, mac)), Some(subnet)) => {
-                Some(Peer6 { subnet, public_ip: *public_ip, vtep_mac: MacAddr::parse(mac)? })
-            }
+            (Some((public_ip, mac)), Some(subnet)) => Some(Peer6 {
+                subnet,
+                public_ip: *public_ip,
+                vtep_mac: MacAddr::parse(mac)?,
+                wireguard: match &self.wireguard6 {
+                    Some((key, port)) => {
+                        Some(Wireguard6 { key: WgPublicKey::parse(key).ok()?, port: *port })
+                    }
+                    None => None,
+                },
+            }),
             _ => None,
         };
         Some(Peer {

@@ -235,7 +235,9 @@ fn write_state_file(dir: &Path, name: &str, contents: &str) -> anyhow::Result<()
 /// it adds `PublicIPv6` and `BackendV6Data`, whose `VtepMAC` is the same MAC: weft's one TUN
 /// device carries both halves (flannel's kernel peers program `flannel-v6.<VNI>` with it).
 /// A wireguard lease carries `wireguard_key`, this node's public key, and its listen port, as
-/// flannel's (`{"PublicKey":"<base64>","Port":51820}`).
+/// flannel's (`{"PublicKey":"<base64>","Port":51820}`); with IPv6 enabled, `BackendV6Data` the
+/// same key and `ListenPortV6` (flannel's `newSubnetAttrs` writes both halves so, whatever the
+/// `Mode`). An IPv6-only lease carries `BackendV6Data` alone, as flannel's.
 pub fn lease_attrs(
     network: &NetworkConfig,
     public_ip: Ipv4Addr,
@@ -245,10 +247,12 @@ pub fn lease_attrs(
 ) -> LeaseAttrs {
     let vxlan_data =
         || serde_json::json!({ "VNI": network.backend.vni, "VtepMAC": vtep_mac.to_string() });
-    let public_ipv6 = public_ipv6
-        .filter(|_| network.ipv6.is_some() && network.backend.kind == BackendKind::Vxlan);
+    let wireguard_data = |port: u16| {
+        wireguard_key.map(|key| serde_json::json!({ "PublicKey": key.to_string(), "Port": port }))
+    };
+    let public_ipv6 =
+        public_ipv6.filter(|_| network.ipv6.is_some() && network.backend.kind.carries_ipv6());
     let (backend_type, backend_data) = match network.backend.kind {
-        // An IPv6-only lease carries BackendV6Data alone, as flannel's.
         BackendKind::Vxlan => (Some("vxlan".to_string()), network.leases_ipv4().then(vxlan_data)),
         // flannel's udp backend writes no BackendType; weft does the same so flannel peers
         // treat weft's udp leases as their own.
@@ -261,18 +265,20 @@ pub fn lease_attrs(
         BackendKind::Alloc => (None, None),
         BackendKind::Wireguard => (
             Some("wireguard".to_string()),
-            wireguard_key.map(|key| {
-                serde_json::json!({ "PublicKey": key.to_string(), "Port": network.backend.port })
-            }),
+            wireguard_data(network.backend.port).filter(|_| network.leases_ipv4()),
         ),
     };
+    let backend_v6_data = public_ipv6.and_then(|_| match network.backend.kind {
+        BackendKind::Wireguard => wireguard_data(network.backend.wireguard.listen_port_v6),
+        _ => Some(vxlan_data()),
+    });
     LeaseAttrs {
         // An IPv6-only node has no IPv4 underlay: `0.0.0.0`, as flannel writes it.
         public_ip: if network.leases_ipv4() { public_ip } else { Ipv4Addr::UNSPECIFIED },
         public_ipv6,
         backend_type,
         backend_data,
-        backend_v6_data: public_ipv6.map(|_| vxlan_data()),
+        backend_v6_data,
         node_id: None,
         incarnation: None,
     }
@@ -832,7 +838,7 @@ fn find_underlays(
     let (mut underlay, public_ipv6) = if network.leases_ipv4() {
         let underlay = find_underlay(opts.iface.as_deref(), public_ip)?;
         let public_ipv6 = match &network.ipv6 {
-            Some(_) if network.backend.kind == BackendKind::Vxlan => {
+            Some(_) if network.backend.kind.carries_ipv6() => {
                 Some(find_underlay6(underlay.iface.as_deref(), public_ipv6)?)
             }
             _ => None,
@@ -1215,6 +1221,58 @@ mod tests {
         // And through a handover to a re-executed weft.
         let handed = handover::HandedRoute::of(&peer);
         assert_eq!(handed.peer(), Some(peer));
+    }
+
+    /// On a network with IPv6 enabled, a wireguard lease carries both halves as flannel's
+    /// `newSubnetAttrs` writes them (one key; `ListenPort` in BackendData, `ListenPortV6` in
+    /// BackendV6Data; an IPv6-only lease BackendV6Data alone, PublicIP 0.0.0.0), and weft reads
+    /// both back into the peer's route, through a handover too.
+    #[test]
+    fn a_dual_stack_wireguard_lease_carries_both_halves_as_flannel_writes_them() {
+        use crate::lease::record::{Revision, StoreLeaseId, StoredLease};
+        use crate::route::{Peer, PeerBackend, Wireguard6};
+        const KEY: &str = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=";
+        let key = WgPublicKey::parse(KEY).unwrap();
+        let v6: Ipv6Addr = "2001:db8::7".parse().unwrap();
+        let mac = MacAddr([2, 0, 0, 0, 0, 7]);
+        let half: crate::vocab::Ipv6Subnet = "fd00:10:244:7::/64".parse().unwrap();
+        let dual = r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"wireguard","ListenPort":51000,"ListenPortV6":51001}}"#;
+        let network = NetworkConfig::parse(dual.as_bytes()).unwrap();
+        let attrs = lease_attrs(&network, Ipv4Addr::new(192, 0, 2, 7), Some(v6), mac, Some(key));
+        assert_eq!(
+            String::from_utf8(attrs.to_json()).unwrap(),
+            format!(
+                r#"{{"PublicIP":"192.0.2.7","PublicIPv6":"2001:db8::7","BackendType":"wireguard","BackendData":{{"Port":51000,"PublicKey":"{KEY}"}},"BackendV6Data":{{"Port":51001,"PublicKey":"{KEY}"}}}}"#
+            )
+        );
+        let stored = |subnet, attrs| StoredLease {
+            subnet,
+            ipv6: Some(half),
+            attrs,
+            create_revision: Revision(1),
+            mod_revision: Revision(1),
+            lease_id: StoreLeaseId(1),
+        };
+        let peer = Peer::from_lease(&stored("10.244.7.0/24".parse().unwrap(), attrs)).unwrap();
+        assert_eq!(peer.backend, PeerBackend::Wireguard { key, port: Some(51000) });
+        let p6 = peer.ipv6.unwrap();
+        assert_eq!((p6.subnet, p6.public_ip), (half, v6));
+        assert_eq!(p6.wireguard, Some(Wireguard6 { key, port: Some(51001) }));
+        assert_eq!(handover::HandedRoute::of(&peer).peer(), Some(peer));
+
+        let only = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"wireguard"}}"#;
+        let network = NetworkConfig::parse(only.as_bytes()).unwrap();
+        let attrs = lease_attrs(&network, Ipv4Addr::new(192, 0, 2, 7), Some(v6), mac, Some(key));
+        assert_eq!(
+            String::from_utf8(attrs.to_json()).unwrap(),
+            format!(
+                r#"{{"PublicIP":"0.0.0.0","PublicIPv6":"2001:db8::7","BackendType":"wireguard","BackendV6Data":{{"Port":51821,"PublicKey":"{KEY}"}}}}"#
+            )
+        );
+        let peer = Peer::from_lease(&stored(crate::vocab::Subnet::from(half), attrs)).unwrap();
+        assert_eq!(peer.backend, PeerBackend::Wireguard { key, port: Some(51821) });
+        assert_eq!(peer.ipv6.unwrap().wireguard, Some(Wireguard6 { key, port: Some(51821) }));
+        assert_eq!(handover::HandedRoute::of(&peer).peer(), Some(peer));
     }
 
     #[test]

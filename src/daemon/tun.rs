@@ -128,6 +128,7 @@ pub(super) fn dataplane_config(
             private_key: *key,
             psk: network.backend.wireguard.psk,
             keepalive: Some(network.backend.wireguard.keepalive_secs).filter(|s| *s > 0),
+            port6: network.backend.wireguard.listen_port_v6,
         }),
     }
 }

@@ -16,7 +16,8 @@ use crate::dataplane::sys::udp::gso_retry::DEFAULT_RETRY_AFTER;
 use crate::dataplane::wire::ethernet::MacAddr;
 use crate::vocab::WgSecret;
 
-/// The IPv6 half of the underlay and overlay, on a dual-stack vxlan network.
+/// The IPv6 half of the underlay and overlay, on a dual-stack or IPv6-only vxlan or wireguard
+/// network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Ipv6Dataplane {
     /// The cluster's IPv6 network, routed through the TUN device.
@@ -36,6 +37,8 @@ pub(crate) struct WireguardDataplane {
     pub(crate) psk: Option<WgSecret>,
     /// `Backend.PersistentKeepaliveInterval` in seconds; `None`: no keepalives.
     pub(crate) keepalive: Option<u16>,
+    /// `Backend.ListenPortV6`: the IPv6 underlay's device listens on it (used with IPv6).
+    pub(crate) port6: u16,
 }
 
 #[derive(Clone, Debug)]
@@ -63,7 +66,7 @@ pub(crate) struct DataplaneConfig {
     /// Our public IP: datagrams are sent from it when it is a local address (unused on an
     /// IPv6-only network).
     pub(crate) public_ip: Ipv4Addr,
-    /// The IPv6 half, on a dual-stack or IPv6-only vxlan network.
+    /// The IPv6 half, on a dual-stack or IPv6-only vxlan or wireguard network.
     pub(crate) ipv6: Option<Ipv6Dataplane>,
     /// Workers (TUN queues); at least 1.
     pub(crate) workers: usize,

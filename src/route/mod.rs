@@ -43,7 +43,7 @@ use arc_swap::{ArcSwap, Guard};
 use tokio::sync::watch;
 
 pub use set::RouteSet;
-pub use table::{Peer, Peer6, Peer6Error, PeerBackend, PeerError, RouteTable};
+pub use table::{Peer, Peer6, Peer6Error, PeerBackend, PeerError, RouteTable, Wireguard6};
 pub use watcher::{RouteStats, run};
 
 /// The published route table: one writer swaps whole snapshots in, many readers load them

@@ -129,8 +129,22 @@ pub struct Peer6 {
     /// The IPv6 underlay address to encapsulate to (`PublicIPv6`).
     pub public_ip: Ipv6Addr,
     /// The MAC of the peer's IPv6 VTEP (`BackendV6Data.VtepMAC`): the inner Ethernet
-    /// destination.
+    /// destination (vxlan; all zeros for a wireguard half, whose lease names none).
     pub vtep_mac: MacAddr,
+    /// A wireguard lease's IPv6 side: `BackendV6Data`'s key and port (flannel's IPv6 device,
+    /// `flannel-wg-v6`, in `Mode` `separate`); `None` for vxlan.
+    pub wireguard: Option<Wireguard6>,
+}
+
+/// A wireguard lease's `BackendV6Data` (`{"PublicKey":"<base64>","Port":51821}`, as flannel's
+/// `newSubnetAttrs` writes it on a network with IPv6 enabled).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wireguard6 {
+    /// `BackendV6Data.PublicKey` (flannel's one key, the same as `BackendData`'s).
+    pub key: WgPublicKey,
+    /// `BackendV6Data.Port` (flannel's `ListenPortV6`); `None` when absent or 0: the
+    /// receiver's own `ListenPortV6`, as flannel reads it.
+    pub port: Option<u16>,
 }
 
 /// Why a dual-stack lease's IPv6 half cannot be routed. The IPv4 route stands either way.
@@ -140,12 +154,16 @@ pub enum Peer6Error {
     /// udp backend leases an IPv6 half but publishes no IPv6 address, as it carries no IPv6.
     #[error("PublicIPv6 is not a unicast address")]
     NoPublicIpv6,
-    /// Not a vxlan lease: only vxlan carries IPv6 (flannel's udp backend does not).
-    #[error("only vxlan carries IPv6")]
+    /// Neither a vxlan nor a wireguard lease: only those carry IPv6 (flannel's udp backend
+    /// does not).
+    #[error("only vxlan and wireguard carry IPv6")]
     NotVxlan,
-    /// A vxlan lease without a `BackendV6Data` object.
-    #[error("vxlan lease has no BackendV6Data object")]
+    /// A vxlan or wireguard lease without a `BackendV6Data` object.
+    #[error("lease has no BackendV6Data object")]
     MissingBackendData,
+    /// A wireguard lease whose `BackendV6Data` has no valid `PublicKey` or `Port`.
+    #[error("wireguard lease's BackendV6Data has no valid PublicKey and Port")]
+    BadWireguard,
     /// `BackendV6Data.VtepMAC` is absent or not a 48-bit MAC.
     #[error("BackendV6Data has no valid VtepMAC")]
     BadVtepMac,
@@ -166,17 +184,29 @@ impl Peer6 {
             .public_ipv6
             .filter(|ip| !ip.is_unspecified() && !ip.is_multicast())
             .ok_or(Peer6Error::NoPublicIpv6)?;
-        if attrs.backend_type.as_deref() != Some("vxlan") {
-            return Err(Peer6Error::NotVxlan);
-        }
+        let wireguard = match attrs.backend_type.as_deref() {
+            Some("vxlan") => false,
+            Some("wireguard") => true,
+            _ => return Err(Peer6Error::NotVxlan),
+        };
         let Some(Value::Object(data)) = &attrs.backend_v6_data else {
             return Err(Peer6Error::MissingBackendData);
         };
+        if wireguard {
+            // The same format as BackendData's, read by the same code.
+            let Ok(PeerBackend::Wireguard { key, port }) =
+                wireguard_of(attrs.backend_v6_data.as_ref())
+            else {
+                return Err(Peer6Error::BadWireguard);
+            };
+            let wireguard = Some(Wireguard6 { key, port });
+            return Ok(Some(Peer6 { subnet, public_ip, vtep_mac: MacAddr([0; 6]), wireguard }));
+        }
         let vtep_mac = match json_field(data, "VtepMAC") {
             Some(Value::String(s)) => MacAddr::parse(s).ok_or(Peer6Error::BadVtepMac)?,
             _ => return Err(Peer6Error::BadVtepMac),
         };
-        Ok(Some(Peer6 { subnet, public_ip, vtep_mac }))
+        Ok(Some(Peer6 { subnet, public_ip, vtep_mac, wireguard: None }))
     }
 }
 
@@ -272,19 +302,21 @@ impl Peer {
 
     /// The route of an IPv6-only lease: flannel writes `PublicIP` `0.0.0.0` and no
     /// `BackendData` there, so everything comes from the IPv6 half (`PublicIPv6`,
-    /// `BackendV6Data`), which must be carried; `PublicIP` is never routed to.
+    /// `BackendV6Data`), which must be carried; `PublicIP` is never routed to. A wireguard
+    /// half's key and port stand for the peer's backend too.
     fn from_ipv6_only_lease(l: &StoredLease) -> Result<Peer, PeerError> {
         let half = Peer6::from_lease(l)
             .map_err(PeerError::Ipv6Only)?
             .ok_or(PeerError::Ipv6Only(Peer6Error::MissingBackendData))?;
-        let vni = match &l.attrs.backend_v6_data {
-            Some(Value::Object(data)) => vni_of(data)?,
-            _ => None,
+        let (backend, vni) = match (half.wireguard, &l.attrs.backend_v6_data) {
+            (Some(Wireguard6 { key, port }), _) => (PeerBackend::Wireguard { key, port }, None),
+            (None, Some(Value::Object(data))) => (PeerBackend::Vxlan, vni_of(data)?),
+            (None, _) => (PeerBackend::Vxlan, None),
         };
         Ok(Peer {
             subnet: l.subnet,
             public_ip: Ipv4Addr::UNSPECIFIED,
-            backend: PeerBackend::Vxlan,
+            backend,
             vtep_mac: None,
             vni,
             node: l.attrs.node_id.clone(),
@@ -798,6 +830,65 @@ mod tests {
         }
     }
 
+    /// flannel's wireguard lease on a dual-stack network (`newSubnetAttrs`: one key, the IPv4
+    /// half at `ListenPort`, the IPv6 half at `ListenPortV6`), and on an IPv6-only one.
+    #[test]
+    fn both_halves_of_a_flannel_wireguard_lease_are_routed() {
+        const KEY: &str = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=";
+        let key = WgPublicKey::parse(KEY).unwrap();
+        let with = |v4: &str, v6: &str| {
+            format!(
+                r#"{{"PublicIP":"{v4}","PublicIPv6":"2001:db8::3","BackendType":"wireguard"{}{v6}}}"#,
+                if v4 == "0.0.0.0" {
+                    String::new()
+                } else {
+                    format!(r#","BackendData":{{"PublicKey":"{KEY}","Port":51820}}"#)
+                }
+            )
+        };
+        let v6_data = |port: &str| format!(r#","BackendV6Data":{{"PublicKey":"{KEY}"{port}}}"#);
+        let dual = with("192.0.2.3", &v6_data(r#","Port":51821"#));
+        let p = Peer::from_lease(&dual_lease(&dual)).unwrap();
+        assert_eq!(p.backend, PeerBackend::Wireguard { key, port: Some(51820) });
+        assert_eq!(p.public_ip, ip("192.0.2.3"));
+        let v6 = p.ipv6.expect("an IPv6 half");
+        assert_eq!(v6.subnet, "fd00:10:244:3::/64".parse().unwrap());
+        assert_eq!(v6.public_ip, "2001:db8::3".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(v6.wireguard, Some(Wireguard6 { key, port: Some(51821) }));
+        // A port of 0, null or none: the receiver's own ListenPortV6.
+        for port in [r#","Port":0"#, r#","Port":null"#, ""] {
+            let json = with("192.0.2.3", &v6_data(port));
+            let v6 = Peer::from_lease(&dual_lease(&json)).unwrap().ipv6.unwrap();
+            assert_eq!(v6.wireguard, Some(Wireguard6 { key, port: None }), "{json}");
+        }
+        // IPv6-only (`0.0.0.0-0&…`): PublicIP 0.0.0.0, BackendV6Data alone.
+        let half: Ipv6Subnet = "fd00:10:244:3::/64".parse().unwrap();
+        let only = |v6: &str| StoredLease {
+            subnet: Subnet::from(half),
+            ipv6: Some(half),
+            ..lease(&with("0.0.0.0", v6))
+        };
+        let p = Peer::from_lease(&only(&v6_data(r#","Port":51821"#))).unwrap();
+        assert_eq!(p.backend, PeerBackend::Wireguard { key, port: Some(51821) });
+        assert_eq!(p.ipv6.unwrap().wireguard, Some(Wireguard6 { key, port: Some(51821) }));
+        // A half that cannot be carried leaves the IPv4 route; an IPv6-only lease has none.
+        for (bad, why) in [
+            ("", Peer6Error::MissingBackendData),
+            (r#","BackendV6Data":null"#, Peer6Error::MissingBackendData),
+            (r#","BackendV6Data":{"PublicKey":"nope","Port":51821}"#, Peer6Error::BadWireguard),
+            (&*v6_data(r#","Port":70000"#), Peer6Error::BadWireguard),
+        ] {
+            let l = dual_lease(&with("192.0.2.3", bad));
+            assert_eq!(Peer6::from_lease(&l), Err(why), "{bad}");
+            let p = Peer::from_lease(&l).unwrap();
+            assert_eq!(
+                (p.backend, p.ipv6),
+                (PeerBackend::Wireguard { key, port: Some(51820) }, None)
+            );
+            assert_eq!(Peer::from_lease(&only(bad)), Err(PeerError::Ipv6Only(why)), "{bad}");
+        }
+    }
+
     #[test]
     fn ipv6_lookups_take_the_longest_half_and_miss_outside_every_half() {
         let half = |s: &str, host: u8| -> Peer {
@@ -806,6 +897,7 @@ mod tests {
                 subnet: s.parse().unwrap(),
                 public_ip: format!("2001:db8::{host}").parse().unwrap(),
                 vtep_mac: MacAddr([2, 0, 0, 0, 6, host]),
+                wireguard: None,
             });
             p
         };

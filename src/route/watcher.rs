@@ -45,7 +45,7 @@ use tracing::{debug, error, info, warn};
 
 use super::Routes;
 use super::set::{OwnHalfConflict, RouteSet};
-use crate::config::{BackendKind, NetworkConfig};
+use crate::config::NetworkConfig;
 use crate::lease::keys;
 use crate::lease::record::{LeaseName, Subnet};
 use crate::lease::store::{LeaseFeed, StoreError, WatchStream};
@@ -401,7 +401,7 @@ pub async fn run(
     let mut backoff = BACKOFF_MIN;
     let mut bad_seen = 0u64;
     let mut warned = Warned::default();
-    let carries_ipv6 = network.ipv6.is_some() && network.backend.kind == BackendKind::Vxlan;
+    let carries_ipv6 = network.ipv6.is_some() && network.backend.kind.carries_ipv6();
     // When each stale route was first seen stale (its key gone, as the store said).
     let mut stale_since: BTreeMap<Subnet, Instant> = BTreeMap::new();
 

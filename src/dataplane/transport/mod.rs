@@ -497,10 +497,10 @@ pub struct Forwarder {
     pub malformed: Arc<MalformedLog>,
     /// IPv6, on a dual-stack network (our VTEP MAC serves both halves).
     pub ipv6: Ipv6Forwarding,
-    /// The WireGuard sessions (wireguard only), shared by the workers: they seal what
-    /// [`Forwarder::route`] sends and open what arrives, in place of [`Forwarder::encap`] and
-    /// [`Forwarder::decap`].
-    pub wireguard: Option<Arc<wireguard::Sessions>>,
+    /// The WireGuard sessions (wireguard only; one device per underlay family with IPv6),
+    /// shared by the workers: they seal what [`Forwarder::route`] sends and open what arrives,
+    /// in place of [`Forwarder::encap`] and [`Forwarder::decap`].
+    pub wireguard: Option<Arc<wireguard::Devices>>,
 }
 
 impl Forwarder {
@@ -608,7 +608,9 @@ impl Forwarder {
     }
 
     /// [`Self::route`] for an IPv6 packet: to the peer whose IPv6 half holds the destination,
-    /// over the IPv6 underlay; an ICMPv6 no-route error for a destination in no half.
+    /// over the IPv6 underlay (vxlan: to its IPv6 VTEP; wireguard: to its `BackendV6Data` key
+    /// and port, flannel's IPv6 device); an ICMPv6 no-route error for a destination in no
+    /// half.
     fn route6(
         &self,
         routes: &RouteTable,
@@ -618,7 +620,7 @@ impl Forwarder {
     ) -> Result<TxRoute, Refusal> {
         let own = &self.ipv6.own;
         // IPv4 only: an IPv4-only network, or the udp backend (flannel's carries no IPv6).
-        if self.backend != BackendKind::Vxlan || !own.is_set() {
+        if !matches!(self.backend, BackendKind::Vxlan | BackendKind::Wireguard) || !own.is_set() {
             return Err(Refusal::Drop(DropReason::TxIpv6));
         }
         let Ok(ip) = ipv6::Packet::new_checked(packet) else {
@@ -636,11 +638,22 @@ impl Forwarder {
         if !backends::reaches(self.backend, peer.backend) {
             return Err(Refusal::Drop(DropReason::TxBackendMismatch));
         }
+        let flow = wire::flow_hash(packet);
+        let ethertype = ethernet::EtherType::IPV6;
+        if self.backend == BackendKind::Wireguard {
+            // The peer's IPv6 device: its key and port (ours when its lease names none).
+            let (Some(wg), Some(devices)) = (half.wireguard, self.wireguard.as_deref()) else {
+                return Err(Refusal::Drop(DropReason::TxBackendMismatch));
+            };
+            let port = wg.port.unwrap_or(devices.port6());
+            let to = SocketAddr::V6(SocketAddrV6::new(half.public_ip, port, 0, 0));
+            return Ok(TxRoute { to, flow, peer_mac: None, ethertype, peer_key: Some(wg.key) });
+        }
         Ok(TxRoute {
             to: SocketAddr::V6(SocketAddrV6::new(half.public_ip, self.port, 0, 0)),
-            flow: wire::flow_hash(packet),
+            flow,
             peer_mac: Some(half.vtep_mac),
-            ethertype: ethernet::EtherType::IPV6,
+            ethertype,
             peer_key: None,
         })
     }
@@ -747,6 +760,7 @@ mod tests {
             stale: false,
             incarnation: None,
             ipv6: Some(Peer6 {
+                wireguard: None,
                 subnet: half(u16::from(n)),
                 public_ip: Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(n)),
                 vtep_mac: MacAddr([2, 0, 0, 0, 0, n]),

@@ -49,7 +49,7 @@ use crate::dataplane::sys::tun::{self, Tun, TunError, TunOptions};
 use crate::dataplane::sys::udp::gso_retry::{GsoRetryConfig, GsoState};
 use crate::dataplane::sys::udp::gso_tail::{GsoLimits, TailRule};
 use crate::dataplane::sys::udp::{BatchSocket, RecvMeta, Transmit, UdpConfig, UdpError};
-use crate::dataplane::transport::wireguard::{self, Sessions};
+use crate::dataplane::transport::wireguard::Devices;
 use crate::dataplane::transport::{Forwarder, Ipv6Forwarding, OwnSubnet, OwnSubnet6};
 use crate::lease::record::{Ipv6Subnet, LeaseName, Subnet};
 use crate::route::Routes;
@@ -426,11 +426,13 @@ impl Tunnel {
         let name = queues.first().map_or_else(|| cfg.tun_name.clone(), |q| q.name().to_owned());
         let mtu = tun_mtu(&cfg);
         let wireguard = match (&cfg.wireguard, cfg.backend) {
-            (Some(wg), BackendKind::Wireguard) => Some(Arc::new(Sessions::new(
+            (Some(wg), BackendKind::Wireguard) => Some(Arc::new(Devices::new(
                 &wg.private_key,
                 wg.psk,
                 wg.keepalive,
                 u16::try_from(mtu).unwrap_or(u16::MAX),
+                cfg.port,
+                cfg.ipv6.map(|_| wg.port6),
             ))),
             (None, BackendKind::Wireguard) => return Err(DataplaneError::NoWireguardKey),
             _ => None,
@@ -593,25 +595,33 @@ impl Tunnel {
         Ok(running)
     }
 
-    /// wireguard: gives the sessions the route table's peers now (so that the workers' first
+    /// wireguard: gives the devices the route table's peers now (so that the workers' first
     /// packets find them), and starts the thread that keeps them following the table and ticks
-    /// their timers (handshake retries, rekeys, keepalives), sending from a second descriptor
-    /// of the first worker's socket on the listen port. It stops with the workers.
+    /// their timers (handshake retries, rekeys, keepalives), sending from second descriptors
+    /// of the first worker's sockets on the listen ports (one per underlay family). It stops
+    /// with the workers.
     fn spawn_wireguard_timers(
         &self,
-        wg: &Arc<Sessions>,
+        wg: &Arc<Devices>,
         sockets: &[WorkerSockets],
         running: &mut Running,
         initiate: bool,
     ) -> Result<(), DataplaneError> {
-        let port = self.cfg.port;
-        wg.set_peers(wireguard::peers_of(&self.routes.load(), port));
-        let Some(first) = sockets.first().and_then(|w| w.v4.as_ref()) else {
+        wg.set_peers_of(&self.routes.load());
+        let Some(first) = sockets.first() else {
             return Err(DataplaneError::NoSockets);
         };
         let (_, tx_cfg) = adopted_configs(&self.cfg, self.queues.len());
-        let fd = first.rx.duplicate().map_err(DataplaneError::Thread)?;
-        let sock = BatchSocket::adopt(fd, UdpConfig { gso: false, ..tx_cfg })?;
+        let second = |family: Option<&FamilySet>| -> Result<Option<BatchSocket>, DataplaneError> {
+            let Some(family) = family else { return Ok(None) };
+            let fd = family.rx.duplicate().map_err(DataplaneError::Thread)?;
+            Ok(Some(BatchSocket::adopt(fd, UdpConfig { gso: false, ..tx_cfg })?))
+        };
+        let sock = match (second(first.v4.as_ref())?, second(first.v6.as_ref())?) {
+            (Some(v4), v6) => FamilySockets::new(v4, v6),
+            (None, Some(v6)) => FamilySockets::ipv6_only(v6),
+            (None, None) => return Err(DataplaneError::NoSockets),
+        };
         let (wg, routes, stop) = (wg.clone(), self.routes.clone(), running.stop.clone());
         let counters = self.counters.clone();
         let thread = std::thread::Builder::new()
@@ -620,7 +630,7 @@ impl Tunnel {
                 let counters = counters.thread("weft-wg-timers");
                 let mut sock = sock;
                 worker::run_wireguard_timers(
-                    &wg, &routes, port, &mut sock, &BootClock, &stop, &counters, initiate,
+                    &wg, &routes, &mut sock, &BootClock, &stop, &counters, initiate,
                 );
             })
             .map_err(DataplaneError::Thread)?;
@@ -926,7 +936,10 @@ fn open_family(
         });
     }
     let (rx_cfg, tx_cfg) = family_configs(cfg, bind_on, workers);
-    if cfg.backend == BackendKind::Wireguard {
+    if let (BackendKind::Wireguard, Some(wg)) = (cfg.backend, &cfg.wireguard) {
+        // The IPv6 underlay's device listens on ListenPortV6 (flannel's `flannel-wg-v6`).
+        let port = if bind_on.is_ipv6() { wg.port6 } else { cfg.port };
+        let rx_cfg = UdpConfig { bind: SocketAddr::new(bind_on, port), ..rx_cfg };
         // One socket, on the listen port, both ways: WireGuard peers send to the address a
         // datagram came from (the kernel's and wireguard-go's endpoints roam), so datagrams
         // must leave from the port they are received on. The sending half is a second

@@ -818,7 +818,7 @@ mod tests {
     /// Host `n` on the wireguard backend (10.244.n.0/24 behind 192.0.2.n:51820, key `[n; 32]`)
     /// knowing host `peer`: its forwarder and routes.
     fn wireguard_host(n: u8, peer: u8) -> (Forwarder, Routes) {
-        use crate::dataplane::transport::wireguard::{PeerConfig, Sessions, public_key};
+        use crate::dataplane::transport::wireguard::{Devices, PeerConfig, Sessions, public_key};
         use crate::vocab::WgSecret;
         let key = |n: u8| WgSecret::from_bytes([n; 32]);
         let peer_subnet: crate::lease::record::Subnet =
@@ -834,7 +834,7 @@ mod tests {
         let (mut fwd, _) = host(BackendKind::Udp, n, peer);
         fwd.backend = BackendKind::Wireguard;
         fwd.port = 51820;
-        fwd.wireguard = Some(Arc::new(sessions));
+        fwd.wireguard = Some(Arc::new(Devices::ipv4_only(sessions, 51820)));
         let routes = Routes::new(RouteTable::build(
             "10.244.0.0/16".parse().unwrap(),
             24,

@@ -125,6 +125,7 @@ impl RxPath {
                 if let Some(wg) = wg {
                     let out = &mut opened[b][off..];
                     let sealed = Sealed { src: meta.src, datagram, clock: &**clock };
+                    let wg = wg.of(meta.src);
                     if let Some(r) = open(wg, fwd, &sealed, out, sock, drained, counters) {
                         if !flow_seen {
                             counters.carried(wire::flow_hash(&out[r.clone()]), Direction::Rx);

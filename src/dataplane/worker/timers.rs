@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::io::UdpIo;
 use super::wait::StopSignal;
 use crate::dataplane::sys::udp::Transmit;
-use crate::dataplane::transport::wireguard::{self, Sessions};
+use crate::dataplane::transport::wireguard::Devices;
 use crate::dataplane::worker::counters::PacketCounters;
 use crate::route::{RouteTable, Routes};
 use crate::time::Clock;
@@ -20,14 +20,13 @@ pub const TICK: Duration = Duration::from_millis(250);
 /// peer is known to the sessions within this of its route.
 const LOOK: Duration = Duration::from_millis(25);
 
-/// Runs until `stop`: peers from `routes` (those without a port in their lease at `port`),
-/// timers ticked every [`TICK`], their datagrams sent on `sock`. `initiate`: start a handshake
-/// with every peer first ([`Sessions::initiate_all`]: this process took over from another).
-#[allow(clippy::too_many_arguments)]
+/// Runs until `stop`: each device's peers from `routes` ([`Devices::set_peers_of`]), timers
+/// ticked every [`TICK`], their datagrams sent on `sock` (the listen ports' sockets, one per
+/// underlay family). `initiate`: start a handshake with every peer first
+/// ([`Devices::initiate_all`]: this process took over from another).
 pub(crate) fn run_wireguard_timers<U: UdpIo>(
-    wg: &Sessions,
+    wg: &Devices,
     routes: &Arc<Routes>,
-    port: u16,
     sock: &mut U,
     clock: &dyn Clock,
     stop: &StopSignal,
@@ -35,7 +34,7 @@ pub(crate) fn run_wireguard_timers<U: UdpIo>(
     initiate: bool,
 ) {
     if initiate {
-        wg.set_peers(wireguard::peers_of(&routes.load(), port));
+        wg.set_peers_of(&routes.load());
         let now = clock.now();
         wg.initiate_all(|to, datagram| {
             let tx = Transmit { dst: to, contents: datagram, segment_size: None };
@@ -47,7 +46,7 @@ pub(crate) fn run_wireguard_timers<U: UdpIo>(
     while !stop.is_stopped() {
         let table = Arc::clone(&routes.load());
         if !seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, &table)) {
-            wg.set_peers(wireguard::peers_of(&table, port));
+            wg.set_peers_of(&table);
             seen = Some(table);
         }
         if since_tick >= TICK {

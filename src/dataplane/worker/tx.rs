@@ -14,7 +14,7 @@ use super::io::{TunIo, UdpIo};
 use super::plan::{Carries, Pending, Planned, TxPlan};
 use crate::dataplane::offload;
 use crate::dataplane::sys::udp::{MAX_BATCH, Transmit, UdpError};
-use crate::dataplane::transport::wireguard::{self, Sealed, Sessions, WgPublicKey};
+use crate::dataplane::transport::wireguard::{self, Devices, Sealed, Sessions, WgPublicKey};
 use crate::dataplane::transport::{DropReason, HEADROOM, Refusal, Tx};
 use crate::dataplane::wire::virtio_net::{self, Header};
 use crate::dataplane::worker::counters::{Direction, PacketCounters};
@@ -401,7 +401,7 @@ fn refuse<T: TunIo>(cx: &Context<'_, T>, refusal: Refusal, reply: &mut [u8]) {
 #[allow(clippy::too_many_arguments)]
 fn seal_read<T: TunIo, U: UdpIo>(
     cx: &Context<'_, T>,
-    wg: &Sessions,
+    wg: &Devices,
     hdr: &Header,
     packet: &mut [u8],
     scratch: &mut Scratch,
@@ -419,6 +419,8 @@ fn seal_read<T: TunIo, U: UdpIo>(
         counters.count_drop(DropReason::TxBackendMismatch);
         return;
     };
+    // The device of the underlay family the packet leaves over (flannel's `Mode` separate).
+    let wg = wg.of(route.to);
     if hdr.gso_type & !virtio_net::GSO_ECN == virtio_net::GSO_NONE {
         if offload::finish_checksum(hdr, packet).is_err() {
             counters.count_drop(DropReason::TxMalformed);

@@ -4,7 +4,8 @@
 //! protocol reply ([`Sessions::open`]), and time into handshake retries, rekeys and keepalives
 //! ([`Sessions::tick`]). The workers call it through
 //! [`super::Forwarder::wireguard`]; a timer thread of the tunnel ticks it and gives it the route
-//! table's peers ([`peers_of`]).
+//! table's peers ([`peers_of`], [`peers6_of`]). With IPv6 enabled there are two [`Devices`], as
+//! flannel's `Mode` `separate` has two WireGuard interfaces: one per underlay family.
 //!
 //! # The protocol crate
 //! The Noise IK handshake, the sessions and their timers, cookies and the handshake rate limit
@@ -103,30 +104,151 @@ pub fn public_key(private: &WgSecret) -> WgPublicKey {
     WgPublicKey(x25519::PublicKey::from(&x25519::StaticSecret::from(*private.expose())).to_bytes())
 }
 
-/// The WireGuard peers of a route table: every wireguard lease's key at its `PublicIP` and
-/// `Port` (`port`, ours, when its lease names none, as flannel reads it), allowed to send from
-/// its subnet. A lease of another backend is no WireGuard peer (the route table counts it as a
-/// backend mismatch).
+/// The WireGuard peers of a route table on the IPv4 underlay (flannel's `flannel-wg`): every
+/// wireguard lease with an IPv4 subnet, its key at its `PublicIP` and `Port` (`port`, ours,
+/// when its lease names none, as flannel reads it), allowed to send from its subnet. A lease of
+/// another backend is no WireGuard peer (the route table counts it as a backend mismatch).
 pub fn peers_of(table: &crate::route::RouteTable, port: u16) -> Vec<PeerConfig> {
     table
         .peers()
         .iter()
+        .filter(|p| p.subnet.v4().is_some())
         .filter_map(|p| match p.backend {
             crate::route::PeerBackend::Wireguard { key, port: theirs } => Some(PeerConfig {
                 key,
                 endpoint: SocketAddr::from((p.public_ip, theirs.unwrap_or(port))),
                 subnet: p.subnet,
                 ipv6: None,
-                epoch: p.incarnation.as_ref().map_or(0, |i| {
-                    use std::hash::{Hash as _, Hasher as _};
-                    let mut h = std::hash::DefaultHasher::new();
-                    i.hash(&mut h);
-                    h.finish()
-                }),
+                epoch: epoch_of(p),
             }),
             _ => None,
         })
         .collect()
+}
+
+/// The WireGuard peers of a route table on the IPv6 underlay (flannel's `flannel-wg-v6`, `Mode`
+/// `separate`): every wireguard lease's IPv6 half, its `BackendV6Data` key at its `PublicIPv6`
+/// and `BackendV6Data.Port` (`port6`, our `ListenPortV6`, when it names none), allowed to send
+/// from its IPv6 half only.
+pub fn peers6_of(table: &crate::route::RouteTable, port6: u16) -> Vec<PeerConfig> {
+    table
+        .peers()
+        .iter()
+        .filter_map(|p| {
+            let half = p.ipv6?;
+            let wg = half.wireguard?;
+            Some(PeerConfig {
+                key: wg.key,
+                endpoint: SocketAddr::from((half.public_ip, wg.port.unwrap_or(port6))),
+                subnet: Subnet::from(half.subnet),
+                ipv6: None,
+                epoch: epoch_of(p),
+            })
+        })
+        .collect()
+}
+
+/// Which process of the peer wrote its lease: a hash of its `WeftIncarnation`, 0 for none.
+fn epoch_of(p: &crate::route::Peer) -> u64 {
+    p.incarnation.as_ref().map_or(0, |i| {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut h = std::hash::DefaultHasher::new();
+        i.hash(&mut h);
+        h.finish()
+    })
+}
+
+/// The WireGuard devices of one data plane, as flannel's `Mode` `separate` lays them out: one
+/// set of [`Sessions`] for the IPv4 underlay (flannel's `flannel-wg`, on `ListenPort`) and, with
+/// IPv6 enabled, another for the IPv6 underlay (`flannel-wg-v6`, on `ListenPortV6`). flannel
+/// gives both devices the same key, so a peer has two independent sessions with us, one per
+/// family: they are kept apart here as two devices keep them apart (their own handshakes,
+/// indices, counters and timers), and a datagram is opened by the device of the family it
+/// arrived over and sealed by the device of the family it leaves over. weft has one TUN
+/// device; which device an inner packet takes is its own family's (an IPv4 packet to the
+/// peer's IPv4 endpoint, an IPv6 packet to its IPv6 one).
+pub struct Devices {
+    /// The IPv4 underlay's (the only one on an IPv4-only network; unused on an IPv6-only one).
+    pub v4: Sessions,
+    /// The IPv6 underlay's, with IPv6 enabled.
+    pub v6: Option<Sessions>,
+    /// Our `ListenPort`: a peer whose lease names no port listens on it too.
+    port: u16,
+    /// Our `ListenPortV6`.
+    port6: u16,
+}
+
+impl std::fmt::Debug for Devices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Devices")
+            .field("v4", &self.v4)
+            .field("v6", &self.v6)
+            .field("port", &self.port)
+            .field("port6", &self.port6)
+            .finish()
+    }
+}
+
+impl Devices {
+    /// The devices under our `private` key (both: flannel's one key file), with the options
+    /// [`Sessions::new`] takes; `port6`: `ListenPortV6` when IPv6 is enabled (a second device),
+    /// `None` on an IPv4-only network.
+    pub fn new(
+        private: &WgSecret,
+        psk: Option<WgSecret>,
+        keepalive: Option<u16>,
+        mtu: u16,
+        port: u16,
+        port6: Option<u16>,
+    ) -> Self {
+        Self {
+            v4: Sessions::new(private, psk, keepalive, mtu),
+            v6: port6.map(|_| Sessions::new(private, psk, keepalive, mtu)),
+            port,
+            port6: port6.unwrap_or(port),
+        }
+    }
+
+    /// One device, as an IPv4-only network has (tests and tools).
+    pub fn ipv4_only(v4: Sessions, port: u16) -> Self {
+        Self { v4, v6: None, port, port6: port }
+    }
+
+    /// The device of `peer`'s underlay family: where a datagram from `peer` is opened and one
+    /// to `peer` sealed.
+    pub fn of(&self, peer: SocketAddr) -> &Sessions {
+        match (peer, &self.v6) {
+            (SocketAddr::V6(_), Some(v6)) => v6,
+            _ => &self.v4,
+        }
+    }
+
+    /// Our `ListenPortV6`: an IPv6 half's port when its lease names none.
+    pub fn port6(&self) -> u16 {
+        self.port6
+    }
+
+    /// Gives each device its peers from `table` ([`peers_of`], [`peers6_of`]).
+    pub fn set_peers_of(&self, table: &crate::route::RouteTable) {
+        self.v4.set_peers(peers_of(table, self.port));
+        if let Some(v6) = &self.v6 {
+            v6.set_peers(peers6_of(table, self.port6));
+        }
+    }
+
+    /// Both devices' [`Sessions::initiate_all`].
+    pub fn initiate_all(&self, mut emit: impl FnMut(SocketAddr, &[u8])) {
+        for device in std::iter::once(&self.v4).chain(&self.v6) {
+            device.initiate_all(&mut emit);
+        }
+    }
+
+    /// Both devices' [`Sessions::tick`].
+    pub fn tick(&self, mut emit: impl FnMut(SocketAddr, &[u8])) {
+        for device in std::iter::once(&self.v4).chain(&self.v6) {
+            device.tick(&mut emit);
+        }
+    }
 }
 
 /// Bytes in front of the inner packet: the data message's type, receiver index and counter.

@@ -596,3 +596,96 @@ fn a_restarted_peer_gets_a_fresh_session() {
         "sealed for the forgotten session"
     );
 }
+
+/// Host `n`'s route as a dual-stack flannel wireguard lease has it: 10.244.n.0/24 at
+/// 192.0.2.n:51820, its IPv6 half fd00:10:244:n::/64 at [2001:db8::n] with `port6`.
+fn dual_route(key: WgPublicKey, n: u8, port6: Option<u16>) -> crate::route::Peer {
+    use crate::route::{Peer, Peer6, PeerBackend, Wireguard6};
+    Peer {
+        subnet: format!("10.244.{n}.0/24").parse().unwrap(),
+        public_ip: Ipv4Addr::new(192, 0, 2, n),
+        backend: PeerBackend::Wireguard { key, port: Some(51820) },
+        vtep_mac: None,
+        vni: None,
+        node: None,
+        incarnation: None,
+        stale: false,
+        ipv6: Some(Peer6 {
+            subnet: format!("fd00:10:244:{n}::/64").parse().unwrap(),
+            public_ip: format!("2001:db8::{n}").parse().unwrap(),
+            vtep_mac: crate::vocab::MacAddr([0; 6]),
+            wireguard: Some(Wireguard6 { key, port: port6 }),
+        }),
+    }
+}
+
+/// flannel's `Mode` separate: each host's two devices on one key get the route table's peers
+/// per family (the IPv4 one: `PublicIP:Port`, the IPv4 subnet; the IPv6 one:
+/// `[PublicIPv6]:BackendV6Data.Port`, ours when none, the IPv6 half), hand-shake apart, and an
+/// IPv6 packet goes by the IPv6 device; the same packet sealed by the IPv4 device is refused on
+/// arrival, as flannel's IPv4 device (allowed the IPv4 subnet alone) refuses it.
+#[test]
+fn separate_mode_devices_keep_one_session_per_family() {
+    use crate::route::RouteTable;
+    let (ka, kb) = (fresh_key(), fresh_key());
+    let a = Devices::new(&ka, None, None, MTU, 51820, Some(51821));
+    let b = Devices::new(&kb, None, None, MTU, 51820, Some(51821));
+    let (a_key, b_key) = (a.v4.public_key(), b.v4.public_key());
+    assert_eq!(a.v6.as_ref().map(Sessions::public_key), Some(a_key), "one key for both");
+    let table = |peer| RouteTable::build("10.244.0.0/16".parse().unwrap(), 24, [peer]);
+    a.set_peers_of(&table(dual_route(b_key, 2, Some(51821))));
+    // B's lease names no IPv6 port for A: our ListenPortV6.
+    b.set_peers_of(&table(dual_route(a_key, 1, None)));
+    let v6_ep =
+        |n: u8| SocketAddr::from((format!("2001:db8::{n}").parse::<Ipv6Addr>().unwrap(), 51821));
+    assert_eq!(
+        a.v4.peers(),
+        [PeerConfig { ipv6: None, ..config(b_key, 2) }],
+        "the IPv4 device: PublicIP:Port, the IPv4 subnet"
+    );
+    let v6_peers = a.v6.as_ref().unwrap().peers();
+    assert_eq!(v6_peers.len(), 1);
+    assert_eq!((v6_peers[0].key, v6_peers[0].endpoint), (b_key, v6_ep(2)));
+    assert_eq!(
+        v6_peers[0].subnet,
+        Subnet::from("fd00:10:244:2::/64".parse::<Ipv6Subnet>().unwrap())
+    );
+    assert_eq!(b.v6.as_ref().unwrap().peers()[0].endpoint, v6_ep(1));
+    // Each family's datagrams go to that family's device.
+    assert!(std::ptr::eq(a.of(v6_ep(2)), a.v6.as_ref().unwrap()));
+    assert!(std::ptr::eq(a.of(ep(2)), &a.v4));
+    assert_eq!(a.port6(), 51821);
+
+    // An IPv6 packet from A's half: sealed by A's IPv6 device, a handshake over IPv6 first.
+    let packet = ip6("fd00:10:244:1::5".parse().unwrap(), 40);
+    let mut out = [0u8; 2048];
+    let (a6, b6) = (a.of(v6_ep(2)), b.of(v6_ep(1)));
+    let Sealed::Handshake { to, len } = a6.seal(&b_key, &packet, &mut out) else { panic!() };
+    assert_eq!(to, v6_ep(2));
+    let init = out[..len].to_vec();
+    let Opened::Reply { to, len, .. } = b6.open(v6_ep(1), &init, &mut out) else { panic!() };
+    assert_eq!(to, v6_ep(1));
+    let response = out[..len].to_vec();
+    let Opened::Reply { len, .. } = a6.open(v6_ep(2), &response, &mut out) else { panic!() };
+    let keepalive = out[..len].to_vec();
+    assert_eq!(b6.open(v6_ep(1), &keepalive, &mut out), Opened::Consumed { peer: a_key });
+    let Some((to, len)) = a6.drain(&b_key, &mut out) else { panic!("the packet waited") };
+    assert_eq!(to, v6_ep(2));
+    let sealed = out[..len].to_vec();
+    assert_eq!(receive(b6, v6_ep(1), &sealed), packet);
+    // The IPv4 devices have no session: that handshake was the IPv6 devices' alone.
+    let mut out4 = [0u8; 2048];
+    assert!(matches!(a.v4.seal(&b_key, &a_to_b(1), &mut out4), Sealed::Handshake { .. }));
+    // The IPv6 packet over the IPv4 devices (once they hand-shake) is refused: the IPv4
+    // device allows the IPv4 subnet alone.
+    let init = out4[..HANDSHAKE_INIT_LEN].to_vec();
+    let Opened::Reply { len, .. } = b.v4.open(ep(1), &init, &mut out4) else { panic!() };
+    let response = out4[..len].to_vec();
+    let Opened::Reply { len, .. } = a.v4.open(ep(2), &response, &mut out4) else { panic!() };
+    let keepalive = out4[..len].to_vec();
+    assert_eq!(b.v4.open(ep(1), &keepalive, &mut out4), Opened::Consumed { peer: a_key });
+    while a.v4.drain(&b_key, &mut out4).is_some() {}
+    let v6_over_v4 = send(&a.v4, &b_key, &packet);
+    assert_eq!(b.v4.open(ep(1), &v6_over_v4, &mut out4), Opened::Drop(DropReason::RxSpoofedSource));
+    assert_eq!(receive(&b.v4, ep(1), &send(&a.v4, &b_key, &a_to_b(3))), a_to_b(3));
+}
