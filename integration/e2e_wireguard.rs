@@ -198,9 +198,10 @@ fn forged_and_replayed_datagrams_are_counted_and_a_renumbered_peer_is_reached() 
 }
 
 /// An in-place upgrade (SIGHUP) of a wireguard weft: the new image has none of the old one's
-/// sessions, starts a handshake with every peer at once, and the peer takes the new session
-/// within a round trip. Pings 5 ms apart across three upgrades lose at most a few; the count
-/// is printed.
+/// sessions, starts a handshake with every peer as soon as its predecessor has stopped
+/// reading the sockets, and the peer takes the new session
+/// within a round trip. Pings 5 ms apart across three upgrades lose at most a few per
+/// takeover; the count is printed.
 #[test]
 fn an_in_place_upgrade_re_handshakes_at_once() {
     let lab = Lab::new(WG);
@@ -233,7 +234,13 @@ fn an_in_place_upgrade_re_handshakes_at_once() {
         "wireguard in-place upgrades: {lost} of {} pings 5 ms apart lost across 3",
         r.transmitted
     );
-    assert!(lost <= 6, "{lost} of {} lost:\n{}", r.transmitted, r.text);
+    // Each upgrade is two takeovers (the bridge's, then the new image's). A takeover loses
+    // what the new process reads before its predecessor has stopped reading the sockets
+    // (sealed for the predecessor's sessions) and one handshake round trip after: about two
+    // pings 5 ms apart each, 10-12 in all here. Starting the handshakes before the
+    // predecessor stopped lost 10 to 491 (a response it read was lost, and gotatun retries
+    // after 5 s).
+    assert!(lost <= 18, "{lost} of {} lost:\n{}", r.transmitted, r.text);
 }
 
 /// `wg show DEV WHAT` in host namespace `ns`: one line per peer, `<key>\t<value>`.

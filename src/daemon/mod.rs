@@ -573,6 +573,8 @@ async fn start_fresh(
             );
             match Dataplane::adopt(cfg, routes.clone(), handed, provisional) {
                 Ok(dp) => {
+                    // The process that held these descriptors is gone.
+                    dp.predecessor_released();
                     if let Some(bound_for) = bound_for
                         && bound_for != underlay.public_ip
                         && let Err(e) = dp.set_public_ip(underlay.public_ip)
@@ -749,6 +751,9 @@ async fn start_handed(
         .context("the takeover task")?
         .context("the running weft did not release everything")?;
     // Released: everything is this process's now.
+    if let Some(dp) = &dataplane {
+        dp.predecessor_released();
+    }
     let dataplane = dataplane
         .map(|dp| run_dataplane(dp, &health, subnet_rx.clone(), &shutdown_rx, opts.netlink_resync));
     let listener = match incoming.health.take() {

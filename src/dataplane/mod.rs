@@ -263,6 +263,14 @@ impl Dataplane {
         }
     }
 
+    /// The process this one took over from has stopped reading the descriptors, or there is
+    /// none (systemd's fd store): see [`Tunnel::predecessor_released`].
+    pub(crate) fn predecessor_released(&self) {
+        if let Backend::Tunnel(t) = &self.backend {
+            t.predecessor_released();
+        }
+    }
+
     /// Forwards again after [`Dataplane::quiesce`] (a handover that failed).
     pub(crate) fn resume(&self) -> Result<(), DataplaneError> {
         if let Some(k) = self.kernel_routes() {

@@ -224,6 +224,10 @@ pub(crate) struct Tunnel {
     /// Taken over from another process, and its workers not started yet: wireguard then
     /// starts a handshake with every peer at once ([`Sessions::initiate_all`]).
     handed: std::sync::atomic::AtomicBool,
+    /// The process this one took over from has stopped reading the sockets
+    /// ([`Tunnel::predecessor_released`]): until then a handshake response could reach it
+    /// instead of us, so wireguard's handshakes at a takeover wait for this.
+    released: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Tunnel {
@@ -523,6 +527,7 @@ impl Tunnel {
             workers: Arc::new(WorkerStates::default()),
             generation: std::sync::atomic::AtomicU64::new(0),
             handed: std::sync::atomic::AtomicBool::new(lease.is_some()),
+            released: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
         let running = dp.spawn_workers(bound_on.public_ip, sockets)?;
         *dp.running.lock().unwrap_or_else(|e| e.into_inner()) = running;
@@ -600,6 +605,12 @@ impl Tunnel {
     /// their timers (handshake retries, rekeys, keepalives), sending from second descriptors
     /// of the first worker's sockets on the listen ports (one per underlay family). It stops
     /// with the workers.
+    /// The process this one took over from has stopped reading the sockets (or there is none:
+    /// descriptors from systemd's fd store): a wireguard takeover's handshakes may start.
+    pub(crate) fn predecessor_released(&self) {
+        self.released.store(true, Ordering::Release);
+    }
+
     fn spawn_wireguard_timers(
         &self,
         wg: &Arc<Devices>,
@@ -623,12 +634,14 @@ impl Tunnel {
             (None, None) => return Err(DataplaneError::NoSockets),
         };
         let (wg, routes, stop) = (wg.clone(), self.routes.clone(), running.stop.clone());
+        let released = self.released.clone();
         let counters = self.counters.clone();
         let thread = std::thread::Builder::new()
             .name("weft-wg-timers".to_owned())
             .spawn(move || {
                 let counters = counters.thread("weft-wg-timers");
                 let mut sock = sock;
+                let initiate = initiate.then_some(&*released);
                 worker::run_wireguard_timers(
                     &wg, &routes, &mut sock, &BootClock, &stop, &counters, initiate,
                 );

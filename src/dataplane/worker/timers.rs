@@ -3,6 +3,7 @@
 //! limiter's reset) every [`TICK`], sending what they ask for from the listen port's socket.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::io::UdpIo;
@@ -20,10 +21,18 @@ pub const TICK: Duration = Duration::from_millis(250);
 /// peer is known to the sessions within this of its route.
 const LOOK: Duration = Duration::from_millis(25);
 
+/// How often the thread looks whether the process it took over from has stopped reading the
+/// sockets: the handshakes of a takeover start within this of it.
+const RELEASE_LOOK: Duration = Duration::from_millis(1);
+
 /// Runs until `stop`: each device's peers from `routes` ([`Devices::set_peers_of`]), timers
 /// ticked every [`TICK`], their datagrams sent on `sock` (the listen ports' sockets, one per
-/// underlay family). `initiate`: start a handshake with every peer first
-/// ([`Devices::initiate_all`]: this process took over from another).
+/// underlay family). `initiate`: this process took over from another; once the flag it points
+/// at is set (the predecessor has stopped reading the sockets, so every handshake response
+/// reaches us), start a handshake with every peer ([`Devices::initiate_all`]). Before that the
+/// predecessor forwards with its sessions; starting earlier, a response read by the
+/// predecessor is lost, and the peer seals for a session nobody has until gotatun retries,
+/// 5 s later.
 pub(crate) fn run_wireguard_timers<U: UdpIo>(
     wg: &Devices,
     routes: &Arc<Routes>,
@@ -31,16 +40,9 @@ pub(crate) fn run_wireguard_timers<U: UdpIo>(
     clock: &dyn Clock,
     stop: &StopSignal,
     counters: &PacketCounters,
-    initiate: bool,
+    initiate: Option<&AtomicBool>,
 ) {
-    if initiate {
-        wg.set_peers_of(&routes.load());
-        let now = clock.now();
-        wg.initiate_all(|to, datagram| {
-            let tx = Transmit { dst: to, contents: datagram, segment_size: None };
-            super::tx::send_skipping(sock, &[tx], now, counters);
-        });
-    }
+    let mut initiate = initiate;
     let mut seen: Option<Arc<RouteTable>> = None;
     let mut since_tick = Duration::ZERO;
     while !stop.is_stopped() {
@@ -48,6 +50,14 @@ pub(crate) fn run_wireguard_timers<U: UdpIo>(
         if !seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, &table)) {
             wg.set_peers_of(&table);
             seen = Some(table);
+        }
+        if initiate.is_some_and(|released| released.load(Ordering::Acquire)) {
+            initiate = None;
+            let now = clock.now();
+            wg.initiate_all(|to, datagram| {
+                let tx = Transmit { dst: to, contents: datagram, segment_size: None };
+                super::tx::send_skipping(sock, &[tx], now, counters);
+            });
         }
         if since_tick >= TICK {
             since_tick = Duration::ZERO;
@@ -57,7 +67,8 @@ pub(crate) fn run_wireguard_timers<U: UdpIo>(
                 super::tx::send_skipping(sock, &[tx], now, counters);
             });
         }
-        std::thread::sleep(LOOK);
-        since_tick += LOOK;
+        let look = if initiate.is_some() { RELEASE_LOOK } else { LOOK };
+        std::thread::sleep(look);
+        since_tick += look;
     }
 }
