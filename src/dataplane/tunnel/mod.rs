@@ -924,7 +924,7 @@ fn adopted_configs(cfg: &DataplaneConfig, workers: usize) -> (UdpConfig, UdpConf
 /// by a BPF filter, see [`BatchSocket::open_ipip_rx`]) and one sending, as raw IP has no
 /// source port to spread flows by.
 ///
-/// Every worker sends from the same pool (`shared`: the first worker's, duplicated), so a
+/// Every worker sends from the same ports (`shared`: the first worker's pool), so a
 /// flow's outer source port is the same whichever worker reads it from TUN. With a pool per
 /// worker a flow that moved between TUN queues changed its outer 5-tuple, the peer received it
 /// on another worker, whose writes moved the reverse flow, which moved this one back: flows
@@ -961,10 +961,14 @@ fn open_family(
         let tx = BatchSocket::adopt(rx.duplicate().map_err(UdpError::Socket)?, tx_cfg)?;
         return Ok(FamilySet { rx, tx_pool: vec![tx] });
     }
+    // Sockets of their own on the same ports (SO_REUSEPORT, so same user only), not
+    // duplicated descriptors: systemd's fd store keeps one descriptor per open socket and
+    // would drop the duplicates, and the next process could not adopt the layout.
+    let tx_cfg = UdpConfig { reuse_port: workers > 1, ..tx_cfg };
     let tx_pool = match shared {
         Some(pool) => pool
             .iter()
-            .map(|s| BatchSocket::adopt(s.duplicate().map_err(UdpError::Socket)?, tx_cfg))
+            .map(|s| BatchSocket::open(UdpConfig { bind: s.local_addr(), ..tx_cfg }))
             .collect::<Result<Vec<_>, _>>()?,
         None => (0..tx_pool_size(workers))
             .map(|_| BatchSocket::open(tx_cfg))
