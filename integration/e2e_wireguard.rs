@@ -236,10 +236,11 @@ fn an_in_place_upgrade_re_handshakes_at_once() {
     );
     // Each upgrade is two takeovers (the bridge's, then the new image's). A takeover loses
     // what the new process reads before its predecessor has stopped reading the sockets
-    // (sealed for the predecessor's sessions) and one handshake round trip after: about two
-    // pings 5 ms apart each, 10-12 in all here. Starting the handshakes before the
-    // predecessor stopped lost 10 to 491 (a response it read was lost, and gotatun retries
-    // after 5 s).
+    // (sealed for the predecessor's sessions) and one handshake round trip after: 4-7 in all
+    // here. Starting the handshakes before the predecessor stopped lost 10 to 491 (a
+    // response it read was lost, and gotatun retries after 5 s); a quiesce that waited for
+    // the timer thread's 25 ms sleep (nobody forwarding meanwhile) lost 10-12 here and 21 in
+    // CI's slower root. The bound leaves CI twice the room.
     assert!(lost <= 18, "{lost} of {} lost:\n{}", r.transmitted, r.text);
 }
 

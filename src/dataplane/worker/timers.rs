@@ -68,7 +68,10 @@ pub(crate) fn run_wireguard_timers<U: UdpIo>(
             });
         }
         let look = if initiate.is_some() { RELEASE_LOOK } else { LOOK };
-        std::thread::sleep(look);
+        // Woken at once by the stop: a handover's quiesce joins this thread, and until it
+        // returns nobody forwards (the predecessor's workers have stopped, the successor
+        // waits for Released).
+        stop.sleep(look);
         since_tick += look;
     }
 }

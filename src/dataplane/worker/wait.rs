@@ -18,7 +18,7 @@
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use mio::unix::SourceFd;
@@ -34,6 +34,9 @@ const WAKER: Token = Token(usize::MAX);
 pub struct StopSignal {
     stopped: AtomicBool,
     wakers: Mutex<Vec<Arc<Waker>>>,
+    /// Where [`StopSignal::sleep`] waits: `stop` notifies it holding the lock, so a sleeper
+    /// that saw the flag unset under the lock cannot miss the notification.
+    parked: (Mutex<()>, Condvar),
 }
 
 impl StopSignal {
@@ -52,13 +55,30 @@ impl StopSignal {
         &self.stopped
     }
 
-    /// Sets the flag and wakes every thread asleep in its [`Idle`].
+    /// Sets the flag and wakes every thread asleep in its [`Idle`] or in
+    /// [`StopSignal::sleep`].
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
         for w in self.wakers.lock().unwrap_or_else(PoisonError::into_inner).iter() {
             // A waker whose poll is gone (its thread ended) has nothing to wake.
             let _ = w.wake();
         }
+        let (lock, parked) = &self.parked;
+        let _held = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        parked.notify_all();
+    }
+
+    /// Sleeps `d`, or less if the signal is given meanwhile (at once if it was already), for
+    /// a thread with no descriptor to wait on (the wireguard timers): stopping such a thread
+    /// waits for no timer, and a handover's quiesce (during which nobody forwards) is short.
+    pub fn sleep(&self, d: Duration) {
+        let (lock, parked) = &self.parked;
+        let held = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.is_stopped() {
+            return;
+        }
+        // A spurious wake-up only ends this sleep early: the caller looks at everything again.
+        let _ = parked.wait_timeout(held, d).unwrap_or_else(PoisonError::into_inner);
     }
 
     fn register(&self, waker: Arc<Waker>) {
@@ -158,6 +178,26 @@ mod tests {
         let slept = asleep.join().unwrap();
         assert!(stop.is_stopped());
         assert!(slept < Duration::from_secs(2), "slept {slept:?}: the stop did not wake it");
+    }
+
+    #[test]
+    fn a_thread_in_sleep_wakes_at_once_when_told_to_stop() {
+        let stop = StopSignal::new();
+        let asleep = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let t = Instant::now();
+                stop.sleep(CEILING);
+                t.elapsed()
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        stop.stop();
+        let slept = asleep.join().unwrap();
+        assert!(slept < Duration::from_secs(2), "slept {slept:?}: the stop did not wake it");
+        let t = Instant::now();
+        stop.sleep(CEILING);
+        assert!(t.elapsed() < Duration::from_secs(2), "a stopped signal sleeps not at all");
     }
 
     #[test]

@@ -719,17 +719,20 @@ impl Sessions {
         }
     }
 
-    /// Starts a handshake with every peer that has none in progress, `emit(to, initiation)`
-    /// sending each. For a process that took over from another (an upgrade): it has none of
-    /// its predecessor's sessions, and its peers go on sealing for those until a session of
-    /// ours is confirmed to them; initiating at once makes that one round trip instead of the
-    /// 15 s a peer waits before it starts a handshake itself.
+    /// Starts a fresh handshake with every peer, `emit(to, initiation)` sending each. For a
+    /// process that took over from another (an upgrade): it has none of its predecessor's
+    /// sessions, and its peers go on sealing for those until a session of ours is confirmed
+    /// to them; initiating at once makes that one round trip instead of the 15 s a peer waits
+    /// before it starts a handshake itself. Fresh even where a handshake is under way: one a
+    /// worker started for a packet it read before the predecessor let go of the sockets may
+    /// have had its response read (and dropped) by the predecessor, and would be retried only
+    /// after gotatun's 5 s.
     pub fn initiate_all(&self, mut emit: impl FnMut(SocketAddr, &[u8])) {
         let peers = self.peers.load();
         for peer in peers.values() {
             let mut state = peer.lock();
             let to = state.config.endpoint;
-            let Some(init) = state.tunn.format_handshake_initiation(false) else { continue };
+            let Some(init) = state.tunn.format_handshake_initiation(true) else { continue };
             let sent = WgKind::from(init);
             self.register(&sent, peer);
             drop(state);

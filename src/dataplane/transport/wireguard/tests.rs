@@ -597,6 +597,37 @@ fn a_restarted_peer_gets_a_fresh_session() {
     );
 }
 
+/// A takeover: a worker of the new process sealed a packet before its predecessor let go of
+/// the sockets, so it started a handshake whose response the predecessor read (lost here).
+/// `initiate_all` after the release starts a fresh one, not "one is under way" (which gotatun
+/// would retry only after 5 s), and its response completes it.
+#[test]
+fn initiate_all_starts_afresh_when_a_response_was_lost() {
+    let p = pair();
+    let mut out = [0u8; 2048];
+    let Sealed::Handshake { len, .. } = p.a.seal(&p.b_key, &a_to_b(1), &mut out) else {
+        panic!("no handshake")
+    };
+    let first = out[..len].to_vec();
+    assert!(matches!(p.b.open(ep(1), &first, &mut out), Opened::Reply { .. }), "answered; lost");
+
+    let mut sent = Vec::new();
+    p.a.initiate_all(|to, d| sent.push((to, d.to_vec())));
+    assert_eq!(sent.len(), 1, "a fresh initiation though one was under way");
+    let (to, init) = &sent[0];
+    assert_eq!((*to, init.len()), (ep(2), HANDSHAKE_INIT_LEN));
+    assert_ne!(init, &first);
+    let Opened::Reply { len, .. } = p.b.open(ep(1), init, &mut out) else { panic!("no response") };
+    let response = out[..len].to_vec();
+    let Opened::Reply { len, .. } = p.a.open(ep(2), &response, &mut out) else {
+        panic!("the fresh handshake did not complete")
+    };
+    let keepalive = out[..len].to_vec();
+    assert_eq!(p.b.open(ep(1), &keepalive, &mut out), Opened::Consumed { peer: p.a_key });
+    let (_, len) = p.a.drain(&p.b_key, &mut out).expect("the queued packet goes");
+    assert_eq!(receive(&p.b, ep(1), &out[..len]), a_to_b(1));
+}
+
 /// Host `n`'s route as a dual-stack flannel wireguard lease has it: 10.244.n.0/24 at
 /// 192.0.2.n:51820, its IPv6 half fd00:10:244:n::/64 at [2001:db8::n] with `port6`.
 fn dual_route(key: WgPublicKey, n: u8, port6: Option<u16>) -> crate::route::Peer {
