@@ -21,8 +21,12 @@ fuzz_target!(|data: &[u8]| {
         let mut again = LeaseAttrs::from_json(&attrs.to_json()).expect("to_json parses back");
         // serde_json (without its float_roundtrip feature) may read a float written back one
         // ulp off; weft only ever writes its own integer BackendData, so that is not compared.
+        // The same for the IPv6 half's BackendV6Data.
         if attrs.backend_data.as_ref().is_some_and(has_float) {
             again.backend_data.clone_from(&attrs.backend_data);
+        }
+        if attrs.backend_v6_data.as_ref().is_some_and(has_float) {
+            again.backend_v6_data.clone_from(&attrs.backend_v6_data);
         }
         assert_eq!(again, attrs, "LeaseAttrs round trip");
         let subnet = Subnet::from_parts([10, 244, 1, 0].into(), 24).unwrap();
