@@ -87,6 +87,14 @@
 #                             weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-ipip
 #                             weft-wireguard wireguard-go weft-base kernel-hostgw weft-hostgw
 #                             kernel6 weft-vxlan6)
+#   BENCH_MODE=two-machines   model two machines on this one: h1's processes (daemons, iperf3,
+#                             ping, sockperf; every thread, found with `ip netns pids`) pinned to
+#                             CPU 0 and h2's to CPU 1 with taskset, and each host's eth0 steering
+#                             its receive processing (RPS) to its own CPU, so a thread that spins
+#                             or polls takes its own host's CPU, never its peer's. The default,
+#                             BENCH_MODE=shared, leaves the scheduler free: both hosts share both
+#                             cores (needs 2 CPUs or more)
+#   WEFT_FLAGS="--spin 50us"  more flags for every weft row (split on spaces)
 #   WEFT_BIN=/path/to/weft    bench that binary (e.g. another commit's build) instead of building
 #   BENCH_LOGS=DIR            keep each weft run's log there as <path>-h<N>.log (the WORK dir,
 #                             where weft logs, is removed on exit)
@@ -112,6 +120,13 @@ SOCKPERF_LOW_MPS=${SOCKPERF_LOW_MPS:-100}
 SOCKPERF_UDP_PORT=11111
 SOCKPERF_TCP_PORT=11112
 OUT=${BENCH_JSON:-bench-results.json}
+BENCH_MODE=${BENCH_MODE:-shared}
+case $BENCH_MODE in
+    shared) ;;
+    two-machines)
+        [ "$(nproc)" -ge 2 ] || { echo "bench: BENCH_MODE=two-machines needs 2 CPUs, this machine has $(nproc)" >&2; exit 1; } ;;
+    *) echo "bench: BENCH_MODE is shared or two-machines, not $BENCH_MODE" >&2; exit 1 ;;
+esac
 PATHS=${BENCH_PATHS:-"raw kernel weft-vxlan weft-vxlan-tailpad weft-vxlan-nogso weft-udp weft-ipip weft-wireguard wireguard-go weft-base kernel-hostgw weft-hostgw kernel6 weft-vxlan6${FLANNELD:+ flanneld-udp flanneld-vxlan}"}
 if [ -n "${FLANNELD:-}" ]; then
     FLANNELD=$(realpath "$FLANNELD")
@@ -179,6 +194,33 @@ netns_host_up "$P" 2
 netns_hub_etcd "$P" "$WORK/etcd" >>"$WORK/etcd.log" 2>&1 &
 disown
 netns_wait_etcd "$P" || { tail -20 "$WORK/etcd.log" >&2; exit 1; }
+
+# BENCH_MODE=two-machines: host N's CPU is N-1. Its eth0 steers received packets (RPS) to that
+# CPU (`ip netns exec` mounts the namespace's own sysfs), so the receive softirq of a datagram
+# runs on the receiving host's CPU, as on another machine; pin_hosts pins every thread of each
+# host's processes, and in_h1 starts h1's traffic tools on CPU 0.
+host_cpu() { echo $(($1 - 1)); }
+if [ "$BENCH_MODE" = two-machines ]; then
+    for n in 1 2; do
+        ip netns exec "${P}h$n" sh -c "printf '%x' $((1 << $(host_cpu "$n"))) >/sys/class/net/eth0/queues/rx-0/rps_cpus"
+    done
+fi
+pin_hosts() {
+    [ "$BENCH_MODE" = two-machines ] || return 0
+    local n pid
+    for n in 1 2; do
+        for pid in $(ip netns pids "${P}h$n"); do
+            taskset -a -p -c "$(host_cpu "$n")" "$pid" >/dev/null 2>&1 || true
+        done
+    done
+}
+in_h1() {
+    if [ "$BENCH_MODE" = two-machines ]; then
+        taskset -c "$(host_cpu 1)" ip netns exec "$H1" "$@"
+    else
+        ip netns exec "$H1" "$@"
+    fi
+}
 admin() { ip netns exec "${P}hub" "$WEFT" "$@" --etcd-endpoints "$NETNS_ETCD"; }
 
 # Does this sockperf take an IPv6 address? (3.7 does not: "-i ::1" gives "Invalid address".)
@@ -205,7 +247,7 @@ sockperf_pp() {
     local name=$1 run=$2 proto=$3 rate=$4 dst=$5 args=() mps
     if [ "$proto" = tcp ]; then args=(--tcp -p "$SOCKPERF_TCP_PORT"); else args=(-p "$SOCKPERF_UDP_PORT"); fi
     if [ "$rate" = low ]; then mps=$SOCKPERF_LOW_MPS; else mps=max; fi
-    ip netns exec "$H1" sockperf ping-pong -i "$dst" "${args[@]}" -m "$SOCKPERF_MSG" --mps "$mps" \
+    in_h1 sockperf ping-pong -i "$dst" "${args[@]}" -m "$SOCKPERF_MSG" --mps "$mps" \
         -t "$DURATION" --full-rtt 2>&1 | tee "$WORK/sockperf-$proto-$rate.log" |
         awk -v n="$name" -v r="$run" -v m="sp_${proto}_${rate}" '
             /percentile 50\.000 =/ { p50 = $NF }
@@ -229,11 +271,13 @@ measure() {
         echo $! >"$WORK/sockperf-tcp.pid"
     fi
     sleep 0.3
+    # The daemons and servers of this path are up: on their hosts' CPUs (two-machines mode).
+    pin_hosts
     for r in $(seq 1 "$RUNS"); do
         local j0 j1 json ofo0 ofo1
         ofo0=$(ofo_count)
         j0=$(busy_jiffies)
-        ip netns exec "$H1" iperf3 "$fam" -c "$dst" -t "$DURATION" -J >"$WORK/tcp1.json" 2>/dev/null || true
+        in_h1 iperf3 "$fam" -c "$dst" -t "$DURATION" -J >"$WORK/tcp1.json" 2>/dev/null || true
         j1=$(busy_jiffies)
         ofo1=$(ofo_count)
         python3 - "$name" "$r" "$j0" "$j1" "$(getconf CLK_TCK)" "$WORK/tcp1.json" "$dst" "$((ofo1 - ofo0))" >>"$WORK/raw.jsonl" <<'PY' || true
@@ -257,14 +301,14 @@ try:
 except Exception as e:
     print(json.dumps({"path": name, "run": run, "metric": "tcp1_gbps", "value": None, "error": str(e)}))
 PY
-        json=$(ip netns exec "$H1" iperf3 "$fam" -c "$dst" -t "$DURATION" -P 4 -J 2>/dev/null || true)
+        json=$(in_h1 iperf3 "$fam" -c "$dst" -t "$DURATION" -P 4 -J 2>/dev/null || true)
         python3 -c '
 import json, sys
 d = json.load(sys.stdin)
 print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "tcp4_gbps", "value": d["end"]["sum_received"]["bits_per_second"] / 1e9}))
 ' "$name" "$r" <<<"$json" >>"$WORK/raw.jsonl" 2>/dev/null || true
         for size in 1400 64; do
-            json=$(ip netns exec "$H1" iperf3 "$fam" -c "$dst" -u -b 0 -l "$size" -t "$DURATION" -J 2>/dev/null || true)
+            json=$(in_h1 iperf3 "$fam" -c "$dst" -u -b 0 -l "$size" -t "$DURATION" -J 2>/dev/null || true)
             python3 -c '
 import json, sys
 d = json.load(sys.stdin)
@@ -275,13 +319,13 @@ print(json.dumps({"path": sys.argv[1], "run": int(sys.argv[2]), "metric": "udp" 
 ' "$name" "$r" "$size" <<<"$json" >>"$WORK/raw.jsonl" 2>/dev/null || true
         done
         # ping 5 ms: a packet every 5 ms (the older figure, ping_us): average RTT.
-        ip netns exec "$H1" ping "$fam" -q -c 200 -i 0.005 -W 1 "$dst" 2>/dev/null |
+        in_h1 ping "$fam" -q -c 200 -i 0.005 -W 1 "$dst" 2>/dev/null |
             awk -F'[/ ]' -v n="$name" -v r="$r" '/^rtt/ {printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"ping_us\",\"value\":%f}\n", n, r, $8*1000}' \
             >>"$WORK/raw.jsonl" || true
         # idle ping: a packet every 50 ms, after a second of quiet: average and minimum RTT.
         sleep 1
         local woke=$(( $(wakeups 1) + $(wakeups 2) )) oncpu=$(( $(fwd_cpu_ns 1) + $(fwd_cpu_ns 2) ))
-        ip netns exec "$H1" ping "$fam" -q -c "$IDLE_PINGS" -i 0.05 -W 1 "$dst" 2>/dev/null |
+        in_h1 ping "$fam" -q -c "$IDLE_PINGS" -i 0.05 -W 1 "$dst" 2>/dev/null |
             awk -F'[/ ]' -v n="$name" -v r="$r" '/^rtt/ {
                 printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"idle_ping_avg_us\",\"value\":%f}\n", n, r, $8*1000
                 printf "{\"path\":\"%s\",\"run\":%d,\"metric\":\"idle_ping_min_us\",\"value\":%f}\n", n, r, $7*1000 }' \
@@ -447,9 +491,10 @@ weft_up() { # BACKEND [ipv6] FLAGS...: ipv6, the dual-stack network (fd00:10:244
     local n
     for n in 1 2; do
         rm -rf "$WORK/w$n"; mkdir -p "$WORK/w$n"
+        # shellcheck disable=SC2086 # WEFT_FLAGS: one flag a word
         ip netns exec "${P}h$n" "$WEFT" run --etcd-endpoints "$NETNS_ETCD" \
             --state-dir "$WORK/w$n/state" --subnet-file "$WORK/w$n/subnet.env" \
-            --iface eth0 --relinquish-on-exit --healthz-ip 127.0.0.1 --healthz-port 9797 "$@" \
+            --iface eth0 --relinquish-on-exit --healthz-ip 127.0.0.1 --healthz-port 9797 "$@" ${WEFT_FLAGS:-} \
             >"$WORK/w$n/log" 2>&1 &
         echo $! >"$WORK/w$n/pid"
     done
@@ -576,7 +621,7 @@ for path in $PATHS; do
     esac
 done
 
-WIREGUARD_GO_VERSION=$WIREGUARD_GO_VERSION python3 - "$WORK/raw.jsonl" "$OUT" "$RUNS" "$DURATION" "$IDLE_PINGS" "$SOCKPERF_MSG" "$SOCKPERF_LOW_MPS" "$SOCKPERF_V6" <<'PY'
+BENCH_MODE=$BENCH_MODE WIREGUARD_GO_VERSION=$WIREGUARD_GO_VERSION python3 - "$WORK/raw.jsonl" "$OUT" "$RUNS" "$DURATION" "$IDLE_PINGS" "$SOCKPERF_MSG" "$SOCKPERF_LOW_MPS" "$SOCKPERF_V6" <<'PY'
 import json, os, statistics, sys, platform
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 runs, duration, idle_pings, sp_msg, sp_low, sp_v6 = (int(a) for a in sys.argv[3:9])
@@ -641,7 +686,9 @@ if v6 and not sp_v6:
 print("ratios in brackets are to kernel VXLAN of the same family: IPv4 rows to kernel, IPv6 rows to kernel6; "
       "medians of", runs, "runs of", duration, "s (TCP 1 retransmits and segments the receiver queued out of "
       "order: the worst run)")
-out = {"runs": runs, "duration_s": duration, "kernel": platform.release(),
+print("mode:", os.environ["BENCH_MODE"], "(two-machines: h1 on CPU 0, h2 on CPU 1, RPS to each host's CPU)"
+      if os.environ["BENCH_MODE"] == "two-machines" else "(both hosts share every CPU)")
+out = {"runs": runs, "duration_s": duration, "kernel": platform.release(), "mode": os.environ["BENCH_MODE"],
        "latency": {"unit": "microseconds, full round trip", "idle_pings": idle_pings, "idle_ping_interval_s": 0.05,
                    "sockperf_msg_bytes": sp_msg, "sockperf_low_mps": sp_low,
                    "sockperf": "ping-pong --full-rtt: RTT percentiles, not sockperf's default one-way RTT/2"},
