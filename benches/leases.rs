@@ -1629,6 +1629,54 @@ fn etcd_cpu_s(pids: &[String]) -> f64 {
     pids.iter().map(|p| cpu_ticks(p)).sum::<u64>() as f64 / clk_tck()
 }
 
+/// etcd's requests so far, by gRPC method, summed over the members: each member's
+/// `grpc_server_msg_received_total` (its `/metrics` on the client URL), which counts a unary
+/// call (Range, Txn, Put, DeleteRange, LeaseGrant, LeaseRevoke, LeaseTimeToLive) once and a
+/// stream's every message (a Watch stream's create and cancel requests, a LeaseKeepAlive
+/// stream's keep-alives). A member that does not answer counts nothing.
+fn etcd_requests(endpoints: &[String]) -> BTreeMap<String, u64> {
+    use std::io::Read;
+    let mut by_method = BTreeMap::new();
+    for e in endpoints {
+        let addr = e.trim_start_matches("http://");
+        let Ok(mut conn) = std::net::TcpStream::connect(addr) else { continue };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = write!(conn, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        let mut text = String::new();
+        let _ = conn.read_to_string(&mut text);
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{") else { continue };
+            let Some((labels, value)) = rest.split_once("} ") else { continue };
+            let method = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("grpc_method=\""))
+                .map(|m| m.trim_end_matches('"').to_owned());
+            let (Some(method), Ok(v)) = (method, value.trim().parse::<f64>()) else { continue };
+            *by_method.entry(method).or_insert(0) += v as u64;
+        }
+    }
+    by_method
+}
+
+/// The requests of a phase (`after` less `before`), per host, the busiest methods first:
+/// `Txn 1.00, LeaseGrant 1.00, ...`; methods under 0.005 per host left out.
+fn requests_per_host(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    hosts: u32,
+) -> String {
+    let mut d: Vec<(String, u64)> = after
+        .iter()
+        .map(|(m, v)| (m.clone(), v.saturating_sub(before.get(m).copied().unwrap_or(0))))
+        .filter(|(_, v)| *v as f64 / f64::from(hosts.max(1)) >= 0.005)
+        .collect();
+    d.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let total: u64 = d.iter().map(|(_, v)| v).sum();
+    let per = |v: u64| v as f64 / f64::from(hosts.max(1));
+    let each: Vec<String> = d.iter().map(|(m, v)| format!("{m} {:.2}", per(*v))).collect();
+    format!("{:.2} in all: {}", per(total), each.join(", "))
+}
+
 fn signal(pid: i32, sig: libc::c_int) {
     // SAFETY: a plain syscall on a child we spawned and have not reaped.
     unsafe { libc::kill(pid, sig) };
@@ -1793,7 +1841,7 @@ fn measure_floor(
     ttl: u64,
     pids: &[String],
     rt: &tokio::runtime::Runtime,
-) -> (f64, f64, f64) {
+) -> Floor {
     let store_endpoints = endpoints;
     let endpoints = &endpoints.join(",");
     let nice = std::env::var("WEFT_BENCH_NICE").unwrap_or_else(|_| "10".into());
@@ -1854,10 +1902,12 @@ fn measure_floor(
         }
     };
     wait_for("ready", Duration::from_secs(120));
+    let requests0 = etcd_requests(store_endpoints);
     let cpu0 = etcd_cpu_s(pids);
     let t0 = mono_ns();
     go(&mut children);
     let done = wait_for("floor_done", Duration::from_secs(300));
+    let requests = requests_per_host(&requests0, &etcd_requests(store_endpoints), n);
     let last = done.iter().filter_map(|v| v["t"].as_u64()).max().unwrap_or(t0);
     let secs = last.saturating_sub(t0) as f64 / 1e9;
     let cpu = etcd_cpu_s(pids) - cpu0;
@@ -1878,7 +1928,16 @@ fn measure_floor(
             .await
             .expect("compact");
     });
-    (secs, cpu, clients_cpu)
+    Floor { secs, etcd_cpu: cpu, clients_cpu, requests }
+}
+
+/// What [`measure_floor`] measured.
+struct Floor {
+    secs: f64,
+    etcd_cpu: f64,
+    clients_cpu: f64,
+    /// etcd's requests per host, by method ([`requests_per_host`]).
+    requests: String,
 }
 
 fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
@@ -1915,11 +1974,12 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
         .expect("etcd client");
     rt.block_on(store.set_config(NETWORK_JSON.as_bytes())).expect("set config");
     let exe = std::env::current_exe().expect("own path");
-    let (floor_s, floor_cpu, floor_clients_cpu) =
-        measure_floor(&exe, &endpoints, n, nworkers, ttl, &pids, &rt);
+    let floor = measure_floor(&exe, &endpoints, n, nworkers, ttl, &pids, &rt);
+    let (floor_s, floor_cpu, floor_clients_cpu) = (floor.secs, floor.etcd_cpu, floor.clients_cpu);
     println!(
         "[floor] etcd alone: {n} plain clients each create one key while {n} plain watchers watch: every watcher has every key after {floor_s:.2} s; CPU s: etcd {floor_cpu:.1}, clients {floor_clients_cpu:.1}"
     );
+    println!("[floor] etcd requests per host: {}", floor.requests);
 
     let dir =
         tempfile::Builder::new().prefix("weft-bench-leases-").tempdir_in("/dev/shm").expect("dir");
@@ -1959,6 +2019,7 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
     let mut rows = Vec::new();
 
     // Phase 1: join.
+    let requests0 = etcd_requests(&endpoints);
     let cpu0 = etcd_cpu_s(&pids);
     let t0 = mono_ns();
     for w in &mut c.workers {
@@ -2014,10 +2075,13 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
             policy.name()
         ),
     }
+    // Counted before the sleep and the store check below (whose listing is the bench's).
+    let requests = requests_per_host(&requests0, &etcd_requests(&endpoints), n);
     c.sleep(Duration::from_millis(1200));
     let start = PhaseStart { before: BTreeMap::new(), cpu0, t0 };
     let (row, _) = phase_row(&c, "join", settle as f64 / 1e9, &start, &pids, &rt, &store);
     print_row(&row, policy);
+    println!("[join] etcd requests per host: {requests} (the floor's: {})", floor.requests);
     let (m50, mmax) = c.memory_per_host_kb();
     println!(
         "[join] memory per host: {:.0} KiB median over workers (max {:.0}); {:.0} KiB per host with clients connected, before starting",
@@ -2028,6 +2092,7 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
     // Phase 2: renew for two TTLs.
     c.phase = "renew";
     let before = c.counters();
+    let requests0 = etcd_requests(&endpoints);
     let cpu0 = etcd_cpu_s(&pids);
     let t0 = mono_ns();
     let mut dropped = BTreeSet::new();
@@ -2040,10 +2105,12 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
             }
         }
     }
+    let requests = requests_per_host(&requests0, &etcd_requests(&endpoints), n);
     c.sleep(Duration::from_millis(1200));
     let start = PhaseStart { before, cpu0, t0 };
     let (row, _) = phase_row(&c, "renew", 0.0, &start, &pids, &rt, &store);
     print_row(&row, policy);
+    println!("[renew] etcd requests per host in {:.0} s: {requests}", (until - t0) as f64 / 1e9);
     println!("[renew] hosts that stopped holding at some point: {}", dropped.len());
     rows.push(row);
 
