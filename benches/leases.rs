@@ -2064,6 +2064,16 @@ fn coordinator(n: u32, nworkers: u32, ttl: u64, policy: Policy) {
                 "[join] every host holds a distinct lease that every watcher routes after {weft_s:.2} s; CPU s: etcd {:.1}, hosts {hosts_cpu:.1} (the floor's: {floor_cpu:.1}, {floor_clients_cpu:.1})",
                 etcd_cpu_s(&pids) - cpu0
             );
+            // Every watcher gets every host's lease: N x N deliveries, in both. The hosts' CPU
+            // is their processes' since they started (connecting, the lease logic), as the
+            // floor's clients' is: an upper bound on the cost of a delivered event.
+            let deliveries = f64::from(n) * f64::from(n);
+            println!(
+                "[join] hosts' CPU per delivered lease (N x N): weft {:.1} µs, floor {:.1} µs, ratio {:.2}",
+                hosts_cpu / deliveries * 1e6,
+                floor_clients_cpu / deliveries * 1e6,
+                hosts_cpu / floor_clients_cpu.max(1e-9)
+            );
             println!(
                 "RATIO N={n}: {} {weft_s:.2} s, etcd floor {floor_s:.2} s, ratio {:.2}",
                 policy.name(),
